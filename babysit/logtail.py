@@ -1,0 +1,342 @@
+"""The incremental reader of the JSONL train log (SPEC §4), and pure helpers over its records.
+
+The daemon polls a log that a trainer is still writing, so the reader must be cheap (O(new bytes):
+seek to the remembered offset, parse only complete lines) and must never be killed by what it reads:
+partial lines wait for their newline, garbage is counted and skipped, a truncated or replaced file is
+read again from the start. The state lives in the caller's store (`TailState.to_dict`); this module
+only reads files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+HEAD_BYTES = 256  # how much of the file's start is hashed to detect a file rewritten in place
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class TailState:
+    """What the store keeps between polls.
+
+    `offset` is the first unread byte, at a line boundary except in skip mode (`skipping`: the reader
+    is inside a line longer than max_line_bytes, already counted as garbage, and drops bytes up to its
+    newline). `head` is the sha256 of the file's first `head_len` bytes, to notice a file rewritten in
+    place with the same inode; `records`, `garbage`, `resets` are running totals for reports.
+    """
+
+    offset: int = 0
+    file_id: tuple[int, int] | None = None
+    head: str | None = None
+    head_len: int = 0
+    skipping: bool = False
+    records: int = 0
+    garbage: int = 0
+    resets: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "offset": self.offset,
+            "file_id": list(self.file_id) if self.file_id is not None else None,
+            "head": self.head,
+            "head_len": self.head_len,
+            "skipping": self.skipping,
+            "records": self.records,
+            "garbage": self.garbage,
+            "resets": self.resets,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TailState:
+        """Inverse of to_dict; keys missing from an older store take their defaults."""
+        file_id = data.get("file_id")
+        return cls(
+            offset=int(data.get("offset", 0)),
+            file_id=(int(file_id[0]), int(file_id[1])) if file_id is not None else None,
+            head=data.get("head"),
+            head_len=int(data.get("head_len", 0)),
+            skipping=bool(data.get("skipping", False)),
+            records=int(data.get("records", 0)),
+            garbage=int(data.get("garbage", 0)),
+            resets=int(data.get("resets", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One parsed log line. `metrics` holds the finite numbers (as floats); `fields` everything else,
+    including non-finite numbers, so that `"train_loss": NaN` stays visible to the classifier."""
+
+    step: int
+    ts: float
+    metrics: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    event: str | None = None
+    fields: Mapping[str, object] = field(default_factory=lambda: _EMPTY)
+    offset: int = 0  # byte offset of the line in the file, for debugging
+
+    @property
+    def nonfinite(self) -> tuple[str, ...]:
+        """Keys whose value is a NaN or an infinity (a diverged loss)."""
+        return tuple(k for k, v in self.fields.items() if isinstance(v, float) and not math.isfinite(v))
+
+
+@dataclass(frozen=True)
+class TailRead:
+    records: tuple[LogRecord, ...]
+    state: TailState  # the new state to persist
+    garbage: int  # garbage lines in this read
+    reset: bool  # the file was truncated or replaced and was read again from 0
+    missing: bool  # the file does not exist (yet); the state is returned unchanged
+    partial_bytes: int  # bytes of an unterminated last line left for next time
+
+
+@dataclass(frozen=True)
+class ProgressPoint:
+    """(step, ts) of one record: all that s/step needs, small enough to keep the last N in memory."""
+
+    step: int
+    ts: float
+
+
+class _HasStepTs(Protocol):
+    @property
+    def step(self) -> int: ...
+    @property
+    def ts(self) -> float: ...
+
+
+def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
+             max_line_bytes: int = 2**20) -> TailRead:
+    """Read what was appended since `state`: at most max(max_bytes, max_line_bytes + 1) bytes.
+
+    The window is never smaller than one maximal line, so a line that is allowed always fits once the
+    offset reaches its start; a longer line is counted as garbage and dropped without being buffered.
+    """
+    window = max(max_bytes, max_line_bytes + 1)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return TailRead((), state, 0, False, True, 0)
+    try:
+        st = os.fstat(fd)
+        file_id = (st.st_dev, st.st_ino)
+        head = os.pread(fd, HEAD_BYTES, 0)
+        reset = _replaced(state, file_id, st.st_size, head)
+        if reset:
+            state = replace(state, offset=0, skipping=False, head=None, head_len=0, resets=state.resets + 1)
+        data = os.pread(fd, min(window, max(0, st.st_size - state.offset)), state.offset)
+    finally:
+        os.close(fd)
+    parsed = _parse(data, state.offset, state.skipping, max_line_bytes, final=False)
+    new_head = hashlib.sha256(head).hexdigest() if head else None
+    new_state = replace(
+        state,
+        offset=state.offset + parsed.consumed,
+        file_id=file_id,
+        head=new_head,
+        head_len=len(head),
+        skipping=parsed.skipping,
+        records=state.records + len(parsed.records),
+        garbage=state.garbage + parsed.garbage,
+    )
+    partial = len(data) - parsed.consumed
+    return TailRead(tuple(parsed.records), new_state, parsed.garbage, reset, False, partial)
+
+
+def read_all(path: Path, *, max_line_bytes: int = 2**20) -> tuple[list[LogRecord], int]:
+    """The offline whole-file read (verdicts, fixtures): (records, garbage lines).
+
+    Unlike a live tail, the file is taken as finished: an unterminated last line is parsed too (a
+    torn write counts as garbage). A missing file raises FileNotFoundError: absent is not empty.
+    """
+    size = os.stat(path).st_size
+    state = TailState()
+    records: list[LogRecord] = []
+    garbage = 0
+    while True:
+        got = read_new(path, state, max_line_bytes=max_line_bytes)
+        if got.missing:
+            raise FileNotFoundError(path)
+        if got.reset:  # replaced while we read: start over on the new file
+            records, garbage = [], 0
+        records.extend(got.records)
+        garbage += got.garbage
+        progressed = got.state.offset > state.offset or got.reset
+        state = got.state
+        if not progressed or state.offset >= size:
+            break
+    if got.partial_bytes and not state.skipping:
+        with open(path, "rb") as f:
+            f.seek(state.offset)
+            tail = f.read(got.partial_bytes)
+        last = _parse(tail, state.offset, False, max_line_bytes, final=True)
+        records.extend(last.records)
+        garbage += last.garbage
+    return records, garbage
+
+
+def metric_series(records: Iterable[LogRecord], key: str) -> tuple[tuple[int, float], ...]:
+    """(step, value) of every record with metric `key`, sorted by step; the last value logged for a
+    step wins, because a resumed run re-logs the steps after its checkpoint."""
+    by_step: dict[int, float] = {}
+    for record in records:
+        value = record.metrics.get(key)
+        if value is not None:
+            by_step[record.step] = value
+    return tuple(sorted(by_step.items()))
+
+
+def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | None:
+    """Seconds per step over the last `window` usable points (records or ProgressPoints).
+
+    Sum of dt over sum of dstep over consecutive pairs that moved forward in both step and time,
+    scanning back from the newest: a clock stepping backwards, a resumed run re-logging old steps,
+    or several records at one step (train + eval) each only drop a pair. None when no pair is usable.
+    """
+    if window < 2:
+        raise ValueError("window must be at least 2 points")
+    total_dt = 0.0
+    total_steps = 0
+    pairs = 0
+    for i in range(len(points) - 1, 0, -1):
+        newer, older = points[i], points[i - 1]
+        dt = newer.ts - older.ts
+        dstep = newer.step - older.step
+        if dt > 0 and dstep > 0 and math.isfinite(dt):
+            total_dt += dt
+            total_steps += dstep
+            pairs += 1
+            if pairs >= window - 1:
+                break
+    return total_dt / total_steps if pairs else None
+
+
+def progress_points(records: Iterable[LogRecord]) -> tuple[ProgressPoint, ...]:
+    return tuple(ProgressPoint(r.step, r.ts) for r in records)
+
+
+# --- internals ---------------------------------------------------------------------------------
+
+
+def _replaced(state: TailState, file_id: tuple[int, int], size: int, head: bytes) -> bool:
+    """Whether the file is not the one (or not the bytes) the state was read from."""
+    if state.file_id is not None and state.file_id != file_id:
+        return True
+    if size < state.offset:
+        return True
+    if state.head is not None:
+        if len(head) < state.head_len:
+            return True
+        if hashlib.sha256(head[: state.head_len]).hexdigest() != state.head:
+            return True
+    return False
+
+
+@dataclass
+class _Parsed:
+    records: list[LogRecord]
+    garbage: int
+    consumed: int  # bytes of `data` that were consumed (the rest is a partial line)
+    skipping: bool
+
+
+def _parse(data: bytes, base: int, skipping: bool, max_line_bytes: int, *, final: bool) -> _Parsed:
+    """Parse the complete lines of `data` (read at file offset `base`); with `final`, the bytes after
+    the last newline are a line too."""
+    out = _Parsed([], 0, 0, skipping)
+    pos = 0
+    if skipping:
+        nl = data.find(b"\n")
+        if nl < 0:
+            out.consumed = len(data)
+            return out
+        pos = nl + 1
+        out.skipping = False
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            rest = len(data) - pos
+            if rest > max_line_bytes:  # too long already: garbage, and drop the rest of it later
+                out.garbage += 1
+                out.skipping = not final
+                pos = len(data)
+            elif final:
+                _take(data[pos:], base + pos, max_line_bytes, out)
+                pos = len(data)
+            break
+        _take(data[pos:nl], base + pos, max_line_bytes, out)
+        pos = nl + 1
+    out.consumed = pos
+    return out
+
+
+def _take(line: bytes, offset: int, max_line_bytes: int, out: _Parsed) -> None:
+    if len(line) > max_line_bytes:
+        out.garbage += 1
+        return
+    if not line.strip():
+        return
+    record = parse_line(line, offset)
+    if record is None:
+        out.garbage += 1
+    else:
+        out.records.append(record)
+
+
+def parse_line(line: bytes, offset: int = 0) -> LogRecord | None:
+    """One line to a record, or None when it is garbage (not UTF-8, not JSON, not an object, no int
+    `step`, no finite numeric `ts`)."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = obj.get("step")
+    ts = _finite(obj.get("ts"))
+    if not isinstance(step, int) or isinstance(step, bool) or ts is None:
+        return None
+    metrics: dict[str, float] = {}
+    fields: dict[str, object] = {}
+    event = None
+    for key, value in obj.items():
+        if key in ("step", "ts"):
+            continue
+        if key == "event" and isinstance(value, str):
+            event = value
+            continue
+        number = _finite(value)
+        if number is not None:
+            metrics[key] = number
+        elif _is_number(value):
+            fields[key] = _as_float(value)
+        else:
+            fields[key] = value
+    return LogRecord(step, ts, MappingProxyType(metrics), event, MappingProxyType(fields), offset)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: object) -> float:
+    """A number as a float; an int too large for a float becomes an infinity of its sign."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+
+
+def _finite(value: object) -> float | None:
+    if not _is_number(value):
+        return None
+    number = _as_float(value)
+    return number if math.isfinite(number) else None
