@@ -1,0 +1,426 @@
+"""The one SQLite database of what happened: attempts, polls, incidents, outbox, verdicts, amendments,
+control requests. GPU-seconds are derived from attempts' start and end times, never accumulated, so a
+daemon killed at any instant loses none and counts none twice.
+
+Every fact is committed before the daemon acts on it. WAL mode lets `babysit status` and the bot read
+while the daemon writes. All SQL lives here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from babysit.errors import StateError
+
+SCHEMA_VERSION = 1
+LIVE = ("launching", "running")
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, n INTEGER NOT NULL, profile TEXT NOT NULL,
+        argv TEXT NOT NULL, executor TEXT NOT NULL, gpus INTEGER NOT NULL, attempt_dir TEXT NOT NULL,
+        status TEXT NOT NULL,            -- launching | running | ended
+        pid INTEGER, pid_create_time REAL, job_id TEXT,
+        created_at REAL NOT NULL, started_at REAL, ended_at REAL,
+        exit_code INTEGER, exit_signal INTEGER,
+        outcome TEXT,  -- completed | stopped | oom | diverged | crashed | stalled | gpu-fault | refused
+        detail TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (run, n));
+    CREATE TABLE run_state (
+        run TEXT PRIMARY KEY, status TEXT NOT NULL, facts TEXT NOT NULL DEFAULT '{}', updated_at REAL NOT NULL);
+    CREATE TABLE polls (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, attempt INTEGER, at REAL NOT NULL, kind TEXT NOT NULL,
+        snapshot TEXT NOT NULL);
+    CREATE INDEX polls_run ON polls (run, id);
+    CREATE TABLE incidents (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, attempt INTEGER, at REAL NOT NULL, kind TEXT NOT NULL,
+        detail TEXT NOT NULL);
+    CREATE INDEX incidents_run ON incidents (run, id);
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+        thread_of INTEGER REFERENCES outbox (id), dedupe_key TEXT UNIQUE,
+        status TEXT NOT NULL DEFAULT 'pending',   -- pending | sent | failed
+        tries INTEGER NOT NULL DEFAULT 0, next_try_at REAL NOT NULL, created_at REAL NOT NULL,
+        sent_at REAL, remote_ref TEXT, error TEXT);
+    CREATE INDEX outbox_pending ON outbox (status, run, id);
+    CREATE TABLE verdicts (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, status TEXT NOT NULL, at_step INTEGER,
+        computed_at REAL NOT NULL, body TEXT NOT NULL, chart_path TEXT, final INTEGER NOT NULL DEFAULT 0);
+    CREATE UNIQUE INDEX verdicts_one_final ON verdicts (run) WHERE final = 1;
+    CREATE TABLE amendments (
+        run TEXT NOT NULL, n INTEGER NOT NULL, declared_at TEXT NOT NULL, title TEXT NOT NULL,
+        text TEXT NOT NULL, sha256 TEXT NOT NULL, prev_sha256 TEXT, data_seen_through_step INTEGER,
+        PRIMARY KEY (run, n));
+    CREATE TABLE control (
+        id INTEGER PRIMARY KEY, run TEXT NOT NULL, action TEXT NOT NULL, requested_by TEXT NOT NULL,
+        requested_at REAL NOT NULL, handled_at REAL, result TEXT);
+    """,
+}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: int
+    run: str
+    n: int
+    profile: str
+    argv: tuple[str, ...]
+    executor: str
+    gpus: int
+    attempt_dir: str
+    status: str
+    pid: int | None
+    pid_create_time: float | None
+    job_id: str | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    exit_signal: int | None
+    outcome: str | None
+    detail: dict[str, Any]
+
+    def gpu_seconds(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else now
+        return max(0.0, end - self.started_at) * self.gpus
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    id: int
+    run: str
+    kind: str
+    payload: dict[str, Any]
+    thread_of: int | None
+    status: str
+    tries: int
+    next_try_at: float
+    created_at: float
+    sent_at: float | None
+    remote_ref: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Amendment:
+    run: str
+    n: int
+    declared_at: str
+    title: str
+    text: str
+    sha256: str
+    prev_sha256: str | None
+    data_seen_through_step: int | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A poll, an incident, a verdict or a control request: id, run, time and a JSON body."""
+
+    id: int
+    run: str
+    at: float
+    kind: str
+    body: dict[str, Any]
+    attempt: int | None = None
+
+
+class Store:
+    """A thread-safe handle on `state.db`; one per process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fresh = not self.path.exists()
+        if fresh:  # owner-only from the first byte: the state says who ran what
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"{self.path}: cannot open the state database: {exc}",
+                             hint="check the disk and permissions of the state directory") from exc
+
+    @classmethod
+    def in_dir(cls, state_dir: Path) -> Store:
+        return cls(Path(state_dir) / "state.db")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; committed before the caller acts on what it wrote."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.OperationalError as exc:  # disk full, I/O error: fail loudly, nothing half-written
+                    self._db.execute("ROLLBACK")
+                    raise StateError(f"{self.path}: write failed: {exc}",
+                                     hint="free space on the state directory's disk; babysit resumes") from exc
+
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            cur.row_factory = sqlite3.Row
+            return cur.fetchall()
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} has schema version {version}; this babysit knows up to {SCHEMA_VERSION}",
+                hint="upgrade babysit, or point --registry at another state directory",
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self.tx() as db:
+                for statement in _statements(_MIGRATIONS[target]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {target}")
+
+    # -- attempts ---------------------------------------------------------------------------------------
+    def begin_attempt(self, run: str, n: int, profile: str, argv: list[str] | tuple[str, ...], executor: str,
+                      gpus: int, attempt_dir: str, now: float) -> Attempt:
+        """Record an attempt as `launching` BEFORE anything is started, so a restart never launches twice."""
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO attempts (run, n, profile, argv, executor, gpus, attempt_dir, status, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'launching', ?)",
+                (run, n, profile, json.dumps(list(argv)), executor, gpus, attempt_dir, now),
+            )
+        return self.attempt(run, n)
+
+    def mark_running(self, attempt_id: int, *, started_at: float, pid: int | None = None,
+                     pid_create_time: float | None = None, job_id: str | None = None) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE attempts SET status='running', pid=?, pid_create_time=?, job_id=?, started_at=?"
+                " WHERE id=?", (pid, pid_create_time, job_id, started_at, attempt_id))
+
+    def mark_ended(self, attempt_id: int, *, ended_at: float | None, outcome: str, exit_code: int | None = None,
+                   exit_signal: int | None = None, detail: dict[str, Any] | None = None) -> None:
+        """End an attempt once; a second call (a restarted daemon re-reading an exit) changes nothing."""
+        with self.tx() as db:
+            db.execute(
+                "UPDATE attempts SET status='ended', ended_at=?, outcome=?, exit_code=?, exit_signal=?, detail=?"
+                " WHERE id=? AND status != 'ended'",
+                (ended_at, outcome, exit_code, exit_signal, json.dumps(detail or {}), attempt_id))
+
+    def attempt(self, run: str, n: int) -> Attempt:
+        rows = self._query("SELECT * FROM attempts WHERE run=? AND n=?", (run, n))
+        if not rows:
+            raise KeyError((run, n))
+        return _attempt(rows[0])
+
+    def attempts(self, run: str) -> list[Attempt]:
+        return [_attempt(r) for r in self._query("SELECT * FROM attempts WHERE run=? ORDER BY n", (run,))]
+
+    def live_attempts(self) -> list[Attempt]:
+        return [_attempt(r) for r in self._query(
+            "SELECT * FROM attempts WHERE status IN ('launching', 'running') ORDER BY id")]
+
+    def gpu_seconds(self, run: str, now: float) -> float:
+        """Wall time x GPUs over every attempt of the run, the live one counted up to `now`."""
+        return sum(a.gpu_seconds(now) for a in self.attempts(run))
+
+    # -- run state --------------------------------------------------------------------------------------
+    def run_state(self, run: str) -> tuple[str, dict[str, Any]]:
+        rows = self._query("SELECT status, facts FROM run_state WHERE run=?", (run,))
+        if not rows:
+            return "pending", {}
+        return rows[0]["status"], json.loads(rows[0]["facts"])
+
+    def set_run_state(self, run: str, status: str, now: float, **facts: Any) -> None:
+        """Set the run's status and merge `facts` into what is known of it."""
+        with self.tx() as db:
+            row = db.execute("SELECT facts FROM run_state WHERE run=?", (run,)).fetchone()
+            merged = {**(json.loads(row[0]) if row else {}), **facts}
+            db.execute(
+                "INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run) DO UPDATE SET status=excluded.status, facts=excluded.facts,"
+                " updated_at=excluded.updated_at", (run, status, json.dumps(merged), now))
+
+    def run_states(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        return {r["run"]: (r["status"], json.loads(r["facts"])) for r in self._query("SELECT * FROM run_state")}
+
+    # -- polls and incidents ----------------------------------------------------------------------------
+    def add_poll(self, run: str, attempt: int | None, at: float, kind: str, snapshot: dict[str, Any]) -> int:
+        with self.tx() as db:
+            return db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
+                              (run, attempt, at, kind, json.dumps(snapshot))).lastrowid
+
+    def add_incident(self, run: str, attempt: int | None, at: float, kind: str, detail: dict[str, Any]) -> int:
+        with self.tx() as db:
+            return db.execute("INSERT INTO incidents (run, attempt, at, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                              (run, attempt, at, kind, json.dumps(detail))).lastrowid
+
+    def polls(self, run: str, limit: int = 50) -> list[Row]:
+        rows = self._query("SELECT * FROM polls WHERE run=? ORDER BY id DESC LIMIT ?", (run, limit))
+        return [Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["snapshot"]), r["attempt"]) for r in rows]
+
+    def incidents(self, run: str | None = None, limit: int = 50) -> list[Row]:
+        sql, args = "SELECT * FROM incidents ORDER BY id DESC LIMIT ?", (limit,)
+        if run is not None:
+            sql, args = "SELECT * FROM incidents WHERE run=? ORDER BY id DESC LIMIT ?", (run, limit)
+        rows = self._query(sql, args)
+        return [Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["detail"]), r["attempt"]) for r in rows]
+
+    # -- outbox -----------------------------------------------------------------------------------------
+    def enqueue(self, run: str, kind: str, payload: dict[str, Any], now: float, *, thread_of: int | None = None,
+                dedupe_key: str | None = None) -> int:
+        """Queue a message; the same `dedupe_key` twice (a restarted daemon redoing a step) queues it once."""
+        with self.tx() as db:
+            if dedupe_key is not None:
+                row = db.execute("SELECT id FROM outbox WHERE dedupe_key=?", (dedupe_key,)).fetchone()
+                if row:
+                    return row[0]
+            return db.execute(
+                "INSERT INTO outbox (run, kind, payload, thread_of, dedupe_key, next_try_at, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run, kind, json.dumps(payload), thread_of, dedupe_key, now, now)).lastrowid
+
+    def due_messages(self, now: float, limit: int = 100) -> list[OutboxMessage]:
+        """The oldest pending message of each run, if due: a run's messages go out strictly in order."""
+        rows = self._query(
+            "SELECT * FROM outbox WHERE id IN (SELECT MIN(id) FROM outbox WHERE status='pending' GROUP BY run)"
+            " AND next_try_at <= ? ORDER BY id LIMIT ?", (now, limit))
+        return [_message(r) for r in rows]
+
+    def message(self, message_id: int) -> OutboxMessage:
+        return _message(self._query("SELECT * FROM outbox WHERE id=?", (message_id,))[0])
+
+    def messages(self, run: str | None = None) -> list[OutboxMessage]:
+        if run is None:
+            return [_message(r) for r in self._query("SELECT * FROM outbox ORDER BY id")]
+        return [_message(r) for r in self._query("SELECT * FROM outbox WHERE run=? ORDER BY id", (run,))]
+
+    def mark_sent(self, message_id: int, remote_ref: str | None, now: float) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE outbox SET status='sent', sent_at=?, remote_ref=?, tries=tries+1, error=NULL"
+                       " WHERE id=?", (now, remote_ref, message_id))
+
+    def mark_retry(self, message_id: int, error: str, next_try_at: float) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE outbox SET tries=tries+1, error=?, next_try_at=? WHERE id=?",
+                       (error[:500], next_try_at, message_id))
+
+    def mark_failed(self, message_id: int, error: str, now: float) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE outbox SET status='failed', tries=tries+1, error=?, sent_at=? WHERE id=?",
+                       (error[:500], now, message_id))
+
+    def pending_count(self) -> int:
+        return self._query("SELECT COUNT(*) AS n FROM outbox WHERE status='pending'")[0]["n"]
+
+    # -- verdicts ---------------------------------------------------------------------------------------
+    def save_verdict(self, run: str, body: dict[str, Any], now: float, *, final: bool,
+                     chart_path: str | None = None) -> int:
+        """Store a read; the FINAL verdict is stored once and never replaced."""
+        with self.tx() as db:
+            if final:
+                row = db.execute("SELECT id FROM verdicts WHERE run=? AND final=1", (run,)).fetchone()
+                if row:
+                    return row[0]
+            return db.execute(
+                "INSERT INTO verdicts (run, status, at_step, computed_at, body, chart_path, final)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run, body.get("status", ""), body.get("at_step"), now, json.dumps(body), chart_path,
+                 int(final))).lastrowid
+
+    def final_verdict(self, run: str) -> Row | None:
+        rows = self._query("SELECT * FROM verdicts WHERE run=? AND final=1", (run,))
+        return _verdict(rows[0]) if rows else None
+
+    def latest_verdict(self, run: str) -> Row | None:
+        rows = self._query("SELECT * FROM verdicts WHERE run=? ORDER BY final DESC, id DESC LIMIT 1", (run,))
+        return _verdict(rows[0]) if rows else None
+
+    # -- amendments -------------------------------------------------------------------------------------
+    def add_amendment(self, run: str, title: str, text: str, declared_at: str,
+                      data_seen_through_step: int | None) -> Amendment:
+        """Append an amendment; its sha256 covers its text and the previous record's hash (a chain)."""
+        with self.tx() as db:
+            last = db.execute("SELECT n, sha256 FROM amendments WHERE run=? ORDER BY n DESC LIMIT 1",
+                              (run,)).fetchone()
+            n, prev = (last[0] + 1, last[1]) if last else (1, None)
+            digest = amendment_sha256(text, prev)
+            db.execute("INSERT INTO amendments VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run, n, declared_at, title, text, digest, prev, data_seen_through_step))
+        return Amendment(run, n, declared_at, title, text, digest, prev, data_seen_through_step)
+
+    def amendments(self, run: str) -> list[Amendment]:
+        rows = self._query("SELECT * FROM amendments WHERE run=? ORDER BY n", (run,))
+        return [Amendment(r["run"], r["n"], r["declared_at"], r["title"], r["text"], r["sha256"],
+                          r["prev_sha256"], r["data_seen_through_step"]) for r in rows]
+
+    # -- control requests -------------------------------------------------------------------------------
+    def request(self, run: str, action: str, requested_by: str, now: float) -> int:
+        with self.tx() as db:
+            return db.execute("INSERT INTO control (run, action, requested_by, requested_at) VALUES (?, ?, ?, ?)",
+                              (run, action, requested_by, now)).lastrowid
+
+    def pending_requests(self) -> list[Row]:
+        rows = self._query("SELECT * FROM control WHERE handled_at IS NULL ORDER BY id")
+        return [Row(r["id"], r["run"], r["requested_at"], r["action"], {"requested_by": r["requested_by"]})
+                for r in rows]
+
+    def finish_request(self, request_id: int, result: str, now: float) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE control SET handled_at=?, result=? WHERE id=?", (now, result, request_id))
+
+    def request_result(self, request_id: int) -> str | None:
+        rows = self._query("SELECT result FROM control WHERE id=?", (request_id,))
+        return rows[0]["result"] if rows else None
+
+
+def amendment_sha256(text: str, prev_sha256: str | None) -> str:
+    return hashlib.sha256(((prev_sha256 or "") + "\n" + text).encode("utf-8")).hexdigest()
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip() and not s.strip().startswith("--")]
+
+
+def _attempt(r: sqlite3.Row) -> Attempt:
+    return Attempt(
+        id=r["id"], run=r["run"], n=r["n"], profile=r["profile"], argv=tuple(json.loads(r["argv"])),
+        executor=r["executor"], gpus=r["gpus"], attempt_dir=r["attempt_dir"], status=r["status"], pid=r["pid"],
+        pid_create_time=r["pid_create_time"], job_id=r["job_id"], created_at=r["created_at"],
+        started_at=r["started_at"], ended_at=r["ended_at"], exit_code=r["exit_code"],
+        exit_signal=r["exit_signal"], outcome=r["outcome"], detail=json.loads(r["detail"]))
+
+
+def _message(r: sqlite3.Row) -> OutboxMessage:
+    return OutboxMessage(
+        id=r["id"], run=r["run"], kind=r["kind"], payload=json.loads(r["payload"]), thread_of=r["thread_of"],
+        status=r["status"], tries=r["tries"], next_try_at=r["next_try_at"], created_at=r["created_at"],
+        sent_at=r["sent_at"], remote_ref=r["remote_ref"], error=r["error"])
+
+
+def _verdict(r: sqlite3.Row) -> Row:
+    return Row(r["id"], r["run"], r["computed_at"], r["status"], json.loads(r["body"]), r["at_step"])
