@@ -1,0 +1,428 @@
+"""GPU probe: utilization, memory, compute processes and faults, through NVML or an injected file.
+
+Every pynvml call goes through one wrapper (`NvmlGpuProbe._nvml`) that returns a default and records
+the error, so a driver hiccup becomes a reading with `errors` and a None, never an exception in the
+daemon. A machine without a driver gives `GpuView(available=False, reason=...)`, and the reason ends
+with the fix: "not measured" must never read as "fine".
+
+Utilization is a *window average*: the daemon calls `sample()` every ~0.5-1 s and `read()` at each
+guard check or poll; `util_pct` averages every sample since the previous read of that GPU. NVML's
+own sample buffer (nvmlDeviceGetSamples) is used where the GPU has it, so no sample is missed
+between calls; otherwise the instantaneous nvmlDeviceGetUtilizationRates is accumulated.
+
+GPU indices are NVML indices (nvidia-smi order, i.e. PCI bus order): the executor should export
+CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from babysit.errors import BadInput
+from babysit.probes.host import process_name
+
+NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_memory_bytes: int | None
+    visible: bool = True  # False: the pid is not in babysit's PID namespace (container without --pid=host)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    name: str
+    uuid: str
+    util_pct: float | None  # mean over the samples since the last read(); None: not measured
+    util_samples: int
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes: tuple[GpuProcess, ...]
+    faults: tuple[str, ...]  # "xid 79", "ecc uncorrectable volatile 2", "device lost"
+    processes_known: bool = True  # False: listing failed; `processes == ()` then means "not measured"
+    errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
+
+
+@dataclass(frozen=True)
+class GpuView:
+    available: bool
+    reason: str | None
+    gpus: tuple[GpuReading, ...] = ()
+
+    def gpu(self, index: int) -> GpuReading | None:
+        for reading in self.gpus:
+            if reading.index == index:
+                return reading
+        return None
+
+
+class GpuProbe(Protocol):
+    def sample(self) -> None: ...
+    def read(self, indices: Sequence[int]) -> GpuView: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Util:
+    """Running utilization sum for one GPU since its last read."""
+
+    total: float = 0.0
+    count: int = 0
+    last_ts: int = 0  # newest NVML sample timestamp consumed (µs)
+    primed: bool = False  # the buffer's pre-existing samples were skipped once
+    rates_only: bool = False  # the GPU has no sample buffer: accumulate GetUtilizationRates
+
+
+class NvmlGpuProbe:
+    """The real probe. Thread-safe: sample() may run on a timer thread while read() runs elsewhere."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nv: Any = None
+        self._ok = False
+        self._reason: str | None = "NVML not initialised yet"
+        self._count = 0
+        self._handles: dict[int, Any] = {}
+        self._util: dict[int, _Util] = {}
+        self._events: Any = None
+        self._pending_faults: dict[int, list[str]] = {}
+        self._ecc_base: dict[int, int] = {}
+        self._lost: set[int] = set()
+        self._errors: dict[int | None, list[str]] = {}
+
+    # -- the one wrapper ------------------------------------------------------------------------
+
+    def _nvml(self, fn: str, *args: Any, default: Any = None, gpu: int | None = None,
+              on: Mapping[int, Any] | None = None) -> Any:
+        """Call pynvml.<fn>(*args); on failure return `default` (or on[code]) and record the error.
+
+        Codes listed in `on` are expected answers (NOT_FOUND: no new samples, TIMEOUT: no event),
+        not errors. GPU_IS_LOST marks the GPU lost, which becomes the fault "device lost".
+        """
+        nv = self._nv
+        try:
+            return getattr(nv, fn)(*args)
+        except nv.NVMLError as exc:
+            code = exc.value
+            if on is not None and code in on:
+                return on[code]
+            if code == nv.NVML_ERROR_GPU_IS_LOST and gpu is not None:
+                self._lost.add(gpu)
+            self._errors.setdefault(gpu, []).append(f"{fn}: {exc}")
+            return default
+        except (AttributeError, OSError, TypeError, ValueError) as exc:  # pynvml too old, symbol missing
+            self._errors.setdefault(gpu, []).append(f"{fn}: {type(exc).__name__}: {exc}")
+            return default
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _ensure_init(self) -> bool:
+        if self._ok:
+            return True
+        if self._nv is None:
+            try:
+                import pynvml
+            except ImportError:
+                self._reason = "nvidia-ml-py is not installed — pip install nvidia-ml-py"
+                return False
+            self._nv = pynvml
+        nv = self._nv
+        failed = object()
+        self._errors.clear()
+        if self._nvml("nvmlInit", default=failed) is failed:
+            self._reason = _init_reason(nv, self._errors.get(None, ["?"])[-1])
+            return False
+        count = self._nvml("nvmlDeviceGetCount", default=None)
+        if not count:
+            seen = "; ".join(self._errors.get(None, ["device count 0"]))
+            self._reason = f"NVML sees no GPU ({seen}) — check `nvidia-smi`; declare gpus = [] for a CPU run"
+            self._nvml("nvmlShutdown")
+            return False
+        self._ok, self._reason, self._count = True, None, int(count)
+        self._events = self._nvml("nvmlEventSetCreate", default=None)
+        for i in range(self._count):
+            self._handle(i)
+        self._errors.clear()
+        return True
+
+    def _handle(self, i: int) -> Any:
+        h = self._handles.get(i)
+        if h is None and i not in self._lost:
+            h = self._nvml("nvmlDeviceGetHandleByIndex", i, default=None, gpu=i)
+            if h is not None:
+                self._handles[i] = h
+                self._register_events(i, h)
+                nv = self._nv
+                base = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                  nv.NVML_VOLATILE_ECC, default=None, gpu=i, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+                if base is not None:
+                    self._ecc_base[i] = int(base)
+        return h
+
+    def _register_events(self, i: int, h: Any) -> None:
+        nv = self._nv
+        if self._events is None:
+            return
+        wanted = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
+        supported = self._nvml("nvmlDeviceGetSupportedEventTypes", h, default=0, gpu=i,
+                               on={nv.NVML_ERROR_NOT_SUPPORTED: 0})
+        if supported & wanted:
+            self._nvml("nvmlDeviceRegisterEvents", h, supported & wanted, self._events, gpu=i,
+                       on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ok:
+                if self._events is not None:
+                    self._nvml("nvmlEventSetFree", self._events)
+                self._nvml("nvmlShutdown")
+            self._ok, self._events, self._handles = False, None, {}
+
+    # -- sampling -------------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        with self._lock:
+            if not self._ok:
+                return  # never initialise here: sample() must stay cheap; read() initialises
+            for i in range(self._count):
+                self._sample_gpu(i)
+
+    def _sample_gpu(self, i: int) -> None:
+        h = self._handle(i)
+        if h is None:
+            return
+        nv = self._nv
+        acc = self._util.setdefault(i, _Util())
+        if not acc.rates_only:
+            unsupported = object()
+            got = self._nvml("nvmlDeviceGetSamples", h, nv.NVML_GPU_UTILIZATION_SAMPLES, acc.last_ts,
+                             default=None, gpu=i,
+                             on={nv.NVML_ERROR_NOT_FOUND: (None, []), nv.NVML_ERROR_NOT_SUPPORTED: unsupported})
+            if got is None:
+                return  # an error, recorded; this tick adds nothing
+            if got is unsupported:
+                acc.rates_only = True
+            else:
+                value_type, samples = got
+                fresh = [s for s in samples if s.timeStamp > acc.last_ts]
+                if fresh:
+                    acc.last_ts = max(s.timeStamp for s in fresh)
+                if not acc.primed:  # samples from before the probe first looked are not this window's
+                    acc.primed = True
+                    return
+                for s in fresh:
+                    acc.total += _sample_value(nv, value_type, s.sampleValue)
+                    acc.count += 1
+                return
+        rates = self._nvml("nvmlDeviceGetUtilizationRates", h, default=None, gpu=i)
+        if rates is not None:
+            acc.total += float(rates.gpu)
+            acc.count += 1
+
+    def _drain_events(self) -> None:
+        nv = self._nv
+        if self._events is None:
+            return
+        for _ in range(256):
+            data = self._nvml("nvmlEventSetWait", self._events, 0, default=None, on={nv.NVML_ERROR_TIMEOUT: None})
+            if data is None:
+                return
+            index = self._nvml("nvmlDeviceGetIndex", data.device, default=None)
+            if index is None:
+                continue
+            if data.eventType & nv.nvmlEventTypeXidCriticalError:
+                self._pending_faults.setdefault(int(index), []).append(f"xid {int(data.eventData)}")
+            if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
+                self._pending_faults.setdefault(int(index), []).append("ecc double-bit")
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(self, indices: Sequence[int]) -> GpuView:
+        with self._lock:
+            if not self._ensure_init():
+                return GpuView(False, self._reason, ())
+            wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
+            for i in wanted:
+                self._sample_gpu(i)  # close the window with the newest samples
+            self._drain_events()
+            readings = tuple(self._read_gpu(i) for i in wanted)
+            self._errors.pop(None, None)
+            return GpuView(True, None, readings)
+
+    def _read_gpu(self, i: int) -> GpuReading:
+        nv = self._nv
+        h = self._handle(i)
+        faults = self._pending_faults.pop(i, [])
+        acc = self._util.get(i) or _Util()
+        util = acc.total / acc.count if acc.count else None
+        samples = acc.count
+        acc.total, acc.count = 0.0, 0
+        name = uuid = "?"
+        used = total = None
+        procs: tuple[GpuProcess, ...] = ()
+        known = False
+        if h is not None:
+            name = _text(self._nvml("nvmlDeviceGetName", h, default="?", gpu=i))
+            uuid = _text(self._nvml("nvmlDeviceGetUUID", h, default="?", gpu=i))
+            mem = self._nvml("nvmlDeviceGetMemoryInfo", h, default=None, gpu=i)
+            if mem is not None:
+                used, total = int(mem.used), int(mem.total)
+            listed = self._nvml("nvmlDeviceGetComputeRunningProcesses", h, default=None, gpu=i)
+            if listed is not None:
+                known = True
+                procs = tuple(_process(p.pid, p.usedGpuMemory) for p in listed)
+            ecc = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                             nv.NVML_VOLATILE_ECC, default=None, gpu=i, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+            if ecc is not None and int(ecc) > self._ecc_base.get(i, 0):
+                faults.append(f"ecc uncorrectable volatile {int(ecc)}")
+        if i in self._lost:
+            faults.append("device lost")
+            util, samples = None, 0
+        errors = tuple(self._errors.pop(i, []))
+        return GpuReading(i, name, uuid, util, samples, used, total, procs, tuple(dict.fromkeys(faults)),
+                          processes_known=known, errors=errors)
+
+
+class FileGpuProbe:
+    """Injected GPUs for CI, tests and demos, described by a JSON file re-read on every read().
+
+    A test "starts a foreign process" by rewriting the file. Schema (every key but `index` optional)::
+
+        {"available": true,                      # false simulates a machine without a driver
+         "reason": "…",                          # shown when available is false
+         "gpus": [{"index": 0, "name": "Simulated H200", "uuid": "GPU-sim-0",
+                   "util_pct": 97, "util_samples": 10,
+                   "memory_used_bytes": 1000, "memory_total_bytes": 150000000000,
+                   "processes": [{"pid": 4242, "name": "policy_server", "used_memory_bytes": 1000}],
+                   "faults": ["xid 79"]}]}
+
+    `"processes": null` simulates a GPU whose process list could not be read. A missing or invalid
+    file is a view with available=False and a reason, never an exception.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def sample(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def read(self, indices: Sequence[int]) -> GpuView:
+        fix = f"fix the simulated GPU file {self.path} or change BABYSIT_GPU_PROBE"
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not data.get("available", True):
+                return GpuView(False, str(data.get("reason") or f"simulated: no GPU visible — {fix}"), ())
+            gpus = tuple(_file_gpu(g) for g in data.get("gpus", []))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            return GpuView(False, f"cannot read simulated GPUs ({type(exc).__name__}: {exc}) — {fix}", ())
+        if indices:
+            gpus = tuple(g for g in gpus if g.index in set(indices))
+        return GpuView(True, None, gpus)
+
+
+class NullGpuProbe:
+    """BABYSIT_GPU_PROBE=none: GPUs are never read; a run that asks for GPUs is refused, not waved through."""
+
+    def sample(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def read(self, indices: Sequence[int]) -> GpuView:
+        return GpuView(False, "GPU probing is off (BABYSIT_GPU_PROBE=none) — unset it to use NVML, "
+                              "or declare gpus = [] for a CPU run", ())
+
+
+def open_gpu_probe(spec: str | None) -> GpuProbe:
+    """"nvml" (default, also None or "") | "file:PATH" | "none"."""
+    text = (spec or "nvml").strip()
+    if text == "nvml":
+        return NvmlGpuProbe()
+    if text == "none":
+        return NullGpuProbe()
+    if text.startswith("file:") and len(text) > 5:
+        return FileGpuProbe(text[5:])
+    raise BadInput(f"BABYSIT_GPU_PROBE: expected \"nvml\", \"none\" or \"file:PATH\", got {text!r}",
+                   hint="unset BABYSIT_GPU_PROBE to use NVML")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _init_reason(nv: Any, error: str) -> str:
+    lowered = error.lower()
+    if "library not found" in lowered:
+        return (f"no NVIDIA driver here (libnvidia-ml.so.1 not found) — {NO_DRIVER_FIX}, "
+                "or declare gpus = [] for a CPU run")
+    if "driver not loaded" in lowered:
+        return "the NVIDIA kernel driver is not loaded — load it or reboot after installing it (`nvidia-smi` must work)"
+    if "mismatch" in lowered:
+        return ("NVML and the kernel driver differ in version — "
+                "reboot (or reload the nvidia module) after the driver upgrade")
+    if "permission" in lowered:
+        return "no permission to open /dev/nvidia* — run babysit as a user allowed to use the GPUs"
+    return f"NVML failed to initialise ({error}) — {NO_DRIVER_FIX}"
+
+
+def _sample_value(nv: Any, value_type: int | None, value: Any) -> float:
+    by_type = {
+        nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    }
+    return float(getattr(value, by_type.get(value_type, "uiVal")))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _process(pid: int, used: int | None) -> GpuProcess:
+    name = process_name(int(pid))
+    if name is None:
+        return GpuProcess(int(pid), "? (pid not visible from babysit's PID namespace)",
+                          None if used is None else int(used), visible=False)
+    return GpuProcess(int(pid), name, None if used is None else int(used))
+
+
+def _file_gpu(g: Mapping[str, Any]) -> GpuReading:
+    index = int(g["index"])
+    util = g.get("util_pct")
+    procs = g.get("processes", [])
+    return GpuReading(
+        index=index,
+        name=str(g.get("name", "Simulated GPU")),
+        uuid=str(g.get("uuid", f"GPU-sim-{index}")),
+        util_pct=None if util is None else float(util),
+        util_samples=int(g.get("util_samples", 0 if util is None else 1)),
+        memory_used_bytes=_opt_int(g.get("memory_used_bytes")),
+        memory_total_bytes=_opt_int(g.get("memory_total_bytes")),
+        processes=tuple(GpuProcess(int(p["pid"]), str(p.get("name", "?")), _opt_int(p.get("used_memory_bytes")))
+                        for p in (procs or [])),
+        faults=tuple(str(f) for f in g.get("faults", [])),
+        processes_known=procs is not None,
+    )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+__all__ = ["FileGpuProbe", "GpuProbe", "GpuProcess", "GpuReading", "GpuView", "NullGpuProbe",
+           "NvmlGpuProbe", "open_gpu_probe"]
