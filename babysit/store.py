@@ -226,10 +226,18 @@ class Store:
                    exit_signal: int | None = None, detail: dict[str, Any] | None = None) -> None:
         """End an attempt once; a second call (a restarted daemon re-reading an exit) changes nothing."""
         with self.tx() as db:
+            row = db.execute("SELECT detail FROM attempts WHERE id=?", (attempt_id,)).fetchone()
+            merged = {**(json.loads(row[0]) if row else {}), **(detail or {})}
             db.execute(
                 "UPDATE attempts SET status='ended', ended_at=?, outcome=?, exit_code=?, exit_signal=?, detail=?"
                 " WHERE id=? AND status != 'ended'",
-                (ended_at, outcome, exit_code, exit_signal, json.dumps(detail or {}), attempt_id))
+                (ended_at, outcome, exit_code, exit_signal, json.dumps(merged), attempt_id))
+
+    def merge_attempt_detail(self, attempt_id: int, facts: dict[str, Any]) -> None:
+        with self.tx() as db:
+            row = db.execute("SELECT detail FROM attempts WHERE id=?", (attempt_id,)).fetchone()
+            db.execute("UPDATE attempts SET detail=? WHERE id=?",
+                       (json.dumps({**json.loads(row[0]), **facts}), attempt_id))
 
     def attempt(self, run: str, n: int) -> Attempt:
         rows = self._query("SELECT * FROM attempts WHERE run=? AND n=?", (run, n))
@@ -333,6 +341,9 @@ class Store:
         with self.tx() as db:
             db.execute("UPDATE outbox SET status='failed', tries=tries+1, error=?, sent_at=? WHERE id=?",
                        (error[:500], now, message_id))
+
+    def has_message(self, dedupe_key: str) -> bool:
+        return bool(self._query("SELECT 1 FROM outbox WHERE dedupe_key=?", (dedupe_key,)))
 
     def pending_count(self) -> int:
         return self._query("SELECT COUNT(*) AS n FROM outbox WHERE status='pending'")[0]["n"]

@@ -1,0 +1,224 @@
+"""`babysit up`: one daemon per state directory, on APScheduler, babysitting every registered run.
+
+Jobs (all UTC, coalesced, one instance each): `tick` reads logs, handles control requests and new
+registrations; `guards` runs the live checks on the guard interval; `sample` feeds the GPU probe's
+utilization average; `deliver` drains the outbox; one `poll:<run>` date job per run posts polls on
+the declared cadence. Exits are seen the instant they happen by a watcher thread per attempt.
+SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from babysit import registry as registry_mod
+from babysit.errors import BabysitError, DaemonAlreadyRunning
+from babysit.executors import open_executor
+from babysit.notify import Channel, deliver_due
+from babysit.probes.gpu import GpuProbe
+from babysit.spec import check_cadence, load_spec
+from babysit.store import Store
+from babysit.supervisor import DaemonContext, RunSupervisor
+
+log = structlog.get_logger("babysit.daemon")
+
+
+class Daemon:
+    def __init__(self, registry_path: Path, *, gpu_probe: GpuProbe, channel: Channel, accelerated: bool = False,
+                 exit_when_idle: bool = False, tick_seconds: float | None = None) -> None:
+        self.registry_path = Path(registry_path).resolve()
+        self.registry = registry_mod.load(self.registry_path)
+        self.state_dir = self.registry.state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.accelerated = accelerated
+        self.exit_when_idle = exit_when_idle
+        self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
+        self.tick_seconds = tick_seconds or (0.25 if accelerated else 1.0)
+        self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
+        self.channel = channel
+        self.store = Store.in_dir(self.state_dir)
+        self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,
+                                 executors={}, scale=self.scale, default_channel=self.registry.daemon.channel,
+                                 schedule_poll=self._schedule_poll)
+        self.supervisors: dict[str, RunSupervisor] = {}
+        self.stop_event = threading.Event()
+        self._lock_file: Any = None
+        self.scheduler: Any = None
+        self._broken_specs: dict[str, str] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """One daemon per state directory: a second `babysit up` refuses instead of double-babysitting."""
+        path = self.state_dir / "daemon.lock"
+        self._lock_file = open(path, "a+")  # noqa: SIM115 - held for the daemon's life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.seek(0)
+            holder = self._lock_file.read().strip() or "another process"
+            raise DaemonAlreadyRunning(
+                f"a babysit daemon already runs for {self.state_dir} (pid {holder})",
+                hint="stop it first (Ctrl-C or `kill <pid>`), or use another --registry") from None
+        self._lock_file.truncate(0)
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+
+    def executor(self, name: str) -> Any:
+        if name not in self.ctx.executors:
+            self.ctx.executors[name] = open_executor(name, self.state_dir)
+        return self.ctx.executors[name]
+
+    def run(self) -> int:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.acquire()
+        self._install_signals()
+        self.scheduler = BackgroundScheduler(
+            timezone=timezone.utc,
+            # a job that missed its time (the machine slept) runs once, late, rather than being dropped
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
+        )
+        self.scheduler.add_job(self.tick, "interval", seconds=self.tick_seconds, id="tick")
+        self.scheduler.add_job(self.guards, "interval", seconds=max(self.guard_seconds, self.tick_seconds),
+                               id="guards")
+        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=0.5, id="sample")
+        self.scheduler.add_job(self.deliver, "interval", seconds=min(1.0, self.tick_seconds * 2), id="deliver")
+        log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
+                 accelerated=self.accelerated)
+        self.reconcile_registry()
+        self.scheduler.start()
+        try:
+            while not self.stop_event.wait(0.2):
+                if self.exit_when_idle and self.idle():
+                    break
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        if self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                self.scheduler.shutdown(wait=True)
+        with contextlib.suppress(Exception):
+            self.deliver()
+        self.ctx.gpu_probe.close()
+        log.info("daemon down: runs keep running; `babysit up` re-adopts them")
+        self.store.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+
+    def idle(self) -> bool:
+        """Nothing running, pending or retrying, and every queued message delivered."""
+        if any(s.is_active() for s in self.supervisors.values()):
+            return False
+        return self.store.pending_count() == 0
+
+    # -- registry ---------------------------------------------------------------------------------------
+    def reconcile_registry(self) -> None:
+        """Start a supervisor for every registered run not yet supervised (new registrations included)."""
+        try:
+            self.registry = registry_mod.load(self.registry_path)
+        except BabysitError as exc:
+            log.error("registry unreadable; keeping the last good one", error=exc.message)
+            return
+        for entry in self.registry.runs:
+            if entry.name in self.supervisors:
+                continue
+            path = self.registry.spec_path(entry)
+            try:
+                spec = load_spec(path)
+                check_cadence(spec, self.accelerated)
+            except BabysitError as exc:
+                if self._broken_specs.get(entry.name) != exc.message:
+                    self._broken_specs[entry.name] = exc.message
+                    log.error("run spec refused; not babysitting it", run=entry.name, error=exc.message, hint=exc.hint)
+                    self.store.enqueue(entry.name, "text", {"run": entry.name, "text":
+                                       f"⚠️ {entry.name}: spec refused, not babysat: {exc.message}"}, time.time(),
+                                       dedupe_key=f"{entry.name}:spec-refused:{exc.message}")
+                continue
+            self.executor(spec.executor)
+            supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
+            self.supervisors[entry.name] = supervisor
+            try:
+                supervisor.start()
+            except BabysitError as exc:
+                log.error("run could not start", run=entry.name, error=exc.message)
+
+    # -- jobs -------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        self.reconcile_registry()
+        self.handle_requests()
+        for supervisor in list(self.supervisors.values()):
+            try:
+                with supervisor.lock:
+                    if supervisor.attempt is not None and supervisor.attempt.status == "running":
+                        supervisor.read_log()
+                        supervisor.check_exit()
+            except Exception:
+                log.exception("tick failed", run=supervisor.run)
+
+    def guards(self) -> None:
+        for supervisor in list(self.supervisors.values()):
+            try:
+                supervisor.guard(stall_seconds=supervisor.spec.guards.stall_minutes * self.scale)
+            except Exception:
+                log.exception("guard check failed", run=supervisor.run)
+
+    def deliver(self) -> None:
+        try:
+            deliver_due(self.store, self.channel, time.time)
+        except Exception:
+            log.exception("delivery failed")
+
+    def _schedule_poll(self, run: str, when: float) -> None:
+        if self.scheduler is None:
+            return
+        self.scheduler.add_job(self._poll_job, "date", run_date=datetime.fromtimestamp(when, timezone.utc),
+                               args=[run], id=f"poll:{run}", replace_existing=True)
+
+    def _poll_job(self, run: str) -> None:
+        supervisor = self.supervisors.get(run)
+        if supervisor is not None:
+            try:
+                supervisor.poll()
+            except Exception:
+                log.exception("poll failed", run=run)
+
+    def handle_requests(self) -> None:
+        """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed within a tick."""
+        for req in self.store.pending_requests():
+            supervisor = self.supervisors.get(req.run)
+            now = time.time()
+            if supervisor is None:
+                self.store.finish_request(req.id, f"no run named {req.run} is babysat", now)
+                continue
+            if req.kind == "abort":
+                by = req.body.get("requested_by", "?")
+                if supervisor.request_stop("abort"):
+                    supervisor._incident("abort", f"abort requested by {by}", {"requested_by": by},
+                                         key=f"{req.run}:abort:{req.id}")
+                    result = "stopping"
+                else:
+                    result = "not running"
+                self.store.finish_request(req.id, result, now)
+            elif req.kind == "poll-now":
+                supervisor.poll("on-demand")
+                self.store.finish_request(req.id, "polled", now)
+            else:
+                self.store.finish_request(req.id, f"unknown action {req.kind}", now)

@@ -1,0 +1,66 @@
+"""Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from babysit.store import Attempt
+
+
+@dataclass(frozen=True)
+class Launched:
+    started_at: float
+    pid: int | None = None  # the process-group leader (local)
+    pid_create_time: float | None = None
+    job_id: str | None = None  # slurm
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    exit_code: int | None
+    signal: int | None
+    ended_at: float | None
+    stderr_tail: str
+    note: str = ""  # e.g. "killed before it could record its exit"
+    state: str = ""  # the scheduler's final state (slurm), e.g. OUT_OF_MEMORY
+
+
+class Executor(Protocol):
+    name: str
+
+    def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
+        """Start the attempt; the store already says `launching`."""
+
+    def find(self, attempt: Attempt) -> Launched | None:
+        """For an attempt recorded as `launching` by a daemon that died: did it start after all?"""
+
+    def exit_info(self, attempt: Attempt) -> ExitInfo | None:
+        """None while the attempt runs; how it ended once it has."""
+
+    def wait(self, attempt: Attempt, timeout: float | None) -> bool:
+        """Block until the attempt ends (True) or the timeout passes (False)."""
+
+    def signal(self, attempt: Attempt, sig: int) -> None:
+        """Send a signal to every process of the attempt."""
+
+    def kill(self, attempt: Attempt) -> None:
+        """SIGKILL every process of the attempt (after the grace period)."""
+
+    def root_pid(self, attempt: Attempt) -> int | None:
+        """The pid whose process tree is the run's (for probes); None where it is not visible here."""
+
+    def status_note(self, attempt: Attempt) -> str | None:
+        """A line for polls (e.g. a pending reason); None when there is nothing to say."""
+
+
+def open_executor(name: str, state_dir: object) -> Executor:
+    if name == "local":
+        from babysit.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if name == "slurm":
+        from babysit.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(state_dir)
+    raise ValueError(f"unknown executor {name!r}")

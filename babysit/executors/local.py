@@ -1,0 +1,160 @@
+"""The local executor: the run as a process tree on this machine, under the shim.
+
+argv only, never a shell. The shim leads its own session and process group; stop = SIGTERM to the
+group, wait, SIGKILL to the group. Liveness and exit come from the shim's lock and exit file, so a
+restarted daemon (not the parent) sees the same thing the launching daemon would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal as signals
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from babysit.executors import ExitInfo, Launched
+from babysit.probes.host import process_create_time
+from babysit.store import Attempt
+
+
+def tail_lines(path: Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
+    """The last lines of a file, reading at most `max_bytes` from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen] = {}  # attempts this daemon started: reaped on exit
+
+    def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
+        adir = Path(attempt.attempt_dir)
+        adir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in ("exit.json", "shim.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (adir / stale).unlink()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "babysit.executors.shim", str(adir), "--", *argv],
+            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(adir / "shim.log", "ab"),  # noqa: SIM115 - the shim owns it from here
+            start_new_session=True, close_fds=True,
+        )
+        self._children[attempt.id] = proc
+        started = time.time()
+        return Launched(started_at=started, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
+
+    def find(self, attempt: Attempt) -> Launched | None:
+        adir = Path(attempt.attempt_dir)
+        info = _read_json(adir / "shim.json")
+        if info is None and not (adir / "exit.json").exists():
+            # The shim writes shim.json within milliseconds of starting; give a just-started one a moment.
+            time.sleep(0.5)
+            info = _read_json(adir / "shim.json")
+        if info is None:
+            return None
+        pid = int(info["pid"])
+        return Launched(started_at=float(info["started_at"]), pid=pid, pid_create_time=process_create_time(pid))
+
+    def _alive(self, attempt: Attempt) -> bool:
+        lock = Path(attempt.attempt_dir) / "alive.lock"
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def exit_info(self, attempt: Attempt) -> ExitInfo | None:
+        if self._alive(attempt):
+            return None
+        adir = Path(attempt.attempt_dir)
+        self._reap(attempt)
+        tail = tail_lines(adir / "stderr.log")
+        info = _read_json(adir / "exit.json")
+        if info is not None:
+            return ExitInfo(info.get("exit_code"), info.get("signal"), info.get("ended_at"), tail)
+        # The shim died without recording (SIGKILL to the group): make sure nothing of it is left.
+        self.kill(attempt)
+        ended = os.stat(adir / "alive.lock").st_mtime if (adir / "alive.lock").exists() else None
+        return ExitInfo(None, signals.SIGKILL, ended, tail, note="killed before it could record its exit")
+
+    def wait(self, attempt: Attempt, timeout: float | None) -> bool:
+        lock = Path(attempt.attempt_dir) / "alive.lock"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except FileNotFoundError:
+                return True
+            try:
+                if deadline is None:
+                    fcntl.flock(fd, fcntl.LOCK_SH)  # wakes the instant the shim exits
+                    return True
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        return False
+            finally:
+                os.close(fd)
+            time.sleep(0.05)
+
+    def signal(self, attempt: Attempt, sig: int) -> None:
+        if attempt.pid is None or not self._is_ours(attempt):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(attempt.pid, sig)
+
+    def kill(self, attempt: Attempt) -> None:
+        """SIGKILL the whole group, the shim gone or not: no orphan outlives its attempt."""
+        if attempt.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(attempt.pid, signals.SIGKILL)
+        self._reap(attempt)
+
+    def root_pid(self, attempt: Attempt) -> int | None:
+        return attempt.pid if attempt.pid is not None and self._is_ours(attempt) else None
+
+    def status_note(self, attempt: Attempt) -> str | None:
+        return None
+
+    def _is_ours(self, attempt: Attempt) -> bool:
+        """The recorded pid is still our shim (pid and create time), never a recycled pid."""
+        if attempt.pid_create_time is None:
+            return self._alive(attempt)
+        created = process_create_time(attempt.pid)
+        return created is not None and abs(created - attempt.pid_create_time) < 0.01
+
+    def _reap(self, attempt: Attempt) -> None:
+        proc = self._children.pop(attempt.id, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

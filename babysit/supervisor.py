@@ -1,0 +1,490 @@
+"""One registered run under the daemon: launch, watch, poll, guard, classify, retry, read the verdict.
+
+The order of every step is: decide (pure functions), write the fact to the store, then act. So a
+daemon killed between any two lines resumes from the store without launching twice, posting twice or
+losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing new.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from babysit import classify, guards, logtail, retry, snapshot
+from babysit.errors import BabysitError, PreregTampered
+from babysit.executors import Executor
+from babysit.probes.gpu import GpuProbe, GpuView
+from babysit.probes.host import read_host
+from babysit.spec import RunSpec
+from babysit.store import Attempt, Store
+
+log = structlog.get_logger("babysit.supervisor")
+
+TERMINAL = ("finished", "failed", "stopped", "refused")
+GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort", "stalled", "gpu-fault")
+
+
+@dataclass
+class DaemonContext:
+    """What every supervisor shares: the store, probes, clock scale, and where things go."""
+
+    store: Store
+    state_dir: Path
+    gpu_probe: GpuProbe
+    executors: dict[str, Executor]
+    scale: float  # seconds per declared minute: 60, or 1 when --accelerated
+    default_channel: str | None = None
+    schedule_poll: Any = None  # callable(run, when_epoch) set by the daemon
+
+    def now(self) -> float:
+        return time.time()
+
+
+class RunSupervisor:
+    def __init__(self, ctx: DaemonContext, spec: RunSpec, registered_prereg_sha256: str | None) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.run = spec.name
+        self.frozen_sha = registered_prereg_sha256
+        self.executor = ctx.executors[spec.executor]
+        self.lock = threading.RLock()
+        self.attempt: Attempt | None = None
+        self.launch_msg: int | None = None
+        self.points: deque[logtail.ProgressPoint] = deque(maxlen=256)
+        self.recent: deque[logtail.LogRecord] = deque(maxlen=16)
+        self.last_record_wall: float | None = None
+        self.latest_eval: dict[str, float] | None = None
+        self.latest_eval_step: int | None = None
+        self.provisional: dict[str, Any] | None = None
+        self.warned: set[str] = set()
+        self.stopping = False
+        self.watcher: threading.Thread | None = None
+        self.polls_done = 0
+        _, facts = ctx.store.run_state(self.run)
+        self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
+
+    # -- state ------------------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        return self.ctx.store.run_state(self.run)[0]
+
+    def is_active(self) -> bool:
+        return self.status not in TERMINAL
+
+    def _set(self, status: str, **facts: Any) -> None:
+        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
+
+    def _message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int:
+        return self.ctx.store.enqueue(self.run, kind, {"run": self.run, **payload}, self.ctx.now(),
+                                      thread_of=self.launch_msg if thread else None, dedupe_key=key)
+
+    def _incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None:
+        n = self.attempt.n if self.attempt else None
+        if self.ctx.store.has_message(key):  # a restarted daemon redoing this step: already recorded
+            return
+        self.ctx.store.add_incident(self.run, n, self.ctx.now(), kind, detail)
+        self._message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
+                                   "mention": list(self.spec.notify.mention_on_incident)}, key)
+        log.warning("incident", run=self.run, attempt=n, incident=kind, message=message)
+
+    # -- start / adopt ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Adopt a live attempt, finish one that ended while the daemon was down, or launch."""
+        with self.lock:
+            self._check_prereg()
+            attempts = self.ctx.store.attempts(self.run)
+            last = attempts[-1] if attempts else None
+            if last is not None and last.status in ("launching", "running"):
+                self._adopt(last)
+                return
+            status = self.status
+            if status in ("finished", "failed", "stopped"):
+                self._maybe_final_verdict()
+                return
+            if last is not None and last.status == "ended" and status in ("running", "retrying"):
+                self._after_exit(last)  # the daemon died between recording the exit and deciding
+                return
+            self._launch(1 if last is None else last.n + 1, resume=False, halvings=0, note=None)
+
+    def _check_prereg(self) -> None:
+        prereg = self.spec.prereg
+        if prereg is None or self.frozen_sha is None or prereg.sha256 == self.frozen_sha:
+            return
+        self._incident("prereg-tampered",
+                       "the [prereg] table changed since `babysit register`: verdicts are refused "
+                       "(register a new name for a different experiment)",
+                       {"registered_sha256": self.frozen_sha, "current_sha256": prereg.sha256},
+                       key=f"{self.run}:tampered:{prereg.sha256}")
+
+    def _adopt(self, attempt: Attempt) -> None:
+        if attempt.status == "launching":
+            found = self.executor.find(attempt)
+            if found is None:  # recorded, never started: start it now (once)
+                self._start_attempt(attempt, note=attempt.detail.get("note"))
+                return
+            self.ctx.store.mark_running(attempt.id, started_at=found.started_at, pid=found.pid,
+                                        pid_create_time=found.pid_create_time, job_id=found.job_id)
+            attempt = self.ctx.store.attempt(self.run, attempt.n)
+        self.attempt = attempt
+        self.stopping = bool(self.ctx.store.run_state(self.run)[1].get("stop", {}).get("attempt") == attempt.n)
+        self._set("running", attempt=attempt.n)
+        self.launch_msg = self._launch_message(attempt, note=None)
+        log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id)
+        self._watch()
+        self._schedule_next_poll()
+
+    # -- launch -----------------------------------------------------------------------------------------
+    def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
+        view = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
+        refusals = [a for a in guards.prelaunch(self.spec.guards, self.spec.gpus, view) if a.kind == "refuse"]
+        if refusals:
+            for action in refusals:
+                self._incident(action.incident, "launch refused: " + action.message, dict(action.detail),
+                               key=f"{self.run}:{n}:refused:{int(self.ctx.now())}")
+            self._set("refused", refused=refusals[0].message)
+            return
+        argv, notes = retry.build_argv(self.spec, n, resume=resume, halvings=halvings)
+        profile = self.spec.profile_for(n)
+        adir = self.ctx.state_dir / "runs" / self.run / f"attempt-{n}"
+        attempt = self.ctx.store.begin_attempt(self.run, n, profile.profile, argv, self.spec.executor,
+                                               len(self.spec.gpus), str(adir), self.ctx.now())
+        merged = " · ".join(x for x in (note, *_note_lines(notes)) if x) or None
+        self._start_attempt(attempt, note=merged)
+
+    def _start_attempt(self, attempt: Attempt, note: str | None) -> None:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env.update({"BABYSIT_RUN": self.run, "BABYSIT_ATTEMPT": str(attempt.n),
+                    "BABYSIT_LOG": str(self.spec.log), "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
+                    "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1")})
+        for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
+            env.pop(secret, None)  # the trainer has no business with the bot's credentials
+        if self.spec.executor == "local":
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's indices are NVML's, which the guards read
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
+        self.spec.log.parent.mkdir(parents=True, exist_ok=True)
+        launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
+        self.ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
+                                    pid_create_time=launched.pid_create_time, job_id=launched.job_id)
+        self.attempt = self.ctx.store.attempt(self.run, attempt.n)
+        self.stopping = False
+        self.warned.clear()
+        self.last_record_wall = self.ctx.now()
+        self._set("running", attempt=attempt.n)
+        self.launch_msg = self._launch_message(self.attempt, note)
+        log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
+        self._watch()
+        self._schedule_next_poll()
+
+    def _launch_message(self, attempt: Attempt, note: str | None) -> int:
+        prereg = self.spec.prereg
+        payload = {"attempt": attempt.n, "max_attempts": self.spec.retry.max_attempts, "profile": attempt.profile,
+                   "argv": list(attempt.argv), "gpus": list(self.spec.gpus), "executor": attempt.executor,
+                   "pid": attempt.pid, "job_id": attempt.job_id, "note": note,
+                   "question": prereg.question if prereg else None, "read_step": prereg.read_step if prereg else None,
+                   "channel": self.spec.notify.channel or self.ctx.default_channel}
+        return self._message("launch", payload, key=f"{self.run}:{attempt.n}:launch", thread=False)
+
+    # -- watching ---------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        attempt = self.attempt
+        assert attempt is not None
+
+        def wait() -> None:
+            self.executor.wait(attempt, None)
+            self.on_exit(attempt.n)
+
+        self.watcher = threading.Thread(target=wait, name=f"watch:{self.run}:{attempt.n}", daemon=True)
+        self.watcher.start()
+
+    def check_exit(self) -> None:
+        """A backstop to the watcher thread (and the way exits are seen for schedulers)."""
+        attempt = self.attempt
+        if attempt is not None and attempt.status == "running" and self.executor.exit_info(attempt) is not None:
+            self.on_exit(attempt.n)
+
+    def on_exit(self, n: int) -> None:
+        with self.lock:
+            attempt = self.ctx.store.attempt(self.run, n)
+            if attempt.status == "ended":
+                return
+            info = self.executor.exit_info(attempt)
+            if info is None:
+                return
+            self.read_log()  # the last records (a diverged event) belong to the classification
+            stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
+            stop_requested = stop.get("attempt") == n
+            cls = classify.classify_exit(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+                                         last_records=list(self.recent), rules=self.spec.classify,
+                                         stop_requested=stop_requested)
+            outcome = cls.outcome
+            detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
+                      "note": info.note or None, "state": info.state or None}
+            if stop_requested:
+                outcome = "stopped"
+                detail["stopped_by"] = stop.get("reason")
+            self.ctx.store.mark_ended(attempt.id, ended_at=info.ended_at or self.ctx.now(), outcome=outcome,
+                                      exit_code=info.exit_code, exit_signal=info.signal, detail=detail)
+            self._after_exit(self.ctx.store.attempt(self.run, n))
+
+    def _after_exit(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        detail = attempt.detail
+        summary = detail.get("summary") or attempt.outcome
+        self._message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
+                                "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
+                      key=f"{self.run}:{attempt.n}:ended")
+        if attempt.outcome not in ("completed", "stopped"):
+            self._incident(attempt.outcome or "crashed", summary, detail, key=f"{self.run}:{attempt.n}:exit")
+        self._maybe_final_verdict()
+        decision = retry.next_attempt(self._history(), self.spec)
+        if decision.retry and decision.n is not None and decision.profile is not None:
+            halvings = sum(1 for a in self.ctx.store.attempts(self.run) if a.detail.get("host_memory_pressure"))
+            self._set("retrying", retry_reason=decision.reason)
+            self._incident("retrying", f"attempt {decision.n}/{self.spec.retry.max_attempts} with profile "
+                           f"'{decision.profile.profile}' ({decision.reason})",
+                           {"attempt": decision.n, "profile": decision.profile.profile, "resume": decision.resume,
+                            "halve_machinery": decision.halve_machinery},
+                           key=f"{self.run}:{decision.n}:retrying")
+            self._launch(decision.n, resume=decision.resume, halvings=halvings, note=f"retry: {decision.reason}")
+            return
+        final = {"completed": "finished", "stopped": "stopped"}.get(attempt.outcome or "", "failed")
+        self._set(final, ended=attempt.outcome, end_reason=decision.reason)
+        log.info("run over", run=self.run, status=final, reason=decision.reason)
+
+    def _history(self) -> list[retry.PastAttempt]:
+        stop_kinds = set()
+        stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
+        out = []
+        for a in self.ctx.store.attempts(self.run):
+            if a.status != "ended":
+                continue
+            guard_stop = stop.get("attempt") == a.n
+            if guard_stop:
+                stop_kinds.add(stop.get("reason"))
+            out.append(retry.PastAttempt(n=a.n, profile=a.profile, outcome=a.outcome or "crashed",
+                                         retry_override=a.detail.get("retry_override"), guard_stop=guard_stop,
+                                         host_memory_pressure=bool(a.detail.get("host_memory_pressure")),
+                                         halved_knobs=0))
+        return out
+
+    # -- the log ----------------------------------------------------------------------------------------
+    def read_log(self) -> int:
+        """Read new log records; returns how many. Stores the offset so a restart reads on from here."""
+        read = logtail.read_new(self.spec.log, self.tail)
+        if read.missing:
+            return 0
+        self.tail = read.state
+        new_eval = False
+        metric = self.spec.prereg.metric if self.spec.prereg else None
+        for record in read.records:
+            self.points.append(logtail.ProgressPoint(record.step, record.ts))
+            self.recent.append(record)
+            evals = {k: v for k, v in record.metrics.items() if k.startswith("eval")}
+            if evals:
+                self.latest_eval, self.latest_eval_step = evals, record.step
+                new_eval = new_eval or (metric is not None and metric in record.metrics)
+        if read.records:
+            self.last_record_wall = self.ctx.now()
+        status, _ = self.ctx.store.run_state(self.run)
+        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), tail=self.tail.to_dict(),
+                                     step=self.points[-1].step if self.points else None,
+                                     last_record_at=self.last_record_wall)
+        if new_eval:
+            self._read_verdict()
+        return len(read.records)
+
+    def _read_verdict(self) -> None:
+        if self.spec.prereg is None:
+            return
+        from babysit import reading
+
+        try:
+            verdict = reading.read_registered_verdict(self.spec, self.frozen_sha, self.ctx.store)
+        except PreregTampered:
+            self._check_prereg()
+            return
+        except BabysitError as exc:
+            log.warning("verdict read failed", run=self.run, error=exc.message)
+            return
+        body = verdict.to_json(self.run, self.spec.prereg.sha256, self.ctx.store.amendments(self.run))
+        self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step")}
+        if body["status"] == "FINAL":
+            self._final_verdict(body)
+            return
+        self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=False)
+        if body["status"] == "PROVISIONAL":
+            self._message("provisional", {"verdict": body, "precision": self.spec.prereg.precision},
+                          key=f"{self.run}:provisional:{body.get('at_step')}")
+
+    def _maybe_final_verdict(self) -> None:
+        if self.spec.prereg is not None and self.ctx.store.final_verdict(self.run) is None:
+            self.read_log()
+            self._read_verdict()
+
+    def _final_verdict(self, body: dict[str, Any]) -> None:
+        from babysit import reading
+
+        if self.ctx.store.final_verdict(self.run) is not None:
+            return
+        out = self.ctx.state_dir / "verdicts"
+        json_path, png_path = reading.write_verdict_files(self.spec, body, self.ctx.store, out)
+        self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(png_path))
+        self._message("verdict", {"verdict": body, "chart_path": str(png_path), "json_path": str(json_path),
+                                  "precision": self.spec.prereg.precision if self.spec.prereg else 4,
+                                  "channel": self.spec.notify.channel or self.ctx.default_channel},
+                      key=f"{self.run}:verdict", thread=False)
+        log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
+
+    # -- polls and guards -------------------------------------------------------------------------------
+    def _schedule_next_poll(self) -> None:
+        attempt = self.attempt
+        if attempt is None or attempt.started_at is None or self.ctx.schedule_poll is None:
+            return
+        polls = [p for p in self.ctx.store.polls(self.run, limit=1) if p.attempt == attempt.n]
+        if polls:
+            when = polls[0].at + self.spec.poll.every_minutes * self.ctx.scale
+        else:
+            when = attempt.started_at + self.spec.poll.first_after_minutes * self.ctx.scale
+        self.ctx.schedule_poll(self.run, max(when, self.ctx.now()))
+
+    def snapshot(self, kind: str) -> snapshot.Snapshot:
+        attempt = self.attempt
+        assert attempt is not None
+        now = self.ctx.now()
+        view: GpuView | None = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
+        root = self.executor.root_pid(attempt)
+        host = read_host(root) if self.spec.executor == "local" else None
+        prereg = self.spec.prereg
+        return snapshot.build_snapshot(
+            run=self.run, attempt=attempt.n, at=now, kind=kind, points=tuple(self.points),
+            read_step=prereg.read_step if prereg else None,
+            gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600,
+            gpu_hours_cap=self.spec.guards.gpu_hours_cap,
+            n_gpus=len(self.spec.gpus), view=view, host=host, gpus=self.spec.gpus,
+            latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.provisional,
+            starvation_util_pct=self.spec.poll.starvation_util_pct,
+            min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
+            note=self.executor.status_note(attempt),
+        )
+
+    def poll(self, kind: str | None = None) -> None:
+        with self.lock:
+            attempt = self.attempt
+            if attempt is None or attempt.status != "running":
+                return
+            self.read_log()
+            kind = kind or ("first" if not [p for p in self.ctx.store.polls(self.run, 5) if p.attempt == attempt.n]
+                            else "periodic")
+            snap = self.snapshot(kind)
+            data = snap.to_dict()
+            self.ctx.store.add_poll(self.run, attempt.n, snap.at, kind, data)
+            self._message("poll", {"snapshot": data}, key=None)
+            self._message("header", {"attempt": attempt.n, "snapshot": data}, key=None)
+            if "input-starvation" in snap.flags:
+                self._incident("input-starvation", "GPU util under the threshold while steps advance: fix the "
+                               "input pipeline before letting it ride", {"gpus": list(data.get("gpus", []))},
+                               key=f"{self.run}:{attempt.n}:input-starvation")
+            if kind != "on-demand":
+                self._schedule_next_poll()
+
+    def guard(self, *, stall_seconds: float) -> None:
+        """The live check: foreign GPU processes, GPU-hour cap, stalls, host memory."""
+        with self.lock:
+            attempt = self.attempt
+            if attempt is None or attempt.status != "running" or self.stopping:
+                return
+            self.read_log()
+            now = self.ctx.now()
+            root = self.executor.root_pid(attempt)
+            host = read_host(root) if self.spec.executor == "local" else None
+            view = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
+            used = self.ctx.store.gpu_seconds(self.run, now) / 3600
+            prereg = self.spec.prereg
+            sps = logtail.seconds_per_step(list(self.points))
+            steps_left = None
+            if prereg is not None and self.points:
+                steps_left = max(0, prereg.read_step - self.points[-1].step)
+            projected = snapshot.project_gpu_hours(used, sps, steps_left, len(self.spec.gpus))
+            since = None if self.last_record_wall is None else now - self.last_record_wall
+            facts = guards.LiveFacts(
+                gpus=self.spec.gpus, view=view, run_pids=host.run_pids if host else frozenset(),
+                gpu_hours_used=used, gpu_hours_projected_at_end=projected,
+                seconds_since_last_record=None if since is None else since * 60 / self.ctx.scale,
+                process_alive=True, available_ram_bytes=host.available_ram_bytes if host else None,
+                already_warned=frozenset(self.warned))
+            for action in guards.live(self.spec.guards, facts):
+                self._act(action, attempt, host)
+
+    def _act(self, action: guards.Action, attempt: Attempt, host: Any) -> None:
+        detail = dict(action.detail)
+        if action.kind in ("warn", "incident"):
+            if action.incident in self.warned:
+                return
+            self.warned.add(action.incident)
+            if action.incident == "host-memory-pressure":
+                self._note_attempt(attempt, host_memory_pressure=True)
+            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
+            return
+        if action.kind == "stop":
+            if action.incident == "stalled":
+                detail["stacks"] = _py_spy_dump(host.run_pids if host else frozenset())
+            self._incident(action.incident, action.message + " — stopping gracefully", detail,
+                           key=f"{self.run}:{attempt.n}:{action.incident}")
+            self.request_stop(action.incident)
+
+    def _note_attempt(self, attempt: Attempt, **facts: Any) -> None:
+        self.ctx.store.merge_attempt_detail(attempt.id, facts)
+
+    def request_stop(self, reason: str) -> bool:
+        """Graceful stop: record it, SIGTERM the group, SIGKILL after the grace period (in a thread)."""
+        with self.lock:
+            attempt = self.attempt
+            if attempt is None or attempt.status != "running" or self.stopping:
+                return False
+            self.stopping = True
+            self._set("stopping", stop={"attempt": attempt.n, "reason": reason, "at": self.ctx.now()})
+        grace = self.spec.guards.stop_grace_seconds
+
+        def stop() -> None:
+            self.executor.signal(attempt, signal.SIGTERM)
+            if not self.executor.wait(attempt, grace):
+                log.warning("grace period over: SIGKILL", run=self.run, attempt=attempt.n, grace_s=grace)
+                self.executor.kill(attempt)
+
+        threading.Thread(target=stop, name=f"stop:{self.run}", daemon=True).start()
+        return True
+
+
+def _note_lines(notes: Any) -> list[str]:
+    if not notes:
+        return []
+    if isinstance(notes, dict):
+        return [str(v) for v in notes.values() if v]
+    return [str(n) for n in notes]
+
+
+def _py_spy_dump(pids: frozenset[int]) -> dict[str, str]:
+    """A stack dump of every process of the run, taken before anything is killed (py-spy, if installed)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return {"note": "py-spy is not installed: `pip install py-spy` to get stack dumps of stalled runs"}
+    out = {}
+    for pid in sorted(pids)[:16]:
+        try:
+            res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+            out[str(pid)] = (res.stdout or res.stderr)[-8000:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out[str(pid)] = f"py-spy failed: {exc}"
+    return out
