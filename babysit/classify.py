@@ -1,0 +1,213 @@
+"""Exit classification: what ended an attempt, from its exit status, stderr tail and last log records.
+
+Pure: the daemon passes what it saw; the result decides the incident kind and feeds `retry`. Order:
+
+1. exit 0 → completed; a stop the daemon requested → stopped (or the stop's reason: stalled,
+   gpu-fault). User rules name *failure* classes, so they never turn a success or a requested stop
+   into a failure that would earn a retry.
+2. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
+3. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
+   (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
+   timeouts on the others), GPU faults (Xid, uncorrectable ECC, GPU lost, or NVML faults the daemon
+   saw), divergence (a `diverged` record, a non-finite loss, "loss is nan"), NCCL timeouts, SIGKILL
+   without a stop request (the kernel OOM killer when host memory was low), else crashed.
+
+An illegal memory access is classified `crashed`: it is almost always a software bug (an
+out-of-bounds index in a kernel), and a retry on the same code fails the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as _signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from babysit.spec import ClassifyRule
+
+TAIL_LINES = 20
+EXIT_STOPPED, EXIT_DIVERGED, EXIT_OOM = 10, 11, 12  # trainer/exitcodes.py
+
+_UNITS = {"": 1, "B": 1, "BYTES": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = r"(\d+(?:\.\d+)?)\s*(B|bytes|[KMGT]i?B)?"
+
+_CUDA_TRIED = re.compile(r"CUDA out of memory\.?\s*Tried to allocate " + _SIZE, re.I)
+_CUDA_IN_USE = re.compile(r"this process has " + _SIZE + r" memory in use", re.I)
+_CUDA_FREE = re.compile(r"of which " + _SIZE + r" is free", re.I)
+_CUDA_TOTAL = re.compile(r"total capacity of " + _SIZE, re.I)
+_CUDA_GPU = re.compile(r"GPU (\d+) has a total capacity", re.I)
+_CPU_ALLOC = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes", re.I)
+_OOM_OTHER = re.compile(r"torch(?:\.cuda)?\.OutOfMemoryError|CUDA out of memory|CUBLAS_STATUS_ALLOC_FAILED"
+                        r"|CUDA error: out of memory|\bMemoryError\b|std::bad_alloc")
+_NAN_TEXT = re.compile(r"(?i)\b(?:non-finite|nan|inf)\s+loss\b|\bloss\b\s*(?:is|=|:)\s*[-+]?(?:nan|inf)")
+_NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL[^\n]*(?:timeout|timed out)"
+                   r"|ProcessGroupNCCL[^\n]*timed out", re.I)
+_GPU_FAULT = re.compile(r"\bXid\b[^\n]*|uncorrectable ECC error[^\n]*|GPU is lost|fallen off the bus", re.I)
+
+
+@dataclass(frozen=True)
+class ExitClass:
+    outcome: str  # completed | stopped | oom | diverged | crashed | stalled | gpu-fault
+    retry: bool | None  # a matching rule's `retry`, else None (the [retry] policy decides)
+    summary: str
+    detail: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.detail, MappingProxyType):
+            object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
+
+
+def parse_size(number: str, unit: str | None) -> int:
+    """"1.62", "GiB" → bytes. IEC units are binary, SI units decimal, no unit is bytes."""
+    return round(float(number) * _UNITS[(unit or "").upper()])
+
+
+def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str,
+                  last_records: Sequence[Any], rules: Sequence[ClassifyRule], stop_requested: bool,
+                  stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
+                  host_memory_pressure: bool = False) -> ExitClass:
+    """Classify one attempt's end. See the module docstring for the order.
+
+    stop_reason: why the daemon asked for the stop ("stalled" and "gpu-fault" keep their class so
+    that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on the
+    run's GPUs during the attempt. host_memory_pressure: available RAM was under the floor.
+    """
+    if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
+        exit_code, signal = None, -exit_code
+    if signal is None and exit_code in (128 + _signal.SIGKILL, 128 + _signal.SIGTERM):
+        signal = exit_code - 128  # a shell or launcher reported the signal as 128+N
+    lines = stderr_tail.splitlines()
+    tail = "\n".join(lines[-TAIL_LINES:])
+    base: dict[str, object] = {"exit_code": exit_code, "signal": signal, "signal_name": _signame(signal),
+                               "stderr_tail": tail, "matched_rule": None}
+    status = _status(exit_code, signal)
+
+    if exit_code == 0 and signal is None:
+        return ExitClass("completed", None, "completed (exit 0)", base)
+    if stop_requested:
+        outcome = stop_reason if stop_reason in ("stalled", "gpu-fault") else "stopped"
+        clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
+        note = "" if clean else " (it did not exit cleanly: check the checkpoint)"
+        return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",
+                         {**base, "stop_reason": stop_reason})
+
+    text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
+    for rule in rules:
+        match = re.search(rule.pattern, text, re.M)
+        if match:
+            return ExitClass(rule.failure_class, rule.retry,
+                             f"{rule.failure_class}: matched [[classify]] /{rule.pattern}/: {match.group(0)[:120]}",
+                             {**base, "matched_rule": rule.pattern})
+
+    if exit_code == EXIT_OOM:
+        return _oom(stderr_tail, base, status)
+    if exit_code == EXIT_DIVERGED:
+        return ExitClass("diverged", None, f"diverged: non-finite loss ({status})",
+                         {**base, **_nonfinite(last_records)})
+    if exit_code == EXIT_STOPPED:
+        return ExitClass("stopped", None, "stopped by a signal babysit did not send (exit 10: preempted? Ctrl-C?)",
+                         {**base, "stop_reason": "external"})
+    if _OOM_OTHER.search(stderr_tail) or _CPU_ALLOC.search(stderr_tail):
+        return _oom(stderr_tail, base, status)
+    fault = _GPU_FAULT.search(stderr_tail)
+    if gpu_faults or fault:
+        what = ", ".join(gpu_faults) if gpu_faults else fault.group(0).strip()[:120]  # type: ignore[union-attr]
+        return ExitClass("gpu-fault", None, f"GPU fault: {what} ({status})", {**base, "faults": list(gpu_faults)})
+    nonfinite = _nonfinite(last_records)
+    if nonfinite or _NAN_TEXT.search(stderr_tail):
+        return ExitClass("diverged", None, f"diverged: non-finite loss ({status})", {**base, **nonfinite})
+    if _NCCL.search(stderr_tail):
+        return ExitClass("crashed", None, f"crashed: NCCL collective timeout ({status}) — a rank hung or died",
+                         {**base, "nccl_timeout": True})
+    if signal == _signal.SIGKILL:
+        if host_memory_pressure:
+            return ExitClass("oom", None, "oom: killed by SIGKILL while host RAM was under the floor (kernel OOM "
+                             "killer)", {**base, "host_oom": True})
+        return ExitClass("crashed", None, "crashed: killed by SIGKILL, not by babysit (OOM killer? check dmesg)",
+                         {**base, "note": "killed (OOM killer?)"})
+    last = lines[-1].strip() if lines else "no stderr"
+    return ExitClass("crashed", None, f"crashed ({status}): {last[:160]}", base)
+
+
+# -- internals ----------------------------------------------------------------------------------
+
+
+def _oom(stderr: str, base: dict[str, object], status: str) -> ExitClass:
+    detail: dict[str, object] = {**base, "failed_alloc_bytes": None, "in_use_bytes": None}
+    tried = _CUDA_TRIED.search(stderr)
+    cpu = _CPU_ALLOC.search(stderr)
+    kind = "CUDA OOM"
+    tried_text = None
+    if tried:
+        detail["failed_alloc_bytes"] = parse_size(tried.group(1), tried.group(2))
+        tried_text = f"{tried.group(1)} {tried.group(2) or 'B'}"
+    elif cpu:
+        kind = "CPU OOM"
+        detail["failed_alloc_bytes"] = int(cpu.group(1))
+        tried_text = f"{int(cpu.group(1)) / 2**30:.2f} GiB"
+    elif "CUBLAS_STATUS_ALLOC_FAILED" in stderr:
+        kind = "CUDA OOM (cuBLAS workspace)"
+    elif re.search(r"\bMemoryError\b|std::bad_alloc", stderr) and "CUDA" not in stderr:
+        kind = "CPU OOM"
+    in_use_text = None
+    for key, pattern in (("in_use_bytes", _CUDA_IN_USE), ("free_bytes", _CUDA_FREE), ("total_bytes", _CUDA_TOTAL)):
+        m = pattern.search(stderr)
+        if m:
+            detail[key] = parse_size(m.group(1), m.group(2))
+            if key == "in_use_bytes":
+                in_use_text = f"{m.group(1)} {m.group(2) or 'B'}"
+    gpu = _CUDA_GPU.search(stderr)
+    if gpu:
+        detail["gpu"] = int(gpu.group(1))
+    summary = kind + (f": tried to allocate {tried_text}" if tried_text else "")
+    if in_use_text:
+        summary += f" ({in_use_text} in use)"
+    if not tried_text and not in_use_text:
+        summary += f" ({status})"
+    return ExitClass("oom", None, summary, detail)
+
+
+def _record_text(record: Any) -> str:
+    parts = []
+    event = getattr(record, "event", None)
+    if event:
+        parts.append(f"event={event}")
+    for source in ("metrics", "fields"):
+        values = getattr(record, source, None) or {}
+        parts.extend(f"{k}={v}" for k, v in values.items())
+    return " ".join(parts)
+
+
+def _nonfinite(records: Iterable[Any]) -> dict[str, object]:
+    for record in reversed(list(records)):
+        if getattr(record, "event", None) == "diverged":
+            return {"diverged_step": getattr(record, "step", None), "diverged_record": True}
+        values = {**(getattr(record, "metrics", None) or {}), **(getattr(record, "fields", None) or {})}
+        bad = sorted(k for k, v in values.items()
+                     if "loss" in k.lower() and isinstance(v, float) and not math.isfinite(v))
+        if bad:
+            return {"diverged_step": getattr(record, "step", None), "nonfinite_keys": bad}
+    return {}
+
+
+def _status(exit_code: int | None, signal: int | None) -> str:
+    if signal is not None:
+        return f"killed by {_signame(signal)}" + (f", exit {exit_code}" if exit_code is not None else "")
+    return f"exit {exit_code}" if exit_code is not None else "exit status unknown"
+
+
+def _signame(signal: int | None) -> str | None:
+    if signal is None:
+        return None
+    try:
+        return _signal.Signals(signal).name
+    except ValueError:
+        return f"signal {signal}"
+
+
+def _reason(stop_reason: str | None) -> str:
+    return f" ({stop_reason})" if stop_reason else ""

@@ -1,0 +1,250 @@
+"""Guard decisions: pure functions from plain readings to actions. No clock, no NVML, no psutil.
+
+The daemon gathers facts (a GpuView, the run's pids, GPU-hours, seconds since the last log record,
+free RAM), calls `prelaunch` before starting an attempt and `live` at every check, and acts on the
+returned actions in order. The guards never act themselves, and a fact that could not be measured
+is never read as "fine": an unavailable GPU view refuses a launch (`gpu-unseen`) and warns during a
+run.
+
+Action kinds:
+  refuse   — do not launch this attempt (prelaunch only).
+  stop     — stop the run gracefully (SIGTERM, grace, SIGKILL); the daemon takes a py-spy dump
+             first when the incident is `stalled`.
+  incident — raise an incident (posted with mentions), the run continues.
+  warn     — post a warning, the run continues.
+
+`Action.key` is what the daemon adds to `LiveFacts.already_warned` after raising a non-stop action:
+an action whose key is already there is not returned again for this attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from babysit.spec import GuardsSpec
+
+if TYPE_CHECKING:
+    from babysit.probes.gpu import GpuView
+
+GIB = 2**30
+WARN_FRACTION = 0.8  # warn once at 80 % of the GPU-hours cap (SPEC §1)
+
+
+@dataclass(frozen=True)
+class Holder:
+    gpu: int
+    pid: int
+    name: str
+    used_memory_bytes: int | None
+
+    def describe(self) -> str:
+        mem = "memory unknown" if self.used_memory_bytes is None else gib(self.used_memory_bytes)
+        return f"GPU {self.gpu}: pid {self.pid} ({self.name}, {mem})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"gpu": self.gpu, "pid": self.pid, "name": self.name, "used_memory_bytes": self.used_memory_bytes}
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # refuse | stop | incident | warn
+    incident: str  # SPEC §9 kind (plus gpu-unseen)
+    message: str
+    detail: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    key: str = ""  # dedupe key for warn-once; defaults to the incident kind
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", self.incident)
+        if not isinstance(self.detail, MappingProxyType):
+            object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
+
+
+@dataclass(frozen=True)
+class LiveFacts:
+    gpus: tuple[int, ...]
+    view: GpuView | None  # None: the GPUs were not read for this check (GPU checks skipped)
+    run_pids: frozenset[int]
+    gpu_hours_used: float
+    gpu_hours_projected_at_end: float | None  # None: cannot project yet
+    seconds_since_last_record: float | None  # pass seconds since launch while no record exists yet
+    process_alive: bool
+    available_ram_bytes: int | None
+    already_warned: frozenset[str] = frozenset()
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:
+    """Compute processes on the run's GPUs that are not in the run's process tree."""
+    if not view.available:
+        return ()
+    holders = []
+    for index in gpus:
+        reading = view.gpu(index)
+        if reading is None:
+            continue
+        for proc in reading.processes:
+            if proc.pid not in run_pids:
+                holders.append(Holder(index, proc.pid, proc.name, proc.used_memory_bytes))
+    return tuple(holders)
+
+
+def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView) -> tuple[Action, ...]:
+    """Whether an attempt may start on `gpus`. Any "refuse" in the result means: do not launch."""
+    if not gpus:
+        return ()
+    if not view.available:
+        return (Action("refuse", "gpu-unseen", f"cannot see the run's GPUs, refusing to launch: {view.reason}",
+                       {"gpus": list(gpus), "reason": view.reason}),)
+    actions: list[Action] = []
+    visible = sorted(g.index for g in view.gpus)
+    missing = [i for i in gpus if view.gpu(i) is None]
+    if missing:
+        actions.append(Action("refuse", "gpu-unseen",
+                              f"GPU {_join(missing)} not visible (visible: {_join(visible) or 'none'}), "
+                              "refusing to launch — fix run.gpus or check `nvidia-smi`",
+                              {"missing": missing, "visible": visible}))
+    for index in gpus:
+        reading = view.gpu(index)
+        if reading is None:
+            continue
+        if reading.faults:
+            actions.append(Action("refuse", "gpu-fault",
+                                  f"GPU {index} reports {', '.join(reading.faults)}, refusing to launch — "
+                                  "reset or drain the GPU (`nvidia-smi -q -d ECC,PAGE_RETIREMENT`)",
+                                  {"gpu": index, "faults": list(reading.faults)}))
+        if guards.exclusive_gpu and not reading.processes_known:
+            actions.append(Action("refuse", "gpu-unseen",
+                                  f"cannot list the processes on GPU {index}, so exclusivity cannot be checked; "
+                                  "refusing to launch — fix NVML access or set guards.exclusive_gpu = false",
+                                  {"gpu": index, "errors": list(reading.errors)}))
+    holders = foreign_holders(view, gpus, frozenset())
+    if holders:
+        text = "; ".join(h.describe() for h in holders)
+        if guards.exclusive_gpu:
+            actions.append(Action("refuse", "gpu-held",
+                                  f"{text} — refusing to launch on a held GPU; stop that process "
+                                  "or set guards.exclusive_gpu = false" + _namespace_hint(holders, view),
+                                  {"holders": [h.to_dict() for h in holders]}))
+        else:
+            actions.append(Action("warn", "gpu-held", f"{text} — sharing the GPU (guards.exclusive_gpu = false)",
+                                  {"holders": [h.to_dict() for h in holders]}))
+    return tuple(actions)
+
+
+def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
+    """Guard checks on a running attempt: stops first, then incidents and warnings not yet raised."""
+    out: list[Action] = []
+    out.extend(_gpu_checks(guards, facts))
+    out.extend(_hours_checks(guards, facts))
+    stall_s = guards.stall_minutes * 60
+    since = facts.seconds_since_last_record
+    if facts.process_alive and since is not None and since >= stall_s:
+        out.append(Action("stop", "stalled",
+                          f"no new log record for {since / 60:.1f} min (limit {guards.stall_minutes:g} min) "
+                          "while the process is alive — taking a stack dump, then stopping",
+                          {"seconds_since_last_record": since, "stall_minutes": guards.stall_minutes}))
+    floor = guards.min_free_host_ram_gib * GIB
+    ram = facts.available_ram_bytes
+    if ram is not None and floor > 0 and ram < floor:
+        out.append(Action("incident", "host-memory-pressure",
+                          f"host RAM available {gib(ram)} < {guards.min_free_host_ram_gib:g} GiB floor — "
+                          "the next attempt halves the [machinery] knobs if this one fails",
+                          {"available_ram_bytes": ram, "min_free_host_ram_gib": guards.min_free_host_ram_gib}))
+    stops = [a for a in out if a.kind == "stop"]
+    rest = [a for a in out if a.kind != "stop" and a.key not in facts.already_warned]
+    return (*stops, *rest)
+
+
+def starvation(util_pct: float | None, steps_advanced: bool, threshold_pct: float) -> bool:
+    """Input starvation suspected: steps advance but the GPU mostly waits. Unmeasured util is no evidence."""
+    return util_pct is not None and steps_advanced and util_pct < threshold_pct
+
+
+# -- internals ----------------------------------------------------------------------------------
+
+
+def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
+    view = facts.view
+    if not facts.gpus or view is None:
+        return []
+    if not view.available:
+        return [Action("warn", "gpu-unseen", f"cannot see the run's GPUs, guards are blind: {view.reason}",
+                       {"gpus": list(facts.gpus), "reason": view.reason})]
+    out: list[Action] = []
+    for index in facts.gpus:
+        reading = view.gpu(index)
+        if reading is None:
+            out.append(Action("warn", "gpu-unseen", f"GPU {index} is no longer visible to NVML — fallen off the bus? "
+                              "check `nvidia-smi` and the kernel log", {"gpu": index}, key=f"gpu-unseen:{index}"))
+            continue
+        for fault in reading.faults:
+            if fault == "device lost":
+                out.append(Action("stop", "gpu-fault", f"GPU {index}: device lost — stopping the run; "
+                                  "the GPU needs a reset (`nvidia-smi -r` or a reboot)",
+                                  {"gpu": index, "fault": fault}))
+            else:
+                out.append(Action("incident", "gpu-fault", f"GPU {index}: {fault} — check `nvidia-smi -q` and "
+                                  "the kernel log (dmesg | grep -i xid)", {"gpu": index, "fault": fault},
+                                  key=f"gpu-fault:{index}:{fault}"))
+        if guards.exclusive_gpu and not reading.processes_known:
+            out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
+                              "is not being checked", {"gpu": index, "errors": list(reading.errors)},
+                              key=f"gpu-unseen:procs:{index}"))
+    holders = foreign_holders(view, facts.gpus, facts.run_pids)
+    if holders:
+        text = "; ".join(h.describe() for h in holders)
+        detail = {"holders": [h.to_dict() for h in holders], "run_pids": sorted(facts.run_pids)}
+        if guards.exclusive_gpu:
+            out.append(Action("stop", "gpu-held", f"{text} is not the run's — stopping the run (exclusive_gpu)"
+                              + _namespace_hint(holders, view), detail))
+        else:
+            out.append(Action("warn", "gpu-held", f"{text} shares the run's GPU", detail))
+    return out
+
+
+def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
+    cap = guards.gpu_hours_cap
+    if cap is None:
+        return []
+    used = facts.gpu_hours_used
+    projected = facts.gpu_hours_projected_at_end
+    detail = {"gpu_hours_used": round(used, 4), "gpu_hours_cap": cap,
+              "gpu_hours_projected": None if projected is None else round(projected, 4)}
+    if used >= cap:
+        return [Action("stop", "gpu-hours-cap", f"GPU-hours {used:.2f} reached the cap {cap:g} — stopping gracefully",
+                       detail)]
+    out = []
+    if used >= WARN_FRACTION * cap:
+        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {used:.2f} passed 80 % of the cap {cap:g}",
+                          detail, key="gpu-hours-80"))
+    if projected is not None and projected > cap:
+        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours projected to the end {projected:.2f} exceed the cap "
+                          f"{cap:g} (used {used:.2f}): the run will be stopped at the cap", detail,
+                          key="gpu-hours-projection"))
+    return out
+
+
+def _namespace_hint(holders: Sequence[Holder], view: GpuView) -> str:
+    invisible = {(h.gpu, h.pid) for h in holders if _invisible(view, h)}
+    if not invisible:
+        return ""
+    return (" (pid not visible from babysit's PID namespace: another container, or babysit runs in a "
+            "container without --pid=host)")
+
+
+def _invisible(view: GpuView, holder: Holder) -> bool:
+    reading = view.gpu(holder.gpu)
+    if reading is None:
+        return False
+    return any(p.pid == holder.pid and not getattr(p, "visible", True) for p in reading.processes)
+
+
+def _join(items: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in items)
