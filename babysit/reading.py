@@ -1,0 +1,153 @@
+"""The shell around the pure verdict: freeze check, log and store reads, fixture runs, verdict files.
+
+The daemon and the CLI both read verdicts through here, so the prereg hash is compared on EVERY read
+and a tampered prereg can never produce a verdict, only a `prereg-tampered` incident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from babysit.amendment import AmendmentRecord, from_store
+from babysit.errors import BadInput, FixtureMismatch, PreregTampered
+from babysit.spec import Prereg, RunSpec
+from babysit.store import Store
+from babysit.verdict import FixtureResult, Verdict, evaluate, fixture_result, fmt_delta
+
+TAMPER_INCIDENT = "prereg-tampered"
+Series = tuple[tuple[int, float], ...]
+
+
+class PreregChanged(PreregTampered):
+    """PreregTampered with both hashes attached, so an incident can be recorded once per pair."""
+
+    def __init__(self, run: str, registered: str | None, current: str | None, spec_file: Path) -> None:
+        self.run = run
+        self.registered_sha256 = registered
+        self.current_sha256 = current
+        super().__init__(
+            f"run '{run}': the [prereg] of {spec_file} was edited after registration "
+            f"(registered sha256 {registered or '<no [prereg]>'}, now {current or '<no [prereg]>'}); "
+            "no verdict is read from an edited pre-registration",
+            hint="restore the original [prereg] (see `babysit prereg show`); a different experiment needs a "
+                 "new [run].name registered with `babysit register`; to change how it is read, `babysit amend`",
+        )
+
+
+def check_frozen(spec: RunSpec, registered_sha256: str | None) -> None:
+    """Raise PreregChanged unless the spec's [prereg] still hashes to what `register` froze."""
+    current = spec.prereg.sha256 if spec.prereg is not None else None
+    if current != registered_sha256:
+        raise PreregChanged(spec.name, registered_sha256, current, spec.spec_file)
+
+
+def require_prereg(spec: RunSpec) -> Prereg:
+    if spec.prereg is None:
+        raise BadInput(f"run '{spec.name}' has no [prereg]: it is babysat but has no verdict",
+                       hint="pre-register a [prereg] table before launch (SPEC §1) under a new run name")
+    return spec.prereg
+
+
+def read_series(log: Path, prereg: Prereg) -> tuple[Series, Series, int]:
+    """(metric series, train-metric series, garbage lines) of a whole log; a missing log is empty."""
+    from babysit.logtail import metric_series, read_all
+
+    try:
+        records, garbage = read_all(log)
+    except FileNotFoundError:
+        return (), (), 0
+    train = metric_series(records, prereg.train_metric) if prereg.train_metric else ()
+    return metric_series(records, prereg.metric), train, garbage
+
+
+def stored_amendments(store: Store, run: str) -> tuple[AmendmentRecord, ...]:
+    return tuple(from_store(a) for a in store.amendments(run))
+
+
+def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, store: Store, *,
+                            at_step: int | None = None,
+                            extra: Sequence[AmendmentRecord] = ()) -> Verdict:
+    """Tamper check, then the store's amendments, then the log: the verdict as of `at_step`."""
+    check_frozen(spec, entry_prereg_sha256)
+    prereg = require_prereg(spec)
+    series, train, _ = read_series(spec.log, prereg)
+    return evaluate(prereg, (*stored_amendments(store, spec.name), *extra), series,
+                    train_series=train, at_step=at_step)
+
+
+def record_tamper_incident(store: Store, run: str, exc: PreregTampered, now: float) -> int | None:
+    """Record `prereg-tampered` once per (registered, current) hash pair; returns the new id or None."""
+    detail = {
+        "registered_sha256": getattr(exc, "registered_sha256", None),
+        "current_sha256": getattr(exc, "current_sha256", None),
+        "message": exc.message,
+    }
+    for row in store.incidents(run, limit=100_000):
+        if row.kind == TAMPER_INCIDENT and (row.body.get("registered_sha256"), row.body.get("current_sha256")) \
+                == (detail["registered_sha256"], detail["current_sha256"]):
+            return None
+    return store.add_incident(run, None, now, TAMPER_INCIDENT, detail)
+
+
+def run_fixture(prereg: Prereg) -> FixtureResult:
+    """The instrument on the fixture log (original rule, no amendments)."""
+    if prereg.fixture is None:
+        raise BadInput("the [prereg] has no [prereg.fixture]: nothing to check the instrument against",
+                       hint="add [prereg.fixture] with log, expect_delta and expect_label")
+    if not prereg.fixture.log.is_file():
+        raise BadInput(f"prereg.fixture.log: {prereg.fixture.log} does not exist",
+                       hint="point [prereg.fixture].log at a train log whose delta is known")
+    series, train, _ = read_series(prereg.fixture.log, prereg)
+    return fixture_result(prereg, series, train)
+
+
+def check_fixture(prereg: Prereg) -> FixtureResult:
+    """run_fixture, raising FixtureMismatch (exit 1) with both numbers when it does not reproduce."""
+    result = run_fixture(prereg)
+    if not result.ok:
+        p = prereg.precision
+        got = (f"{fmt_delta(result.got_delta, p)} -> {result.got_label}" if result.verdict.status == "FINAL"
+               else f"no read ({result.verdict.reason})")
+        raise FixtureMismatch(
+            f"fixture check failed on {prereg.fixture.log}: expected {fmt_delta(result.expected_delta, p)} -> "
+            f"{result.expected_label}, the instrument got {got}",
+            hint="the instrument must reproduce the fixture before the run is trusted: fix [prereg] "
+                 "(metric, steps, bands) or the fixture's expect_delta / expect_label",
+        )
+    return result
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> Path:
+    """Temp file in the same directory, then rename: a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_verdict_files(verdict_json: Mapping[str, Any], out_dir: Path, *, prereg: Prereg,
+                        verdict: Verdict, series: Series,
+                        comparators: Mapping[str, Series] | None = None) -> tuple[Path, Path]:
+    """Write `<out_dir>/<run>.json` atomically and `<out_dir>/<run>.png`; returns both paths."""
+    from babysit.chart import render_chart
+
+    run = str(verdict_json["run"])
+    out_dir = Path(out_dir)
+    json_path = write_json_atomic(out_dir / f"{run}.json", verdict_json)
+    png_path = render_chart(out_dir / f"{run}.png", run=run, prereg=prereg, series=series, verdict=verdict,
+                            amendments=verdict.amendments, comparators=comparators or {})
+    return json_path, png_path
