@@ -1,0 +1,140 @@
+"""Retry policy and attempt argv: pure functions over the attempt history and the RunSpec.
+
+Resource selection is kept apart from method-stability attempts (the seed's retry semantics):
+attempt k runs `spec.profile_for(k)`, whatever failed before; the failure only decides *whether*
+there is an attempt k. The one thing a failure changes besides that is the declared
+`[machinery]` knobs (loader workers, prefetch), halved after host-memory pressure, because they
+are declared not to touch the training math.
+
+Never retried: a completed attempt, a stop on request, a guard stop (gpu-held, gpu-hours-cap,
+abort), an outcome outside `[retry].on` unless a `[[classify]]` rule said retry = true, and any
+outcome a rule marked retry = false.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from babysit.spec import AttemptProfile, RunSpec
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+@dataclass(frozen=True)
+class PastAttempt:
+    n: int
+    profile: str
+    outcome: str
+    retry_override: bool | None = None  # ExitClass.retry
+    guard_stop: bool = False  # stopped by a guard or an abort: gpu-held, gpu-hours-cap, abort
+    host_memory_pressure: bool = False  # a host-memory-pressure incident was raised in this attempt
+    halved_knobs: int = 0  # how many halvings this attempt's argv already carried
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    reason: str
+    n: int | None  # the next attempt's number, when retry
+    profile: AttemptProfile | None
+    resume: bool
+    halve_machinery: bool
+    halvings: int = 0  # total halvings for the next attempt's argv (pass to build_argv)
+
+
+def next_attempt(history: Sequence[PastAttempt], spec: RunSpec) -> RetryDecision:
+    """What to do after the newest attempt in `history` ended. An empty history means: launch attempt 1."""
+    if not history:
+        return RetryDecision(True, "first attempt", 1, spec.profile_for(1), False, False, 0)
+    last = max(history, key=lambda a: a.n)
+
+    def no(reason: str) -> RetryDecision:
+        return RetryDecision(False, reason, None, None, False, False, last.halved_knobs)
+
+    if last.outcome == "completed":
+        return no(f"attempt {last.n} completed")
+    if last.guard_stop:
+        return no(f"attempt {last.n} was stopped by a guard ({last.outcome}): a guard stop is never retried")
+    if last.outcome == "stopped":
+        return no(f"attempt {last.n} was stopped on request")
+    if last.retry_override is False:
+        return no(f"a [[classify]] rule marked {last.outcome} as not retryable")
+    on = spec.retry.on
+    if last.retry_override is not True and last.outcome not in on:
+        return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
+    if last.n >= spec.retry.max_attempts:
+        return no(f"attempt {last.n} of {spec.retry.max_attempts} failed ({last.outcome}): no attempts left")
+    n = last.n + 1
+    halve = last.host_memory_pressure and bool(spec.machinery_knobs)
+    halvings = last.halved_knobs + (1 if halve else 0)
+    resume = spec.retry.resume == "latest-checkpoint"
+    why = "a [[classify]] rule said retry" if last.retry_override else f"{last.outcome} is in retry.on"
+    profile = spec.profile_for(n)
+    reason = (f"attempt {last.n} ended {last.outcome} ({why}): attempt {n} of {spec.retry.max_attempts}, "
+              f"profile {profile.profile}" + (", resuming from the latest checkpoint" if resume else ", fresh")
+              + (", [machinery] knobs halved after host-memory pressure" if halve else ""))
+    return RetryDecision(True, reason, n, profile, resume, halve, halvings)
+
+
+def build_argv(spec: RunSpec, n: int, *, resume: bool, halvings: int) -> tuple[list[str], dict]:
+    """The argv of attempt n: command + profile args (+ resume args), knobs halved `halvings` times.
+
+    Placeholders `{name}` and `{attempt}` are replaced in every item (plain replacement: other braces,
+    e.g. JSON in an argument, stay as written). Knobs are matched as "--flag N" and "--flag=N"; a
+    knob absent from the argv, or with a non-integer value, is left alone and reported in notes.
+    `notes` maps "halved" / "absent" / "not_integer" to one readable line each, only when non-empty
+    (e.g. {"halved": "machinery knobs halved after host-memory pressure: --num-workers 8 → 4"}).
+    """
+    profile = spec.profile_for(n)
+    argv = [*spec.command, *profile.args, *(spec.retry.resume_args if resume else ())]
+    argv = [a.replace("{name}", spec.name).replace("{attempt}", str(n)) for a in argv]
+    found_notes: dict[str, list[str]] = {"halved": [], "absent": [], "not_integer": []}
+    if halvings > 0:
+        _halve_knobs(argv, spec.machinery_knobs, 2**halvings, found_notes)
+    notes: dict[str, str] = {}  # one readable line per kind, only those that happened (for the launch post)
+    if found_notes["halved"]:
+        notes["halved"] = "machinery knobs halved after host-memory pressure: " + ", ".join(found_notes["halved"])
+    if found_notes["absent"]:
+        notes["absent"] = ("machinery knobs not in the command, left alone: " + ", ".join(found_notes["absent"]))
+    if found_notes["not_integer"]:
+        notes["not_integer"] = "machinery knobs with a non-integer value, left alone: " + ", ".join(
+            found_notes["not_integer"])
+    return argv, notes
+
+
+def _halve_knobs(argv: list[str], knobs: Sequence[str], factor: int, notes: dict[str, list[str]]) -> None:
+    """Halve every occurrence of each knob in place, in both "--flag N" and "--flag=N" forms."""
+    for knob in knobs:
+        found = False
+        for i, item in enumerate(argv):
+            if item == knob and i + 1 < len(argv):
+                found = True
+                new = _halve(argv[i + 1], factor)
+                if new is None:
+                    notes["not_integer"].append(f"{knob} {argv[i + 1]}")
+                    continue
+                notes["halved"].append(f"{knob} {argv[i + 1]} → {new}")
+                argv[i + 1] = new
+            elif item.startswith(knob + "="):
+                found = True
+                value = item[len(knob) + 1:]
+                new = _halve(value, factor)
+                if new is None:
+                    notes["not_integer"].append(item)
+                    continue
+                notes["halved"].append(f"{knob}={value} → {new}")
+                argv[i] = f"{knob}={new}"
+        if not found:
+            notes["absent"].append(knob)
+
+
+def _halve(value: str, factor: int) -> str | None:
+    """`value` divided by `factor`, at least 1; a value already <= 1 (0 workers) is kept as is."""
+    if not _INT.fullmatch(value.strip()):
+        return None
+    number = int(value)
+    if number <= 1:
+        return str(number)
+    return str(max(1, number // factor))

@@ -1,0 +1,195 @@
+"""The poll snapshot: one frozen picture of a run, built from readings the daemon already took.
+
+Pure: no clock (the daemon passes `at`), no probe calls. The seed's first poll — GPU util, s/step,
+free host RAM, "fix input starvation before letting it ride" — is this snapshot with kind "first";
+`flags` carries what a human should look at. A reading that could not be taken appears as None
+with a note (`gpu_note`), never as zero.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from babysit.guards import GIB, starvation
+from babysit.logtail import seconds_per_step as _seconds_per_step
+
+if TYPE_CHECKING:
+    from babysit.probes.gpu import GpuView
+    from babysit.probes.host import HostReading
+
+KINDS = ("first", "periodic", "on-demand", "final")
+_STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    run: str
+    attempt: int
+    at: float
+    kind: str  # first | periodic | on-demand | final
+    step: int | None
+    seconds_per_step: float | None
+    eta_seconds: float | None  # to `target_step`; None when unknown
+    gpu_hours_used: float
+    gpu_hours_cap: float | None
+    gpu_hours_projected: float | None
+    gpus: tuple[dict, ...]
+    gpu_note: str | None
+    available_ram_bytes: int | None
+    run_rss_bytes: int | None
+    run_cpu_pct: float | None
+    latest_eval: Mapping[str, float] | None
+    latest_eval_step: int | None
+    provisional: Mapping[str, object] | None
+    flags: tuple[str, ...]
+    target_step: int | None = None  # the step the ETA counts to: prereg.read_step, else the command's --steps
+    total_ram_bytes: int | None = None
+    note: str | None = None  # the executor's word (e.g. "PENDING (Resources)" on Slurm)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run, "attempt": self.attempt, "at": self.at, "kind": self.kind,
+            "step": self.step, "seconds_per_step": self.seconds_per_step, "eta_seconds": self.eta_seconds,
+            "target_step": self.target_step,
+            "gpu_hours_used": self.gpu_hours_used, "gpu_hours_cap": self.gpu_hours_cap,
+            "gpu_hours_projected": self.gpu_hours_projected,
+            "gpus": [dict(g) for g in self.gpus], "gpu_note": self.gpu_note,
+            "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes,
+            "run_rss_bytes": self.run_rss_bytes, "run_cpu_pct": self.run_cpu_pct,
+            "latest_eval": None if self.latest_eval is None else dict(self.latest_eval),
+            "latest_eval_step": self.latest_eval_step,
+            "provisional": None if self.provisional is None else dict(self.provisional),
+            "flags": list(self.flags), "note": self.note,
+        }
+
+
+def project_gpu_hours(used_hours: float, seconds_per_step: float | None, steps_left: int | None,
+                      n_gpus: int) -> float | None:
+    """GPU-hours at the end if the pace holds: used + s/step x steps left x GPUs. None: no pace or no end."""
+    if seconds_per_step is None or steps_left is None:
+        return None
+    return used_hours + seconds_per_step * max(0, steps_left) * n_gpus / 3600
+
+
+def steps_from_argv(argv: Sequence[str]) -> int | None:
+    """The run's last step from "--steps N" / "--steps=N" (or --max-steps), the last occurrence winning."""
+    found = None
+    for i, item in enumerate(argv):
+        for flag in _STEPS_FLAGS:
+            value = None
+            if item == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif item.startswith(flag + "="):
+                value = item[len(flag) + 1:]
+            if value is not None and re.fullmatch(r"\d+", value):
+                found = int(value)
+    return found
+
+
+def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
+                   points: Sequence[Any] = (), step: int | None = None, seconds_per_step: float | None = None,
+                   read_step: int | None = None, end_step: int | None = None,
+                   gpu_hours_used: float, gpu_hours_cap: float | None, n_gpus: int | None = None,
+                   view: GpuView | None = None, host: HostReading | None = None, gpus: Sequence[int] = (),
+                   run_pids: frozenset[int] | None = None,
+                   latest_eval: Mapping[str, float] | None = None, latest_eval_step: int | None = None,
+                   provisional: Mapping[str, object] | None = None, starvation_util_pct: float = 50.0,
+                   steps_advanced: bool | None = None, min_free_host_ram_gib: float | None = None,
+                   seconds_since_last_record: float | None = None, stall_seconds: float | None = None,
+                   note: str | None = None) -> Snapshot:
+    """Assemble a snapshot. Progress comes from `points` (records or ProgressPoints with .step/.ts)
+    unless `step` / `seconds_per_step` are given. The ETA counts to read_step (the verdict's read),
+    else end_step (e.g. `steps_from_argv(argv)`); the GPU-hours projection counts to end_step, else
+    read_step. `run_pids` defaults to host.run_pids; with neither, foreign holders are unknown (None).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"snapshot kind must be one of {KINDS}, got {kind!r}")
+    if step is None and points:
+        step = points[-1].step
+    if seconds_per_step is None and len(points) >= 2:
+        seconds_per_step = _seconds_per_step(points)
+    target = read_step if read_step is not None else end_step
+    eta = None
+    if target is not None and step is not None and seconds_per_step is not None:
+        eta = max(0, target - step) * seconds_per_step
+    elif target is not None and step is not None and step >= target:
+        eta = 0.0
+    horizon = end_step if end_step is not None else read_step
+    n = len(gpus) if n_gpus is None else n_gpus
+    projected = project_gpu_hours(gpu_hours_used, seconds_per_step,
+                                  None if horizon is None or step is None else horizon - step, n)
+    if run_pids is None and host is not None:
+        run_pids = host.run_pids
+
+    flags: list[str] = []
+    rows, gpu_note = _gpu_rows(gpus, view, run_pids, flags)
+    utils = [r["util_pct"] for r in rows if r.get("util_pct") is not None]
+    mean_util = sum(utils) / len(utils) if utils else None
+    advanced = seconds_per_step is not None if steps_advanced is None else steps_advanced
+    if starvation(mean_util, advanced, starvation_util_pct):
+        flags.append("input-starvation")
+    available = host.available_ram_bytes if host else None
+    if available is not None and min_free_host_ram_gib and available < min_free_host_ram_gib * GIB:
+        flags.append("host-memory-pressure")
+    if seconds_since_last_record is not None and stall_seconds and seconds_since_last_record >= stall_seconds / 2:
+        flags.append("stalled?")
+    if step is None:
+        flags.append("no-log-records-yet")
+    if projected is not None and gpu_hours_cap is not None and projected > gpu_hours_cap:
+        flags.append("gpu-hours-projection")
+    return Snapshot(
+        run=run, attempt=attempt, at=at, kind=kind, step=step,
+        seconds_per_step=seconds_per_step, eta_seconds=eta,
+        gpu_hours_used=gpu_hours_used, gpu_hours_cap=gpu_hours_cap, gpu_hours_projected=projected,
+        gpus=tuple(rows), gpu_note=gpu_note,
+        available_ram_bytes=available, run_rss_bytes=host.run_rss_bytes if host else None,
+        run_cpu_pct=host.run_cpu_pct if host else None,
+        latest_eval=None if latest_eval is None else dict(latest_eval), latest_eval_step=latest_eval_step,
+        provisional=None if provisional is None else dict(provisional),
+        flags=tuple(dict.fromkeys(flags)), target_step=target,
+        total_ram_bytes=host.total_ram_bytes if host else None, note=note,
+    )
+
+
+def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int] | None,
+              flags: list[str]) -> tuple[list[dict], str | None]:
+    """One dict per run GPU, plus the note that explains what could not be seen."""
+    if not gpus:
+        return [], None
+    if view is None:
+        flags.append("gpu-unseen")
+        return [_blank(i) for i in gpus], "GPUs not read for this snapshot"
+    if not view.available:
+        flags.append("gpu-unseen")
+        return [_blank(i) for i in gpus], f"no GPU visible: {view.reason}"
+    rows, missing = [], []
+    for index in gpus:
+        reading = view.gpu(index)
+        if reading is None:
+            missing.append(index)
+            rows.append(_blank(index))
+            continue
+        foreign = None
+        if run_pids is not None and reading.processes_known:
+            foreign = [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
+                       for p in reading.processes if p.pid not in run_pids]
+            if foreign:
+                flags.append("gpu-held")
+        if reading.faults:
+            flags.append("gpu-fault")
+        rows.append({"index": index, "visible": True, "name": reading.name, "util_pct": reading.util_pct,
+                     "util_samples": reading.util_samples, "memory_used_bytes": reading.memory_used_bytes,
+                     "memory_total_bytes": reading.memory_total_bytes, "held_by_foreign": foreign,
+                     "faults": list(reading.faults)})
+    if missing:
+        flags.append("gpu-unseen")
+        return rows, "no GPU visible: GPU " + ", ".join(map(str, missing)) + " not seen by the probe"
+    return rows, None
+
+
+def _blank(index: int) -> dict:
+    return {"index": index, "visible": False, "name": None, "util_pct": None, "util_samples": 0,
+            "memory_used_bytes": None, "memory_total_bytes": None, "held_by_foreign": None, "faults": []}
