@@ -139,15 +139,37 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_verdict_files(verdict_json: Mapping[str, Any], out_dir: Path, *, prereg: Prereg,
-                        verdict: Verdict, series: Series,
-                        comparators: Mapping[str, Series] | None = None) -> tuple[Path, Path]:
-    """Write `<out_dir>/<run>.json` atomically and `<out_dir>/<run>.png`; returns both paths."""
+def write_verdict_files(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, out_dir: Path, *,
+                        verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
+                        chart_path: Path | None = None) -> tuple[Path, Path]:
+    """Write `<out_dir>/<run>.json` atomically and the chart (`<out_dir>/<run>.png` unless `chart_path`).
+
+    Without `verdict`, the chart's verdict is re-derived from the log and the store's amendments as of
+    the JSON's at_step, so the daemon can pass just the body it already has.
+    """
     from babysit.chart import render_chart
 
+    prereg = require_prereg(spec)
     run = str(verdict_json["run"])
     out_dir = Path(out_dir)
+    series, train, _ = read_series(spec.log, prereg)
+    if verdict is None:
+        amendments = stored_amendments(store, spec.name) if store is not None else ()
+        at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
+        verdict = evaluate(prereg, amendments, series, train_series=train, at_step=at)
     json_path = write_json_atomic(out_dir / f"{run}.json", verdict_json)
-    png_path = render_chart(out_dir / f"{run}.png", run=run, prereg=prereg, series=series, verdict=verdict,
-                            amendments=verdict.amendments, comparators=comparators or {})
+    png_path = render_chart(chart_path or out_dir / f"{run}.png", run=run, prereg=prereg, series=series,
+                            verdict=verdict, amendments=verdict.amendments, comparators=comparators or {},
+                            train_series=train)
     return json_path, png_path
+
+
+def load_registered(registry_path: Path, name: str) -> tuple[Any, Any, RunSpec]:
+    """(Registry, RunEntry, RunSpec) of a registered run; UnknownRun names close matches."""
+    from babysit import registry
+    from babysit.spec import load_spec
+
+    reg = registry.load(registry_path)
+    entry = reg.get(name)
+    spec_path = reg.spec_path(entry)
+    return reg, entry, load_spec(spec_path, display=str(spec_path))

@@ -97,8 +97,7 @@ class Verdict:
     def provisional(self) -> bool:
         return self.status == PROVISIONAL
 
-    def to_json(self, run: str, prereg_sha256: str | None,
-                amendments: Sequence[AmendmentRecord] | None = None) -> dict[str, Any]:
+    def to_json(self, run: str, prereg_sha256: str | None, amendments: Sequence[Any] | None = None) -> dict[str, Any]:
         """SPEC §5 exactly, keys in a fixed order; numbers rounded to precision (bounds: see shown_bound)."""
         p = self.precision
         records = self.amendments if amendments is None else tuple(amendments)
@@ -324,9 +323,10 @@ def _rule_json(rule: Rule, precision: int) -> dict[str, Any]:
     return out
 
 
-def _amendment_json(a: AmendmentRecord) -> dict[str, Any]:
+def _amendment_json(a: Any) -> dict[str, Any]:
+    """An AmendmentRecord or a store.Amendment (recorded ones are provenance-checked)."""
     out: dict[str, Any] = {"n": a.n, "declared_at": a.declared_at,
                            "data_seen_through_step": a.data_seen_through_step, "sha256": a.sha256}
-    if not a.provenance_checked:
+    if not getattr(a, "provenance_checked", True):
         out["provenance_checked"] = False
     return out

@@ -1,0 +1,113 @@
+"""`babysit prereg show NAME [--json]`: everything a stranger needs to re-derive the verdict.
+
+The [prereg] table as canonical JSON, its hash and whether the spec still matches what `register` froze,
+and the amendment chain with every record's hash recomputed. Exit 1 when the prereg no longer matches
+or the chain is broken (printed in full either way), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from babysit.cli import add_registry_option
+
+    p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain")
+    actions = p.add_subparsers(dest="prereg_action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="the frozen [prereg], its hash, and the verified amendment chain")
+    show.add_argument("run", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    add_registry_option(show)
+    show.set_defaults(func=run)
+
+
+def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
+    """Recompute each record's sha256 from its text and the previous record's hash; flag every break."""
+    from babysit.store import amendment_sha256
+
+    out = []
+    prev: str | None = None
+    for a in amendments:
+        problems = []
+        if a.prev_sha256 != prev:
+            problems.append("prev_sha256 is not the previous record's sha256")
+        if amendment_sha256(a.text, a.prev_sha256) != a.sha256:
+            problems.append("sha256 does not match the text")
+        out.append({"n": a.n, "title": a.title, "declared_at": a.declared_at,
+                    "data_seen_through_step": a.data_seen_through_step, "sha256": a.sha256,
+                    "prev_sha256": a.prev_sha256, "chain_ok": not problems, "problems": problems, "text": a.text})
+        prev = a.sha256
+    return out
+
+
+def collect(registry_path: Any, name: str) -> dict[str, Any]:
+    from babysit import reading
+    from babysit.store import Store
+
+    reg, entry, spec = reading.load_registered(registry_path, name)
+    prereg = spec.prereg
+    db = reg.state_dir / "state.db"
+    amendments = []
+    if db.exists():
+        store = Store(db)
+        try:
+            amendments = store.amendments(spec.name)
+        finally:
+            store.close()
+    chain = verify_chain(amendments)
+    current = prereg.sha256 if prereg else None
+    return {
+        "run": spec.name,
+        "spec": str(spec.spec_file),
+        "registered_at": entry.registered_at,
+        "prereg_sha256_registered": entry.prereg_sha256,
+        "prereg_sha256_current": current,
+        "matches": current == entry.prereg_sha256,
+        "prereg": json.loads(prereg.canonical) if prereg else None,
+        "log": str(spec.log),
+        "fixture_log": str(prereg.fixture.log) if prereg and prereg.fixture else None,
+        "amendments": chain,
+        "chain_ok": all(a["chain_ok"] for a in chain),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from babysit.registry import resolve_registry_path
+
+    info = collect(resolve_registry_path(args.registry), args.run)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(render(info))
+    return 0 if info["matches"] and info["chain_ok"] else 1
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [f"run:            {info['run']}", f"spec:           {info['spec']}",
+             f"registered_at:  {info['registered_at']}",
+             f"registered sha: {info['prereg_sha256_registered'] or '- (no [prereg] at registration)'}",
+             f"current sha:    {info['prereg_sha256_current'] or '- (no [prereg] now)'}"]
+    if info["matches"]:
+        lines.append("status:         FROZEN - the spec's [prereg] still hashes to what `register` recorded")
+    else:
+        lines.append("status:         TAMPERED - the [prereg] below is the CURRENT text, not what was registered; "
+                     "no verdict will be read from it (register a new name for a different experiment)")
+    lines.append(f"log:            {info['log']}")
+    if info["fixture_log"]:
+        lines.append(f"fixture log:    {info['fixture_log']}")
+    lines.append("[prereg] (canonical JSON; sha256 of the compact form `sort_keys, separators=(',', ':')`):")
+    lines.append(json.dumps(info["prereg"], indent=2, sort_keys=True, ensure_ascii=False))
+    if not info["amendments"]:
+        lines.append("amendments:     none")
+    for a in info["amendments"]:
+        state = "chain ok" if a["chain_ok"] else "CHAIN BROKEN: " + "; ".join(a["problems"])
+        seen = a["data_seen_through_step"]
+        lines.append(f"amendment {a['n']}: {a['title']} - declared {a['declared_at']}, data seen through step "
+                     f"{seen if seen is not None else '- (none)'}; sha256 {a['sha256']} ({state})")
+        lines.extend("    " + line for line in a["text"].rstrip("\n").splitlines())
+    lines.append("re-derive: sha256(canonical) must equal the registered sha; amendment k's sha256 is "
+                 "sha256(prev_sha256 + '\\n' + text) with prev_sha256 of amendment 1 empty.")
+    return "\n".join(lines)

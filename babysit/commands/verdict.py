@@ -1,0 +1,209 @@
+"""`babysit verdict NAME | RUN.toml --log PATH`: the pre-registered read, as a card or SPEC §5 JSON, plus a chart.
+
+A registered run is read through the freeze check and its recorded amendments; an offline read takes
+the spec and a log as given, and `--amendment FILE` what-ifs that are marked not provenance-checked.
+Exit 0 on any read (FINAL, PROVISIONAL or NO-READ), 1 on a tampered prereg or a fixture mismatch,
+2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from babysit.cli import add_registry_option
+
+    p = sub.add_parser("verdict", help="read a run's pre-registered verdict (card or --json) and draw its chart",
+                       description="Read the pre-registered verdict of a registered run (NAME) or, offline, of a "
+                                   "RUN.toml against a log. Writes the chart PNG and says where.")
+    p.add_argument("target", metavar="NAME|RUN.toml", help="a registered run name, or a run.toml for an offline read")
+    p.add_argument("--json", action="store_true", help="print exactly the SPEC §5 verdict JSON on stdout")
+    p.add_argument("--at-step", type=_step, metavar="N", help="read as of step N (only evals at steps <= N count)")
+    p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: <state_dir>/verdicts/"
+                                                   "<run>.png; offline: next to the log)")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=LOGPATH",
+                   help="overlay another run's log on the chart (repeatable)")
+    p.add_argument("--fixture", action="store_true",
+                   help="check the instrument on [prereg.fixture] instead (exit 1 if it does not reproduce)")
+    p.add_argument("--log", metavar="PATH", help="offline: the train log to read (default: the spec's log)")
+    p.add_argument("--amendment", action="append", default=[], metavar="FILE",
+                   help="a what-if amendment, applied after recorded ones, marked not provenance-checked "
+                        "(repeatable)")
+    add_registry_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from babysit import reading
+    from babysit.amendment import load_amendment, what_if
+    from babysit.errors import BadInput, PreregTampered
+    from babysit.registry import resolve_registry_path
+    from babysit.spec import load_spec
+    from babysit.store import Store
+    from babysit.verdict import evaluate
+
+    offline = Path(args.target).is_file() or args.target.endswith(".toml")
+    if offline:
+        spec = load_spec(Path(args.target), display=args.target)
+        prereg = reading.require_prereg(spec)
+        log = Path(args.log) if args.log else spec.log
+        if not log.is_file():
+            raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
+        recorded: tuple[Any, ...] = ()
+        frozen_sha = prereg.sha256
+        default_chart = log.parent / f"{spec.name}.verdict.png"
+    else:
+        if args.log:
+            raise BadInput("--log is for offline reads (RUN.toml --log PATH); a registered run reads its own log",
+                           hint=f"drop --log, or read offline: babysit verdict RUN.toml --log {args.log}")
+        reg, entry, spec = reading.load_registered(resolve_registry_path(args.registry), args.target)
+        store = Store.in_dir(reg.state_dir)
+        try:
+            reading.check_frozen(spec, entry.prereg_sha256)
+            recorded = reading.stored_amendments(store, spec.name)
+        except PreregTampered as exc:
+            reading.record_tamper_incident(store, spec.name, exc, time.time())
+            raise
+        finally:
+            store.close()
+        prereg = reading.require_prereg(spec)
+        log = spec.log
+        frozen_sha = entry.prereg_sha256
+        default_chart = reg.state_dir / "verdicts" / f"{spec.name}.png"
+
+    if args.fixture:
+        return _fixture(args, spec, prereg, frozen_sha)
+    extra = tuple(what_if(load_amendment(Path(f), f), len(recorded) + i + 1) for i, f in enumerate(args.amendment))
+    comparators = _comparators(args.compare, prereg)
+    series, train, garbage = reading.read_series(log, prereg)
+    verdict = evaluate(prereg, (*recorded, *extra), series, train_series=train, at_step=args.at_step)
+    body = verdict.to_json(spec.name, frozen_sha)
+    chart = Path(args.chart) if args.chart else default_chart
+    from babysit.chart import render_chart
+
+    render_chart(chart, run=spec.name, prereg=prereg, series=series, verdict=verdict, amendments=verdict.amendments,
+                 comparators=comparators, train_series=train)
+    if args.json:
+        print(json.dumps(body, indent=2))
+        print(f"chart: {chart}", file=sys.stderr)
+        return 0
+    print(card(body, verdict, prereg, log=log, garbage=garbage, matches=True, offline=offline,
+               comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()}))
+    print(f"chart: {chart}")
+    return 0
+
+
+def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
+         offline: bool, comparators: dict[str, Any] | None = None) -> str:
+    """The human-readable verdict; PROVISIONAL is a banner and prefixes the label, so it cannot be missed."""
+    from babysit.verdict import AMBIGUOUS_BY_INSTRUMENT, PROVISIONAL, fmt_bound, fmt_delta
+
+    p = prereg.precision
+    lines: list[str] = []
+    bar = "=" * 78
+    if body["status"] == PROVISIONAL:
+        lines += [bar, f"PROVISIONAL: read at step {body['at_step']}, before read_step {prereg.read_step}. "
+                       "NOT the verdict.", bar]
+    label = body["label"] or "no read"
+    shown = f"PROVISIONAL {label}" if body["status"] == PROVISIONAL else label
+    lines.append(f"{body['run']}: {shown}  [{body['status']}]")
+    if prereg.question:
+        lines.append(f"question:  {prereg.question}")
+    if body["status"] == "NO-READ":
+        lines.append(f"reason:    {body['reason']}")
+    else:
+        lines.append(f"delta:     {fmt_delta(body['delta'], p)} = {prereg.metric}({body['at_step']}) "
+                     f"{body['read']:.{p}f} - {prereg.metric}({prereg.baseline_step}) {body['baseline']:.{p}f}"
+                     "  (rounded once, then compared)")
+    lines.append("rules:")
+    for rule in verdict.rules:
+        bands = []
+        for b in rule.bands:
+            parts = [f"<= {fmt_bound(b.max, p, 'max')}" if b.max is not None else "",
+                     f">= {fmt_bound(b.min, p, 'min')}" if b.min is not None else ""]
+            bands.append(f"{b.label} " + " and ".join(x for x in parts if x))
+        bands.append(f"else {rule.otherwise}")
+        name = rule.name if rule.scale is None else f"{rule.name} (x{float(rule.scale):.{p}f})"
+        said = rule.label or "-"
+        lines.append(f"  {name}: {'; '.join(bands)}  ->  {said}")
+    if len(verdict.rules) > 1:
+        lines.append("  combine: agree (a disagreement is " + AMBIGUOUS_BY_INSTRUMENT + ")")
+    if body["interpretation"]:
+        lines.append(f"meaning:   {body['interpretation']}")
+    c = body["corroboration"]
+    rise = {True: "yes", False: "no", None: "n/a (fewer than 2 evals)"}[c["monotone_rise"]]
+    lines.append(f"corroboration (never a gate): train delta {fmt_delta(c['train_delta'], p)}; "
+                 f"monotone rise {rise}")
+    for name, delta in (comparators or {}).items():
+        lines.append(f"compare:   {name}: delta {fmt_delta(delta, p)} over the same window")
+    sha = body["prereg_sha256"] or "-"
+    lines.append(f"prereg:    sha256 {sha}" + (" (offline: not checked against a registration)" if offline
+                                                else " (matches the registration)" if matches else ""))
+    for a in verdict.amendments:
+        prov = ("WHAT-IF, not provenance-checked" if not a.provenance_checked else
+                f"declared {a.declared_at}, eval data seen through step {a.data_seen_through_step}")
+        lines.append(f"amendment {a.n}: {a.spec.title} ({prov}); sha256 {(a.sha256 or '-')[:16]}…")
+    lines.append(f"log:       {log}" + (f" ({garbage} garbage line(s) ignored)" if garbage else ""))
+    return "\n".join(lines)
+
+
+def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str | None) -> int:
+    from babysit import reading
+    from babysit.verdict import fmt_delta
+
+    result = reading.run_fixture(prereg)
+    p = prereg.precision
+    if args.json:
+        print(json.dumps({"run": spec.name, "fixture_log": str(prereg.fixture.log), "ok": result.ok,
+                          "expected_delta": result.expected_delta, "got_delta": result.got_delta,
+                          "expected_label": result.expected_label, "got_label": result.got_label,
+                          "verdict": result.verdict.to_json(spec.name, frozen_sha)}, indent=2))
+    else:
+        print(f"fixture {prereg.fixture.log}: expected {fmt_delta(result.expected_delta, p)} -> "
+              f"{result.expected_label}; got {fmt_delta(result.got_delta, p)} -> {result.got_label or 'no read'}: "
+              + ("OK" if result.ok else "MISMATCH"))
+    if not result.ok:
+        reading.check_fixture(prereg)  # raises FixtureMismatch with both numbers (exit 1)
+    return 0
+
+
+def _comparators(items: list[str], prereg: Any) -> dict[str, Any]:
+    from babysit import reading
+    from babysit.errors import BadInput
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise BadInput(f"--compare: expected NAME=LOGPATH, got {item!r}",
+                           hint="e.g. --compare demosonly=logs/demosonly.jsonl")
+        if not Path(path).is_file():
+            raise BadInput(f"--compare {name}: log {path} does not exist")
+        out[name] = reading.read_series(Path(path), prereg)[0]
+    return out
+
+
+def _comparator_delta(series: Any, prereg: Any) -> float | None:
+    from babysit.verdict import decimal_of
+
+    values = dict(series)
+    if prereg.baseline_step not in values or prereg.read_step not in values:
+        return None
+    d = decimal_of(values[prereg.read_step]) - decimal_of(values[prereg.baseline_step])
+    return float(round(d, prereg.precision))
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
+    return value
