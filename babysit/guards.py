@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from babysit.probes.gpu import GpuView
 
 GIB = 2**30
-WARN_FRACTION = 0.8  # warn once at 80 % of the GPU-hours cap (SPEC §1)
+WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (SPEC §1)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
         return [Action("stop", "gpu-hours-cap", f"GPU-hours {used:.2f} reached the cap {cap:g} — stopping gracefully",
                        detail)]
     out = []
-    if used >= WARN_FRACTION * cap:
+    if used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR:  # 80 %, without 0.8 * 12 = 9.600000000000001
         out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {used:.2f} passed 80 % of the cap {cap:g}",
                           detail, key="gpu-hours-80"))
     if projected is not None and projected > cap:

@@ -1,0 +1,164 @@
+"""Exit classification as tables: built-in texts and codes, parsed OOM sizes, rule precedence."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+
+from babysit.classify import classify_exit, parse_size
+from babysit.logtail import LogRecord
+from babysit.spec import ClassifyRule
+
+GIB = 2**30
+
+TORCH_OOM = (
+    "Traceback (most recent call last):\n"
+    '  File "trainer/train.py", line 210, in step\n'
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.62 GiB. GPU 0 has a total capacity of "
+    "178.35 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 176.87 GiB memory in "
+    "use. Of the allocated memory 170.10 GiB is allocated by PyTorch, and 5.20 GiB is reserved by PyTorch but "
+    "unallocated."
+)
+OLD_TORCH_OOM = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+                 "14.50 GiB already allocated; 3.19 MiB free; 14.60 GiB reserved in total by PyTorch)")
+CPU_OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+           "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)")
+NCCL = ("[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600351 milliseconds before timing out.")
+
+
+def rec(step: int, event: str | None = None, **values) -> LogRecord:
+    metrics = {k: float(v) for k, v in values.items() if math.isfinite(v)}
+    fields = {k: float(v) for k, v in values.items() if not math.isfinite(v)}
+    return LogRecord(step, 1.0, metrics, event, fields)
+
+
+def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw):
+    return classify_exit(exit_code=exit_code, signal=sig, stderr_tail=stderr, last_records=list(records),
+                         rules=list(rules), stop_requested=stop, **kw)
+
+
+@pytest.mark.parametrize(("kwargs", "outcome"), [
+    pytest.param(dict(exit_code=0), "completed", id="exit-0"),
+    pytest.param(dict(exit_code=0, stderr="Xid 79 warning"), "completed", id="exit-0-despite-scary-stderr"),
+    pytest.param(dict(exit_code=10, stop=True), "stopped", id="trainer-stopped-on-request"),
+    pytest.param(dict(exit_code=None, sig=signal.SIGTERM, stop=True), "stopped", id="sigterm-on-request"),
+    pytest.param(dict(exit_code=None, sig=signal.SIGKILL, stop=True), "stopped", id="sigkill-after-grace"),
+    pytest.param(dict(exit_code=-15, stop=True), "stopped", id="negative-returncode-is-a-signal"),
+    pytest.param(dict(exit_code=12, stop=True, stderr=TORCH_OOM), "stopped", id="a-requested-stop-stays-a-stop"),
+    pytest.param(dict(exit_code=10, stop=True, stop_reason="stalled"), "stalled", id="stall-stop-keeps-class"),
+    pytest.param(dict(exit_code=None, sig=9, stop=True, stop_reason="gpu-fault"), "gpu-fault", id="fault-stop"),
+    pytest.param(dict(exit_code=10), "stopped", id="exit-10-unrequested-still-stopped"),
+    pytest.param(dict(exit_code=12), "oom", id="trainer-oom-code"),
+    pytest.param(dict(exit_code=11), "diverged", id="trainer-diverged-code"),
+    pytest.param(dict(stderr=TORCH_OOM), "oom", id="torch-oom-text"),
+    pytest.param(dict(stderr=OLD_TORCH_OOM), "oom", id="old-torch-oom-text"),
+    pytest.param(dict(stderr="RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"),
+                 "oom", id="cublas-alloc"),
+    pytest.param(dict(stderr=CPU_OOM), "oom", id="cpu-allocator"),
+    pytest.param(dict(stderr="Traceback\nMemoryError"), "oom", id="python-memoryerror"),
+    pytest.param(dict(stderr=TORCH_OOM + "\n" + NCCL), "oom", id="oom-is-the-root-cause-of-nccl-timeouts"),
+    pytest.param(dict(records=[rec(5, "diverged", train_loss=math.nan)]), "diverged", id="diverged-event"),
+    pytest.param(dict(records=[rec(5, train_loss=math.inf)]), "diverged", id="nonfinite-loss-record"),
+    pytest.param(dict(records=[rec(5, grad_norm=math.inf)]), "crashed", id="inf-grad-norm-is-not-divergence"),
+    pytest.param(dict(stderr="ValueError: loss is nan at step 300"), "diverged", id="loss-is-nan-text"),
+    pytest.param(dict(stderr="RuntimeError: non-finite loss"), "diverged", id="non-finite-loss-text"),
+    pytest.param(dict(stderr=NCCL), "crashed", id="nccl-timeout"),
+    pytest.param(dict(stderr="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus"), "gpu-fault", id="xid"),
+    pytest.param(dict(stderr="RuntimeError: CUDA error: uncorrectable ECC error encountered"), "gpu-fault",
+                 id="ecc"),
+    pytest.param(dict(gpu_faults=["xid 48"]), "gpu-fault", id="nvml-saw-a-fault"),
+    pytest.param(dict(stderr="RuntimeError: CUDA error: an illegal memory access was encountered"), "crashed",
+                 id="illegal-access-is-a-bug"),
+    pytest.param(dict(exit_code=None, sig=signal.SIGKILL), "crashed", id="sigkill-unrequested"),
+    pytest.param(dict(exit_code=137), "crashed", id="exit-137"),
+    pytest.param(dict(exit_code=None, sig=signal.SIGKILL, host_memory_pressure=True), "oom", id="host-oom-killer"),
+    pytest.param(dict(exit_code=1, stderr="KeyError: 'x'"), "crashed", id="plain-crash"),
+    pytest.param(dict(exit_code=None, sig=None), "crashed", id="unknown-status"),
+])
+def test_builtin_outcomes(kwargs, outcome):
+    assert run(**kwargs).outcome == outcome
+
+
+def test_torch_oom_sizes_are_parsed_into_bytes():
+    got = run(stderr=TORCH_OOM)
+    assert got.summary == "CUDA OOM: tried to allocate 1.62 GiB (176.87 GiB in use)"
+    assert got.detail["failed_alloc_bytes"] == round(1.62 * GIB)
+    assert got.detail["in_use_bytes"] == round(176.87 * GIB)
+    assert got.detail["free_bytes"] == round(1.06 * GIB)
+    assert got.detail["total_bytes"] == round(178.35 * GIB)
+    assert got.detail["gpu"] == 0
+    assert got.retry is None
+
+
+def test_old_format_oom_reports_the_allocation():
+    got = run(stderr=OLD_TORCH_OOM)
+    assert got.detail["failed_alloc_bytes"] == 20 * 2**20
+    assert "20.00 MiB" in got.summary
+
+
+def test_cpu_oom_reports_plain_bytes():
+    got = run(stderr=CPU_OOM)
+    assert got.detail["failed_alloc_bytes"] == 8589934592
+    assert got.summary.startswith("CPU OOM: tried to allocate 8.00 GiB")
+
+
+@pytest.mark.parametrize(("number", "unit", "expected"), [
+    ("1.62", "GiB", round(1.62 * 2**30)), ("20.00", "MiB", 20 * 2**20), ("3", "KiB", 3072), ("1", "TiB", 2**40),
+    ("512", "B", 512), ("512", "bytes", 512), ("512", None, 512), ("2", "GB", 2 * 10**9), ("1.5", "MB", 1_500_000),
+])
+def test_parse_size(number, unit, expected):
+    assert parse_size(number, unit) == expected
+
+
+def test_nccl_detail_flag():
+    assert run(stderr=NCCL).detail["nccl_timeout"] is True
+
+
+def test_sigkill_note_suggests_the_oom_killer():
+    got = run(exit_code=None, sig=signal.SIGKILL)
+    assert got.detail["note"] == "killed (OOM killer?)"
+    assert got.detail["signal_name"] == "SIGKILL"
+
+
+def test_crash_summary_carries_the_last_stderr_line_and_tail_is_bounded():
+    stderr = "\n".join(f"line {i}" for i in range(100)) + "\nKeyError: 'batch'"
+    got = run(exit_code=1, stderr=stderr)
+    assert got.summary == "crashed (exit 1): KeyError: 'batch'"
+    assert got.detail["stderr_tail"].splitlines()[-1] == "KeyError: 'batch'"
+    assert len(got.detail["stderr_tail"].splitlines()) == 20
+
+
+def test_diverged_record_step_is_reported():
+    got = run(records=[rec(4, train_loss=1.0), rec(5, "diverged", train_loss=math.nan)])
+    assert got.detail["diverged_step"] == 5
+
+
+ECC_RULE = ClassifyRule("uncorrectable ECC error", "crashed", retry=False)
+OOM_RETRY = ClassifyRule(r"Tried to allocate", "oom", retry=True)
+
+
+@pytest.mark.parametrize(("rules", "stderr", "records", "outcome", "retry", "matched"), [
+    pytest.param([ECC_RULE], "CUDA error: uncorrectable ECC error encountered", [], "crashed", False,
+                 "uncorrectable ECC error", id="user-rule-beats-builtin-gpu-fault"),
+    pytest.param([ClassifyRule("CUDA out of memory", "crashed")], TORCH_OOM, [], "crashed", None,
+                 "CUDA out of memory", id="user-rule-beats-builtin-oom"),
+    pytest.param([ECC_RULE, OOM_RETRY], TORCH_OOM, [], "oom", True, "Tried to allocate", id="rules-in-order"),
+    pytest.param([ClassifyRule(r"event=eval_hang", "stalled", retry=True)], "", [rec(3, "eval_hang")],
+                 "stalled", True, "event=eval_hang", id="rule-over-log-records"),
+    pytest.param([ClassifyRule(r"grad_norm=inf", "diverged")], "", [rec(3, grad_norm=math.inf)],
+                 "diverged", None, "grad_norm=inf", id="rule-over-record-fields"),
+    pytest.param([ECC_RULE], "KeyError", [], "crashed", None, None, id="no-match-falls-through"),
+])
+def test_user_rules_come_first(rules, stderr, records, outcome, retry, matched):
+    got = run(exit_code=1, stderr=stderr, records=records, rules=rules)
+    assert (got.outcome, got.retry, got.detail["matched_rule"]) == (outcome, retry, matched)
+
+
+@pytest.mark.parametrize(("exit_code", "stop"), [(0, False), (10, True)])
+def test_rules_never_turn_success_or_requested_stop_into_failure(exit_code, stop):
+    got = run(exit_code=exit_code, stop=stop, stderr="uncorrectable ECC error", rules=[ECC_RULE])
+    assert got.outcome in ("completed", "stopped")
+    assert got.detail["matched_rule"] is None
