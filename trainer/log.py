@@ -1,0 +1,37 @@
+"""The train log (SPEC section 4): JSONL, one object a line, flushed per record, rank 0 only.
+
+Every record has `step` (int) and `ts` (unix seconds); other numeric keys are metrics, so the start
+record keeps its numbers under a nested `config` dict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO, Any
+
+
+class RunLog:
+    """Appends records; a no-op on ranks other than 0 and when no path was given."""
+
+    def __init__(self, path: Path | None, enabled: bool) -> None:
+        self._fh: IO[str] | None = None
+        if path is not None and enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a", encoding="utf-8")
+
+    def write(self, step: int, **fields: Any) -> None:
+        if self._fh is None:
+            return
+        record = {"step": int(step), "ts": time.time()}
+        # JSON has no NaN/Infinity; a non-finite metric is dropped rather than written as invalid JSON.
+        record.update({k: v for k, v in fields.items() if not (isinstance(v, float) and not math.isfinite(v))})
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
