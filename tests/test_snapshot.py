@@ -1,0 +1,140 @@
+"""Poll snapshots as tables: progress, ETA, GPU-hour projection, per-GPU rows and flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from babysit.logtail import ProgressPoint
+from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
+from babysit.probes.host import HostReading
+from babysit.snapshot import build_snapshot, project_gpu_hours, steps_from_argv
+
+GIB = 2**30
+POINTS = tuple(ProgressPoint(s, 1000.0 + 30.0 * s) for s in range(0, 101, 10))  # 30 s/step, at step 100
+TRAINER = GpuProcess(100, "python -m trainer", 70 * GIB)
+POLICY = GpuProcess(4242, "policy_server", 61 * GIB)
+
+
+def reading(index=0, util=97.0, procs=(TRAINER,), faults=()) -> GpuReading:
+    return GpuReading(index, "NVIDIA H200", f"GPU-{index}", util, 12, 71 * GIB, 141 * GIB, tuple(procs),
+                      tuple(faults))
+
+
+HOST = HostReading(64 * GIB, 128 * GIB, 20 * GIB, 850.0, frozenset({100}))
+
+
+def snap(**kw):
+    base = dict(run="r", attempt=1, at=5000.0, kind="first", points=POINTS, read_step=1000, gpu_hours_used=1.0,
+                gpu_hours_cap=12.0, gpus=(0,), view=GpuView(True, None, (reading(),)), host=HOST,
+                starvation_util_pct=50, min_free_host_ram_gib=8)
+    base.update(kw)
+    return build_snapshot(**base)
+
+
+def test_first_poll_reports_util_pace_and_free_ram():
+    s = snap()
+    assert (s.step, s.seconds_per_step, s.eta_seconds, s.target_step) == (100, 30.0, 900 * 30.0, 1000)
+    assert s.gpus[0]["util_pct"] == 97.0 and s.gpus[0]["held_by_foreign"] == []
+    assert s.available_ram_bytes == 64 * GIB and s.run_rss_bytes == 20 * GIB and s.run_cpu_pct == 850.0
+    assert s.gpu_hours_projected == pytest.approx(1.0 + 900 * 30 / 3600)
+    assert s.flags == () and s.gpu_note is None
+
+
+@pytest.mark.parametrize(("kw", "flag"), [
+    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),))), "input-starvation", id="starved"),
+    pytest.param(dict(host=HostReading(4 * GIB, 128 * GIB, 1, 1.0, frozenset({100}))), "host-memory-pressure",
+                 id="low-ram"),
+    pytest.param(dict(view=GpuView(False, "no driver — install it", ())), "gpu-unseen", id="no-gpu-visible"),
+    pytest.param(dict(view=None), "gpu-unseen", id="gpu-not-read"),
+    pytest.param(dict(view=GpuView(True, None, ())), "gpu-unseen", id="run-gpu-missing"),
+    pytest.param(dict(view=GpuView(True, None, (reading(procs=(TRAINER, POLICY)),))), "gpu-held", id="held"),
+    pytest.param(dict(view=GpuView(True, None, (reading(faults=("xid 79",)),))), "gpu-fault", id="fault"),
+    pytest.param(dict(seconds_since_last_record=700.0, stall_seconds=1200.0), "stalled?", id="stall-suspect"),
+    pytest.param(dict(points=()), "no-log-records-yet", id="no-records"),
+    pytest.param(dict(gpu_hours_used=11.9), "gpu-hours-projection", id="projection-past-cap"),
+])
+def test_flags(kw, flag):
+    assert flag in snap(**kw).flags
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),)), steps_advanced=False), id="no-progress"),
+    pytest.param(dict(view=GpuView(True, None, (reading(util=None),))), id="util-not-measured"),
+    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),)), points=POINTS[:1]), id="no-pace-yet"),
+    pytest.param(dict(seconds_since_last_record=500.0, stall_seconds=1200.0), id="recent-record"),
+])
+def test_no_false_flags(kw):
+    s = snap(**kw)
+    assert "input-starvation" not in s.flags and "stalled?" not in s.flags
+
+
+def test_unavailable_gpu_view_is_a_note_never_zero():
+    s = snap(view=GpuView(False, "no NVIDIA driver here — install the NVIDIA driver", ()))
+    assert s.gpu_note == "no GPU visible: no NVIDIA driver here — install the NVIDIA driver"
+    assert s.gpus[0]["util_pct"] is None and s.gpus[0]["visible"] is False
+
+
+def test_cpu_run_has_no_gpu_rows_or_note():
+    s = snap(gpus=(), view=None)
+    assert s.gpus == () and s.gpu_note is None and "gpu-unseen" not in s.flags
+    assert s.gpu_hours_projected == 1.0  # zero GPUs: no GPU-hours accrue
+
+
+def test_foreign_holders_unknown_without_run_pids():
+    s = snap(host=None, view=GpuView(True, None, (reading(procs=(POLICY,)),)))
+    assert s.gpus[0]["held_by_foreign"] is None and "gpu-held" not in s.flags
+
+
+def test_foreign_holder_is_listed_with_pid_name_memory():
+    s = snap(view=GpuView(True, None, (reading(procs=(TRAINER, POLICY)),)))
+    assert s.gpus[0]["held_by_foreign"] == [{"pid": 4242, "name": "policy_server", "used_memory_bytes": 61 * GIB}]
+
+
+@pytest.mark.parametrize(("read_step", "end_step", "target", "eta"), [
+    (1000, 2000, 1000, 900 * 30.0),  # the verdict's read comes first
+    (None, 2000, 2000, 1900 * 30.0),  # no prereg: the command's --steps
+    (None, None, None, None),  # unknown
+    (50, None, 50, 0.0),  # past the target
+])
+def test_eta_target(read_step, end_step, target, eta):
+    s = snap(read_step=read_step, end_step=end_step)
+    assert (s.target_step, s.eta_seconds) == (target, eta)
+
+
+def test_explicit_progress_overrides_points():
+    s = snap(points=(), step=500, seconds_per_step=10.0)
+    assert (s.step, s.eta_seconds) == (500, 5000.0)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((1.0, 30.0, 900, 1), 1.0 + 7.5),
+    ((1.0, 30.0, 900, 8), 1.0 + 60.0),
+    ((1.0, None, 900, 1), None),
+    ((1.0, 30.0, None, 1), None),
+    ((1.0, 30.0, -5, 1), 1.0),
+])
+def test_project_gpu_hours(args, expected):
+    assert project_gpu_hours(*args) == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["t", "--steps", "1000"], 1000), (["t", "--steps=250"], 250), (["t", "--max-steps", "7"], 7),
+    (["t", "--steps", "10", "--steps", "20"], 20), (["t", "--steps", "{steps}"], None), (["t"], None),
+])
+def test_steps_from_argv(argv, expected):
+    assert steps_from_argv(argv) == expected
+
+
+def test_to_dict_is_json_able_and_complete():
+    s = snap(latest_eval={"eval_chunk_mae": 12.5}, latest_eval_step=250,
+             provisional={"label": "AMBIGUOUS", "delta": 0.7, "status": "PROVISIONAL"}, note="running")
+    data = json.loads(json.dumps(s.to_dict()))
+    assert data["latest_eval"] == {"eval_chunk_mae": 12.5} and data["provisional"]["status"] == "PROVISIONAL"
+    assert data["gpus"][0]["index"] == 0 and data["note"] == "running" and data["flags"] == []
+
+
+def test_unknown_kind_is_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        snap(kind="sometimes")
