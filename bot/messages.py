@@ -11,11 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.blocks import actions, code, confirm_button, context, divider, header, section
+
 GIB = 2**30
 
 
 @dataclass(frozen=True)
 class Rendered:
+    """`text` is the whole message in plain text (console, notifications, screen readers); `blocks` is how
+    Slack shows it. Both say the same thing, so a client that drops blocks loses nothing."""
+
     text: str
     blocks: list[dict[str, Any]] = field(default_factory=list)
 
@@ -23,7 +28,8 @@ class Rendered:
 def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
     renderer = _RENDERERS.get(kind)
     if renderer is None:
-        return Rendered(f"[{kind}] {payload}")
+        text = f"[{kind}] {payload}"
+        return Rendered(text, [section(text)])
     return renderer(payload)
 
 
@@ -93,11 +99,25 @@ def _launch(p: Mapping[str, Any]) -> Rendered:
     lines.append("$ " + " ".join(p.get("argv", [])))
     if p.get("question"):
         lines.append(f"question: {p['question']}  (read at step {p.get('read_step')})")
-    return Rendered("\n".join(lines))
+    blocks = [header(head), section("\n".join(lines[1:lines.index("$ " + " ".join(p.get("argv", [])))])),
+              section(code("$ " + " ".join(p.get("argv", []))))]
+    if p.get("question"):
+        blocks.append(context(f"*question:* {p['question']}  ·  read at step {p.get('read_step')}"))
+    return Rendered("\n".join(lines), blocks)
 
 
 def _header(p: Mapping[str, Any]) -> Rendered:
-    return Rendered(f"{p['run']} attempt {p['attempt']}: " + snapshot_line(p["snapshot"]))
+    """The launch post edited in place: what was launched, then the live line under it.
+
+    chat.update replaces the whole post, so the launch content (payload "launch", filled in by the
+    Slack channel from the launch message) is rendered again above the live line.
+    """
+    live = snapshot_line(p["snapshot"])
+    text = f"{p['run']} attempt {p['attempt']}: {live}"
+    if not p.get("launch"):
+        return Rendered(text, [section(f"*live:* {live}")])
+    base = _launch(p["launch"])
+    return Rendered(base.text + "\n" + text, [*base.blocks, divider(), section(f"*live:* {live}")])
 
 
 def _poll(p: Mapping[str, Any]) -> Rendered:
@@ -109,7 +129,7 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     if s.get("latest_eval"):
         evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
         lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
-    return Rendered("\n".join(lines))
+    return Rendered("\n".join(lines), [section("\n".join(lines))])
 
 
 FLAG_TEXT = {
@@ -125,21 +145,26 @@ def _incident(p: Mapping[str, Any]) -> Rendered:
     lines = [f"🚨 {p['run']} attempt {p.get('attempt')}: {p['incident']} — {p['message']}"]
     if mention:
         lines[0] += f"  {mention}"
+    blocks = [section(f"🚨 *{p['run']}* attempt {p.get('attempt')}: *{p['incident']}* — {p['message']}"
+                      + (f"\n{mention}" if mention else ""))]
     tail = (p.get("detail") or {}).get("stderr_tail")
     if tail:
         lines.append("last stderr lines:")
         lines.extend("  " + line for line in tail.splitlines()[-8:])
-    return Rendered("\n".join(lines))
+        blocks.append(section("last stderr lines:\n" + code("\n".join(tail.splitlines()[-8:]))))
+    return Rendered("\n".join(lines), blocks)
 
 
 def _ended(p: Mapping[str, Any]) -> Rendered:
     icon = {"completed": "✅", "stopped": "⏹"}.get(p.get("outcome"), "❌")
-    return Rendered(f"{icon} {p['run']} attempt {p['attempt']} ended: {p.get('outcome')} — {p.get('summary', '')}")
+    text = f"{icon} {p['run']} attempt {p['attempt']} ended: {p.get('outcome')} — {p.get('summary', '')}"
+    return Rendered(text, [section(text)])
 
 
 def _provisional(p: Mapping[str, Any]) -> Rendered:
     v = p["verdict"]
-    return Rendered(f"🔎 {v['run']}: " + _read_phrase({**v, "precision": p.get("precision", 4)}))
+    text = f"🔎 {v['run']}: " + _read_phrase({**v, "precision": p.get("precision", 4)})
+    return Rendered(text, verdict_blocks(v, p.get("precision", 4)))
 
 
 def verdict_text(v: Mapping[str, Any], precision: int = 4) -> str:
@@ -174,16 +199,54 @@ def _verdict(p: Mapping[str, Any]) -> Rendered:
     text = verdict_text(p["verdict"], p.get("precision", 4))
     if p.get("chart_path"):
         text += f"\nchart: {p['chart_path']}"
-    return Rendered(text)
+    return Rendered(text, verdict_blocks(p["verdict"], p.get("precision", 4)))
+
+
+def verdict_card(v: Mapping[str, Any], precision: int = 4) -> Rendered:
+    """`/verdict RUN`: the same card the daemon posts."""
+    return Rendered(verdict_text(v, precision), verdict_blocks(v, precision))
+
+
+def verdict_blocks(v: Mapping[str, Any], precision: int = 4) -> list[dict[str, Any]]:
+    """Label, delta, each rule's bands, interpretation, status. A PROVISIONAL read is fenced top and
+    bottom, so nobody screenshots it as the answer."""
+    status = v.get("status")
+    if status == "NO-READ":
+        return [header(f"∅ NO-READ — {v.get('run')}"),
+                section(f"No verdict can be read yet: {v.get('reason') or 'a needed eval is missing'}")]
+    blocks: list[dict[str, Any]] = []
+    if status == "PROVISIONAL":
+        blocks += [header(f"⏳ PROVISIONAL — NOT A VERDICT — {v.get('run')}"),
+                   section(f":warning: *PROVISIONAL* read as of step {v.get('at_step')}, before the pre-registered "
+                           f"read step {v.get('read_step')}. The label can still change: do not act on it.")]
+    else:
+        blocks.append(header(f"⚖️ {status} VERDICT — {v.get('run')}: {v.get('label')}"))
+    blocks.append(section(f"*label:* {v.get('label')}{' (provisional)' if status == 'PROVISIONAL' else ''}"
+                          f"   *status:* {status}\n*{v.get('metric')}:* {v.get('baseline')} @{v.get('baseline_step')}"
+                          f" → {v.get('read')} @{v.get('at_step')}   *Δ {fmt_delta(v.get('delta'), precision)}*"))
+    rules = [line.strip() for line in verdict_text(v, precision).splitlines() if line.startswith("  rule ")]
+    if rules:
+        blocks.append(section("*pre-registered rules:*\n" + "\n".join(f"• {r}" for r in rules)))
+    if v.get("interpretation"):
+        blocks.append(section(f"*means:* {v['interpretation']}"))
+    corr = v.get("corroboration") or {}
+    if corr:
+        blocks.append(context(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}"
+                              f", monotone rise {corr.get('monotone_rise')}"))
+    if status == "PROVISIONAL":
+        blocks.append(context(f"⏳ PROVISIONAL — the verdict is read at step {v.get('read_step')}, not before"))
+    return blocks
 
 
 def _amendment(p: Mapping[str, Any]) -> Rendered:
-    return Rendered(f"📝 {p['run']}: amendment {p['n']} declared — {p['title']} "
-                    f"(data seen through step {p.get('data_seen_through_step')}; sha256 {p['sha256'][:12]}…)")
+    text = (f"📝 {p['run']}: amendment {p['n']} declared — {p['title']} "
+            f"(data seen through step {p.get('data_seen_through_step')}; sha256 {p['sha256'][:12]}…)")
+    return Rendered(text, [section(text)])
 
 
 def _text(p: Mapping[str, Any]) -> Rendered:
-    return Rendered(str(p.get("text", "")))
+    text = str(p.get("text", ""))
+    return Rendered(text, [section(text)])
 
 
 _RENDERERS = {
@@ -219,3 +282,155 @@ def status_table(rows: list[Mapping[str, Any]], now: float) -> str:
                      f"{fmt_duration(r['eta_seconds']) if r.get('eta_seconds') else '—':>7} "
                      f"{r.get('gpu_hours', 0):>6.2f}  {ago:>9}  {' · '.join(tail) or '—'}")
     return "\n".join(lines)
+
+
+# -- slash commands ------------------------------------------------------------------------------------
+# Every string a slash command answers with. Each tells the user what to do next.
+
+ABORT_ACTION_ID = "babysit_abort_confirmed"
+
+HELP = """*babysit* — slash commands (everything but `abort` is read-only)
+• `/verdict RUN` — the pre-registered verdict card (PROVISIONAL before the read step)
+• `/verdict RUN post` — the same card, shared in this channel
+• `/babysit status [RUN]` — step, s/step, ETA, GPU-hours, last poll, last incident, verdict
+• `/babysit runs` — the registered runs and what each is doing
+• `/babysit poll RUN` — ask the daemon for a poll now (posted in the run's thread, summarised here)
+• `/babysit chart RUN` — upload the verdict chart here
+• `/babysit gpus` — who holds which GPU on the babysat host (a run, or FOREIGN)
+• `/babysit abort RUN` — stop a run gracefully (allow-listed users only, confirmed with a button)
+• `/babysit help` — this"""
+
+
+def reply(text: str, *extra_blocks: dict[str, Any]) -> Rendered:
+    """A one-section answer (with optional extra blocks after it)."""
+    return Rendered(text, [section(text), *extra_blocks])
+
+
+def help_message() -> Rendered:
+    return reply(HELP)
+
+
+def unknown_subcommand(word: str) -> Rendered:
+    return reply(f"I don't know `/babysit {word}`. Try `/babysit help` for the list of commands.")
+
+
+def missing_run(usage: str) -> Rendered:
+    return reply(f"This needs a run name: `{usage}`. `/babysit runs` lists the registered runs.")
+
+
+def unknown_run(name: str, close: list[str], registered: int) -> Rendered:
+    """Names the closest registered runs, so a typo costs one more try, not a trip to the terminal."""
+    text = f"No run named `{name}` is registered."
+    if close:
+        text += " Did you mean " + ", ".join(f"`{c}`" for c in close) + "?"
+    elif registered == 0:
+        text += " No runs are registered yet: `babysit register RUN.toml` on the babysat host adds one."
+    else:
+        text += " `/babysit runs` lists the registered runs."
+    return reply(text)
+
+
+def not_allowed(user: str, action: str, run: str) -> Rendered:
+    return reply(f"<@{user}>, you are not allowed to {action} `{run}`: only users on `[daemon].abort_allow_list` "
+                 "in babysit.toml can. Nothing was queued. Ask someone on that list, or add your member ID there.")
+
+
+def abort_confirm(run: str) -> Rendered:
+    """The allow-listed user's abort prompt: a danger button behind Slack's confirm dialog."""
+    text = (f"Abort `{run}`? The daemon sends SIGTERM (the trainer checkpoints), waits the grace period, "
+            "then SIGKILL. No retry follows.")
+    button = confirm_button(action_id=ABORT_ACTION_ID, text=f"Abort {run}", value=run,
+                            title="Abort this run?", question=f"Stop *{run}* now? This cannot be undone.",
+                            yes="Abort it")
+    return Rendered(text, [section(text), actions(button, block_id="babysit_abort")])
+
+
+def abort_queued(run: str, user: str) -> Rendered:
+    return reply(f"⏹ Abort of `{run}` requested by <@{user}>; waiting for the daemon to take it…")
+
+
+def abort_result(run: str, result: str) -> Rendered:
+    if result == "stopping":
+        return reply(f"⏹ `{run}` is stopping: the daemon sent SIGTERM; the end is posted in the run's thread.")
+    return reply(f"`{run}`: the daemon answered the abort with “{result}”.")
+
+
+def request_unanswered(run: str, action: str, request_id: int, waited_s: float) -> Rendered:
+    return reply(f"`{run}`: the {action} request (#{request_id}) is queued, but no daemon took it within "
+                 f"{waited_s:g}s. It runs as soon as `babysit up` does; check the daemon on the babysat host.")
+
+
+def poll_queued(run: str) -> Rendered:
+    return reply(f"📊 Poll of `{run}` requested; waiting for the daemon…")
+
+
+def poll_result(run: str, result: str, snapshot: Mapping[str, Any] | None) -> Rendered:
+    if result != "polled":
+        return reply(f"`{run}`: the daemon answered the poll with “{result}”.")
+    if snapshot is None:
+        return reply(f"📊 `{run}` polled; the poll is in the run's thread.")
+    return reply(f"📊 `{run}` (poll on demand): {snapshot_line(snapshot)}\nThe full poll is in the run's thread.")
+
+
+def status_message(rows: list[Mapping[str, Any]], now: float) -> Rendered:
+    if not rows:
+        return reply("No runs are registered. `babysit register RUN.toml` on the babysat host adds one.")
+    table = status_table(rows, now)
+    return Rendered(table, [section(code(table))])
+
+
+def runs_message(rows: list[Mapping[str, Any]]) -> Rendered:
+    if not rows:
+        return reply("No runs are registered. `babysit register RUN.toml` on the babysat host adds one.")
+    lines = []
+    for r in rows:
+        verdict = r.get("verdict") or {}
+        tail = f" · {verdict.get('label')} ({verdict.get('status')})" if verdict.get("label") else ""
+        attempt = f" · attempt {r['attempt']}" if r.get("attempt") else ""
+        lines.append(f"• `{r['run']}` — {r['status']}{attempt}{tail}")
+    return reply(f"*{len(rows)} registered run{'s' if len(rows) != 1 else ''}:*\n" + "\n".join(lines))
+
+
+def verdict_unavailable(run: str, reason: str) -> Rendered:
+    return reply(f"No verdict for `{run}`: {reason}")
+
+
+def verdict_working(run: str) -> Rendered:
+    return reply(f"⚖️ Reading the verdict of `{run}`…")
+
+
+def chart_working(run: str) -> Rendered:
+    return reply(f"📈 Drawing the chart of `{run}`…")
+
+
+def chart_comment(run: str, v: Mapping[str, Any] | None) -> str:
+    if not v:
+        return f"📈 {run}"
+    prov = " — PROVISIONAL, NOT A VERDICT" if v.get("status") == "PROVISIONAL" else ""
+    return f"📈 {run}: {v.get('label')} ({v.get('status')}){prov}"
+
+
+def chart_uploaded(run: str) -> Rendered:
+    return reply(f"📈 Chart of `{run}` uploaded to this channel.")
+
+
+def slack_refused(what: str, error: str) -> Rendered:
+    hint = {"not_in_channel": "invite the bot to this channel (`/invite @babysit`) and try again",
+            "channel_not_found": "invite the bot to this channel (`/invite @babysit`) and try again",
+            "missing_scope": "the Slack app lacks a scope: reinstall it from docs/slack.md's manifest"}
+    return reply(f"Slack refused to {what} ({error}): {hint.get(error, 'see the bot log on the babysat host')}.")
+
+
+def gpus_message(lines: list[str], reason: str | None) -> Rendered:
+    """`/babysit gpus`: `lines` come from bot.gpus; `reason` is why nothing could be read."""
+    if reason is not None:
+        return reply(f"🖥 GPUs not measured: {reason}")
+    if not lines:
+        return reply("🖥 No GPU is visible on the babysat host.")
+    text = "🖥 GPUs on the babysat host (each process: its run, or FOREIGN):\n" + "\n".join(lines)
+    return Rendered(text, [section("🖥 *GPUs on the babysat host* (each process: its run, or FOREIGN)"),
+                           section(code("\n".join(lines)))])
+
+
+def internal_error(what: str, error: str) -> Rendered:
+    return reply(f"babysit could not {what}: {error}. The bot log on the babysat host has the details.")
