@@ -1,0 +1,154 @@
+"""`babysit verdict`, `babysit amend` and `babysit prereg show` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from babysit.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
+RUN = "grasp_sft_v2_demosonly_1gpu_disc"
+SPEC_KEYS = ["run", "status", "metric", "baseline_step", "read_step", "at_step", "baseline", "read", "delta",
+             "rules", "label", "interpretation", "corroboration", "prereg_sha256", "amendments"]
+
+
+def line(step: int, **metrics: float) -> str:
+    return json.dumps({"step": step, "ts": 1755400000.0 + step, **metrics}) + "\n"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch) -> Path:
+    for name in FIXTURES.iterdir():
+        shutil.copy(name, tmp_path / name.name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BABYSIT_REGISTRY", raising=False)
+    return tmp_path
+
+
+def registered(project: Path, log_text: str = "") -> None:
+    (project / "demosonly_train_log.jsonl").write_text(log_text)
+    assert main(["register", "run.toml"]) == 0
+
+
+def test_offline_json_is_exactly_spec_section_5(project: Path, capsys):
+    rc = main(["verdict", "run.toml", "--log", "demosonly_train_log.jsonl", "--amendment", "scale_amendment.toml",
+               "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    body = json.loads(out)  # stdout is the JSON and nothing else
+    assert list(body) == SPEC_KEYS
+    assert (body["status"], body["delta"], body["label"]) == ("FINAL", 2.0317, "AMBIGUOUS-BY-INSTRUMENT")
+    assert body["amendments"][0]["provenance_checked"] is False
+    assert "chart:" in err
+    assert (project / f"{RUN}.verdict.png").is_file()  # next to the log
+
+
+def test_offline_card_ignores_garbage_and_names_the_chart(project: Path, capsys):
+    assert main(["verdict", "run.toml", "--chart", "c.png"]) == 0
+    out = capsys.readouterr().out
+    assert f"{RUN}: SAME-DRIFT  [FINAL]" in out
+    assert "+2.0317" in out and "1 garbage line(s) ignored" in out
+    assert "chart: c.png" in out and (project / "c.png").is_file()
+
+
+def test_provisional_is_a_banner_and_prefixes_the_label(project: Path, capsys):
+    assert main(["verdict", "run.toml", "--at-step", "800", "--compare", "rigonly=rigonly_train_log.jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("PROVISIONAL: read at step 750")
+    assert "PROVISIONAL AMBIGUOUS" in out and "rigonly: delta +0.6929" in out
+
+
+def test_registered_read_uses_recorded_amendments_and_the_state_dir_chart(project: Path, capsys):
+    registered(project, line(250, eval_chunk_mae=12.5087))
+    assert main(["amend", RUN, "scale_amendment.toml"]) == 0
+    assert "data seen through step 250" in capsys.readouterr().out
+    with (project / "demosonly_train_log.jsonl").open("a") as f:
+        f.write(line(500, eval_chunk_mae=3.4623) + line(750, eval_chunk_mae=4.0) + line(1000, eval_chunk_mae=5.494))
+    assert main(["verdict", RUN, "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["label"] == "AMBIGUOUS-BY-INSTRUMENT"
+    assert body["amendments"][0]["data_seen_through_step"] == 250
+    assert (project / ".babysit" / "verdicts" / f"{RUN}.png").is_file()
+
+
+def test_no_read_when_the_baseline_eval_is_missing_exits_0_with_a_reason(project: Path, capsys):
+    registered(project, line(250, eval_chunk_mae=4.0) + line(1000, eval_chunk_mae=5.0))
+    capsys.readouterr()
+    assert main(["verdict", RUN, "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["status"] == "NO-READ" and "baseline_step 500" in body["reason"] and body["label"] is None
+
+
+def test_tampered_prereg_exits_1_and_records_the_incident_once(project: Path, capsys):
+    registered(project)
+    capsys.readouterr()
+    spec = project / "run.toml"
+    spec.write_text(spec.read_text().replace('min = "0.5 * demosonly"', 'min = "0.4 * demosonly"'))
+    assert main(["verdict", RUN]) == 1
+    assert main(["verdict", RUN, "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "ERROR:" in err and "HINT:" in err and "edited after registration" in err
+    from babysit.store import Store
+
+    incidents = [r for r in Store.in_dir(project / ".babysit").incidents(RUN) if r.kind == "prereg-tampered"]
+    assert len(incidents) == 1
+    assert main(["prereg", "show", RUN]) == 1
+    assert "TAMPERED" in capsys.readouterr().out
+
+
+def test_late_amendment_exits_1_and_malformed_exits_2(project: Path, capsys):
+    registered(project, line(500, eval_chunk_mae=3.0) + line(1000, eval_chunk_mae=3.1))
+    assert main(["amend", RUN, "scale_amendment.toml"]) == 1
+    assert "refused" in capsys.readouterr().err
+    (project / "bad.toml").write_text('title = "t"\nrationale = "r"\nscale = 2\ncombine = "either"\n')
+    (project / "demosonly_train_log.jsonl").write_text("")
+    assert main(["amend", RUN, "bad.toml"]) == 2
+    assert "bad.toml: combine: expected one of" in capsys.readouterr().err
+
+
+def test_unknown_run_and_missing_log_are_bad_input(project: Path, capsys):
+    registered(project)
+    assert main(["verdict", "grasp_sft_v2_demosonly_1gpu_dis"]) == 2
+    assert "did you mean" in capsys.readouterr().err
+    assert main(["verdict", "run.toml", "--log", "nope.jsonl"]) == 2
+    assert main(["verdict", RUN, "--log", "x.jsonl"]) == 2
+
+
+def test_fixture_flag_ok_and_mismatch(project: Path, capsys):
+    assert main(["verdict", "run.toml", "--fixture"]) == 0
+    assert "OK" in capsys.readouterr().out
+    spec = project / "run.toml"
+    spec.write_text(spec.read_text().replace("expect_delta = 0.6929", "expect_delta = 0.6930"))
+    assert main(["verdict", "run.toml", "--fixture"]) == 1
+    out, err = capsys.readouterr()
+    assert "MISMATCH" in out and "+0.6930" in err and "+0.6929" in err
+
+
+def test_register_refuses_a_fixture_that_does_not_reproduce(project: Path, capsys):
+    spec = project / "run.toml"
+    spec.write_text(spec.read_text().replace('expect_label = "AMBIGUOUS"', 'expect_label = "HEALTHY"'))
+    assert main(["register", "run.toml"]) == 1
+    assert "fixture check failed" in capsys.readouterr().err
+
+
+def test_prereg_show_verifies_the_chain(project: Path, capsys):
+    registered(project)
+    assert main(["amend", RUN, "scale_amendment.toml"]) == 0
+    assert main(["amend", RUN, "scale_amendment.toml"]) == 0
+    capsys.readouterr()
+    assert main(["prereg", "show", RUN, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["matches"] and info["chain_ok"] and [a["n"] for a in info["amendments"]] == [1, 2]
+    assert info["prereg"]["read_step"] == 1000
+    import sqlite3
+
+    db = sqlite3.connect(project / ".babysit" / "state.db")
+    db.execute("UPDATE amendments SET text = text || ' ' WHERE n = 1")
+    db.commit()
+    db.close()
+    assert main(["prereg", "show", RUN]) == 1
+    assert "CHAIN BROKEN" in capsys.readouterr().out
