@@ -119,7 +119,7 @@ def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView) -> tuple[A
                                   f"GPU {index} reports {', '.join(reading.faults)}, refusing to launch — "
                                   "reset or drain the GPU (`nvidia-smi -q -d ECC,PAGE_RETIREMENT`)",
                                   {"gpu": index, "faults": list(reading.faults)}))
-        if guards.exclusive_gpu and not reading.processes_known:
+        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults:
             actions.append(Action("refuse", "gpu-unseen",
                                   f"cannot list the processes on GPU {index}, so exclusivity cannot be checked; "
                                   "refusing to launch — fix NVML access or set guards.exclusive_gpu = false",
@@ -193,7 +193,7 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
                 out.append(Action("incident", "gpu-fault", f"GPU {index}: {fault} — check `nvidia-smi -q` and "
                                   "the kernel log (dmesg | grep -i xid)", {"gpu": index, "fault": fault},
                                   key=f"gpu-fault:{index}:{fault}"))
-        if guards.exclusive_gpu and not reading.processes_known:
+        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults:
             out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
                               "is not being checked", {"gpu": index, "errors": list(reading.errors)},
                               key=f"gpu-unseen:procs:{index}"))

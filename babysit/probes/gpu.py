@@ -83,11 +83,15 @@ class _Util:
 
 
 class NvmlGpuProbe:
-    """The real probe. Thread-safe: sample() may run on a timer thread while read() runs elsewhere."""
+    """The real probe. Thread-safe: sample() may run on a timer thread while read() runs elsewhere.
 
-    def __init__(self) -> None:
+    `library` is the pynvml module (imported lazily when None); tests inject a stand-in with the same
+    functions to exercise the sampling and fault logic on machines without a GPU.
+    """
+
+    def __init__(self, *, library: Any = None) -> None:
         self._lock = threading.Lock()
-        self._nv: Any = None
+        self._nv: Any = library
         self._ok = False
         self._reason: str | None = "NVML not initialised yet"
         self._count = 0
