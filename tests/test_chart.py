@@ -49,3 +49,22 @@ def test_importing_the_cli_and_chart_does_not_import_matplotlib():
     code = "import sys, babysit.chart, babysit.commands.verdict, babysit.verdict; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_write_verdict_files_as_the_daemon_calls_it(tmp_path: Path, seed):
+    from babysit.reading import write_verdict_files
+    from babysit.store import Store
+
+    spec, series, train, _ = seed
+    store = Store.in_dir(tmp_path / "state")
+    store.add_amendment(spec.name, "scale", (FIXTURES / "scale_amendment.toml").read_text(), "2026-08-17T21:35:00Z",
+                        250)
+    verdict = evaluate(spec.prereg, [], series, train_series=train)
+    body = verdict.to_json(spec.name, spec.prereg.sha256, store.amendments(spec.name))  # store records work too
+    json_path, png_path = write_verdict_files(spec, body, store, tmp_path / "verdicts")
+    assert json_path == tmp_path / "verdicts" / f"{spec.name}.json"
+    import json
+
+    assert json.loads(json_path.read_text()) == body
+    assert png_path.read_bytes().startswith(PNG_MAGIC)
+    assert not list((tmp_path / "verdicts").glob("*.tmp"))
