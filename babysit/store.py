@@ -248,6 +248,9 @@ class Store:
     def attempts(self, run: str) -> list[Attempt]:
         return [_attempt(r) for r in self._query("SELECT * FROM attempts WHERE run=? ORDER BY n", (run,))]
 
+    def all_attempts(self) -> list[Attempt]:
+        return [_attempt(r) for r in self._query("SELECT * FROM attempts ORDER BY id")]
+
     def live_attempts(self) -> list[Attempt]:
         return [_attempt(r) for r in self._query(
             "SELECT * FROM attempts WHERE status IN ('launching', 'running') ORDER BY id")]

@@ -55,6 +55,10 @@ class LocalExecutor:
         )
         self._children[attempt.id] = proc
         started = time.time()
+        # Until the shim holds its lock, "lock free" would read as "exited": wait for its word.
+        deadline = time.monotonic() + 30
+        while not (adir / "shim.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         return Launched(started_at=started, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
 
     def find(self, attempt: Attempt) -> Launched | None:

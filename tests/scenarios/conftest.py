@@ -1,0 +1,111 @@
+"""End-to-end scenarios: a real `babysit` CLI and daemon as subprocesses, real trainer processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from babysit.store import Store
+
+PY = sys.executable
+
+
+def babysit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "babysit", *args], cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_run(root: Path, name: str, *, extra: str = "", args: tuple[str, ...] = (), gpus: str = "[]",
+             attempts: str = "", steps: int | None = None) -> Path:
+    cmd = [PY, "-m", "trainer", "--recipe", "tiny", "--log", f"outputs/{name}/train_log.jsonl",
+           "--checkpoints", f"outputs/{name}/checkpoints", *args]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    path = root / f"{name}.toml"
+    path.write_text(f"""[run]
+name = "{name}"
+command = {json.dumps(cmd)}
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = {gpus}
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 20
+
+[poll]
+first_after_minutes = 1
+every_minutes = 3
+{extra}
+{attempts}
+""")
+    return path
+
+
+class Daemon:
+    """`babysit up --accelerated` as a real subprocess."""
+
+    def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.proc = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry",
+                                      str(root / "babysit.toml"), *args], cwd=root,
+                                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def output(self) -> tuple[str, str]:
+        out, err = self.proc.communicate(timeout=10)
+        return out, err
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def store_of(root: Path) -> Store:
+    return Store.in_dir(root / ".babysit")
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (an orphaned shim whose reaper is a container init that never reaps)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    # no orphans, ever: whatever a test left running is killed (and the test that left it fails elsewhere)
+    db = tmp_path / ".babysit" / "state.db"
+    if db.exists():
+        store = Store(db)
+        for attempt in store.all_attempts():
+            if attempt.pid:
+                try:
+                    os.killpg(attempt.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        store.close()
