@@ -1,0 +1,96 @@
+"""`babysit probe`: the sidecar a Slurm job runs beside the trainer (see `babysit/probes/remote.py`).
+
+It samples the job's GPUs (NVML, window-averaged utilisation) and the host (free RAM, the trainer
+tree's RSS and CPU) and appends one JSON line per interval to --out, which the daemon on the login
+node reads. SIGTERM (the end of the job, or babysit's stop) ends it cleanly. Imports nothing heavy
+until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="sample GPUs and host where a job runs, appending JSONL (Slurm sidecar)",
+                       description="Sample NVML and psutil on this node every --interval seconds and append "
+                                   "one JSON record per sample to --out. The Slurm executor starts it inside "
+                                   "the job; the daemon reads the file.")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the JSONL file to append to; {host} becomes this node's short host name")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between records (default 10)")
+    p.add_argument("--pid", type=int, default=None, metavar="PID",
+                   help="the trainer's pid: its process tree is the run (RSS, CPU, which GPU holders are its own)")
+    p.add_argument("--job-id", default=None, metavar="ID",
+                   help="the Slurm job id (default $SLURM_JOB_ID): processes of the job are the run's own")
+    p.add_argument("--gpus", default=None, metavar="I,J",
+                   help="NVML indices to read (default: the job's, from SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
+                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N records (tests)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+
+    from babysit.errors import BadInput
+    from babysit.probes.gpu import open_gpu_probe
+    from babysit.probes.host import process_tree, read_host
+    from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, gpu_record
+
+    if args.interval <= 0:
+        raise BadInput(f"--interval: expected a positive number of seconds, got {args.interval}")
+    host = socket.gethostname().split(".")[0]
+    out = args.out.replace("{host}", host)
+    job_id = args.job_id or os.environ.get("SLURM_JOB_ID") or None
+    probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    if args.gpus:
+        try:
+            indices: tuple[int, ...] | None = tuple(int(x) for x in args.gpus.split(",") if x.strip())
+        except ValueError:
+            raise BadInput(f"--gpus: expected comma-separated NVML indices, got {args.gpus!r}") from None
+    else:
+        indices = None
+    written = 0
+    # Monotonic ticks with `next += interval`, so records do not drift; sample() twice a second in between
+    # so utilisation is a window average, not an instant.
+    next_at = time.monotonic()
+    try:
+        with open(out, "a", encoding="utf-8") as f:
+            while not stop.is_set():
+                if indices is None:
+                    everything = probe.read(())
+                    indices = choose_gpus([g.index for g in everything.gpus], os.environ) \
+                        if everything.available else ()
+                view = probe.read(indices) if indices else probe.read(())
+                tree = process_tree(args.pid) if args.pid else frozenset()
+                holders = {p.pid for g in view.gpus for p in g.processes}
+                mine = frozenset(pid for pid in holders if belongs_to_job(pid, job_id, tree))
+                h = read_host(args.pid)
+                record = {"v": RECORD_VERSION, "ts": time.time(), "host": host, "job_id": job_id,
+                          "gpu": gpu_record(view, mine),
+                          "host_mem": {"available_ram_bytes": h.available_ram_bytes,
+                                       "total_ram_bytes": h.total_ram_bytes, "run_rss_bytes": h.run_rss_bytes,
+                                       "run_cpu_pct": h.run_cpu_pct, "run_pids": len(h.run_pids)}}
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+                f.flush()
+                written += 1
+                if args.count is not None and written >= args.count:
+                    break
+                next_at += args.interval
+                while not stop.is_set() and time.monotonic() < next_at:
+                    probe.sample()
+                    stop.wait(min(0.5, max(0.0, next_at - time.monotonic())))
+    finally:
+        probe.close()
+    return 0
