@@ -312,6 +312,7 @@ def test_util_averages_samples_since_the_last_read_skipping_older_ones(nv, probe
     nv.samples[0] += [(5, 95)]
     g = probe.read([0]).gpu(0)
     assert (g.util_pct, g.util_samples) == (95.0, 3)
+    assert probe.util_source(0) == "samples"
     g = probe.read([0]).gpu(0)  # no new samples: not measured, not zero
     assert (g.util_pct, g.util_samples, g.errors) == (None, 0, ())
 
@@ -325,6 +326,7 @@ def test_util_falls_back_to_rates_without_a_sample_buffer(nv, probe):
     nv.rates[0] = 60
     g = probe.read([0]).gpu(0)  # read() takes a last sample too
     assert (g.util_pct, g.util_samples) == (80.0, 3)
+    assert probe.util_source(0) == "rates" and probe.util_source(1) is None
 
 
 def test_sample_before_init_does_nothing(nv):

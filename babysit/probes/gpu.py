@@ -191,6 +191,11 @@ class NvmlGpuProbe:
                 self._nvml("nvmlShutdown")
             self._ok, self._events, self._handles = False, None, {}
 
+    def util_source(self, index: int) -> str | None:
+        """How GPU `index`'s utilization is sampled: "samples" (NVML's buffer), "rates", or None (not yet)."""
+        acc = self._util.get(index)
+        return None if acc is None else ("rates" if acc.rates_only else "samples")
+
     # -- sampling -------------------------------------------------------------------------------
 
     def sample(self) -> None:

@@ -126,7 +126,7 @@ def test_matmul_load_averages_at_least_90_percent_and_is_listed(probe, cuda):
         assert listed[proc.pid].visible and "python" in listed[proc.pid].name
         held = prelaunch(GuardsSpec(), [GPU_INDEX], probe.read([GPU_INDEX]))
         assert [a.incident for a in held] == ["gpu-held"]
-        print(f"H200: matmul util={g.util_pct:.1f}% samples={g.util_samples} "
+        print(f"H200: matmul util={g.util_pct:.1f}% samples={g.util_samples} source={probe.util_source(GPU_INDEX)} "
               f"proc_mem={listed[proc.pid].used_memory_bytes / 2**30:.2f} GiB")
     finally:
         _stop(proc)
