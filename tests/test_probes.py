@@ -326,7 +326,7 @@ def test_util_falls_back_to_rates_without_a_sample_buffer(nv, probe):
     nv.rates[0] = 60
     g = probe.read([0]).gpu(0)  # read() takes a last sample too
     assert (g.util_pct, g.util_samples) == (80.0, 3)
-    assert probe.util_source(0) == "rates" and probe.util_source(1) is None
+    assert probe.util_source(0) == "rates" and probe.util_source(5) is None
 
 
 def test_sample_before_init_does_nothing(nv):
