@@ -1,0 +1,303 @@
+"""The pure parts of the Slurm backend: batch-script rendering, state parsing, the state → exit mapping,
+and the sidecar reader. No Slurm needed: these run everywhere."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from babysit.classify import classify_exit
+from babysit.executors import slurm_script as script
+from babysit.executors import slurm_state as st
+from babysit.probes.remote import SidecarGpuProbe, choose_gpus, view_from_records
+from babysit.spec import SlurmSpec
+
+NASTY = ["python", "-c", "print('$HOME `id` $(whoami); rm -rf / && echo \"x\" | cat > /tmp/p *')", "a b", "", "'"]
+
+
+def request(**over: object) -> script.BatchRequest:
+    base: dict[str, object] = dict(run="r1", attempt=2, token="abcd1234", attempt_dir="/st/runs/r1/attempt-2",
+                                   workdir="/work dir/x", argv=tuple(NASTY),
+                                   env=(("WEIRD", "a b'c\"$(id)`x`;\n2"), ("PLAIN", "1")),
+                                   slurm=SlurmSpec(), n_gpus=1)
+    base.update(over)
+    return script.BatchRequest(**base)  # type: ignore[arg-type]
+
+
+# -- batch script ---------------------------------------------------------------------------------------
+
+
+def test_script_quotes_every_argv_word_so_the_shell_sees_exactly_the_argv() -> None:
+    text = script.render(request())
+    line = next(ln for ln in text.splitlines() if ln.endswith(" &") and ln.startswith("python"))
+    assert shlex.split(line[:-2]) == NASTY
+
+
+def test_script_exports_env_values_verbatim_through_a_real_shell(tmp_path: Path) -> None:
+    req = request(attempt_dir=str(tmp_path), workdir=str(tmp_path), argv=("printenv", "WEIRD"))
+    (tmp_path / "job.sh").write_text(script.render(req))
+    out = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "a b'c\"$(id)`x`;\n2\n"
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
+
+
+def test_script_rejects_env_names_a_shell_cannot_export() -> None:
+    with pytest.raises(ValueError, match="not a shell variable name"):
+        script.render(request(env=(("BAD-NAME", "1"),)))
+
+
+def test_script_is_valid_bash() -> None:
+    for req in (request(), request(slurm=SlurmSpec(nodes=2, gpus_per_node=4)),
+                request(probe_argv=("/venv/bin/python", "-m", "babysit", "probe"))):
+        res = subprocess.run(["bash", "-n"], input=script.render(req), capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+
+
+def test_directives_carry_job_name_token_and_every_slurm_field_with_user_extras_last() -> None:
+    s = SlurmSpec(partition="gpu", account="lab", qos="high", nodes=1, gpus_per_node=2, time_limit="01:00:00",
+                  cpus_per_task=8, mem="64G", sbatch_options=("--exclusive", "--constraint=h200"))
+    opts = script.directives(request(slurm=s))
+    assert opts[0] == "--job-name=babysit-r1-2-abcd1234"
+    assert "--output=/st/runs/r1/attempt-2/stdout.log" in opts and "--error=/st/runs/r1/attempt-2/stderr.log" in opts
+    for want in ("--partition=gpu", "--account=lab", "--qos=high", "--nodes=1", "--gres=gpu:2", "--time=01:00:00",
+                 "--cpus-per-task=8", "--mem=64G", "--ntasks-per-node=1"):
+        assert want in opts
+    assert opts[-2:] == ["--exclusive", "--constraint=h200"]
+
+
+@pytest.mark.parametrize(("slurm", "n_gpus", "gres"), [
+    (SlurmSpec(), 1, "gpu:1"),
+    (SlurmSpec(), 0, None),
+    (SlurmSpec(gpus_per_node=8), 1, "gpu:8"),
+    (SlurmSpec(gres="gpu:h200:4"), 1, "gpu:h200:4"),
+    (SlurmSpec(gres=""), 2, None),
+    (SlurmSpec(gpus_per_node=0), 2, None),
+])
+def test_gres_comes_from_gres_else_gpus_per_node_else_len_gpus(slurm: SlurmSpec, n_gpus: int,
+                                                               gres: str | None) -> None:
+    assert script.gres(slurm, n_gpus) == gres
+
+
+def test_requested_gpus_is_nodes_times_per_node() -> None:
+    assert script.requested_gpus(SlurmSpec(nodes=2, gpus_per_node=8), 1) == 16
+    assert script.requested_gpus(SlurmSpec(gres="gpu:h200:4"), 1) == 4
+    assert script.requested_gpus(SlurmSpec(), 0) == 0
+
+
+def test_a_whitespace_option_is_double_quoted_and_a_line_break_refused() -> None:
+    text = script.render(request(attempt_dir="/st dir/a"))
+    assert '#SBATCH --output="/st dir/a/stdout.log"' in text
+    with pytest.raises(ValueError, match="line break"):
+        script.directives(request(slurm=SlurmSpec(sbatch_options=("--comment=a\n#SBATCH --x",))))
+
+
+def test_torchrun_only_for_several_gpus_per_node_or_nodes_unless_forced() -> None:
+    assert not script.uses_torchrun(SlurmSpec(), 1)
+    assert script.uses_torchrun(SlurmSpec(), 2)
+    assert script.uses_torchrun(SlurmSpec(nodes=2), 1)
+    assert not script.uses_torchrun(SlurmSpec(torchrun=False), 8)
+    assert script.uses_torchrun(SlurmSpec(torchrun=True), 1)
+
+
+def test_torchrun_strips_python_dash_m_and_keeps_the_runs_interpreter() -> None:
+    argv = script.torchrun_argv(["/venv/bin/python", "-m", "trainer", "--recipe", "x y"], 2, 8)
+    assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[-4:] == ["-m", "trainer", "--recipe", "x y"]
+    assert script.torchrun_argv(["python3", "train.py", "-a"], 1, 2)[-2:] == ["train.py", "-a"]
+    other = script.torchrun_argv(["./run.sh", "x"], 1, 2)
+    assert other[0] == "torchrun" and other[-3:] == ["--no-python", "./run.sh", "x"]
+
+
+def test_torchrun_line_runs_under_srun_with_the_head_node_endpoint() -> None:
+    text = script.render(request(argv=("python", "-m", "trainer", "$SLURM_JOB_ID"),
+                                 slurm=SlurmSpec(nodes=2, gpus_per_node=4)))
+    line = next(ln for ln in text.splitlines() if ln.startswith("srun --kill-on-bad-exit"))
+    assert '--rdzv-endpoint "$BABYSIT_RDZV"' in line and '--rdzv-id "$SLURM_JOB_ID"' in line
+    assert line.endswith("-m trainer '$SLURM_JOB_ID' &")  # a user's word is never expanded
+    assert 'export BABYSIT_RDZV="$babysit_head:${BABYSIT_RDZV_PORT:-29500}"' in text
+
+
+def test_script_waits_through_a_term_and_exits_with_the_childs_code(tmp_path: Path) -> None:
+    """The shell must outlive the trainer's checkpoint: TERM to the whole group, the shell still reports 10."""
+    child = "import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), sys.exit(10)))\n" \
+            "print('ready', flush=True)\ntime.sleep(30)"
+    req = request(attempt_dir=str(tmp_path), workdir=str(tmp_path), argv=("python3", "-c", child), env=())
+    path = tmp_path / "job.sh"
+    path.write_text(script.render(req))
+    proc = subprocess.Popen(["bash", str(path)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    import os
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 10
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 10
+
+
+# -- state parsing --------------------------------------------------------------------------------------
+
+SCONTROL = ("JobId=42 JobName=babysit-r-1-ab UserId=u(1) JobState=PENDING Reason=Resources Dependency=(null) "
+            "ExitCode=0:0 RunTime=00:00:00 SubmitTime=2026-01-02T03:04:05 StartTime=2026-01-02T04:00:00 "
+            "EndTime=Unknown NodeList=(null) TRES=cpu=8,mem=64G,node=1,billing=8,gres/gpu=4 "
+            "Command=/a dir/job.sbatch WorkDir=/a dir")
+
+
+def test_scontrol_line_parses_values_with_spaces_and_a_pending_estimate_is_not_a_start() -> None:
+    job = st.from_scontrol("42", SCONTROL, 1.0)
+    assert job is not None
+    assert (job.state, job.reason, job.alloc_gpus, job.end) == ("PENDING", "Resources", 4, None)
+    assert not job.started  # StartTime of a PENDING job is the scheduler's guess
+    assert st.parse_kv(SCONTROL)["Command"] == "/a dir/job.sbatch"
+    assert st.from_scontrol("43", SCONTROL, 1.0) is None
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("0:0", (0, None)), ("3:0", (3, None)), ("0:9", (0, 9)), ("10:15", (10, 15)), ("", (None, None)),
+    ("x:y", (None, None)), ("137", (137, None)),
+])
+def test_exit_code_n_colon_s(text: str, want: tuple[int | None, int | None]) -> None:
+    assert st.parse_exit_code(text) == want
+
+
+@pytest.mark.parametrize(("tres", "gpus"), [
+    ("cpu=8,mem=64G,node=1,billing=8,gres/gpu=4", 4),
+    ("cpu=8,gres/gpu=8,gres/gpu:h200=8", 8),
+    ("cpu=8,gres/gpu:a100=2,gres/gpu:h200=2", 4),
+    ("cpu=1,mem=512M,node=1,billing=1", None),
+    ("", None),
+])
+def test_alloc_tres_gpu_count(tres: str, gpus: int | None) -> None:
+    assert st.gpus_from_tres(tres) == gpus
+
+
+def test_base_state_strips_cancelled_by_and_plus() -> None:
+    assert st.base_state("CANCELLED by 1000") == "CANCELLED"
+    assert st.base_state("COMPLETED+") == "COMPLETED"
+
+
+def test_sacct_takes_the_allocation_line_and_the_last_run_of_a_requeued_job() -> None:
+    text = ("42|PREEMPTED|0:15|2026-01-02T03:00:00|2026-01-02T03:30:00|cpu=8,gres/gpu=2|n1|None\n"
+            "42|COMPLETED|0:0|2026-01-02T04:00:00|2026-01-02T05:00:00|cpu=8,gres/gpu=2|n2|None\n")
+    job = st.from_sacct("42", text, 1.0)
+    assert job is not None and job.state == "COMPLETED" and job.alloc_gpus == 2 and job.nodes == "n2"
+    assert job.end is not None and job.start is not None and job.end - job.start == 3600
+
+
+def test_jobcomp_line() -> None:
+    text = ("JobId=41 UserId=root(0) Name=x JobState=COMPLETED ExitCode=0:0\n"
+            "JobId=42 UserId=root(0) GroupId=root(0) Name=babysit-r-1-ab JobState=OUT_OF_MEMORY Partition=debug "
+            "StartTime=2026-01-02T03:00:00 EndTime=2026-01-02T03:00:10 NodeList=vm Tres=cpu=1,gres/gpu=1 "
+            "ExitCode=0:125\n")
+    job = st.from_jobcomp("42", text, 1.0)
+    assert job is not None and (job.state, job.exit_code, job.exit_signal, job.alloc_gpus) == ("OUT_OF_MEMORY", 0,
+                                                                                               125, 1)
+
+
+# -- the state → exit mapping, read by the real classifier -----------------------------------------------
+
+
+def _classify(job: st.JobState, tail: str = "", stop: bool = False) -> str:
+    info = st.exit_info(job, tail)
+    return classify_exit(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+                         last_records=[], rules=(), stop_requested=stop).outcome
+
+
+def _job(state: str, code: int | None = 0, sig: int | None = None) -> st.JobState:
+    return st.JobState(job_id="7", state=state, source="scontrol", exit_code=code, exit_signal=sig, start=1.0,
+                       end=2.0, seen_at=3.0)
+
+
+@pytest.mark.parametrize(("state", "code", "sig", "stop", "outcome"), [
+    ("COMPLETED", 0, None, False, "completed"),
+    ("FAILED", 3, None, False, "crashed"),
+    ("FAILED", 12, None, False, "oom"),
+    ("OUT_OF_MEMORY", 0, 125, False, "oom"),
+    ("TIMEOUT", 10, None, False, "crashed"),  # the trainer's clean stop on SIGTERM is no clean end here
+    ("NODE_FAIL", 0, None, False, "crashed"),
+    ("PREEMPTED", 0, 15, False, "crashed"),
+    ("CANCELLED", 10, None, True, "stopped"),  # babysit's own stop
+    ("CANCELLED", 0, 15, True, "stopped"),
+    ("VANISHED", None, None, False, "crashed"),
+])
+def test_state_mapping_table(state: str, code: int | None, sig: int | None, stop: bool, outcome: str) -> None:
+    assert _classify(_job(state, code, sig), stop=stop) == outcome
+
+
+def test_scheduler_ends_name_the_state_in_the_tail_and_note() -> None:
+    info = st.exit_info(_job("TIMEOUT", 10), "step 5\n")
+    assert "TIMEOUT" in info.stderr_tail.splitlines()[-1] and info.state == "TIMEOUT" and "TIMEOUT" in info.note
+    assert (info.exit_code, info.signal) == (None, None)
+
+
+def test_a_vanished_job_says_what_was_last_seen() -> None:
+    last = st.JobState(job_id="7", state="RUNNING", source="scontrol", start=5.0, seen_at=9.0)
+    gone = st.vanished("7", last, 20.0)
+    assert gone.terminal and gone.state == st.VANISHED and "last seen RUNNING" in (gone.reason or "")
+    assert gone.start == 5.0 and gone.end == 9.0
+
+
+def test_exit_file_is_the_end_of_a_forgotten_job() -> None:
+    job = st.from_exit_file("7", {"exit_code": 143, "started_at": 1.5, "ended_at": 4.0}, None, 9.0)
+    assert (job.state, job.exit_code, job.exit_signal, job.start, job.end) == ("FAILED", 143, 15, 1.5, 4.0)
+
+
+def test_status_note_shows_the_pending_reason() -> None:
+    pending = st.JobState(job_id="9", state="PENDING", source="scontrol", reason="BeginTime")
+    assert st.status_note(pending) == "Slurm job 9 PENDING (BeginTime)"
+    assert st.status_note(_job("COMPLETED")) is None
+
+
+# -- sidecar reader -------------------------------------------------------------------------------------
+
+
+def _record(host: str, ts: float, gpus: list[dict], available: bool = True) -> dict:
+    return {"ts": ts, "host": host, "gpu": {"available": available, "reason": None if available else "no driver",
+                                           "gpus": gpus}}
+
+
+def test_sidecar_maps_the_runs_indices_onto_the_jobs_gpus_and_drops_the_jobs_own_processes() -> None:
+    g = [{"index": 4, "util_pct": 90, "processes": [{"pid": 1, "name": "mine", "job": True},
+                                                    {"pid": 2, "name": "intruder", "job": False}]},
+         {"index": 5, "util_pct": 80, "processes": []}]
+    view = view_from_records([_record("n1", 100.0, g)], [0, 1], now=101.0, stale_after=60)
+    assert view.available and [r.index for r in view.gpus] == [0, 1]
+    reading = view.gpu(0)
+    assert reading is not None and reading.util_pct == 90 and [p.name for p in reading.processes] == ["intruder"]
+
+
+def test_sidecar_silence_and_absence_are_not_measured_never_fine() -> None:
+    assert not view_from_records([], [0], now=1.0, stale_after=60).available
+    stale = view_from_records([_record("n1", 0.0, [])], [0], now=100.0, stale_after=60)
+    assert not stale.available and "silent" in (stale.reason or "")
+    nodriver = view_from_records([_record("n1", 99.0, [], available=False)], [0], now=100.0, stale_after=60)
+    assert not nodriver.available and "no driver" in (nodriver.reason or "")
+
+
+def test_sidecar_probe_reads_the_newest_complete_line_of_each_node(tmp_path: Path) -> None:
+    now = time.time()
+    for host, util in (("n2", 20), ("n1", 10)):
+        with open(tmp_path / f"probe-{host}.jsonl", "w") as f:
+            f.write(json.dumps(_record(host, now - 5, [{"index": 0, "util_pct": 1}])) + "\n")
+            f.write(json.dumps(_record(host, now, [{"index": 0, "util_pct": util}])) + "\n")
+            f.write('{"ts": 1, "partial')
+    view = SidecarGpuProbe(tmp_path).read([0, 1])
+    assert [r.util_pct for r in view.gpus] == [10, 20]  # nodes in host-name order
+
+
+@pytest.mark.parametrize(("visible", "env", "want"), [
+    ([0, 1, 2, 3], {"SLURM_JOB_GPUS": "2,3"}, (2, 3)),
+    ([0, 1], {"SLURM_JOB_GPUS": "6,7"}, (0, 1)),  # ConstrainDevices: NVML renumbers
+    ([0, 1, 2], {"CUDA_VISIBLE_DEVICES": "1"}, (1,)),
+    ([0, 1], {"CUDA_VISIBLE_DEVICES": "GPU-abc"}, (0, 1)),
+    ([0, 1], {}, (0, 1)),
+])
+def test_sidecar_picks_the_jobs_gpus(visible: list[int], env: dict[str, str], want: tuple[int, ...]) -> None:
+    assert choose_gpus(visible, env) == want
