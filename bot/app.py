@@ -1,0 +1,111 @@
+"""The Slack bot on slack_bolt: `/verdict`, `/babysit …` and the abort button, over HTTP or Socket Mode.
+
+`build_app` wires listeners to bot/handlers.py; `App.dispatch` needs no HTTP, so the transports are
+thin: bot/http.py for `--http PORT`, Bolt's SocketModeHandler for `--socket` (outbound websocket
+only — the right default for a GPU box behind a firewall). `start_in_background` is what
+`babysit up --bot` calls to host the bot inside the daemon; `babysit bot` runs it alone against
+the same registry and state. The daemon itself never imports this module's dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from babysit.errors import BadInput
+from bot import handlers
+from bot.handlers import BotConfig
+from bot.messages import ABORT_ACTION_ID
+from bot.predicates import parse_babysit, parse_verdict
+
+log = structlog.get_logger("babysit.bot")
+
+SIGNING_SECRET_ENV = "SLACK_SIGNING_SECRET"
+APP_TOKEN_ENV = "SLACK_APP_TOKEN"
+
+
+def build_app(cfg: BotConfig, *, socket_mode: bool = False, client: Any = None) -> Any:
+    """A Bolt App on babysit's client factory (so BABYSIT_SLACK_API_URL applies) with every listener."""
+    from slack_bolt import App
+
+    from bot.client import TOKEN_ENV, web_client
+
+    if not os.environ.get(TOKEN_ENV):
+        raise BadInput(f"{TOKEN_ENV} is not set: the bot needs the app's bot token (xoxb-…)",
+                       hint="export it from the Slack app's OAuth page; docs/slack.md has the manifest")
+    secret = os.environ.get(SIGNING_SECRET_ENV)
+    if not socket_mode and not secret:
+        raise BadInput(f"{SIGNING_SECRET_ENV} is not set: HTTP mode must verify that requests come from Slack",
+                       hint="export the app's signing secret (Basic Information page), or use --socket")
+    app = App(client=client or web_client(retries=True), signing_secret=secret or "",
+              request_verification_enabled=not socket_mode, token_verification_enabled=False,
+              process_before_response=False)
+    register(app, cfg)
+    return app
+
+
+def register(app: Any, cfg: BotConfig) -> None:
+    @app.command("/babysit")
+    def babysit_command(ack: Any, command: dict[str, Any], respond: Any, client: Any) -> None:
+        handlers.babysit(cfg, parse_babysit(command.get("text")), command, ack, respond, client)
+
+    @app.command("/verdict")
+    def verdict_command(ack: Any, command: dict[str, Any], respond: Any) -> None:
+        handlers.verdict(cfg, parse_verdict(command.get("text")), command, ack, respond)
+
+    @app.action(ABORT_ACTION_ID)
+    def abort_clicked(ack: Any, body: dict[str, Any], respond: Any) -> None:
+        handlers.abort_confirmed(cfg, body, ack, respond)
+
+
+@dataclass
+class RunningBot:
+    """A started bot: `stop()` ends its transport (the HTTP server or the websocket)."""
+
+    mode: str
+    port: int | None
+    _stop: Any
+
+    def stop(self) -> None:
+        self._stop()
+
+
+def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0") -> RunningBot:
+    """Start serving in background threads and return at once."""
+    if http_port is not None:
+        from bot.http import make_server, serve_in_thread
+
+        server = make_server(build_app(cfg), host, http_port)
+        serve_in_thread(server)
+        port = server.server_address[1]
+        log.info("slack bot serving", mode="http", port=port, path="/slack/events")
+        return RunningBot("http", port, lambda: (server.shutdown(), server.server_close()))
+    app_token = os.environ.get(APP_TOKEN_ENV)
+    if not app_token:
+        raise BadInput(f"{APP_TOKEN_ENV} is not set: Socket Mode needs the app-level token (xapp-…)",
+                       hint="create one with the connections:write scope (Basic Information → App-Level "
+                            "Tokens), or serve HTTP with --http PORT")
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+    handler = SocketModeHandler(build_app(cfg, socket_mode=True), app_token)
+    handler.connect()
+    log.info("slack bot connected", mode="socket")
+    return RunningBot("socket", None, handler.close)
+
+
+def start_in_background(registry_path: Path, http_port: int | None = None) -> RunningBot | None:
+    """For `babysit up --bot [--bot-http PORT]`: the bot inside the daemon. A bot that cannot start is
+    logged and skipped — the daemon babysits on without it (messages still go out through the outbox)."""
+    from babysit.errors import BabysitError
+
+    try:
+        return start(BotConfig(Path(registry_path)), http_port=http_port)
+    except BabysitError as exc:
+        log.error("slack bot not started", error=exc.message, hint=exc.hint)
+    except Exception as exc:  # a Socket Mode connection refused at startup must not take the daemon down
+        log.error("slack bot not started", error=f"{type(exc).__name__}")
+    return None

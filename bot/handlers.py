@@ -1,0 +1,229 @@
+"""What each slash command does, in Bolt's calling convention (`ack`, `respond`) but importing no Bolt.
+
+Every handler acks at once — with the answer when it is a quick store read, with a "working…" line
+when it is not — and sends slow answers through `respond` (the response_url), so Slack's 3-second
+limit never bites. Only `abort` changes anything, and only after the allow-list check and a click on
+a confirmed button; `poll` asks the daemon for one extra poll. Both go through the store's control
+table, which the daemon reads every tick.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from babysit import registry as registry_mod
+from babysit.errors import BabysitError
+from babysit.store import Store
+from bot import messages as msg
+from bot.messages import Rendered
+from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
+
+log = structlog.get_logger("babysit.bot")
+
+Ack = Callable[..., Any]
+Respond = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class BotConfig:
+    registry_path: Path
+    request_wait_s: float = 10.0  # how long /babysit poll and abort wait for the daemon's answer
+    gpu_probe: str | None = None  # None: $BABYSIT_GPU_PROBE or nvml
+
+
+def answer(rendered: Rendered, *, in_channel: bool = False, replace: bool | None = None) -> dict[str, Any]:
+    """The kwargs for ack()/respond(): text is the fallback, blocks what Slack shows."""
+    out: dict[str, Any] = {"text": rendered.text, "blocks": rendered.blocks,
+                           "response_type": "in_channel" if in_channel else "ephemeral"}
+    if replace is not None:
+        out["replace_original"] = replace
+    return out
+
+
+@contextmanager
+def opened(cfg: BotConfig):  # type: ignore[no-untyped-def]
+    """The registry as it is now (new registrations show at once) and a store handle on its state."""
+    reg = registry_mod.load(cfg.registry_path)
+    store = Store.in_dir(reg.state_dir)
+    try:
+        yield reg, store
+    finally:
+        store.close()
+
+
+def known_run(reg: registry_mod.Registry, name: str | None, usage: str) -> Rendered | None:
+    """None when `name` is registered, else the message to answer with."""
+    if not name:
+        return msg.missing_run(usage)
+    if reg.find(name) is None:
+        return msg.unknown_run(name, close_names(name, reg.names), len(reg.runs))
+    return None
+
+
+def wait_result(store: Store, request_id: int, wait_s: float) -> str | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = store.request_result(request_id)
+        if result is not None or time.monotonic() >= deadline:
+            return result
+        time.sleep(0.1)
+
+
+# -- /babysit ------------------------------------------------------------------------------------------
+def babysit(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond,
+            client: Any) -> None:
+    handler = BABYSIT.get(cmd.name)
+    if handler is None:
+        ack(**answer(msg.unknown_subcommand(cmd.name)))
+        return
+    try:
+        handler(cfg, cmd, body, ack, respond, client)
+    except BabysitError as exc:  # a broken registry, an unreadable state database: say so, never a 500
+        log.warning("slash command failed", command=cmd.name, error=exc.message)
+        reply = msg.internal_error(f"answer /babysit {cmd.name}", exc.message)
+        _ack_or_respond(ack, respond, reply)
+
+
+def _ack_or_respond(ack: Ack, respond: Respond, reply: Rendered) -> None:
+    try:
+        ack(**answer(reply))
+    except Exception:  # already acked: Bolt refuses a second ack
+        respond(**answer(reply))
+
+
+def help_(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    ack(**answer(msg.help_message()))
+
+
+def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    from babysit.commands.status import collect
+
+    reg = registry_mod.load(cfg.registry_path)
+    if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]")):
+        ack(**answer(problem))
+        return
+    rows = collect(reg, [cmd.run] if cmd.run else list(reg.names))
+    ack(**answer(msg.status_message(rows, time.time())))
+
+
+def runs(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    from babysit.commands.status import collect
+
+    reg = registry_mod.load(cfg.registry_path)
+    ack(**answer(msg.runs_message(collect(reg, list(reg.names)))))
+
+
+def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    with opened(cfg) as (reg, store):
+        if problem := known_run(reg, cmd.run, "/babysit poll RUN"):
+            ack(**answer(problem))
+            return
+        run = str(cmd.run)
+        request = store.request(run, "poll-now", f"slack:{user_of(body)}", time.time())
+        ack(**answer(msg.poll_queued(run)))
+        result = wait_result(store, request, cfg.request_wait_s)
+        if result is None:
+            respond(**answer(msg.request_unanswered(run, "poll", request, cfg.request_wait_s)))
+            return
+        polls = store.polls(run, 1)
+        respond(**answer(msg.poll_result(run, result, polls[0].body if polls else None)))
+
+
+def abort(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    """Step one of two: refuse, or show the confirm button. Nothing is queued here."""
+    reg = registry_mod.load(cfg.registry_path)
+    if problem := known_run(reg, cmd.run, "/babysit abort RUN"):
+        ack(**answer(problem))
+        return
+    user = user_of(body)
+    if not may_abort(user, reg.daemon.abort_allow_list):
+        log.info("abort refused", run=cmd.run, user=user)
+        ack(**answer(msg.not_allowed(str(user), "abort", str(cmd.run))))
+        return
+    ack(**answer(msg.abort_confirm(str(cmd.run))))
+
+
+def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: Respond) -> None:
+    """Step two: the confirmed click. The allow list is checked again: a button is not a credential."""
+    ack()
+    run, user = action_value(body, msg.ABORT_ACTION_ID), user_of(body)
+    with opened(cfg) as (reg, store):
+        if problem := known_run(reg, run, "/babysit abort RUN"):
+            respond(**answer(problem, replace=True))
+            return
+        if not may_abort(user, reg.daemon.abort_allow_list):
+            respond(**answer(msg.not_allowed(str(user), "abort", str(run)), replace=True))
+            return
+        request = store.request(str(run), "abort", f"slack:{user}", time.time())
+        log.warning("abort requested from Slack", run=run, user=user, request=request)
+        respond(**answer(msg.abort_queued(str(run), str(user)), replace=True))
+        result = wait_result(store, request, cfg.request_wait_s)
+    if result is None:
+        respond(**answer(msg.request_unanswered(str(run), "abort", request, cfg.request_wait_s)))
+    else:
+        respond(**answer(msg.abort_result(str(run), result)))
+
+
+def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    from bot.gpus import read_gpus, run_owners
+
+    ack(**answer(msg.reply("🖥 Reading the GPUs…")))
+    with opened(cfg) as (_, store):
+        owners = run_owners(store)
+    lines, reason = read_gpus(owners, cfg.gpu_probe)
+    respond(**answer(msg.gpus_message(lines, reason)))
+
+
+def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    from slack_sdk.errors import SlackApiError
+
+    from bot.reads import chart_file
+
+    with opened(cfg) as (reg, store):
+        if problem := known_run(reg, cmd.run, "/babysit chart RUN"):
+            ack(**answer(problem))
+            return
+        ack(**answer(msg.chart_working(str(cmd.run))))
+        try:
+            path, verdict = chart_file(reg, reg.get(str(cmd.run)), store)
+        except BabysitError as exc:
+            respond(**answer(msg.verdict_unavailable(str(cmd.run), exc.message)))
+            return
+    try:
+        client.files_upload_v2(channel=body.get("channel_id"), file=str(path), filename=path.name,
+                               title=f"{cmd.run} verdict chart",
+                               initial_comment=msg.chart_comment(str(cmd.run), verdict))
+    except SlackApiError as exc:
+        respond(**answer(msg.slack_refused("upload the chart", str(exc.response.get("error")))))
+        return
+    respond(**answer(msg.chart_uploaded(str(cmd.run))))
+
+
+BABYSIT: dict[str, Callable[..., None]] = {
+    "help": help_, "status": status, "runs": runs, "poll": poll, "abort": abort, "gpus": gpus, "chart": chart,
+}
+
+
+# -- /verdict ------------------------------------------------------------------------------------------
+def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond) -> None:
+    from bot.reads import verdict_body
+
+    with opened(cfg) as (reg, store):
+        if problem := known_run(reg, cmd.run, "/verdict RUN [post]"):
+            ack(**answer(problem))
+            return
+        ack(**answer(msg.verdict_working(str(cmd.run))))
+        try:
+            v, precision = verdict_body(reg, reg.get(str(cmd.run)), store)
+        except BabysitError as exc:
+            reason = exc.message + (f" — {exc.hint}" if exc.hint else "")
+            respond(**answer(msg.verdict_unavailable(str(cmd.run), reason)))
+            return
+    respond(**answer(msg.verdict_card(v, precision), in_channel=wants_post(cmd)))
