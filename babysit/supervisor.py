@@ -29,7 +29,7 @@ from babysit.store import Attempt, Store
 log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
-GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort", "stalled", "gpu-fault")
+GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
 
 @dataclass
@@ -143,8 +143,10 @@ class RunSupervisor:
 
     # -- launch -----------------------------------------------------------------------------------------
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
-        view = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
-        refusals = [a for a in guards.prelaunch(self.spec.guards, self.spec.gpus, view) if a.kind == "refuse"]
+        # A scheduler (Slurm) picks the GPUs on a node the daemon cannot see: no launch check from here.
+        gpus = () if getattr(self.executor, "allocates_gpus", False) else self.spec.gpus
+        view = self.ctx.gpu_probe.read(gpus) if gpus else None
+        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view) if a.kind == "refuse"]
         if refusals:
             for action in refusals:
                 self._incident(action.incident, "launch refused: " + action.message, dict(action.detail),
@@ -156,6 +158,8 @@ class RunSupervisor:
         adir = self.ctx.state_dir / "runs" / self.run / f"attempt-{n}"
         attempt = self.ctx.store.begin_attempt(self.run, n, profile.profile, argv, self.spec.executor,
                                                len(self.spec.gpus), str(adir), self.ctx.now())
+        if halvings:
+            self.ctx.store.merge_attempt_detail(attempt.id, {"halvings": halvings})
         merged = " · ".join(x for x in (note, *_note_lines(notes)) if x) or None
         self._start_attempt(attempt, note=merged)
 
@@ -164,7 +168,8 @@ class RunSupervisor:
         env.update(self.spec.env)
         env.update({"BABYSIT_RUN": self.run, "BABYSIT_ATTEMPT": str(attempt.n),
                     "BABYSIT_LOG": str(self.spec.log), "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
-                    "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1")})
+                    "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
+                    "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
         for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
             env.pop(secret, None)  # the trainer has no business with the bot's credentials
         if self.spec.executor == "local":
@@ -208,8 +213,30 @@ class RunSupervisor:
     def check_exit(self) -> None:
         """A backstop to the watcher thread (and the way exits are seen for schedulers)."""
         attempt = self.attempt
+        if attempt is not None and attempt.status == "running":
+            attempt = self.attempt = self._sync_start(attempt)
         if attempt is not None and attempt.status == "running" and self.executor.exit_info(attempt) is not None:
             self.on_exit(attempt.n)
+
+    def _sync_start(self, attempt: Attempt) -> Attempt:
+        """Schedulers: keep the store's started_at on the job's real start, so a queued job costs no GPU-time.
+
+        An executor with `start_time(attempt)` (Slurm) says the real StartTime once the job left the
+        queue, None while it waits; while it waits started_at follows the clock (GPU-seconds stay ~0).
+        """
+        start_time = getattr(self.executor, "start_time", None)
+        if start_time is None or attempt.status != "running":
+            return attempt
+        real = start_time(attempt)
+        if real is None:
+            real = self.ctx.now()
+            if attempt.started_at is not None and real - attempt.started_at < 5:
+                return attempt
+        elif attempt.started_at is not None and abs(real - attempt.started_at) < 0.5:
+            return attempt
+        self.ctx.store.mark_running(attempt.id, started_at=real, pid=attempt.pid,
+                                    pid_create_time=attempt.pid_create_time, job_id=attempt.job_id)
+        return self.ctx.store.attempt(self.run, attempt.n)
 
     def on_exit(self, n: int) -> None:
         with self.lock:
@@ -219,17 +246,19 @@ class RunSupervisor:
             info = self.executor.exit_info(attempt)
             if info is None:
                 return
+            attempt = self._sync_start(attempt)
             self.read_log()  # the last records (a diverged event) belong to the classification
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
-            cls = classify.classify_exit(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
-                                         last_records=list(self.recent), rules=self.spec.classify,
-                                         stop_requested=stop_requested)
+            cls = classify.classify_exit(
+                exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+                last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
+                stop_reason=stop.get("reason") if stop_requested else None,
+                host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")))
             outcome = cls.outcome
             detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}
             if stop_requested:
-                outcome = "stopped"
                 detail["stopped_by"] = stop.get("reason")
             self.ctx.store.mark_ended(attempt.id, ended_at=info.ended_at or self.ctx.now(), outcome=outcome,
                                       exit_code=info.exit_code, exit_signal=info.signal, detail=detail)
@@ -247,33 +276,29 @@ class RunSupervisor:
         self._maybe_final_verdict()
         decision = retry.next_attempt(self._history(), self.spec)
         if decision.retry and decision.n is not None and decision.profile is not None:
-            halvings = sum(1 for a in self.ctx.store.attempts(self.run) if a.detail.get("host_memory_pressure"))
             self._set("retrying", retry_reason=decision.reason)
             self._incident("retrying", f"attempt {decision.n}/{self.spec.retry.max_attempts} with profile "
                            f"'{decision.profile.profile}' ({decision.reason})",
                            {"attempt": decision.n, "profile": decision.profile.profile, "resume": decision.resume,
                             "halve_machinery": decision.halve_machinery},
                            key=f"{self.run}:{decision.n}:retrying")
-            self._launch(decision.n, resume=decision.resume, halvings=halvings, note=f"retry: {decision.reason}")
+            self._launch(decision.n, resume=decision.resume, halvings=decision.halvings,
+                         note=f"retry: {decision.reason}")
             return
         final = {"completed": "finished", "stopped": "stopped"}.get(attempt.outcome or "", "failed")
         self._set(final, ended=attempt.outcome, end_reason=decision.reason)
         log.info("run over", run=self.run, status=final, reason=decision.reason)
 
     def _history(self) -> list[retry.PastAttempt]:
-        stop_kinds = set()
-        stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
         out = []
         for a in self.ctx.store.attempts(self.run):
             if a.status != "ended":
                 continue
-            guard_stop = stop.get("attempt") == a.n
-            if guard_stop:
-                stop_kinds.add(stop.get("reason"))
             out.append(retry.PastAttempt(n=a.n, profile=a.profile, outcome=a.outcome or "crashed",
-                                         retry_override=a.detail.get("retry_override"), guard_stop=guard_stop,
+                                         retry_override=a.detail.get("retry_override"),
+                                         guard_stop=a.detail.get("stopped_by") in GUARD_STOPS,
                                          host_memory_pressure=bool(a.detail.get("host_memory_pressure")),
-                                         halved_knobs=0))
+                                         halved_knobs=int(a.detail.get("halvings", 0))))
         return out
 
     # -- the log ----------------------------------------------------------------------------------------
@@ -315,7 +340,7 @@ class RunSupervisor:
         except BabysitError as exc:
             log.warning("verdict read failed", run=self.run, error=exc.message)
             return
-        body = verdict.to_json(self.run, self.spec.prereg.sha256, self.ctx.store.amendments(self.run))
+        body = verdict.to_json(self.run, self.spec.prereg.sha256)
         self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step")}
         if body["status"] == "FINAL":
             self._final_verdict(body)
@@ -360,13 +385,13 @@ class RunSupervisor:
         attempt = self.attempt
         assert attempt is not None
         now = self.ctx.now()
-        view: GpuView | None = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
+        view: GpuView | None = self._gpu_view()
         root = self.executor.root_pid(attempt)
         host = read_host(root) if self.spec.executor == "local" else None
         prereg = self.spec.prereg
         return snapshot.build_snapshot(
             run=self.run, attempt=attempt.n, at=now, kind=kind, points=tuple(self.points),
-            read_step=prereg.read_step if prereg else None,
+            read_step=prereg.read_step if prereg else None, end_step=snapshot.steps_from_argv(attempt.argv),
             gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600,
             gpu_hours_cap=self.spec.guards.gpu_hours_cap,
             n_gpus=len(self.spec.gpus), view=view, host=host, gpus=self.spec.gpus,
@@ -375,6 +400,15 @@ class RunSupervisor:
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
             note=self.executor.status_note(attempt),
         )
+
+    def _gpu_view(self) -> GpuView | None:
+        """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe
+        sidecar, since the daemon's node cannot see the job's GPUs), else the daemon's probe."""
+        if not self.spec.gpus:
+            return None
+        remote = getattr(self.executor, "gpu_probe", None)
+        probe = remote(self.attempt) if remote is not None and self.attempt is not None else self.ctx.gpu_probe
+        return probe.read(self.spec.gpus)
 
     def poll(self, kind: str | None = None) -> None:
         with self.lock:
@@ -406,13 +440,14 @@ class RunSupervisor:
             now = self.ctx.now()
             root = self.executor.root_pid(attempt)
             host = read_host(root) if self.spec.executor == "local" else None
-            view = self.ctx.gpu_probe.read(self.spec.gpus) if self.spec.gpus else None
+            view = self._gpu_view()
             used = self.ctx.store.gpu_seconds(self.run, now) / 3600
             prereg = self.spec.prereg
             sps = logtail.seconds_per_step(list(self.points))
             steps_left = None
-            if prereg is not None and self.points:
-                steps_left = max(0, prereg.read_step - self.points[-1].step)
+            end = snapshot.steps_from_argv(attempt.argv) or (prereg.read_step if prereg else None)
+            if end is not None and self.points:
+                steps_left = max(0, end - self.points[-1].step)
             projected = snapshot.project_gpu_hours(used, sps, steps_left, len(self.spec.gpus))
             since = None if self.last_record_wall is None else now - self.last_record_wall
             facts = guards.LiveFacts(
@@ -426,13 +461,14 @@ class RunSupervisor:
 
     def _act(self, action: guards.Action, attempt: Attempt, host: Any) -> None:
         detail = dict(action.detail)
+        key = action.key or action.incident
         if action.kind in ("warn", "incident"):
-            if action.incident in self.warned:
+            if key in self.warned:
                 return
-            self.warned.add(action.incident)
+            self.warned.add(key)
             if action.incident == "host-memory-pressure":
                 self._note_attempt(attempt, host_memory_pressure=True)
-            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
+            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{key}")
             return
         if action.kind == "stop":
             if action.incident == "stalled":
