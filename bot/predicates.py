@@ -80,7 +80,7 @@ def split_ref(ref: str | None) -> tuple[str, str] | None:
     if not ref or ref.count(":") != 1:
         return None
     channel, ts = ref.split(":")
-    if not channel or not ts or not ts.replace(".", "").isdigit():
+    if not channel or ts.count(".") != 1 or not ts.replace(".", "").isdigit():  # Slack ts: "1712345678.000100"
         return None
     return channel, ts
 
