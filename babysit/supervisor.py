@@ -232,7 +232,7 @@ class RunSupervisor:
             real = self.ctx.now()
             if attempt.started_at is not None and real - attempt.started_at < 5:
                 return attempt
-        elif attempt.started_at is not None and abs(real - attempt.started_at) < 0.5:
+        elif real == attempt.started_at:
             return attempt
         self.ctx.store.mark_running(attempt.id, started_at=real, pid=attempt.pid,
                                     pid_create_time=attempt.pid_create_time, job_id=attempt.job_id)
