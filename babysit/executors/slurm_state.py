@@ -228,7 +228,8 @@ def exit_info(job: JobState, stderr_tail: str) -> ExitInfo:
     """How an ended job reads to babysit's classifier (see `classify.classify_exit`).
 
     - COMPLETED, FAILED, CANCELLED: the batch script's exit code and signal, as they are (a CANCELLED
-      that babysit asked for is a stop; the supervisor knows it asked).
+      that babysit asked for is a stop; the supervisor knows it asked) — except a CANCELLED with
+      ExitCode 0:0 (cancelled while PENDING), which reads as SIGTERM, never as a successful exit 0.
     - OUT_OF_MEMORY: a slurmstepd-style line naming a host MemoryError is appended to the stderr tail,
       so the classifier says `oom` (CPU OOM) even when the OOM killer left the trainer no time to speak.
     - TIMEOUT, NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE: exit status withheld (the trainer's own
@@ -246,6 +247,11 @@ def exit_info(job: JobState, stderr_tail: str) -> ExitInfo:
         code, sig = None, None
     elif job.state == "CANCELLED":
         tail = _append(tail, f"babysit: Slurm job {job.job_id} was CANCELLED (scancel)")
+        if not code and not sig:
+            # ExitCode 0:0 on a cancel: the job never ran (cancelled while PENDING) or its shell was
+            # terminated without a status. Never "exit 0": a cancelled job did not complete.
+            code, sig = None, signals.SIGTERM
+            note += ": cancelled before it ran or without an exit status"
     elif job.state == VANISHED:
         tail = _append(tail, f"babysit: Slurm job {job.job_id} vanished ({job.reason}); its end was not recorded "
                              "(no accounting, no jobcomp, no exit file)")

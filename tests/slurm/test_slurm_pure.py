@@ -225,6 +225,8 @@ def _job(state: str, code: int | None = 0, sig: int | None = None) -> st.JobStat
     ("PREEMPTED", 0, 15, False, "crashed"),
     ("CANCELLED", 10, None, True, "stopped"),  # babysit's own stop
     ("CANCELLED", 0, 15, True, "stopped"),
+    ("CANCELLED", 0, None, True, "stopped"),  # cancelled while PENDING: ExitCode 0:0 is no success
+    ("CANCELLED", 0, None, False, "crashed"),
     ("VANISHED", None, None, False, "crashed"),
 ])
 def test_state_mapping_table(state: str, code: int | None, sig: int | None, stop: bool, outcome: str) -> None:

@@ -1,0 +1,62 @@
+"""A tiny stand-in trainer for the Slurm tests: writes SPEC §4 JSONL records to $BABYSIT_LOG.
+
+Modes: `ok N` (N records, exit 0) · `fail` (exit 3) · `oom` (a MemoryError) · `term SIGNALS_FILE`
+(records until SIGTERM; on TERM it writes a record and a line to SIGNALS_FILE, exits 10) · `sleep S`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+
+def record(step: int, **extra: object) -> None:
+    with open(os.environ["BABYSIT_LOG"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, "ts": time.time(), "train_loss": 1.0 / (step + 1), **extra}) + "\n")
+
+
+def main(mode: str, arg: str = "") -> int:
+    if mode == "ok":
+        for step in range(int(arg or 3)):
+            record(step)
+            time.sleep(0.3)
+        return 0
+    if mode == "fail":
+        record(0)
+        print("boom: the data loader fell over", file=sys.stderr)
+        return 3
+    if mode == "oom":
+        record(0)
+        raise MemoryError("cannot allocate 64 GiB for the replay buffer")
+    if mode == "term":
+        state = {"step": 0}
+
+        def on_term(signum: int, frame: object) -> None:
+            with open(arg, "a", encoding="utf-8") as f:
+                f.write(f"TERM {time.time()}\n")
+            record(state["step"], event="sigterm")
+            sys.exit(10)
+
+        signal.signal(signal.SIGTERM, on_term)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            record(state["step"])
+            state["step"] += 1
+            time.sleep(0.5)
+        return 0
+    if mode == "sleep":
+        end = time.time() + float(arg)
+        step = 0
+        while time.time() < end:
+            record(step)
+            step += 1
+            time.sleep(0.5)
+        return 0
+    raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

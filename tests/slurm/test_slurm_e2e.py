@@ -1,0 +1,179 @@
+"""The Slurm backend against a real single-node Slurm, driven by the real daemon (`babysit up`).
+
+Each test registers a run with `executor = "slurm"` in a temp registry, runs `babysit up --accelerated
+--exit-when-idle` as a subprocess and reads what happened from the state database and from Slurm.
+Run names carry a random suffix: the jobcomp file outlives test sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from babysit.executors.slurm_state import parse_time
+from babysit.store import Attempt
+from tests.slurm.conftest import REPO, Bench, jobs_named, jobscript, slurm_job
+
+pytestmark = pytest.mark.slurm
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def only_attempt(bench: Bench, name: str) -> Attempt:
+    attempts = bench.store().attempts(name)
+    assert len(attempts) == 1, [(a.n, a.status, a.job_id) for a in attempts]
+    return attempts[0]
+
+
+def test_a_completing_job_is_completed_with_slurms_own_start_and_end(bench: Bench, tmp_path: Path) -> None:
+    name = unique("tdone")
+    if (REPO / "trainer" / "recipes" / "tiny.toml").exists():
+        # this interpreter: torch and the trainer are installed in it
+        command = [sys.executable, "-m", "trainer", "--recipe", "tiny", "--steps", "15", "--eval-every", "0",
+                   "--save-every", "0", "--log", f"outputs/{name}/train_log.jsonl",
+                   "--checkpoints", f"outputs/{name}/ckpt"]
+        env = {"BABYSIT_TRAINER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    else:
+        command, env = jobscript("ok", "4"), {}
+    bench.run_toml(name, command, env=env)
+    bench.up(timeout=150)
+
+    attempt = only_attempt(bench, name)
+    assert attempt.outcome == "completed", attempt.detail
+    assert attempt.job_id and attempt.job_id.isdigit()
+    assert attempt.detail.get("state") == "COMPLETED"
+    assert bench.store().run_state(name)[0] == "finished"
+    job = slurm_job(attempt.job_id)
+    assert job.get("JobState") == "COMPLETED"
+    assert attempt.started_at == parse_time(job["StartTime"])  # the job's start, not its submission
+    assert attempt.ended_at == parse_time(job["EndTime"])
+    log = (tmp_path / "outputs" / name / "train_log.jsonl").read_text().splitlines()
+    assert log and all("step" in json.loads(line) for line in log)
+    adir = Path(attempt.attempt_dir)
+    assert json.loads((adir / "job.json").read_text())["job_id"] == attempt.job_id
+    assert json.loads((adir / "exit.json").read_text())["exit_code"] == 0
+    assert "#SBATCH --job-name=babysit-" + name in (adir / "job.sbatch").read_text()
+
+
+@pytest.mark.parametrize(("mode", "outcome", "evidence"), [
+    ("fail", "crashed", "boom: the data loader fell over"),
+    ("oom", "oom", "MemoryError"),
+])
+def test_a_failing_job_is_classified_from_its_exit_and_stderr(bench: Bench, mode: str, outcome: str,
+                                                             evidence: str) -> None:
+    name = unique(f"t{mode}")
+    bench.run_toml(name, jobscript(mode))
+    bench.up()
+    attempt = only_attempt(bench, name)
+    assert attempt.outcome == outcome, attempt.detail
+    assert attempt.detail.get("state") == "FAILED"
+    assert evidence in attempt.detail.get("stderr_tail", "")
+    assert bench.store().run_state(name)[0] == "failed"
+    assert [i.kind for i in bench.store().incidents(name)].count(outcome) == 1
+
+
+def test_the_gpu_hour_guard_stops_the_job_with_term_first(bench: Bench, tmp_path: Path) -> None:
+    name = unique("tcap")
+    signals_file = tmp_path / "signals.txt"
+    bench.run_toml(name, jobscript("term", str(signals_file)), gpus=[0],
+                   guards={"gpu_hours_cap": 0.002, "stop_grace_seconds": 30, "exclusive_gpu": False},
+                   slurm={"gpus_per_node": 0, "time_limit": "00:05:00"})  # no GPU on the CI node: ask for none
+    bench.up(timeout=120)
+
+    attempt = only_attempt(bench, name)
+    facts = bench.store().run_state(name)[1]
+    assert attempt.outcome == "stopped", attempt.detail
+    assert facts.get("stop", {}).get("reason") == "gpu-hours-cap"
+    assert "gpu-hours-cap" in [i.kind for i in bench.store().incidents(name)]
+    # TERM came first: the job's handler ran (a SIGKILL cannot be handled) and it exited 10 on its own.
+    assert signals_file.read_text().startswith("TERM ")
+    assert (attempt.exit_code, attempt.exit_signal) == (10, None)
+    records = [json.loads(x) for x in (tmp_path / "outputs" / name / "train_log.jsonl").read_text().splitlines()]
+    assert records[-1].get("event") == "sigterm"
+    # GPU-seconds from the job's real start (Slurm counts whole seconds): about the 7.2 s cap, not more than the run
+    used = attempt.gpu_seconds(time.time())
+    assert 6 <= used < 60, used
+    assert list((Path(attempt.attempt_dir)).glob("probe-*.jsonl")), "the probe sidecar wrote nothing"
+
+
+def test_a_pending_job_is_shown_pending_with_its_reason_and_costs_nothing(bench: Bench) -> None:
+    name = unique("tpend")
+    bench.run_toml(name, jobscript("ok", "2"), gpus=[0], poll={"first_after_minutes": 1, "every_minutes": 1},
+                   slurm={"gpus_per_node": 0, "sbatch_options": ["--begin=now+1hour"]})
+    daemon = bench.start_up()
+    try:
+        def pending_poll() -> dict | None:
+            for poll in bench.store().polls(name):
+                note = poll.body.get("note") or ""
+                if "PENDING" in note:
+                    return poll.body
+            return None
+
+        snap = bench.until("a poll saying PENDING", pending_poll, timeout=60)
+        assert "BeginTime" in snap["note"], snap["note"]
+        bench.babysit("abort", name)
+        assert daemon.wait(timeout=60) == 0, bench.daemon_logs()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    attempt = only_attempt(bench, name)
+    assert attempt.outcome == "stopped", attempt.detail
+    assert attempt.detail.get("state") == "CANCELLED"
+    assert attempt.gpu_seconds(time.time()) < 1.0  # a queued job holds no GPU
+    assert bench.store().run_state(name)[0] == "stopped"
+
+
+def test_a_restarted_daemon_adopts_the_same_job_and_never_resubmits(bench: Bench) -> None:
+    name = unique("tadopt")
+    bench.run_toml(name, jobscript("sleep", "10"))
+    first = bench.start_up()
+    try:
+        attempt = bench.until("the job id in the store",
+                              lambda: next((a for a in bench.store().attempts(name) if a.job_id), None), timeout=60)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    job_id = attempt.job_id
+    bench.up(timeout=90)
+
+    again = only_attempt(bench, name)
+    assert again.job_id == job_id
+    assert again.outcome == "completed", again.detail
+    assert jobs_named(f"babysit-{name}-") == {job_id}
+
+
+def test_find_recovers_a_job_by_its_submit_token_when_job_json_is_lost(bench: Bench, tmp_path: Path) -> None:
+    """A daemon killed between sbatch and writing job.json: the name's token finds the job."""
+    from dataclasses import replace
+
+    from babysit.executors.slurm import SlurmExecutor
+    from babysit.store import Attempt
+
+    name = unique("ttoken")
+    spec = bench.run_toml(name, jobscript("sleep", "30"))
+    adir = tmp_path / "attempt"
+    attempt = Attempt(1, name, 1, "default", (), "slurm", 0, str(adir), "launching", None, None, None, time.time(),
+                      None, None, None, None, None, {})
+    executor = SlurmExecutor(tmp_path, poll_seconds=0.5)
+    env = {**bench.env, "BABYSIT_SPEC_FILE": str(spec), "BABYSIT_LOG": str(tmp_path / "log.jsonl")}
+    launched = executor.launch(attempt, jobscript("sleep", "30"), env, str(tmp_path))
+    try:
+        (adir / "job.json").unlink()
+        found = SlurmExecutor(tmp_path, poll_seconds=0.5).find(attempt)
+        assert found is not None and found.job_id == launched.job_id
+        assert json.loads((adir / "job.json").read_text())["found_by"] == "token"
+    finally:
+        running = replace(attempt, job_id=launched.job_id, status="running")
+        executor.signal(running, signal.SIGTERM)
+        assert executor.wait(running, 30)
