@@ -1,0 +1,149 @@
+"""The daemon's GPU paths on a real NVIDIA GPU (run on the GPU machine: `pytest -m gpu tests/gpu -s`).
+
+Real NVML, real CUDA processes: a foreign process blocks a launch and stops a live run, torchrun's
+workers are the run's own, a real CUDA OOM is classified and retried with the fallback profile.
+Each test prints one `H200:` line for docs/guards.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios.conftest import Daemon, babysit, store_of, tiny_run, wait_for
+
+pytestmark = pytest.mark.gpu
+
+HOLD = ("import sys, time, torch; x = torch.empty(int(sys.argv[1]) * 2**30, dtype=torch.uint8, device='cuda'); "
+        "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(float(sys.argv[2]))")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch.cuda is not available")
+
+
+def foreign(gib: int = 2, seconds: float = 120) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(gib), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def register(root: Path, spec: Path) -> None:
+    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
+    assert res.returncode == 0, res.stderr
+
+
+def test_foreign_cuda_process_blocks_the_launch(tmp_path: Path) -> None:
+    holder = foreign()
+    try:
+        register(tmp_path, tiny_run(tmp_path, "gpu_blocked", gpus="[0]", args=("--device", "cuda"), steps=50))
+        daemon = Daemon(tmp_path, "--exit-when-idle")
+        assert daemon.wait(timeout=120) == 0, daemon.output()
+    finally:
+        holder.kill()
+    store = store_of(tmp_path)
+    assert store.attempts("gpu_blocked") == []
+    (incident,) = [i for i in store.incidents("gpu_blocked") if i.kind == "gpu-held"]
+    assert str(holder.pid) in json.dumps(incident.body)
+    print(f"\nH200: launch refused while pid {holder.pid} held GPU 0: {incident.body}")
+
+
+def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
+    register(tmp_path, tiny_run(tmp_path, "gpu_live", gpus="[0]", args=("--device", "cuda"), steps=200000))
+    daemon = Daemon(tmp_path, "--exit-when-idle")
+    store = store_of(tmp_path)
+    wait_for(lambda: (store.run_state("gpu_live")[1].get("step") or 0) >= 50, 180, "GPU progress")
+    started = time.time()
+    holder = foreign(seconds=60)
+    try:
+        wait_for(lambda: store.run_state("gpu_live")[0] in ("stopping", "stopped"), 60, "the guard to fire")
+        fired = time.time() - started
+        assert daemon.wait(timeout=120) == 0, daemon.output()
+    finally:
+        holder.kill()
+    (attempt,) = store.attempts("gpu_live")
+    assert attempt.outcome == "stopped" and attempt.exit_code == 10
+    (incident,) = [i for i in store.incidents("gpu_live") if i.kind == "gpu-held"]
+    assert str(holder.pid) in json.dumps(incident.body)
+    print(f"\nH200: foreign pid {holder.pid} appeared → stop begun after {fired:.2f} s "
+          f"(guard interval 0.5 s accelerated); run exited {attempt.exit_code} (checkpointed)")
+
+
+def test_torchrun_workers_are_the_runs_own(tmp_path: Path) -> None:
+    spec = tmp_path / "ddp.toml"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "trainer",
+           "--recipe", "tiny", "--device", "cuda", "--steps", "600", "--log", "outputs/gpu_ddp/train_log.jsonl",
+           "--checkpoints", "outputs/gpu_ddp/checkpoints"]
+    spec.write_text(f"""[run]
+name = "gpu_ddp"
+command = {json.dumps(cmd)}
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = [0]
+[guards]
+min_free_host_ram_gib = 0.1
+[poll]
+first_after_minutes = 1
+every_minutes = 2
+""")
+    register(tmp_path, spec)
+    daemon = Daemon(tmp_path, "--exit-when-idle")
+    assert daemon.wait(timeout=300) == 0, daemon.output()
+    store = store_of(tmp_path)
+    (attempt,) = store.attempts("gpu_ddp")
+    assert attempt.outcome == "completed", attempt.detail
+    assert not [i for i in store.incidents("gpu_ddp") if i.kind == "gpu-held"]
+    polls = store.polls("gpu_ddp", 50)
+    utils = [g.get("util_pct") for p in polls for g in p.body.get("gpus", []) if g.get("util_pct") is not None]
+    print(f"\nH200: torchrun worker on GPU 0 counted as the run's own; {len(polls)} polls, util readings {utils}")
+
+
+def test_real_cuda_oom_is_classified_and_retried_with_the_fallback(tmp_path: Path) -> None:
+    attempts = """
+[retry]
+max_attempts = 2
+on = ["oom"]
+
+[[attempts]]
+profile = "micro-1024"
+args = ["--backward-chunks", "1"]
+
+[[attempts]]
+profile = "fallback-gc"
+args = ["--batch-size", "64", "--backward-chunks", "4", "--grad-checkpointing"]
+"""
+    spec = tmp_path / "oom.toml"
+    cmd = [sys.executable, "-m", "trainer", "--recipe", "gpu", "--steps", "5", "--eval-every", "0",
+           "--save-every", "0", "--log", "outputs/gpu_oom/train_log.jsonl", "--checkpoints",
+           "outputs/gpu_oom/checkpoints"]
+    spec.write_text(f"""[run]
+name = "gpu_oom"
+command = {json.dumps(cmd)}
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = [0]
+[guards]
+min_free_host_ram_gib = 1
+[poll]
+first_after_minutes = 1
+every_minutes = 5
+{attempts}
+""")
+    register(tmp_path, spec)
+    daemon = Daemon(tmp_path, "--exit-when-idle")
+    assert daemon.wait(timeout=540) == 0, daemon.output()
+    store = store_of(tmp_path)
+    attempts = store.attempts("gpu_oom")
+    assert len(attempts) == 2, [(a.profile, a.outcome, a.exit_code, a.detail) for a in attempts]
+    first, second = attempts
+    assert first.outcome == "oom", first.detail
+    assert (first.detail.get("failed_alloc_bytes") or 0) > 0
+    assert second.outcome == "completed", second.detail
+    print(f"\nH200: attempt 1 ({first.profile}) → {first.detail.get('summary')}; "
+          f"attempt 2 ({second.profile}) → {second.outcome}")
