@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from babysit import classify, guards, logtail, retry, snapshot
+from babysit import classify, guards, logtail, retry, smoke, snapshot
 from babysit.errors import BabysitError, PreregTampered
 from babysit.executors import Executor
 from babysit.probes.gpu import GpuProbe, GpuView
@@ -153,13 +153,16 @@ class RunSupervisor:
                                key=f"{self.run}:{n}:refused:{int(self.ctx.now())}")
             self._set("refused", refused=refusals[0].message)
             return
-        argv, notes = retry.build_argv(self.spec, n, resume=resume, halvings=halvings)
-        profile = self.spec.profile_for(n)
+        spec, selected_by = smoke.attempt_spec(self.spec, n, self.ctx.store.run_state(self.run)[1])  # smoke-selected
+        argv, notes = retry.build_argv(spec, n, resume=resume, halvings=halvings)
+        profile = spec.profile_for(n)
         adir = self.ctx.state_dir / "runs" / self.run / f"attempt-{n}"
         attempt = self.ctx.store.begin_attempt(self.run, n, profile.profile, argv, self.spec.executor,
                                                len(self.spec.gpus), str(adir), self.ctx.now())
         if halvings:
             self.ctx.store.merge_attempt_detail(attempt.id, {"halvings": halvings})
+        if selected_by:
+            self.ctx.store.merge_attempt_detail(attempt.id, {"selected_by": selected_by})
         merged = " · ".join(x for x in (note, *_note_lines(notes)) if x) or None
         self._start_attempt(attempt, note=merged)
 
@@ -194,6 +197,7 @@ class RunSupervisor:
         payload = {"attempt": attempt.n, "max_attempts": self.spec.retry.max_attempts, "profile": attempt.profile,
                    "argv": list(attempt.argv), "gpus": list(self.spec.gpus), "executor": attempt.executor,
                    "pid": attempt.pid, "job_id": attempt.job_id, "note": note,
+                   "selected_by": attempt.detail.get("selected_by"),
                    "question": prereg.question if prereg else None, "read_step": prereg.read_step if prereg else None,
                    "channel": self.spec.notify.channel or self.ctx.default_channel}
         return self._message("launch", payload, key=f"{self.run}:{attempt.n}:launch", thread=False)

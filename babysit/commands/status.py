@@ -28,7 +28,8 @@ def collect(reg: Any, names: list[str]) -> list[dict[str, Any]]:
     for name in names:
         row: dict[str, Any] = {"run": name, "status": "registered", "attempt": None, "profile": None, "step": None,
                                "seconds_per_step": None, "eta_seconds": None, "gpu_hours": 0.0,
-                               "last_poll_at": None, "last_incident": None, "verdict": None}
+                               "last_poll_at": None, "last_incident": None, "verdict": None,
+                               "hardware_profile": None}
         if store is not None:
             status, facts = store.run_state(name)
             attempts = store.attempts(name)
@@ -37,6 +38,7 @@ def collect(reg: Any, names: list[str]) -> list[dict[str, Any]]:
                 row["attempt"], row["profile"] = attempts[-1].n, attempts[-1].profile
                 row["outcome"] = attempts[-1].outcome
             row["step"] = facts.get("step")
+            row["hardware_profile"] = facts.get("hardware_profile")  # set by `babysit smoke`
             row["gpu_hours"] = round(store.gpu_seconds(name, now) / 3600, 4)
             polls = store.polls(name, 1)
             if polls:
@@ -69,4 +71,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs registered in {reg.path}; `babysit register RUN.toml` adds one")
         return 0
     print(status_table(rows, time.time()))
+    for r in rows:
+        if r.get("hardware_profile"):
+            hp = r["hardware_profile"]
+            print(f"{r['run']}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "
+                  f"({hp.get('path')})")
     return 0
