@@ -440,11 +440,17 @@ class RunSupervisor:
             attempt = self.attempt
             if attempt is None or attempt.status != "running" or self.stopping:
                 return
+            t0 = time.perf_counter()
             self.read_log()
             now = self.ctx.now()
             root = self.executor.root_pid(attempt)
             host = read_host(root) if self.spec.executor == "local" else None
+            t1 = time.perf_counter()
             view = self._gpu_view()
+            t2 = time.perf_counter()
+            if t2 - t0 > 0.25:  # the guard must cost its run nothing: say where the time went
+                log.info("guard check slow", run=self.run, log_and_host_s=round(t1 - t0, 3),
+                         gpu_read_s=round(t2 - t1, 3))
             used = self.ctx.store.gpu_seconds(self.run, now) / 3600
             prereg = self.spec.prereg
             sps = logtail.seconds_per_step(list(self.points))
