@@ -64,7 +64,10 @@ def parser() -> argparse.ArgumentParser:
                    help="DDP: all-reduce only on the last backward chunk (no_sync on the others)")
     p.add_argument("--compile", action=flag, help="torch.compile the model")
     p.add_argument("--resume", choices=("latest",), help="continue from CHECKPOINTS/latest (fresh if none)")
-    p.add_argument("--log", type=Path, help="JSONL train log (default outputs/<recipe>/train_log.jsonl)")
+    # `--log-path` is the same flag: under torchrun, `--log` is refused by torchrun's own parser as an
+    # ambiguous prefix of its --log-dir/--logs-specs (or write `torchrun … -m trainer -- --log …`).
+    p.add_argument("--log", "--log-path", type=Path, dest="log",
+                   help="JSONL train log (default outputs/<recipe>/train_log.jsonl)")
     p.add_argument("--checkpoints", type=Path, help="checkpoint dir (default outputs/<recipe>/checkpoints)")
     p.add_argument("--data-cache", type=Path,
                    default=Path(os.environ.get("BABYSIT_TRAINER_CACHE", "~/.cache/babysit-trainer")).expanduser(),
@@ -102,6 +105,9 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:  # `torchrun … -m trainer -- FLAGS` passes the separator through
+        argv = argv[1:]
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage and the error

@@ -1,0 +1,62 @@
+"""The effective batch is the unit of optimisation: splitting it (chunks, ranks) does not change gradients."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.conftest import REPO, read_log, train_losses, trainer_env
+from trainer.batches import Batcher, Layout, StepData, samples
+from trainer.data import load_or_compute_stats, load_or_generate
+from trainer.model import build
+from trainer.recipe import load
+from trainer.train import backward_chunks, model_args
+
+
+def _gradients(chunks: int, data_cache: Path) -> list[torch.Tensor]:
+    recipe = load("tiny")
+    corpus = load_or_generate(recipe.data, data_cache)
+    stats = load_or_compute_stats(corpus, recipe.data, data_cache, recompute=False)
+    data = StepData(Batcher(corpus, stats, recipe.data), samples(corpus, recipe.data.chunk_len, False),
+                    Layout(global_batch=32, world=1, rank=0, chunks=chunks), seed=3, first_step=1, last_step=1)
+    torch.manual_seed(0)
+    model = build(model_args(recipe))
+    backward_chunks(model, [data[i] for i in range(chunks)], torch.autocast("cpu", enabled=False), False)
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_one_chunk_and_four_chunks_give_the_same_gradients(data_cache: Path) -> None:
+    whole, split = _gradients(1, data_cache), _gradients(4, data_cache)
+    for g1, g4 in zip(whole, split, strict=True):
+        torch.testing.assert_close(g4, g1, rtol=1e-5, atol=1e-7)
+
+
+def _torchrun(flags: list[str], data_cache: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainer", *flags]
+    return subprocess.run(cmd, cwd=REPO, env=trainer_env(data_cache), capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("chunk_flags", [[], ["--backward-chunks", "2", "--chunk-grad-allreduce"]],
+                         ids=["allreduce-every-chunk", "chunk-grad-allreduce"])
+def test_ddp_two_gloo_ranks_match_one_process_at_the_same_effective_batch(
+        run_trainer, data_cache: Path, tmp_path: Path, chunk_flags: list[str]) -> None:
+    common = ["--recipe", "tiny", "--steps", "30", "--batch-size", "32", "--device", "cpu", "--eval-every", "0",
+              "--save-every", "0", "--checkpoints", str(tmp_path / "ck")]
+    single = run_trainer(*common, "--log", str(tmp_path / "one.jsonl"))
+    assert single.returncode == 0, single.stderr
+    ddp = _torchrun([*common, *chunk_flags, "--log-path", str(tmp_path / "two.jsonl")], data_cache)
+    assert ddp.returncode == 0, ddp.stderr
+
+    two_records = read_log(tmp_path / "two.jsonl")
+    config = two_records[0]["config"]
+    assert (config["world_size"], config["effective_batch"], config["micro_batch"]) == (
+        2, 32, 8 if chunk_flags else 16)
+    one, two = train_losses(read_log(tmp_path / "one.jsonl")), train_losses(two_records)
+    assert one.keys() == two.keys() and len(one) == 30
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-4, abs=1e-6), f"step {step}"
