@@ -181,6 +181,25 @@ def test_gpu_held_by_a_foreign_process_refuses_the_smoke_with_exit_1(tmp_path, c
     assert not list((tmp_path / "smoke").glob("*"))  # nothing was started
 
 
+def test_gpu_run_records_nvml_and_framework_view_of_the_run_gpus(tmp_path, cache):
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [{"index": 0, "name": "Simulated H200", "memory_total_bytes": 150 * 2**30,
+                                          "memory_used_bytes": 5 * 2**20, "processes": []}]}))
+    spec = write_run(tmp_path, gpus="[0]", attempts='[[attempts]]\nprofile = "b8"\nargs = ["--batch-size", "8"]\n')
+    res = babysit("smoke", str(spec), "--steps", "2", "--registry", str(tmp_path / "babysit.toml"), cwd=tmp_path,
+                  cache=cache, env={"BABYSIT_GPU_PROBE": f"file:{gpus}"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads((tmp_path / "hardware_profile.json").read_text())
+    assert smoke_record.validate(record) == []
+    hw = record["hardware"]
+    assert hw["kind"] == "gpu" and hw["gpus"][0]["name"] == "Simulated H200"
+    assert hw["gpus"][0]["nvml_total_bytes"] == 150 * 2**30
+    assert hw["summary"].startswith("GPU 0 Simulated H200 153600 MiB reported total; ")
+    # the framework's view comes from a torch subprocess with CUDA_VISIBLE_DEVICES=0; CPU torch here says no CUDA
+    assert hw["framework"]["version"] and "is_available() is False" in hw["framework"]["note"]
+    assert record["smoke_evidence"][0]["peak_memory"]["nvml_device_peak_bytes"] == 5 * 2**20
+
+
 @pytest.mark.parametrize("case", ["missing file", "unknown key", "zero steps", "log not in the command"])
 def test_bad_input_exits_2(tmp_path, cache, case):
     spec = write_run(tmp_path)
