@@ -68,6 +68,7 @@ class RunSupervisor:
         self.stopping = False
         self.watcher: threading.Thread | None = None
         self.polls_done = 0
+        self.last_provisional_post = 0.0
         _, facts = ctx.store.run_state(self.run)
         self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
 
@@ -345,12 +346,17 @@ class RunSupervisor:
             log.warning("verdict read failed", run=self.run, error=exc.message)
             return
         body = verdict.to_json(self.run, self.spec.prereg.sha256)
-        self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step")}
+        self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step", "reason")}
         if body["status"] == "FINAL":
             self._final_verdict(body)
             return
         self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=False)
-        if body["status"] == "PROVISIONAL":
+        # A provisional read is posted at most once per poll interval (evals can come every few
+        # steps); every poll and the live header carry the latest one in between.
+        now = self.ctx.now()
+        if body["status"] == "PROVISIONAL" and now - self.last_provisional_post >= self.spec.poll.every_minutes * \
+                self.ctx.scale:
+            self.last_provisional_post = now
             self._message("provisional", {"verdict": body, "precision": self.spec.prereg.precision},
                           key=f"{self.run}:provisional:{body.get('at_step')}")
 

@@ -62,7 +62,7 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
     if s.get("eta_seconds") is not None:
         parts.append(f"ETA {fmt_duration(s['eta_seconds'])}")
     cap = s.get("gpu_hours_cap")
-    if s.get("gpu_hours_used") is not None and (cap is not None or s.get("gpus")):
+    if s.get("gpu_hours_used") is not None and s.get("gpus"):  # a CPU run costs no GPU-hours: say nothing
         used = f"{s['gpu_hours_used']:.2f}"
         parts.append(f"GPU-h {used}/{cap:g}" if cap else f"GPU-h {used}")
     utils = [g.get("util_pct") for g in s.get("gpus") or () if g.get("util_pct") is not None]
@@ -81,7 +81,8 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
 def _read_phrase(v: Mapping[str, Any]) -> str:
     status = v.get("status")
     if status == "NO-READ":
-        return "read: NO-READ"
+        reason = v.get("reason")
+        return f"no read yet ({reason.split(' (')[0]})" if reason else "read: NO-READ"
     delta = fmt_delta(v.get("delta"), v.get("precision", 4))
     if status == "PROVISIONAL":
         return f"PROVISIONAL read @{v.get('at_step')}: Δ {delta} → {v.get('label')} (not a verdict)"

@@ -44,7 +44,7 @@ def collect(reg: Any, names: list[str]) -> list[dict[str, Any]]:
             if polls:
                 snap = polls[0].body
                 row.update(last_poll_at=polls[0].at, seconds_per_step=snap.get("seconds_per_step"),
-                           eta_seconds=snap.get("eta_seconds"))
+                           eta_seconds=snap.get("eta_seconds") if status in ("running", "stopping") else None)
             incidents = store.incidents(name, 1)
             if incidents:
                 row["last_incident"] = {"kind": incidents[0].kind, "at": incidents[0].at}

@@ -1,0 +1,112 @@
+"""`babysit demo`: babysit real CPU training runs to their verdict, on the console channel."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+# Banked deltas over steps 500 -> 1000 of the bundled recipes on CPU (seed 0), and the read of the
+# bundled fixture log: see docs/demo.md for the runs that produced them.
+REFERENCES = {"DRIFT_REF": 0.0205, "HEALTHY_REF": -0.0078, "FIXTURE_DELTA": -0.0078}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="babysit real CPU training runs end to end (a few minutes)",
+                       description="Register two runs of the reference trainer in a fresh workspace and babysit "
+                                   "them to the end: polls, an incident and a retry, an amendment declared on "
+                                   "time, and a FINAL pre-registered verdict with its chart.")
+    p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
+    p.add_argument("--only", choices=("drift", "retry"), default=None, help="run just one of the two demo runs")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from babysit import logs, registry
+    from babysit.cli import main as cli_main
+    from babysit.daemon import Daemon
+    from babysit.demo import runner
+    from babysit.notify import ConsoleChannel
+    from babysit.probes.gpu import open_gpu_probe
+
+    root = runner.make_workspace(args.dir)
+    drift, retry_toml, amendment = runner.write_runs(root, REFERENCES)
+    reg = root / "babysit.toml"
+    print(f"babysit demo — workspace {root}\n")
+    wanted = [("drift", drift), ("retry", retry_toml)]
+    for key, spec in wanted:
+        if args.only in (None, key):
+            print(f"$ babysit register {spec.relative_to(root)} --accelerated")
+            code = cli_main(["register", str(spec), "--accelerated", "--registry", str(reg)])
+            if code:
+                return code
+    print("\n$ babysit up --accelerated --exit-when-idle   (declared minutes run as seconds)\n")
+    state_dir = registry.load(reg).state_dir
+    logs.configure(state_dir, console=False)
+    amend = None
+    if args.only in (None, "drift"):
+        log = root / "outputs" / runner.DRIFT_RUN / "train_log.jsonl"
+
+        def declare() -> int:
+            print(f"\n$ babysit amend {runner.DRIFT_RUN} {amendment.relative_to(root)}   "
+                  f"(the step-{runner.AMEND_AFTER_STEP} eval is in; the baseline is not)")
+            return cli_main(["amend", runner.DRIFT_RUN, str(amendment), "--registry", str(reg)])
+
+        amend = runner.AmendOnTime(log, declare)
+        amend.start()
+    daemon = Daemon(reg, gpu_probe=open_gpu_probe("none"), channel=ConsoleChannel(state_dir),
+                    accelerated=True, exit_when_idle=True)
+    started = time.monotonic()
+    progress = _Progress(state_dir)
+    progress.start()
+    try:
+        daemon.run()
+    finally:
+        progress.stop.set()
+        if amend is not None:
+            amend.done.set()
+    print(f"\nall runs over in {time.monotonic() - started:.0f} s.\n")
+    cli_main(["status", "--registry", str(reg)])
+    verdict_json = state_dir / "verdicts" / f"{runner.DRIFT_RUN}.json"
+    print("\nwhere things are:")
+    print(f"  registry        {reg}")
+    print(f"  state           {state_dir}  (state.db, channel.jsonl, daemon.log)")
+    for name in (runner.DRIFT_RUN, runner.RETRY_RUN):
+        log = root / "outputs" / name / "train_log.jsonl"
+        if log.exists():
+            print(f"  {name} log  {log}")
+    if verdict_json.exists():
+        verdict = json.loads(verdict_json.read_text())
+        print(f"  verdict JSON    {verdict_json}   ({verdict['status']}: {verdict['label']}, "
+              f"Δ {verdict['delta']:+.4f})")
+        print(f"  verdict chart   {verdict_json.with_suffix('.png')}")
+        print(f"\nre-derive it yourself:  babysit verdict {runner.DRIFT_RUN} --registry {reg}")
+    return 0
+
+
+class _Progress(threading.Thread):
+    """A line per run every few seconds while the daemon works: step, s/step, status."""
+
+    def __init__(self, state_dir: Path, every: float = 15.0) -> None:
+        super().__init__(name="demo-progress", daemon=True)
+        self.state_dir = state_dir
+        self.every = every
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from babysit.store import Store
+
+        while not self.stop.wait(self.every):
+            db = self.state_dir / "state.db"
+            if not db.exists():
+                continue
+            store = Store(db)
+            try:
+                parts = []
+                for run, (status, facts) in sorted(store.run_states().items()):
+                    parts.append(f"{run}: {status} step {facts.get('step', '—')}")
+                print("  ·· " + "  |  ".join(parts), flush=True)
+            finally:
+                store.close()

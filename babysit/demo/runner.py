@@ -1,0 +1,166 @@
+"""The demo's workspace, its run files, and the thread that declares the amendment on time."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from babysit import logtail
+
+DRIFT_RUN = "drift_disc"
+RETRY_RUN = "retry_demo"
+AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250, as in the seed
+
+
+def run_toml_drift(python: str) -> str:
+    return f'''# A pre-registered experiment in the shape of the seed's SFT-drift discriminator.
+[run]
+name = "{DRIFT_RUN}"
+workdir = ".."              # the workspace root: outputs/ lands there
+command = ["{python}", "-m", "trainer", "--recipe", "drift", "--log", "outputs/{{name}}/train_log.jsonl",
+           "--checkpoints", "outputs/{{name}}/checkpoints", "--save-every", "500"]
+log = "outputs/{{name}}/train_log.jsonl"
+checkpoints = "outputs/{{name}}/checkpoints"
+gpus = []
+
+[guards]
+min_free_host_ram_gib = 0.5
+stall_minutes = 30
+stop_grace_seconds = 30
+
+[poll]
+first_after_minutes = 5     # --accelerated: 5 s
+every_minutes = 20          # --accelerated: 20 s (under 30 is refused without --accelerated)
+
+[retry]
+max_attempts = 2
+on = ["oom", "diverged", "crashed"]
+resume = "latest-checkpoint"
+
+[prereg]
+question = "Does the drift recipe's eval error climb between steps 500 and 1000 on one CPU?"
+metric = "eval_chunk_mae"
+baseline_step = 500
+read_step = 1000
+precision = 4
+train_metric = "train_chunk_mae"
+
+[prereg.references]          # banked deltas over the same window (see docs/demo.md)
+drift_ref = {{DRIFT_REF}}
+healthy_ref = {{HEALTHY_REF}}
+
+[[prereg.bands]]
+label = "HEALTHY"
+max = 0.005
+[[prereg.bands]]
+label = "SAME-DRIFT"
+min = "0.5 * drift_ref"
+[prereg.otherwise]
+label = "AMBIGUOUS"
+
+[prereg.interpretation]
+HEALTHY = "No climb after step 500: the drift does not reproduce on one CPU; look at the distributed path."
+SAME-DRIFT = "The climb reproduces on one CPU: the recipe (small corpus, big model, no regularisation) is the suspect."
+AMBIGUOUS = "Some climb, less than half the banked drift: owner call (extend to 1500 vs next single-delta run)."
+AMBIGUOUS-BY-INSTRUMENT = "The raw and the scale-adjusted rules disagree: no conviction; check the instrument first."
+
+[prereg.fixture]             # the instrument must reproduce a banked read on a known log before it is trusted
+log = "../fixtures/healthy_train_log.jsonl"
+expect_delta = {{FIXTURE_DELTA}}
+expect_label = "HEALTHY"
+'''
+
+
+def run_toml_retry(python: str) -> str:
+    return f'''# A run whose first profile diverges: classified at once, retried with the next declared profile.
+[run]
+name = "{RETRY_RUN}"
+workdir = ".."
+command = ["{python}", "-m", "trainer", "--recipe", "tiny", "--log", "outputs/{{name}}/train_log.jsonl",
+           "--checkpoints", "outputs/{{name}}/checkpoints"]
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = []
+
+[guards]
+min_free_host_ram_gib = 0.5
+stop_grace_seconds = 10
+
+[poll]
+first_after_minutes = 3
+every_minutes = 20
+
+[retry]
+max_attempts = 3
+on = ["oom", "diverged"]
+
+[[attempts]]
+profile = "fast-lr"
+args = ["--lr-scale", "4", "--inject-nan-at-step", "60"]   # the trainer's test hook stands in for a real blow-up
+
+[[attempts]]
+profile = "stable-lr"
+args = ["--lr-scale", "0.5"]
+'''
+
+
+AMENDMENT = '''title = "measurement-scale calibration"
+rationale = """Declared with eval data seen only through step 250, before the step-500 baseline. The banked
+references were read on 24 px eval renders and this run evaluates on 16 px ones: the instrument's units
+changed by about x2.5 (an estimate, declared as one). The step-1000 read computes both rules; if they
+disagree the verdict is AMBIGUOUS-BY-INSTRUMENT. The frozen bounds are not edited."""
+scale = "2.5"
+combine = "agree"
+'''
+
+
+def make_workspace(where: Path | None) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="babysit-demo-")) if where is None else Path(where)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "runs").mkdir(exist_ok=True)
+    (root / "fixtures").mkdir(exist_ok=True)
+    fixture = resources.files("babysit.demo").joinpath("healthy_train_log.jsonl")
+    with resources.as_file(fixture) as src:
+        shutil.copyfile(src, root / "fixtures" / "healthy_train_log.jsonl")
+    return root
+
+
+def write_runs(root: Path, refs: dict[str, float]) -> tuple[Path, Path, Path]:
+    python = sys.executable
+    drift = root / "runs" / "drift_disc.toml"
+    text = run_toml_drift(python)
+    for key, value in refs.items():
+        text = text.replace("{" + key + "}", f"{value:.4f}")
+    drift.write_text(text)
+    retry = root / "runs" / "retry_demo.toml"
+    retry.write_text(run_toml_retry(python))
+    amendment = root / "runs" / "amendment-1.toml"
+    amendment.write_text(AMENDMENT)
+    return drift, retry, amendment
+
+
+class AmendOnTime(threading.Thread):
+    """Declares the amendment once the step-250 eval is in the log and the baseline (500) is not."""
+
+    def __init__(self, log: Path, declare: Callable[[], int]) -> None:
+        super().__init__(name="demo-amend", daemon=True)
+        self.log = log
+        self.declare = declare
+        self.result: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        state = logtail.TailState()
+        while not self.done.is_set():
+            read = logtail.read_new(self.log, state)
+            state = read.state
+            steps = [r.step for r in read.records if "eval_chunk_mae" in r.metrics]
+            if steps and max(steps) >= AMEND_AFTER_STEP:
+                self.result = self.declare()
+                return
+            time.sleep(0.2)
