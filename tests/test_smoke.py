@@ -161,7 +161,8 @@ def test_smoke_killed_at_its_timeout_leaves_no_process_and_is_not_selectable(tmp
     shim = json.loads((tmp_path / "smoke" / "01-long" / "attempt" / "shim.json").read_text())
     for pid in (shim["pid"], shim.get("child_pid")):
         assert pid is None or not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert not list((tmp_path / "smoke" / "01-long").glob("checkpoints/*"))  # SIGKILL: nothing saved
+    logs = list((tmp_path / "smoke" / "01-long").rglob("*.jsonl"))
+    assert logs and not any('"event": "stopped"' in p.read_text() for p in logs)  # SIGKILL: no graceful stop
 
 
 # -- refusals and bad input --------------------------------------------------------------------------

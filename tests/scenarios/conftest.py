@@ -18,7 +18,8 @@ from babysit.store import Store
 PY = sys.executable
 
 
-def babysit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def babysit(*args: str, cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "babysit", *args], cwd=cwd, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
