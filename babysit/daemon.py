@@ -55,6 +55,7 @@ class Daemon:
         self._lock_file: Any = None
         self.scheduler: Any = None
         self._broken_specs: dict[str, str] = {}
+        self._registry_seen: tuple[int, int, int] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -91,7 +92,10 @@ class Daemon:
         self.scheduler.add_job(self.tick, "interval", seconds=self.tick_seconds, id="tick")
         self.scheduler.add_job(self.guards, "interval", seconds=max(self.guard_seconds, self.tick_seconds),
                                id="guards")
-        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=0.5, id="sample")
+        # NVML keeps a buffer of utilization samples; reading it every few seconds averages the whole
+        # poll window at a fraction of the cost of sampling often.
+        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0 if self.accelerated else 5.0,
+                               id="sample")
         self.scheduler.add_job(self.deliver, "interval", seconds=min(1.0, self.tick_seconds * 2), id="deliver")
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
@@ -133,7 +137,15 @@ class Daemon:
     def reconcile_registry(self) -> None:
         """Start a supervisor for every registered run not yet supervised (new registrations included)."""
         try:
+            stat = self.registry_path.stat()
+            seen = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        except FileNotFoundError:
+            seen = None
+        if seen is not None and seen == self._registry_seen:
+            return  # unchanged since the last look: no parse every tick
+        try:
             self.registry = registry_mod.load(self.registry_path)
+            self._registry_seen = seen
         except BabysitError as exc:
             log.error("registry unreadable; keeping the last good one", error=exc.message)
             return

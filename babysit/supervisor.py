@@ -322,6 +322,8 @@ class RunSupervisor:
             if evals:
                 self.latest_eval, self.latest_eval_step = evals, record.step
                 new_eval = new_eval or (metric is not None and metric in record.metrics)
+        if not read.records and not read.reset and read.garbage == 0:
+            return 0  # nothing new: no write (this runs every tick for every run)
         if read.records:
             self.last_record_wall = self.ctx.now()
         status, _ = self.ctx.store.run_state(self.run)
