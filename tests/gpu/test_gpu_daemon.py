@@ -69,6 +69,10 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
         assert daemon.wait(timeout=120) == 0, daemon.output()
     finally:
         holder.kill()
+    import os
+    import shutil
+    if os.environ.get("OUT"):
+        shutil.copy(tmp_path / ".babysit" / "daemon.log", Path(os.environ["OUT"]) / "gpu_live_daemon.log")
     (attempt,) = store.attempts("gpu_live")
     assert attempt.outcome == "stopped" and attempt.exit_code == 10
     (incident,) = [i for i in store.incidents("gpu_live") if i.kind == "gpu-held"]
@@ -80,7 +84,7 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
 def test_torchrun_workers_are_the_runs_own(tmp_path: Path) -> None:
     spec = tmp_path / "ddp.toml"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "trainer",
-           "--recipe", "tiny", "--device", "cuda", "--steps", "600", "--log", "outputs/gpu_ddp/train_log.jsonl",
+           "--recipe", "tiny", "--device", "cuda", "--steps", "600", "--log-path", "outputs/gpu_ddp/train_log.jsonl",
            "--checkpoints", "outputs/gpu_ddp/checkpoints"]
     spec.write_text(f"""[run]
 name = "gpu_ddp"
