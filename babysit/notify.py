@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from babysit.errors import PermanentDeliveryError, TransientDeliveryError
+from babysit.faults import crash_point
 from babysit.store import OutboxMessage, Store
 
 log = structlog.get_logger("babysit.notify")
@@ -103,6 +104,7 @@ def deliver_due(store: Store, channel: Channel, now: Callable[[], float], limit:
             store.mark_failed(message.id, str(exc), now())
             log.error("delivery refused", message=message.id, run=message.run, kind=message.kind, error=str(exc))
             continue
+        crash_point("after-send")
         store.mark_sent(message.id, remote, now())
         sent += 1
     return sent

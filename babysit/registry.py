@@ -24,6 +24,7 @@ import tomli_w
 
 from babysit import tomlfile
 from babysit.errors import RegistryError, SpecError, UnknownRun
+from babysit.faults import crash_point
 
 T = TypeVar("T")
 
@@ -306,6 +307,7 @@ def _write(path: Path, registry: Registry) -> None:
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
+        crash_point("registry-before-replace")
         if _before_replace is not None:
             _before_replace(tmp)
         os.replace(tmp, path)

@@ -21,6 +21,7 @@ import structlog
 from babysit import classify, guards, logtail, retry, smoke, snapshot
 from babysit.errors import BabysitError, PreregTampered
 from babysit.executors import Executor
+from babysit.faults import crash_point
 from babysit.probes.gpu import GpuProbe, GpuView
 from babysit.probes.host import read_host
 from babysit.spec import RunSpec
@@ -160,6 +161,7 @@ class RunSupervisor:
         adir = self.ctx.state_dir / "runs" / self.run / f"attempt-{n}"
         attempt = self.ctx.store.begin_attempt(self.run, n, profile.profile, argv, self.spec.executor,
                                                len(self.spec.gpus), str(adir), self.ctx.now())
+        crash_point("after-begin-attempt")
         if halvings:
             self.ctx.store.merge_attempt_detail(attempt.id, {"halvings": halvings})
         if selected_by:
@@ -181,6 +183,7 @@ class RunSupervisor:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
         self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
+        crash_point("after-launch")
         self.ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
                                     pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         self.attempt = self.ctx.store.attempt(self.run, attempt.n)
@@ -267,6 +270,7 @@ class RunSupervisor:
                 detail["stopped_by"] = stop.get("reason")
             self.ctx.store.mark_ended(attempt.id, ended_at=info.ended_at or self.ctx.now(), outcome=outcome,
                                       exit_code=info.exit_code, exit_signal=info.signal, detail=detail)
+            crash_point("after-mark-ended")
             self._after_exit(self.ctx.store.attempt(self.run, n))
 
     def _after_exit(self, attempt: Attempt) -> None:
