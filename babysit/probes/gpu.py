@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from babysit.errors import BadInput
 from babysit.probes.host import process_name
 
+SAMPLE_BUFFER = 256  # nvmlSample_t slots for one nvmlDeviceGetSamples call (the driver keeps fewer)
 NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
 
 
@@ -102,10 +103,13 @@ class NvmlGpuProbe:
         self._ecc_base: dict[int, int] = {}
         self._lost: set[int] = set()
         self._errors: dict[int | None, list[str]] = {}
+        self._watched: set[int] = set()  # GPUs read() was asked about: the only ones sample() samples
+        self._ident: dict[int, tuple[str, str]] = {}  # name and UUID never change: asked once
+        self._sample_buf: Any = None  # one reused NVML sample buffer (see _samples_one_call)
 
     # -- the one wrapper ------------------------------------------------------------------------
 
-    def _nvml(self, fn: str, *args: Any, default: Any = None, gpu: int | None = None,
+    def _nvml(self, fn: str | Any, *args: Any, default: Any = None, gpu: int | None = None,
               on: Mapping[int, Any] | None = None) -> Any:
         """Call pynvml.<fn>(*args); on failure return `default` (or on[code]) and record the error.
 
@@ -113,8 +117,12 @@ class NvmlGpuProbe:
         not errors. GPU_IS_LOST marks the GPU lost, which becomes the fault "device lost".
         """
         nv = self._nv
+        if not isinstance(fn, str):  # a helper of this module that calls NVML itself
+            call, fn = fn, fn.__name__
+        else:
+            call = getattr(nv, fn, None) or _missing(fn)
         try:
-            return getattr(nv, fn)(*args)
+            return call(*args)
         except nv.NVMLError as exc:
             code = exc.value
             if on is not None and code in on:
@@ -202,7 +210,7 @@ class NvmlGpuProbe:
         with self._lock:
             if not self._ok:
                 return  # never initialise here: sample() must stay cheap; read() initialises
-            for i in range(self._count):
+            for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
                 self._sample_gpu(i)
 
     def _sample_gpu(self, i: int) -> None:
@@ -213,7 +221,11 @@ class NvmlGpuProbe:
         acc = self._util.setdefault(i, _Util())
         if not acc.rates_only:
             unsupported = object()
-            got = self._nvml("nvmlDeviceGetSamples", h, nv.NVML_GPU_UTILIZATION_SAMPLES, acc.last_ts,
+            # pynvml's nvmlDeviceGetSamples makes two driver calls (size, then data) and allocates a
+            # fresh array each time; on GSP GPUs (H100/H200) each driver call is a firmware round trip.
+            # One call into a reused buffer halves that (bench/poll_cost.py times both).
+            getter = self._samples_one_call if hasattr(nv, "_nvmlGetFunctionPointer") else "nvmlDeviceGetSamples"
+            got = self._nvml(getter, h, nv.NVML_GPU_UTILIZATION_SAMPLES, acc.last_ts,
                              default=None, gpu=i,
                              on={nv.NVML_ERROR_NOT_FOUND: (None, []), nv.NVML_ERROR_NOT_SUPPORTED: unsupported})
             if got is None:
@@ -228,14 +240,37 @@ class NvmlGpuProbe:
                 if not acc.primed:  # samples from before the probe first looked are not this window's
                     acc.primed = True
                     return
+                attr = _value_attr(nv, value_type)
                 for s in fresh:
-                    acc.total += _sample_value(nv, value_type, s.sampleValue)
+                    acc.total += float(getattr(s.sampleValue, attr))
                     acc.count += 1
                 return
         rates = self._nvml("nvmlDeviceGetUtilizationRates", h, default=None, gpu=i)
         if rates is not None:
             acc.total += float(rates.gpu)
             acc.count += 1
+
+    def _samples_one_call(self, h: Any, kind: int, last_ts: int) -> tuple[int, list[Any]]:
+        """nvmlDeviceGetSamples in ONE driver call into a buffer kept between calls.
+
+        NVML fills at most the buffer's capacity and says how many it wrote (the documented contract);
+        a buffer of SAMPLE_BUFFER holds more than the driver keeps, so nothing is cut. The samples are
+        consumed before the next call (under the probe's lock), so reusing the buffer is safe.
+        """
+        import ctypes
+
+        nv = self._nv
+        if self._sample_buf is None:
+            self._sample_buf = (nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples"),
+                                (nv.c_nvmlSample_t * SAMPLE_BUFFER)())
+        fn, buf = self._sample_buf
+        count = ctypes.c_uint(SAMPLE_BUFFER)
+        value_type = nv._nvmlValueType_t()
+        ret = fn(h, nv._nvmlSamplingType_t(kind), ctypes.c_ulonglong(last_ts), ctypes.byref(value_type),
+                 ctypes.byref(count), buf)
+        if ret != nv.NVML_SUCCESS:
+            raise nv.NVMLError(ret)
+        return value_type.value, buf[: count.value]
 
     def _drain_events(self) -> None:
         nv = self._nv
@@ -260,6 +295,7 @@ class NvmlGpuProbe:
             if not self._ensure_init():
                 return GpuView(False, self._reason, ())
             wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
+            self._watched.update(wanted)
             for i in wanted:
                 self._sample_gpu(i)  # close the window with the newest samples
             self._drain_events()
@@ -280,8 +316,11 @@ class NvmlGpuProbe:
         procs: tuple[GpuProcess, ...] = ()
         known = False
         if h is not None:
-            name = _text(self._nvml("nvmlDeviceGetName", h, default="?", gpu=i))
-            uuid = _text(self._nvml("nvmlDeviceGetUUID", h, default="?", gpu=i))
+            name, uuid = self._ident.get(i) or (
+                _text(self._nvml("nvmlDeviceGetName", h, default="?", gpu=i)),
+                _text(self._nvml("nvmlDeviceGetUUID", h, default="?", gpu=i)))
+            if name != "?" and uuid != "?":
+                self._ident[i] = (name, uuid)
             mem = self._nvml("nvmlDeviceGetMemoryInfo", h, default=None, gpu=i)
             if mem is not None:
                 used, total = int(mem.used), int(mem.total)
@@ -386,7 +425,8 @@ def _init_reason(nv: Any, error: str) -> str:
     return f"NVML failed to initialise ({error}) — {NO_DRIVER_FIX}"
 
 
-def _sample_value(nv: Any, value_type: int | None, value: Any) -> float:
+def _value_attr(nv: Any, value_type: int | None) -> str:
+    """The nvmlValue_t union member holding samples of `value_type`."""
     by_type = {
         nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
         nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -395,7 +435,13 @@ def _sample_value(nv: Any, value_type: int | None, value: Any) -> float:
         nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
         nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
     }
-    return float(getattr(value, by_type.get(value_type, "uiVal")))
+    return by_type.get(value_type, "uiVal")
+
+
+def _missing(fn: str) -> Any:
+    def call(*_: Any) -> Any:
+        raise AttributeError(f"pynvml has no {fn} (nvidia-ml-py too old?)")
+    return call
 
 
 def _text(value: Any) -> str:
