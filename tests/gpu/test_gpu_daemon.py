@@ -61,8 +61,8 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
     wait_for(lambda: (store.run_state("gpu_live")[1].get("step") or 0) >= 50, 180, "GPU progress")
-    started = time.time()
     holder = foreign(seconds=60)
+    started = time.time()  # the holder has its CUDA context and memory now: NVML can see it
     try:
         wait_for(lambda: store.run_state("gpu_live")[0] in ("stopping", "stopped"), 60, "the guard to fire")
         fired = time.time() - started
@@ -77,7 +77,7 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
     assert attempt.outcome == "stopped" and attempt.exit_code == 10
     (incident,) = [i for i in store.incidents("gpu_live") if i.kind == "gpu-held"]
     assert str(holder.pid) in json.dumps(incident.body)
-    print(f"\nH200: foreign pid {holder.pid} appeared → stop begun after {fired:.2f} s "
+    print(f"\nH200: foreign pid {holder.pid} holding GPU memory → stop begun after {fired:.2f} s "
           f"(guard interval 0.5 s accelerated); run exited {attempt.exit_code} (checkpointed)")
 
 
