@@ -408,6 +408,7 @@ def _prereg(t: Table | None, base: Path) -> Prereg | None:
     for bt in t.tables("bands"):
         label = bt.str("label", check=bool, expected="a non-empty label")
         band = Band(label=label, max=_bound(bt, "max"), min=_bound(bt, "min"))
+        bt.finish()  # a typo ("mx") is named as such, before "no bound" is said
         if band.max is None and band.min is None:
             raise SpecError(bt.file, bt.path, "a band with max, min or both", "<neither>")
         for key, bound in (("max", band.max), ("min", band.min)):

@@ -1,0 +1,212 @@
+"""run.toml → RunSpec: every default of SPEC §1, every rejection path with its exact message shape."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from babysit import expr
+from babysit.errors import SpecError
+from babysit.spec import (
+    GuardsSpec,
+    PollSpec,
+    RetrySpec,
+    check_cadence,
+    load_spec,
+    prereg_sha256,
+)
+
+MINIMAL = """
+[run]
+name = "r1"
+command = ["python", "-m", "trainer"]
+log = "outputs/{name}/train_log.jsonl"
+"""
+
+PREREG = """
+[prereg]
+question = "q"
+metric = "eval_chunk_mae"
+baseline_step = 500
+read_step = 1000
+[prereg.references]
+demosonly = 2.0317
+[[prereg.bands]]
+label = "HEALTHY"
+max = 0.30
+[[prereg.bands]]
+label = "SAME-DRIFT"
+min = "0.5 * demosonly"
+[prereg.otherwise]
+label = "AMBIGUOUS"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def rejection(tmp_path: Path, text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text), display="run.toml")
+    assert info.value.exit_code == 2
+    return str(info.value)
+
+
+def test_minimal_spec_takes_every_default(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL))
+    assert spec.name == "r1" and spec.command == ("python", "-m", "trainer")
+    assert spec.log == tmp_path / "outputs" / "r1" / "train_log.jsonl"  # {name} expanded, relative to the file
+    assert spec.checkpoints == tmp_path / "outputs" / "r1" / "checkpoints"
+    assert spec.workdir == tmp_path and spec.gpus == () and spec.executor == "local" and dict(spec.env) == {}
+    assert spec.guards == GuardsSpec(True, 12.0, 8.0, 20.0, 120.0)
+    assert spec.poll == PollSpec(5.0, 30.0, 50.0)
+    assert spec.retry == RetrySpec(3, ("oom", "diverged"), "fresh")
+    assert spec.attempts == () and spec.classify == () and spec.machinery_knobs == ()
+    assert spec.prereg is None and spec.notify.channel is None and spec.slurm is None
+    assert spec.profile_for(1).profile == "default"
+
+
+def test_the_spec_example_loads_with_its_values(tmp_path: Path) -> None:
+    text = Path(__file__).parent.joinpath("fixtures", "verdict", "seed_run.toml")
+    spec = load_spec(text) if text.exists() else None
+    spec = spec or load_spec(write(tmp_path, MINIMAL + PREREG))
+    assert spec.prereg is not None and spec.prereg.baseline_step == 500 and spec.prereg.read_step == 1000
+
+
+def test_attempt_k_uses_the_kth_profile_then_the_last(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL + """
+[[attempts]]
+profile = "a"
+args = ["--batch-size", "2"]
+[[attempts]]
+profile = "b"
+args = ["--batch-size", "1", "--grad-checkpointing"]
+"""))
+    assert [spec.profile_for(k).profile for k in (1, 2, 3, 7)] == ["a", "b", "b", "b"]
+
+
+@pytest.mark.parametrize(("fragment", "message"), [
+    ('[guards]\ngpu_hours_cap = -1', "run.toml: guards.gpu_hours_cap: expected a positive number, got -1"),
+    ('[guards]\ngpu_hour_cap = 1', "run.toml: guards.gpu_hour_cap: expected a known key"),
+    ('[guards]\nexclusive_gpu = "yes"', "run.toml: guards.exclusive_gpu: expected true or false, got 'yes'"),
+    ('[guards]\nstall_minutes = 0', "run.toml: guards.stall_minutes: expected a positive number, got 0"),
+    ('[guards]\nstop_grace_seconds = -5', "run.toml: guards.stop_grace_seconds: expected a number >= 0, got -5"),
+    ('[poll]\nstarvation_util_pct = 150', "run.toml: poll.starvation_util_pct: expected a number between 0 and 100"),
+    ('[poll]\nevery_minutes = "30"', "run.toml: poll.every_minutes: expected a positive number, got '30'"),
+    ('[retry]\non = ["oom", "boom"]', "run.toml: retry.on: expected a list of failure classes"),
+    ('[retry]\nmax_attempts = 0', "run.toml: retry.max_attempts: expected a positive integer, got 0"),
+    ('[retry]\nresume = "sometimes"', 'run.toml: retry.resume: expected one of "fresh" | "latest-checkpoint"'),
+    ('[[attempts]]\nargs = ["--x"]', "run.toml: attempts[0].profile: expected a value (this key is required)"),
+    ('[[attempts]]\nprofile = "p"\nargs = "--x 1"', "run.toml: attempts[0].args: expected a list of strings"),
+    ('[[classify]]\npattern = "("\nclass = "oom"', "run.toml: classify[0].pattern: expected a valid regular expression"),
+    ('[[classify]]\npattern = "x"\nclass = "meh"', "run.toml: classify[0].class: expected one of"),
+    ('[machinery]\nknobs = ["num-workers"]', "run.toml: machinery.knobs: expected a list of command-line flags"),
+    ('[notify]\nmention_on_incident = "U1"', "run.toml: notify.mention_on_incident: expected a list of Slack user IDs"),
+    ('[slurm]\ntime_limit = "soon"', "run.toml: slurm.time_limit: expected a Slurm time limit"),
+    ('[smoke]\nsteps = 0', "run.toml: smoke.steps: expected a positive integer, got 0"),
+    ('[extra]\nx = 1', "run.toml: extra: expected a known key"),
+])
+def test_bad_values_are_refused_naming_file_key_and_expectation(tmp_path: Path, fragment: str, message: str) -> None:
+    assert rejection(tmp_path, MINIMAL + fragment).startswith(message)
+
+
+@pytest.mark.parametrize(("run_table", "message"), [
+    ('name = "R1"\ncommand = ["x"]\nlog = "l"', "run.toml: run.name: expected a run name matching [a-z0-9_.-]{1,64}"),
+    ('name = "r"\ncommand = "python train.py"\nlog = "l"', "run.toml: run.command: expected a non-empty list of strings"),
+    ('name = "r"\ncommand = []\nlog = "l"', "run.toml: run.command: expected a non-empty list of strings"),
+    ('name = "r"\ncommand = ["x"]', "run.toml: run.log: expected a value (this key is required)"),
+    ('command = ["x"]\nlog = "l"', "run.toml: run.name: expected a value (this key is required)"),
+    ('name = "r"\ncommand = ["x"]\nlog = "{nme}/l"', "run.toml: run.log: expected a path whose only placeholder is {name}"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [0, 0]', "run.toml: run.gpus: expected a list of non-negative integers"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [-1]', "run.toml: run.gpus: expected a list of non-negative integers"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\nexecutor = "k8s"', 'run.toml: run.executor: expected one of "local" | "slurm"'),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\nenv = { A = 1 }', "run.toml: run.env.A: expected a string, got 1"),
+])
+def test_bad_run_tables_are_refused(tmp_path: Path, run_table: str, message: str) -> None:
+    assert rejection(tmp_path, "[run]\n" + run_table + "\n").startswith(message)
+
+
+def test_missing_run_table_and_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    assert rejection(tmp_path, "[guards]\n").startswith("run.toml: run: expected a table (this table is required)")
+    assert "expected valid TOML" in rejection(tmp_path, "[run\nname=")
+    with pytest.raises(SpecError, match="expected an existing TOML file"):
+        load_spec(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(("fragment", "message"), [
+    ("read_step = 400", "run.toml: prereg.read_step: expected a step after baseline_step (500), got 400"),
+    ("precision = 20", "run.toml: prereg.precision: expected an integer between 0 and 12, got 20"),
+])
+def test_prereg_step_and_precision_rules(tmp_path: Path, fragment: str, message: str) -> None:
+    text = MINIMAL + PREREG.replace("read_step = 1000", fragment if "read_step" in fragment else "read_step = 1000")
+    if "precision" in fragment:
+        text = text.replace("read_step = 1000", "read_step = 1000\n" + fragment)
+    assert rejection(tmp_path, text).startswith(message)
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ('min = "0.5 * demosonly"', 'min = "0.5 * mixedv2"', "run.toml: prereg.bands[1].min: expected arithmetic over numbers and names from [prereg.references]"),
+    ('min = "0.5 * demosonly"', 'min = "__import__(\'os\')"', "run.toml: prereg.bands[1].min: expected a number or arithmetic"),
+    ('min = "0.5 * demosonly"', 'min = "demosonly ** 2"', "run.toml: prereg.bands[1].min: expected a number or arithmetic"),
+    ('max = 0.30', 'mx = 0.30', "run.toml: prereg.bands[0].mx: expected a known key"),
+    ('label = "SAME-DRIFT"', 'label = "HEALTHY"', "run.toml: prereg.bands: expected distinct labels"),
+    ('label = "AMBIGUOUS"', 'label = "AMBIGUOUS-BY-INSTRUMENT"', "run.toml: prereg.bands: expected labels other than AMBIGUOUS-BY-INSTRUMENT"),
+])
+def test_prereg_band_rejections(tmp_path: Path, old: str, new: str, message: str) -> None:
+    assert rejection(tmp_path, MINIMAL + PREREG.replace(old, new, 1)).startswith(message)
+
+
+def test_a_band_needs_a_bound_and_interpretations_need_known_labels(tmp_path: Path) -> None:
+    assert "expected a band with max, min or both" in rejection(
+        tmp_path, MINIMAL + PREREG.replace("max = 0.30", ""))
+    assert "prereg.interpretation.CONVICTED: expected a label of the bands" in rejection(
+        tmp_path, MINIMAL + PREREG + '[prereg.interpretation]\nCONVICTED = "x"\n')
+
+
+def test_prereg_hash_is_canonical_and_changes_with_any_edit(tmp_path: Path) -> None:
+    a = load_spec(write(tmp_path, MINIMAL + PREREG, "a.toml")).prereg
+    reordered = PREREG.replace('question = "q"\nmetric = "eval_chunk_mae"', 'metric = "eval_chunk_mae"\nquestion = "q"')
+    b = load_spec(write(tmp_path, "# a comment\n" + MINIMAL + reordered, "b.toml")).prereg
+    c = load_spec(write(tmp_path, MINIMAL + PREREG.replace("0.30", "0.31"), "c.toml")).prereg
+    assert a is not None and b is not None and c is not None
+    assert a.sha256 == b.sha256, "key order and comments do not change what was frozen"
+    assert a.sha256 != c.sha256
+    assert a.sha256 == prereg_sha256({"question": "q", "metric": "eval_chunk_mae", "baseline_step": 500,
+                                      "read_step": 1000, "references": {"demosonly": 2.0317},
+                                      "bands": [{"label": "HEALTHY", "max": 0.30},
+                                                {"label": "SAME-DRIFT", "min": "0.5 * demosonly"}],
+                                      "otherwise": {"label": "AMBIGUOUS"}})
+
+
+def test_cadence_under_30_minutes_needs_accelerated(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL + "[poll]\nevery_minutes = 5\n"), display="run.toml")
+    check_cadence(spec, accelerated=True)
+    with pytest.raises(SpecError, match=r"run.toml: poll.every_minutes: expected a number >= 30, got 5.0"):
+        check_cadence(spec, accelerated=False)
+
+
+@pytest.mark.parametrize(("source", "refs", "value"), [
+    ("0.30", {}, 0.30), ("0.5 * demosonly", {"demosonly": 2.0317}, 1.01585), ("-(1 + 2) / 4", {}, -0.75),
+    (1, {}, 1.0), ("12.5087 / 3.4623", {}, 12.5087 / 3.4623),
+])
+def test_bound_expressions_evaluate(source: object, refs: dict, value: float) -> None:
+    assert expr.parse(source).evaluate(refs) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("source", ["__import__('os').system('true')", "a.b", "f(1)", "1 ** 2", "[1]", "True",
+                                    "1 if 1 else 2", "", "lambda: 1", "x[0]", "1 // 2", "1 % 2"])
+def test_anything_but_arithmetic_is_refused(source: str) -> None:
+    with pytest.raises(expr.ExprError):
+        expr.parse(source)
+
+
+def test_division_by_zero_and_unknown_names_are_errors_not_crashes() -> None:
+    with pytest.raises(expr.ExprError):
+        expr.parse("1 / (2 - 2)").evaluate({})
+    with pytest.raises(expr.ExprError):
+        expr.parse("nope * 2").evaluate({})
