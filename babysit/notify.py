@@ -56,6 +56,9 @@ class ConsoleChannel:
         self.stream = stream if stream is not None else sys.stdout
         self.quiet_kinds = quiet_kinds
         self._lock = threading.Lock()
+        # A daemon killed between this append and the outbox's mark_sent re-delivers that message on
+        # restart: what the file already holds is delivered (exactly once, as with Slack's journal).
+        self._delivered, self._torn = _tail_ids(self.path)
 
     def deliver(self, delivery: Delivery) -> str | None:
         from bot.messages import render
@@ -66,14 +69,39 @@ class ConsoleChannel:
         record = {"id": m.id, "run": m.run, "kind": m.kind, "thread": delivery.thread_ref,
                   "updates": delivery.update_ref, "text": rendered.text, "payload": m.payload}
         with self._lock:
+            if m.id in self._delivered:
+                return ref
+            line = ("\n" if self._torn else "") + json.dumps(record) + "\n"  # never glue onto a torn line
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                os.write(fd, line.encode("utf-8"))  # one write: a kill leaves the line whole or absent
+            finally:
+                os.close(fd)
+            self._torn = False
             if m.kind not in self.quiet_kinds:
                 indent = "    │ " if delivery.thread_ref else ""
                 lines = rendered.text.splitlines() or [""]
                 print("\n".join(indent + line for line in lines), file=self.stream, flush=True)
         return ref
+
+
+def _tail_ids(path: Path, scan_bytes: int = 1 << 16) -> tuple[set[int], bool]:
+    """Outbox ids of the whole lines in the last `scan_bytes` of channel.jsonl, and whether it ends torn."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - scan_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return set(), False
+    ids = set()
+    for raw in data.split(b"\n"):
+        try:
+            ids.add(int(json.loads(raw)["id"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # the first (partial) line of the window, or a torn one
+    return ids, bool(data) and not data.endswith(b"\n")
 
 
 def thread_ref_for(store: Store, message: OutboxMessage) -> str | None:
