@@ -1,0 +1,102 @@
+"""The state database: schema versioning, attempts, GPU-seconds, outbox order and dedupe, verdicts, amendments."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from babysit.errors import StateError
+from babysit.store import SCHEMA_VERSION, Store, amendment_sha256
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store.in_dir(tmp_path / "state")
+
+
+def test_a_new_store_is_owner_only_wal_and_at_the_current_schema(tmp_path: Path, store: Store) -> None:
+    assert oct(os.stat(tmp_path / "state").st_mode & 0o777) == "0o700"
+    assert oct(os.stat(tmp_path / "state" / "state.db").st_mode & 0o777) == "0o600"
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_store_from_a_newer_babysit_is_refused_with_a_hint(tmp_path: Path, store: Store) -> None:
+    store.close()
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(StateError) as info:
+        Store.in_dir(tmp_path / "state")
+    assert "schema version" in info.value.message and info.value.hint
+
+
+def test_reopening_keeps_everything(tmp_path: Path, store: Store) -> None:
+    a = store.begin_attempt("r", 1, "p", ["x"], "local", 2, "/a", now=100.0)
+    store.mark_running(a.id, started_at=110.0, pid=1, pid_create_time=5.0)
+    store.close()
+    again = Store.in_dir(tmp_path / "state")
+    assert again.attempt("r", 1).pid == 1
+
+
+def test_gpu_seconds_are_wall_time_times_gpus_over_every_attempt(store: Store) -> None:
+    a1 = store.begin_attempt("r", 1, "p", ["x"], "local", 2, "/a1", now=0.0)
+    store.mark_running(a1.id, started_at=100.0, pid=1)
+    store.mark_ended(a1.id, ended_at=160.0, outcome="oom")
+    a2 = store.begin_attempt("r", 2, "q", ["x"], "local", 2, "/a2", now=160.0)
+    assert store.gpu_seconds("r", now=1000.0) == 120.0  # a launching attempt costs nothing yet
+    store.mark_running(a2.id, started_at=200.0, pid=2)
+    assert store.gpu_seconds("r", now=250.0) == 120.0 + 100.0  # the live attempt counts up to now
+    store.mark_ended(a2.id, ended_at=300.0, outcome="completed")
+    assert store.gpu_seconds("r", now=10_000.0) == 120.0 + 200.0
+
+
+def test_an_attempt_is_ended_once_and_two_attempts_cannot_share_a_number(store: Store) -> None:
+    a = store.begin_attempt("r", 1, "p", ["x"], "local", 0, "/a", now=0.0)
+    store.mark_ended(a.id, ended_at=5.0, outcome="oom", detail={"x": 1})
+    store.mark_ended(a.id, ended_at=9.0, outcome="completed")
+    assert (store.attempt("r", 1).outcome, store.attempt("r", 1).ended_at) == ("oom", 5.0)
+    with pytest.raises(sqlite3.IntegrityError):
+        store.begin_attempt("r", 1, "p", ["x"], "local", 0, "/a", now=0.0)
+
+
+def test_outbox_releases_one_message_per_run_in_order_and_dedupes(store: Store) -> None:
+    a1 = store.enqueue("a", "launch", {}, now=0.0, dedupe_key="a:1:launch")
+    assert store.enqueue("a", "launch", {"again": True}, now=1.0, dedupe_key="a:1:launch") == a1
+    a2 = store.enqueue("a", "poll", {}, now=0.0, thread_of=a1)
+    b1 = store.enqueue("b", "launch", {}, now=0.0)
+    assert [m.id for m in store.due_messages(now=0.0)] == [a1, b1]
+    store.mark_retry(a1, "503", next_try_at=10.0)
+    assert [m.id for m in store.due_messages(now=5.0)] == [b1], "a's head is not due; a2 must wait behind it"
+    store.mark_sent(a1, "ts-1", now=11.0)
+    assert [m.id for m in store.due_messages(now=11.0)] == [a2, b1]
+    assert store.message(a1).remote_ref == "ts-1" and store.message(a1).tries == 2
+    assert store.pending_count() == 2
+
+
+def test_the_final_verdict_is_stored_once(store: Store) -> None:
+    store.save_verdict("r", {"status": "PROVISIONAL", "at_step": 500}, now=1.0, final=False)
+    first = store.save_verdict("r", {"status": "FINAL", "label": "A", "at_step": 1000}, now=2.0, final=True)
+    again = store.save_verdict("r", {"status": "FINAL", "label": "B", "at_step": 1000}, now=3.0, final=True)
+    assert first == again and store.final_verdict("r").body["label"] == "A"
+    assert store.latest_verdict("r").body["label"] == "A"
+
+
+def test_amendments_are_numbered_and_hash_chained(store: Store) -> None:
+    one = store.add_amendment("r", "t1", "text one", "2026-08-17T21:30:00Z", 250)
+    two = store.add_amendment("r", "t2", "text two", "2026-08-17T22:00:00Z", 250)
+    assert (one.n, two.n) == (1, 2)
+    assert one.sha256 == amendment_sha256("text one", None)
+    assert two.prev_sha256 == one.sha256 and two.sha256 == amendment_sha256("text two", one.sha256)
+
+
+def test_control_requests_are_queued_and_finished(store: Store) -> None:
+    rid = store.request("r", "abort", "slack:U1", now=1.0)
+    assert [(q.run, q.kind) for q in store.pending_requests()] == [("r", "abort")]
+    store.finish_request(rid, "stopping", now=2.0)
+    assert store.pending_requests() == [] and store.request_result(rid) == "stopping"
