@@ -59,6 +59,12 @@ def collect(registry_path: Any, name: str) -> dict[str, Any]:
             store.close()
     chain = verify_chain(amendments)
     current = prereg.sha256 if prereg else None
+    frozen = None
+    frozen_file = reg.state_dir / "prereg" / f"{spec.name}.json"
+    if frozen_file.exists():
+        kept = json.loads(frozen_file.read_text())
+        if kept.get("sha256") == entry.prereg_sha256:  # the copy is what the registry froze
+            frozen = json.loads(kept["canonical"])
     return {
         "run": spec.name,
         "spec": str(spec.spec_file),
@@ -67,6 +73,7 @@ def collect(registry_path: Any, name: str) -> dict[str, Any]:
         "prereg_sha256_current": current,
         "matches": current == entry.prereg_sha256,
         "prereg": json.loads(prereg.canonical) if prereg else None,
+        "prereg_registered": frozen,
         "log": str(spec.log),
         "fixture_log": str(prereg.fixture.log) if prereg and prereg.fixture else None,
         "amendments": chain,
@@ -100,6 +107,9 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"fixture log:    {info['fixture_log']}")
     lines.append("[prereg] (canonical JSON; sha256 of the compact form `sort_keys, separators=(',', ':')`):")
     lines.append(json.dumps(info["prereg"], indent=2, sort_keys=True, ensure_ascii=False))
+    if not info["matches"] and info.get("prereg_registered") is not None:
+        lines.append("[prereg] AS REGISTERED (the frozen copy kept by `register`: what was pre-registered):")
+        lines.append(json.dumps(info["prereg_registered"], indent=2, sort_keys=True, ensure_ascii=False))
     if not info["amendments"]:
         lines.append("amendments:     none")
     for a in info["amendments"]:

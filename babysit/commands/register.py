@@ -43,6 +43,29 @@ def run(args: argparse.Namespace) -> int:
         return registry.with_run(reg, entry)
 
     outcome = registry.update(path, change)
+    if spec.prereg is not None:
+        keep_frozen_copy(registry.load(path).state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, now)
     frozen = f"; prereg sha256 {sha[:16]}… frozen" if sha else "; no [prereg]: babysat without a verdict"
     print(f"{outcome}: {spec.name} in {path}{frozen}")
     return 0
+
+
+def keep_frozen_copy(state_dir: Path, name: str, sha256: str, canonical: str, now: str) -> Path:
+    """Keep the frozen [prereg] text itself beside the state, so `babysit prereg show` can print what was
+    registered even after the run.toml has been edited (the registry keeps only its hash)."""
+    import json
+    import os
+
+    folder = state_dir / "prereg"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{name}.json"
+    if path.exists() and json.loads(path.read_text()).get("sha256") == sha256:
+        return path
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"run": name, "sha256": sha256, "canonical": canonical, "registered_at": now}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -88,6 +88,10 @@ def test_a_changed_prereg_under_the_same_name_is_refused(tmp_path: Path) -> None
     res = babysit("register", str(spec), "--accelerated", "--registry", str(reg), cwd=tmp_path)
     assert res.returncode == 2 and "different experiment needs a different name" in res.stderr
     assert reg.read_bytes() == before
+    show = babysit("prereg", "show", "frozen", "--registry", str(reg), cwd=tmp_path)
+    assert show.returncode == 1 and "TAMPERED" in show.stdout
+    registered = show.stdout.split("AS REGISTERED")[1]
+    assert '"max": 0.1' in registered and '"max": 0.2' not in registered
 
 
 def test_a_fixture_the_instrument_does_not_reproduce_fails_register_with_both_numbers(tmp_path: Path) -> None:
