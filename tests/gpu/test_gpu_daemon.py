@@ -82,15 +82,18 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
 
 
 def test_torchrun_workers_are_the_runs_own(tmp_path: Path) -> None:
+    import torch
+
+    ranks = torch.cuda.device_count()  # one rank a GPU: every worker is the run's own on its GPU
     spec = tmp_path / "ddp.toml"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "trainer",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m", "trainer",
            "--recipe", "tiny", "--device", "cuda", "--steps", "600", "--log-path", "outputs/gpu_ddp/train_log.jsonl",
            "--checkpoints", "outputs/gpu_ddp/checkpoints"]
     spec.write_text(f"""[run]
 name = "gpu_ddp"
 command = {json.dumps(cmd)}
 log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
+gpus = {json.dumps(list(range(ranks)))}
 [guards]
 min_free_host_ram_gib = 0.1
 [poll]
@@ -106,7 +109,8 @@ every_minutes = 2
     assert not [i for i in store.incidents("gpu_ddp") if i.kind == "gpu-held"]
     polls = store.polls("gpu_ddp", 50)
     utils = [g.get("util_pct") for p in polls for g in p.body.get("gpus", []) if g.get("util_pct") is not None]
-    print(f"\nH200: torchrun worker on GPU 0 counted as the run's own; {len(polls)} polls, util readings {utils}")
+    print(f"\nH200: {ranks} torchrun worker(s) on GPUs {list(range(ranks))} counted as the run's own; "
+          f"{len(polls)} polls, util readings {utils}")
 
 
 def test_real_cuda_oom_is_classified_and_retried_with_the_fallback(tmp_path: Path) -> None:
