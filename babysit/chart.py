@@ -68,7 +68,7 @@ def render_chart(path: Path | str, *, run: str, prereg: Prereg, series: Series, 
     if status == PROVISIONAL:
         fig.text(0.41, 0.5, "PROVISIONAL", fontsize=80, color="#d62728", alpha=0.13, rotation=28,
                  ha="center", va="center", fontweight="bold", zorder=0)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.25)  # right-hand labels never clipped
     plt.close(fig)
     return path
 
