@@ -15,6 +15,7 @@ from typing import Any
 
 from babysit.amendment import AmendmentRecord, from_store
 from babysit.errors import BadInput, FixtureMismatch, PreregTampered
+from babysit.logtail import TailState
 from babysit.spec import Prereg, RunSpec
 from babysit.store import Store
 from babysit.verdict import FixtureResult, Verdict, evaluate, fixture_result, fmt_delta
@@ -69,13 +70,76 @@ def stored_amendments(store: Store, run: str) -> tuple[AmendmentRecord, ...]:
     return tuple(from_store(a) for a in store.amendments(run))
 
 
+class SeriesCache:
+    """The metric and train-metric series of a live log, kept up to date from the new bytes only.
+
+    The daemon reads a verdict each time a new eval arrives; re-reading the whole log for it made
+    that O(log size) per eval (about 11 s on a 1,000,000-record log). This keeps the two series
+    (step -> value, the last value logged for a step wins, as in `metric_series`) and the tail
+    offset, and starts over when the file is truncated or replaced. As a live tail it leaves an
+    unterminated last line for later; a finished run's verdict goes through `read_series`.
+
+    The verdict looks at the train metric only at eval steps (the corroborating train delta), so
+    only those train values are kept (plus the last TRAIN_WINDOW steps', for an eval logged after
+    its step's train record): memory and the per-read cost follow the evals, not the log.
+    """
+
+    TRAIN_WINDOW = 4096
+
+    def __init__(self, prereg: Prereg) -> None:
+        self.metric = prereg.metric
+        self.train_metric = prereg.train_metric
+        self.state = TailState()
+        self._series: dict[int, float] = {}
+        self._train: dict[int, float] = {}  # at eval steps only
+        self._recent: dict[int, float] = {}  # the last TRAIN_WINDOW train values, by step
+
+    def update(self, log: Path) -> tuple[Series, Series]:
+        from babysit.logtail import read_new
+
+        while True:
+            got = read_new(log, self.state)
+            if got.missing:
+                self.state, self._series, self._train, self._recent = TailState(), {}, {}, {}
+                return (), ()
+            if got.reset:
+                self._series, self._train, self._recent = {}, {}, {}
+            for record in got.records:
+                step = record.step
+                if self.train_metric is not None:
+                    value = record.metrics.get(self.train_metric)
+                    if value is not None:
+                        self._recent.pop(step, None)
+                        self._recent[step] = value
+                        if len(self._recent) > self.TRAIN_WINDOW:
+                            del self._recent[next(iter(self._recent))]
+                        if step in self._series:
+                            self._train[step] = value
+                value = record.metrics.get(self.metric)
+                if value is not None:
+                    self._series[step] = value
+                    if step in self._recent:
+                        self._train[step] = self._recent[step]
+            progressed = got.state.offset > self.state.offset
+            self.state = got.state
+            if not progressed:
+                break
+        return tuple(sorted(self._series.items())), tuple(sorted(self._train.items()))
+
+
 def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, store: Store, *,
                             at_step: int | None = None,
-                            extra: Sequence[AmendmentRecord] = ()) -> Verdict:
-    """Tamper check, then the store's amendments, then the log: the verdict as of `at_step`."""
+                            extra: Sequence[AmendmentRecord] = (), cache: SeriesCache | None = None) -> Verdict:
+    """Tamper check, then the store's amendments, then the log: the verdict as of `at_step`.
+
+    With `cache` (the daemon's, one per run), only the bytes appended since the last read are parsed.
+    """
     check_frozen(spec, entry_prereg_sha256)
     prereg = require_prereg(spec)
-    series, train, _ = read_series(spec.log, prereg)
+    if cache is not None:
+        series, train = cache.update(spec.log)
+    else:
+        series, train, _ = read_series(spec.log, prereg)
     return evaluate(prereg, (*stored_amendments(store, spec.name), *extra), series,
                     train_series=train, at_step=at_step)
 

@@ -70,6 +70,7 @@ class RunSupervisor:
         self.watcher: threading.Thread | None = None
         self.polls_done = 0
         self.last_provisional_post = 0.0
+        self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
         self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
 
@@ -338,13 +339,18 @@ class RunSupervisor:
             self._read_verdict()
         return len(read.records)
 
-    def _read_verdict(self) -> None:
+    def _read_verdict(self, *, full: bool = False) -> None:
+        """Read the verdict: from the run's series cache (only new log bytes are parsed), or with
+        `full` from the whole log as a finished file (its unterminated last line counts)."""
         if self.spec.prereg is None:
             return
         from babysit import reading
 
+        if self.series_cache is None:
+            self.series_cache = reading.SeriesCache(self.spec.prereg)
         try:
-            verdict = reading.read_registered_verdict(self.spec, self.frozen_sha, self.ctx.store)
+            verdict = reading.read_registered_verdict(self.spec, self.frozen_sha, self.ctx.store,
+                                                      cache=None if full else self.series_cache)
         except PreregTampered:
             self._check_prereg()
             return
@@ -369,7 +375,7 @@ class RunSupervisor:
     def _maybe_final_verdict(self) -> None:
         if self.spec.prereg is not None and self.ctx.store.final_verdict(self.run) is None:
             self.read_log()
-            self._read_verdict()
+            self._read_verdict(full=True)
 
     def _final_verdict(self, body: dict[str, Any]) -> None:
         from babysit import reading
