@@ -61,7 +61,7 @@ class Daemon:
     def acquire(self) -> None:
         """One daemon per state directory: a second `babysit up` refuses instead of double-babysitting."""
         path = self.state_dir / "daemon.lock"
-        self._lock_file = open(path, "a+")  # noqa: SIM115 - held for the daemon's life
+        self._lock_file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")  # owner-only
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

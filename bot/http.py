@@ -31,6 +31,9 @@ def make_server(app: Any, host: str, port: int) -> ThreadingHTTPServer:
                 self._send(404 if url.path != EVENTS_PATH else 413, b"", {})
                 return
             body = self.rfile.read(length).decode("utf-8")
+            if not (self.headers.get("X-Slack-Request-Timestamp") or "0").strip().isdigit():
+                self._send(401, b"", {})  # Bolt's verifier raises on a non-numeric timestamp: a 500, not a 401
+                return
             headers = {k.lower(): [v] for k, v in self.headers.items()}
             response = app.dispatch(BoltRequest(body=body, query=parse_qs(url.query), headers=headers))
             self._send(response.status, (response.body or "").encode("utf-8"), response.headers)

@@ -43,14 +43,15 @@ class LocalExecutor:
 
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
         adir = Path(attempt.attempt_dir)
-        adir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in (adir.parent.parent, adir.parent, adir):  # runs/, runs/<run>/, attempt-<n>/: owner-only
+            d.mkdir(exist_ok=True, mode=0o700)
         for stale in ("exit.json", "shim.json"):
             with contextlib.suppress(FileNotFoundError):
                 (adir / stale).unlink()
         proc = subprocess.Popen(
             [sys.executable, "-m", "babysit.executors.shim", str(adir), "--", *argv],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(adir / "shim.log", "ab"),  # noqa: SIM115 - the shim owns it from here
+            stderr=os.fdopen(os.open(adir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"),
             start_new_session=True, close_fds=True,
         )
         self._children[attempt.id] = proc

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m babysit.executors.shim ATTEMPT_DIR -- ARGV...", file=sys.stderr)
         return 2
     attempt_dir, command = Path(argv[0]), argv[2:]
+    user_umask = os.umask(0o077)  # the shim's files (logs, exit.json) owner-only; the trainer gets the user's
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     lock = open(attempt_dir / "alive.lock", "a+")  # noqa: SIM115 - held for the shim's whole life
@@ -48,8 +49,8 @@ def main(argv: list[str]) -> int:
         child = subprocess.Popen(
             command, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
             # the trainer must react to SIGTERM even though the shim ignores it
-            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT,
-                                                                             signal.SIGHUP)],
+            preexec_fn=lambda: [os.umask(user_umask), *(signal.signal(s, signal.SIG_DFL) for s in (
+                signal.SIGTERM, signal.SIGINT, signal.SIGHUP))],
         )
     except OSError as exc:  # no such program, not executable: an exit babysit classifies as crashed
         err.write(f"babysit: cannot start {command[0]!r}: {exc}\n".encode())
