@@ -74,7 +74,10 @@ class ConsoleChannel:
             line = ("\n" if self._torn else "") + json.dumps(record) + "\n"  # never glue onto a torn line
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                os.write(fd, line.encode("utf-8"))  # one write: a kill leaves the line whole or absent
+                data = line.encode("utf-8")
+                if os.write(fd, data) != len(data):  # one write: a kill leaves the line whole or absent
+                    self._torn = True  # a full disk took part of it: not sent; the retry starts a new line
+                    raise OSError(28, f"{self.path}: short write (disk full?)")
             finally:
                 os.close(fd)
             self._torn = False

@@ -173,14 +173,21 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+            except sqlite3.OperationalError as exc:  # disk full mid-statement: SQLite may have rolled back already
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StateError(f"{self.path}: write failed: {exc}",
+                                 hint="free space on the state directory's disk; babysit resumes") from exc
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             else:
                 try:
                     self._db.execute("COMMIT")
                 except sqlite3.OperationalError as exc:  # disk full, I/O error: fail loudly, nothing half-written
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:  # a failed COMMIT of a full disk has rolled back already
+                        self._db.execute("ROLLBACK")
                     raise StateError(f"{self.path}: write failed: {exc}",
                                      hint="free space on the state directory's disk; babysit resumes") from exc
 
