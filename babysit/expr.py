@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # An immutable expression tree: ("num", value) | ("ref", name) | ("neg", node) | (op, left, right)
 Node = tuple
@@ -34,7 +35,7 @@ class Expr:
         return frozenset(_names(self.tree))
 
     def evaluate(self, references: Mapping[str, float]) -> float:
-        value = _evaluate(self.tree, references)
+        value = evaluate_tree(self.tree, references, float)
         if not math.isfinite(value):
             raise ExprError(f"{self.source!r} evaluates to {value}")
         return value
@@ -79,17 +80,18 @@ def _names(node: Node) -> list[str]:
     return [n for child in node[1:] for n in _names(child)]
 
 
-def _evaluate(node: Node, refs: Mapping[str, float]) -> float:
+def evaluate_tree(node: Node, refs: Mapping[str, float], number: Callable[[float], Any]) -> Any:
+    """Evaluate with `number` converting every literal and reference (float, or an exact Fraction)."""
     kind = node[0]
     if kind == "num":
-        return node[1]
+        return number(node[1])
     if kind == "ref":
         if node[1] not in refs:
             raise ExprError(f"unknown reference {node[1]!r}")
-        return float(refs[node[1]])
+        return number(refs[node[1]])
     if kind == "neg":
-        return -_evaluate(node[1], refs)
-    left, right = _evaluate(node[1], refs), _evaluate(node[2], refs)
+        return -evaluate_tree(node[1], refs, number)
+    left, right = evaluate_tree(node[1], refs, number), evaluate_tree(node[2], refs, number)
     if kind == "+":
         return left + right
     if kind == "-":

@@ -113,6 +113,17 @@ class _HasStepTs(Protocol):
     def ts(self) -> float: ...
 
 
+def tail_bytes(path: Path, max_bytes: int) -> bytes | None:
+    """The last `max_bytes` of a file (stderr tails, the newest probe record); None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read()
+    except OSError:
+        return None
+
+
 def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
              max_line_bytes: int = 2**20) -> TailRead:
     """Read what was appended since `state`: at most max(max_bytes, max_line_bytes + 1) bytes.

@@ -22,6 +22,7 @@ import structlog
 
 from babysit.errors import PermanentDeliveryError, TransientDeliveryError
 from babysit.faults import crash_point
+from babysit.logtail import tail_bytes
 from babysit.store import OutboxMessage, Store
 
 log = structlog.get_logger("babysit.notify")
@@ -90,13 +91,8 @@ class ConsoleChannel:
 
 def _tail_ids(path: Path, scan_bytes: int = 1 << 16) -> tuple[set[int], bool]:
     """Outbox ids of the whole lines in the last `scan_bytes` of channel.jsonl, and whether it ends torn."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - scan_bytes))
-            data = f.read()
-    except FileNotFoundError:
+    data = tail_bytes(path, scan_bytes)
+    if data is None:
         return set(), False
     ids = set()
     for raw in data.split(b"\n"):

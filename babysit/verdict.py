@@ -270,25 +270,7 @@ def fmt_bound(value: Fraction, precision: int, side: str, *, exact: bool = True)
 
 
 def _exact(node: expr.Node, refs: Mapping[str, float]) -> Fraction:
-    kind = node[0]
-    if kind == "num":
-        return decimal_of(node[1])
-    if kind == "ref":
-        if node[1] not in refs:
-            raise expr.ExprError(f"unknown reference {node[1]!r}")
-        return decimal_of(refs[node[1]])
-    if kind == "neg":
-        return -_exact(node[1], refs)
-    left, right = _exact(node[1], refs), _exact(node[2], refs)
-    if kind == "+":
-        return left + right
-    if kind == "-":
-        return left - right
-    if kind == "*":
-        return left * right
-    if right == 0:
-        raise expr.ExprError("division by zero")
-    return left / right
+    return expr.evaluate_tree(node, refs, decimal_of)
 
 
 def _upto(series: Series, at_step: int | None) -> dict[int, float]:

@@ -18,20 +18,14 @@ import time
 from pathlib import Path
 
 from babysit.executors import ExitInfo, Launched
+from babysit.logtail import tail_bytes
 from babysit.probes.host import process_create_time
 from babysit.store import Attempt
 
 
 def tail_lines(path: Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
     """The last lines of a file, reading at most `max_bytes` from its end."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return ""
+    data = tail_bytes(path, max_bytes) or b""
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 

@@ -21,13 +21,13 @@ What it decides, and why:
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from babysit.logtail import tail_bytes
 from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
 
 RECORD_VERSION = 1
@@ -97,13 +97,8 @@ def belongs_to_job(pid: int, job_id: str | None, tree: frozenset[int]) -> bool:
 
 def latest_record(path: Path, max_bytes: int = 256 * 1024) -> dict[str, Any] | None:
     """The newest complete JSON line of a JSONL file (a partial last line is skipped)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
+    data = tail_bytes(path, max_bytes)
+    if data is None:
         return None
     for line in reversed(data.split(b"\n")):
         line = line.strip()

@@ -96,17 +96,23 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def kill_runs(root: Path) -> None:
+    """SIGKILL every attempt's process group recorded under `root/.babysit` (runs outlive daemons)."""
+    db = root / ".babysit" / "state.db"
+    if not db.exists():
+        return
+    store = Store(db)
+    for attempt in store.all_attempts():
+        if attempt.pid:
+            try:
+                os.killpg(attempt.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    store.close()
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     # no orphans, ever: whatever a test left running is killed (and the test that left it fails elsewhere)
-    db = tmp_path / ".babysit" / "state.db"
-    if db.exists():
-        store = Store(db)
-        for attempt in store.all_attempts():
-            if attempt.pid:
-                try:
-                    os.killpg(attempt.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        store.close()
+    kill_runs(tmp_path)

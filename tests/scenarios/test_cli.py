@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, babysit, kill_runs, pid_alive, store_of, tiny_run, wait_for
 
 PREREG_FIXTURE = """
 [prereg]
@@ -29,24 +29,6 @@ expect_label = "HEALTHY"
 def fixture_log(root: Path) -> None:
     lines = [{"step": 2, "ts": 1.0, "eval_chunk_mae": 1.0}, {"step": 4, "ts": 2.0, "eval_chunk_mae": 1.05}]
     (root / "fixture.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-
-def kill_runs(root: Path) -> None:
-    import os
-
-    db = root / ".babysit" / "state.db"
-    if not db.exists():
-        return
-    from babysit.store import Store
-
-    store = Store(db)
-    for attempt in store.all_attempts():
-        if attempt.pid:
-            try:
-                os.killpg(attempt.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    store.close()
 
 
 def test_help_lists_every_command_quickly(tmp_path: Path) -> None:
