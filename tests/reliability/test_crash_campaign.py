@@ -64,6 +64,7 @@ def test_a_register_killed_between_temp_write_and_replace_leaves_the_old_registr
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(1800)
 def test_soak_crash_campaign(tmp_path: Path, baseline_verdict: dict) -> None:
     """≥ 50 trials: random instants (1-3 kills each) mixed with every crash point. Figures are written to
     $BABYSIT_SOAK_REPORT (default: soak-crash.json in the test's tmp dir) for docs/reliability.md."""
