@@ -1,0 +1,295 @@
+"""Shared helpers of the babysit benchmarks: the machine in words, timing, /proc readings, workspaces,
+process cleanup, and the one output format (a markdown row on stdout, JSON with --json PATH).
+
+Every figure a bench prints is paired with the naive way measured in the same run, because the
+machines these run on are shared and noisy: a ratio survives noise that an absolute number does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# -- the machine ------------------------------------------------------------------------------------
+
+def machine() -> str:
+    """e.g. "AMD EPYC 7B13, 2 cores, 24 GiB, no GPU (no NVML: ...)" — what the figures were taken on."""
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = os.sysconf("SC_PHYS_PAGES") * PAGE / 2**30
+    return f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB, {gpu_name() or 'no GPU'}; python {platform.python_version()}"
+
+
+def gpu_name() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else None
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+    if name is None:
+        return None
+    text = name.decode() if isinstance(name, bytes) else str(name)
+    drv = driver.decode() if isinstance(driver, bytes) else str(driver)
+    return f"{n}x {text} (driver {drv})"
+
+
+def nvml_or_reason() -> tuple[Any, str | None]:
+    """(pynvml, None) when NVML works here, else (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "not measured (no NVML: nvidia-ml-py is not installed)"
+    try:
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return None, "not measured (no NVML: no GPU)"
+    except pynvml.NVMLError as exc:
+        return None, f"not measured (no NVML: {exc})"
+    return pynvml, None
+
+
+def today() -> str:
+    return dt.date.today().isoformat()
+
+
+# -- timing -----------------------------------------------------------------------------------------
+
+def time_calls(fn: Callable[[], Any], n: int, *, setup: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds of each of n calls of fn (setup, if given, runs before each call, untimed)."""
+    out = []
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(n):
+            if setup is not None:
+                setup()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    finally:
+        if gc_was:
+            gc.enable()
+    return out
+
+
+def summary(samples: Sequence[float]) -> dict[str, float]:
+    """Median, p10 and p90 of a list of seconds, in µs."""
+    s = sorted(samples)
+    if not s:
+        return {"n": 0}
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(p * len(s)))] * 1e6
+
+    return {"n": len(s), "median_us": statistics.median(s) * 1e6, "p10_us": q(0.10), "p90_us": q(0.90)}
+
+
+def fmt_us(us: float | None) -> str:
+    if us is None:
+        return "—"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} µs"
+
+
+# -- /proc ------------------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (not its children), from /proc/PID/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+# -- workspaces -------------------------------------------------------------------------------------
+
+def write_registry(root: Path, runs: Iterable[str], *, guard_interval_seconds: float = 30.0) -> Path:
+    """babysit.toml naming `<name>.toml` for each run, as `babysit register` would (no prereg)."""
+    lines = ["[daemon]", 'state_dir = ".babysit"', f"guard_interval_seconds = {guard_interval_seconds}", ""]
+    for name in runs:
+        lines += ["[[runs]]", f'name = "{name}"', f'spec = "{name}.toml"',
+                  'registered_at = "2025-01-01T00:00:00Z"', ""]
+    path = root / "babysit.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_run(root: Path, name: str, command: Sequence[str], *, log: str | None = None, gpus: str = "[]",
+              extra: str = "") -> Path:
+    log = log or f"logs/{name}.jsonl"
+    path = root / f"{name}.toml"
+    path.write_text(f"""[run]
+name = "{name}"
+command = {json.dumps(list(command))}
+log = "{log}"
+gpus = {gpus}
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 5
+{extra}
+""")
+    return path
+
+
+def write_gpu_file(path: Path, processes: Sequence[dict[str, Any]] = (), *, n: int = 1) -> None:
+    """The FileGpuProbe's JSON, written atomically (a reader never sees half a file)."""
+    data = {"available": True, "gpus": [
+        {"index": i, "name": "Simulated H200", "uuid": f"GPU-sim-{i}", "util_pct": 95, "util_samples": 5,
+         "memory_used_bytes": 10 * 2**30, "memory_total_bytes": 141 * 2**30,
+         "processes": [p for p in processes if p.get("gpu", 0) == i]} for i in range(n)]}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class Daemon:
+    """The real `babysit up` as a subprocess, killed (with its own process group) on stop()."""
+
+    def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "babysit", "up", "--registry", str(root / "babysit.toml"), *args],
+            cwd=root, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+            stderr=open(root / "daemon.stderr", "ab"),  # noqa: SIM115 - the child owns it
+            start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def kill_runs(root: Path) -> int:
+    """SIGKILL the process group of every attempt recorded in the workspace's store; how many."""
+    from babysit.store import Store
+
+    db = root / ".babysit" / "state.db"
+    if not db.exists():
+        return 0
+    store = Store(db)
+    killed = 0
+    try:
+        for attempt in store.all_attempts():
+            if attempt.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(attempt.pid, signal.SIGKILL)
+                    killed += 1
+    finally:
+        store.close()
+    return killed
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+def emit(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]], data: dict[str, Any],
+         json_path: str | None, notes: Sequence[str] = ()) -> None:
+    """Print a markdown table (header + rows) and the notes; write `data` as JSON to json_path."""
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "|".join(" --- " for _ in headers) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+    for note in notes:
+        print(f"\n- {note}")
+    data = {"bench": title, "date": today(), "machine": machine(), "argv": sys.argv, **data}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        print(f"\n(JSON: {json_path})")
+
+
+def log_line(step: int, ts: float, *, eval_every: int = 0) -> bytes:
+    """One realistic train-log record (a train record; an eval record every `eval_every` steps)."""
+    rec: dict[str, Any] = {"step": step, "ts": round(ts, 3), "train_loss": round(2.5 / (1 + step / 1000), 6),
+                           "lr": 3e-4, "grad_norm": 0.8731, "tokens_per_s": 412345.6}
+    if eval_every and step % eval_every == 0:
+        rec = {"step": step, "ts": round(ts, 3), "eval_loss": round(2.6 / (1 + step / 1000), 6)}
+    return (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+
+
+def write_log(path: Path, records: int, *, eval_every: int = 100, start: int = 0) -> int:
+    """Append `records` records to path quickly (1 MiB buffered writes); returns bytes written."""
+    t0 = 1.7e9
+    total = 0
+    buf = bytearray()
+    with open(path, "ab") as f:
+        for step in range(start, start + records):
+            buf += log_line(step, t0 + step * 0.5, eval_every=eval_every)
+            if len(buf) > 2**20:
+                f.write(buf)
+                total += len(buf)
+                buf.clear()
+        f.write(buf)
+        total += len(buf)
+    return total
