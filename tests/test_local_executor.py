@@ -105,3 +105,25 @@ def test_a_command_that_cannot_start_is_an_exit_not_a_crash_of_babysit(tmp_path:
     info = executor.exit_info(attempt)
     assert info is not None and info.exit_code == 127
     assert "cannot start '/no/such/program'" in info.stderr_tail
+
+
+def test_a_shim_that_has_not_written_its_record_yet_is_found_not_relaunched(tmp_path: Path) -> None:
+    """A daemon killed right after starting a shim: the restarted one must wait for it, not launch twice."""
+    import subprocess
+
+    store = Store.in_dir(tmp_path / "state")
+    adir = tmp_path / "attempt-1"
+    adir.mkdir()
+    attempt = store.begin_attempt("r", 1, "p", ["sleep", "30"], "local", 0, str(adir), time.time())
+    # a stand-in for a shim still importing Python: its argv names the attempt dir, shim.json comes late
+    slow = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
+                             "from babysit.executors.shim import main; sys.exit(main(sys.argv[2:]))",
+                             "babysit.executors.shim", str(adir), "--", "sleep", "30"], start_new_session=True)
+    # the stand-in's argv has the module name where a real shim's has `-m babysit.executors.shim`
+    try:
+        found = LocalExecutor().find(attempt)
+        assert found is not None and found.pid == slow.pid
+    finally:
+        import os
+        os.killpg(slow.pid, signal.SIGKILL)
+        slow.wait()

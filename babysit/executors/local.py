@@ -60,9 +60,15 @@ class LocalExecutor:
         adir = Path(attempt.attempt_dir)
         info = _read_json(adir / "shim.json")
         if info is None and not (adir / "exit.json").exists():
-            # The shim writes shim.json within milliseconds of starting; give a just-started one a moment.
-            time.sleep(0.5)
-            info = _read_json(adir / "shim.json")
+            # A shim started by a daemon that died a moment later may not have written shim.json yet
+            # (a loaded machine can take seconds to start Python): while its process exists, wait for it.
+            deadline = time.monotonic() + 60
+            while info is None and time.monotonic() < deadline:
+                if not _shim_processes(adir):
+                    info = _read_json(adir / "shim.json")  # it may have written and exited meanwhile
+                    break
+                time.sleep(0.05)
+                info = _read_json(adir / "shim.json")
         if info is None:
             return None
         pid = int(info["pid"])
@@ -150,6 +156,19 @@ class LocalExecutor:
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+
+
+def _shim_processes(attempt_dir: Path) -> list[int]:
+    """Pids of live shims started for this attempt directory (argv: … babysit.executors.shim DIR -- …)."""
+    import psutil
+
+    wanted = str(attempt_dir)
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = proc.info.get("cmdline") or []
+        if proc.info.get("status") != psutil.STATUS_ZOMBIE and "babysit.executors.shim" in cmd and wanted in cmd:
+            found.append(proc.pid)
+    return found
 
 
 def _read_json(path: Path) -> dict | None:
