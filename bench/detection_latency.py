@@ -49,8 +49,14 @@ class Workspace:
         self.guard_s = guard if args.guard_seconds else 0.5
         self.daemon = Daemon(self.root, *([] if args.guard_seconds else ["--accelerated"]), env=env)
         log = self.root / ".babysit" / "daemon.log"
-        wait_for(lambda: log.exists() and "daemon up" in log.read_text(), 60, "the daemon")  # store migrated
-        self.store = Store(self.root / ".babysit" / "state.db")
+        try:
+            wait_for(lambda: log.exists() and "daemon up" in log.read_text(), 60, "the daemon")  # store migrated
+            self.store = Store(self.root / ".babysit" / "state.db")
+        except BaseException:
+            self.daemon.stop()
+            kill_runs(self.root)
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     def running(self, name: str) -> Any:
         return next((a for a in self.store.attempts(name) if a.status == "running"), None)
