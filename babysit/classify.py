@@ -88,7 +88,9 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
 
     if exit_code == 0 and signal is None:
         return ExitClass("completed", None, "completed (exit 0)", base)
-    if stop_requested:
+    # A trainer that died of its own failure (OOM, divergence) while babysit was stopping it died of
+    # that failure: the stop did not cause it, and retry.on must see the real class.
+    if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
         outcome = stop_reason if stop_reason in ("stalled", "gpu-fault") else "stopped"
         clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
         note = "" if clean else " (it did not exit cleanly: check the checkpoint)"

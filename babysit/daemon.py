@@ -96,10 +96,9 @@ class Daemon:
         self.scheduler.add_job(self.tick, "interval", seconds=self.tick_seconds, id="tick")
         self.scheduler.add_job(self.guards, "interval", seconds=max(self.guard_seconds, self.tick_seconds),
                                id="guards")
-        # NVML keeps a buffer of utilization samples; reading it every few seconds averages the whole
-        # poll window at a fraction of the cost of sampling often.
-        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0 if self.accelerated else 5.0,
-                               id="sample")
+        # One cheap utilization read (~1 µs) a second per watched GPU: a poll's util is the average of
+        # its whole window, not the last fraction of a second.
+        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0, id="sample")
         self.scheduler.add_job(self.deliver, "interval", seconds=min(1.0, self.tick_seconds * 2), id="deliver")
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)

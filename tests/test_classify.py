@@ -47,7 +47,7 @@ def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw
     pytest.param(dict(exit_code=None, sig=signal.SIGTERM, stop=True), "stopped", id="sigterm-on-request"),
     pytest.param(dict(exit_code=None, sig=signal.SIGKILL, stop=True), "stopped", id="sigkill-after-grace"),
     pytest.param(dict(exit_code=-15, stop=True), "stopped", id="negative-returncode-is-a-signal"),
-    pytest.param(dict(exit_code=12, stop=True, stderr=TORCH_OOM), "stopped", id="a-requested-stop-stays-a-stop"),
+    pytest.param(dict(exit_code=12, stop=True, stderr=TORCH_OOM), "oom", id="an-oom-while-stopping-is-an-oom"),
     pytest.param(dict(exit_code=10, stop=True, stop_reason="stalled"), "stalled", id="stall-stop-keeps-class"),
     pytest.param(dict(exit_code=None, sig=9, stop=True, stop_reason="gpu-fault"), "gpu-fault", id="fault-stop"),
     pytest.param(dict(exit_code=10), "stopped", id="exit-10-unrequested-still-stopped"),

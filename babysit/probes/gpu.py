@@ -5,10 +5,11 @@ the error, so a driver hiccup becomes a reading with `errors` and a None, never 
 daemon. A machine without a driver gives `GpuView(available=False, reason=...)`, and the reason ends
 with the fix: "not measured" must never read as "fine".
 
-Utilization is a *window average*: the daemon calls `sample()` every ~0.5-1 s and `read()` at each
-guard check or poll; `util_pct` averages every sample since the previous read of that GPU. NVML's
-own sample buffer (nvmlDeviceGetSamples) is used where the GPU has it, so no sample is missed
-between calls; otherwise the instantaneous nvmlDeviceGetUtilizationRates is accumulated.
+Utilization is a *window average*: the daemon calls `sample()` every second and `read()` at each
+guard check or poll; `util_pct` averages every sample since the previous read of that GPU. By default
+each sample is nvmlDeviceGetUtilizationRates (~1 µs on an H200; itself an average over the driver's
+last sampling period). NVML's own sample buffer (nvmlDeviceGetSamples, `sample_buffer=True`) misses
+nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2000x the cost.
 
 GPU indices are NVML indices (nvidia-smi order, i.e. PCI bus order): the executor should export
 CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
@@ -90,8 +91,9 @@ class NvmlGpuProbe:
     functions to exercise the sampling and fault logic on machines without a GPU.
     """
 
-    def __init__(self, *, library: Any = None) -> None:
+    def __init__(self, *, library: Any = None, sample_buffer: bool = False) -> None:
         self._lock = threading.Lock()
+        self._sample_buffer = sample_buffer
         self._nv: Any = library
         self._ok = False
         self._reason: str | None = "NVML not initialised yet"
@@ -218,7 +220,7 @@ class NvmlGpuProbe:
         if h is None:
             return
         nv = self._nv
-        acc = self._util.setdefault(i, _Util())
+        acc = self._util.setdefault(i, _Util(rates_only=not self._sample_buffer))
         if not acc.rates_only:
             unsupported = object()
             # pynvml's nvmlDeviceGetSamples makes two driver calls (size, then data) and allocates a

@@ -138,6 +138,7 @@ log = "outputs/{{name}}/train_log.jsonl"
 gpus = [0]
 [guards]
 min_free_host_ram_gib = 1
+stall_minutes = 600         # accelerated: 600 s; a fresh machine builds the data cache before step 1
 [poll]
 first_after_minutes = 1
 every_minutes = 5
