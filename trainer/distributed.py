@@ -70,5 +70,8 @@ def barrier(d: Dist) -> None:
 
 
 def teardown(d: Dist) -> None:
+    """Every rank reaches the end before the group goes: a rank that tears down while another is still
+    in a collective makes gloo abort the process ("terminate called without an active exception")."""
     if d.world > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
