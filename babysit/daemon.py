@@ -43,7 +43,9 @@ class Daemon:
         self.accelerated = accelerated
         self.exit_when_idle = exit_when_idle
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
-        self.tick_seconds = tick_seconds or (0.25 if accelerated else 1.0)
+        # Real time: a tick every 2 s is enough (exits come from watcher threads at once, control
+        # requests are answered within a tick); each job run costs the daemon CPU (bench/README.md).
+        self.tick_seconds = tick_seconds or (0.25 if accelerated else 2.0)
         # Logs are read every 5 s, not every tick: exits come from watcher threads, guards and polls
         # read the log themselves, so a tick's read only makes verdicts and `status` fresher.
         self.log_seconds = self.tick_seconds if accelerated else 5.0
@@ -60,6 +62,7 @@ class Daemon:
         self.scheduler: Any = None
         self._broken_specs: dict[str, str] = {}
         self._registry_seen: tuple[int, int, int] | None = None
+        self._seen_data_version: int | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -96,21 +99,33 @@ class Daemon:
         self.scheduler.add_job(self.tick, "interval", seconds=self.tick_seconds, id="tick")
         self.scheduler.add_job(self.guards, "interval", seconds=max(self.guard_seconds, self.tick_seconds),
                                id="guards")
-        # One cheap utilization read (~1 µs) a second per watched GPU: a poll's util is the average of
-        # its whole window, not the last fraction of a second.
-        self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0, id="sample")
-        self.scheduler.add_job(self.deliver, "interval", seconds=min(1.0, self.tick_seconds * 2), id="deliver")
+        # Delivery runs the moment a message is queued (the store wakes it) and on an interval for
+        # retries after a Slack failure.
+        self.scheduler.add_job(self.deliver, "interval", seconds=0.5 if self.accelerated else 5.0, id="deliver")
+        self.store.on_enqueue = self._wake_delivery
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
         self.reconcile_registry()
         self.scheduler.start()
         try:
-            while not self.stop_event.wait(0.2):
+            # The main thread only waits for a signal (and, with --exit-when-idle, for the end):
+            # every wake-up costs the daemon CPU it owes its runs.
+            while not self.stop_event.wait(0.5 if self.exit_when_idle else 5.0):
                 if self.exit_when_idle and self.idle():
                     break
         finally:
             self.shutdown()
         return 0
+
+    def _wake_delivery(self) -> None:
+        with contextlib.suppress(Exception):  # not started yet, or shutting down: the interval covers it
+            self.scheduler.modify_job("deliver", next_run_time=datetime.now(timezone.utc))
+
+    def _ensure_sampling(self) -> None:
+        """One cheap utilization read (~1 µs) a second per watched GPU, only once a run has GPUs: a poll's
+        util is the average of its whole window, not the last fraction of a second."""
+        if self.scheduler is not None and self.scheduler.get_job("sample") is None:
+            self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0, id="sample")
 
     def shutdown(self) -> None:
         if self.scheduler is not None:
@@ -168,6 +183,8 @@ class Daemon:
                                        dedupe_key=f"{entry.name}:spec-refused:{exc.message}")
                 continue
             self.executor(spec.executor)
+            if spec.gpus:
+                self._ensure_sampling()
             supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
             self.supervisors[entry.name] = supervisor
             try:
@@ -221,7 +238,14 @@ class Daemon:
                 log.exception("poll failed", run=run)
 
     def handle_requests(self) -> None:
-        """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed within a tick."""
+        """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed within a tick.
+
+        Requests come from other processes (the CLI, the bot); SQLite's data_version says whether any
+        other connection wrote since the last look, so an idle tick costs no query."""
+        version = self.store.data_version()
+        if version == self._seen_data_version:
+            return
+        self._seen_data_version = version
         for req in self.store.pending_requests():
             supervisor = self.supervisors.get(req.run)
             now = time.time()

@@ -13,7 +13,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +147,7 @@ class Store:
         if fresh:  # owner-only from the first byte: the state says who ran what
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = threading.RLock()
+        self.on_enqueue: Callable[[], None] | None = None
         try:
             self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -206,6 +207,10 @@ class Store:
             )
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self.tx() as db:
+                # Re-read under the write lock: another process (`babysit status` beside a first
+                # `babysit up`) may have migrated between our first look and now.
+                if db.execute("PRAGMA user_version").fetchone()[0] >= target:
+                    continue
                 for statement in _statements(_MIGRATIONS[target]):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {target}")
@@ -317,10 +322,13 @@ class Store:
                 row = db.execute("SELECT id FROM outbox WHERE dedupe_key=?", (dedupe_key,)).fetchone()
                 if row:
                     return row[0]
-            return db.execute(
+            new_id = db.execute(
                 "INSERT INTO outbox (run, kind, payload, thread_of, dedupe_key, next_try_at, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run, kind, json.dumps(payload), thread_of, dedupe_key, now, now)).lastrowid
+        if self.on_enqueue is not None:  # committed: wake the delivery worker now rather than polling often
+            self.on_enqueue()
+        return new_id
 
     def due_messages(self, now: float, limit: int = 100) -> list[OutboxMessage]:
         """The oldest pending message of each run, if due: a run's messages go out strictly in order."""
@@ -400,6 +408,10 @@ class Store:
                           r["prev_sha256"], r["data_seen_through_step"]) for r in rows]
 
     # -- control requests -------------------------------------------------------------------------------
+    def data_version(self) -> int:
+        """Changes whenever another connection (another process) commits to the database."""
+        return self._query("PRAGMA data_version")[0][0]
+
     def request(self, run: str, action: str, requested_by: str, now: float) -> int:
         with self.tx() as db:
             return db.execute("INSERT INTO control (run, action, requested_by, requested_at) VALUES (?, ?, ?, ?)",

@@ -100,3 +100,24 @@ def test_control_requests_are_queued_and_finished(store: Store) -> None:
     assert [(q.run, q.kind) for q in store.pending_requests()] == [("r", "abort")]
     store.finish_request(rid, "stopping", now=2.0)
     assert store.pending_requests() == [] and store.request_result(rid) == "stopping"
+
+
+def test_processes_opening_a_fresh_store_at_once_migrate_it_once(tmp_path: Path) -> None:
+    """`babysit status` started beside a first `babysit up` must not both create the tables."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+
+    def opener() -> None:
+        start.wait(10)
+        Store.in_dir(tmp_path / "fresh").close()
+
+    procs = [ctx.Process(target=opener) for _ in range(6)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0] * 6
+    assert Store.in_dir(tmp_path / "fresh").attempts("r") == []
