@@ -43,9 +43,9 @@ class Daemon:
         self.accelerated = accelerated
         self.exit_when_idle = exit_when_idle
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
-        # Real time: a tick every 2 s is enough (exits come from watcher threads at once, control
+        # Real time: a tick every 5 s is enough (exits come from watcher threads at once, control
         # requests are answered within a tick); each job run costs the daemon CPU (bench/README.md).
-        self.tick_seconds = tick_seconds or (0.25 if accelerated else 2.0)
+        self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
         # Logs are read every 5 s, not every tick: exits come from watcher threads, guards and polls
         # read the log themselves, so a tick's read only makes verdicts and `status` fresher.
         self.log_seconds = self.tick_seconds if accelerated else 5.0
@@ -101,7 +101,7 @@ class Daemon:
                                id="guards")
         # Delivery runs the moment a message is queued (the store wakes it) and on an interval for
         # retries after a Slack failure.
-        self.scheduler.add_job(self.deliver, "interval", seconds=0.5 if self.accelerated else 5.0, id="deliver")
+        self.scheduler.add_job(self.deliver, "interval", seconds=0.5 if self.accelerated else 60.0, id="deliver")
         self.store.on_enqueue = self._wake_delivery
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
@@ -222,6 +222,13 @@ class Daemon:
             deliver_due(self.store, self.channel, time.time)
         except Exception:
             log.exception("delivery failed")
+        # A message waiting for its retry (Slack said 429 or 503) is delivered at its time, not at
+        # the next interval: the job reschedules itself to the earliest pending next_try_at.
+        due = self.store.next_due_at()
+        if due is not None and self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                self.scheduler.modify_job("deliver", next_run_time=datetime.fromtimestamp(
+                    max(due, time.time() + 0.25), timezone.utc))
 
     def _schedule_poll(self, run: str, when: float) -> None:
         if self.scheduler is None:

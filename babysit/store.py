@@ -360,6 +360,13 @@ class Store:
             db.execute("UPDATE outbox SET status='failed', tries=tries+1, error=?, sent_at=? WHERE id=?",
                        (error[:500], now, message_id))
 
+    def next_due_at(self) -> float | None:
+        """When the next message may go: the earliest next_try_at among each run's queue head (a message
+        behind its run's head waits for the head, whatever its own next_try_at). None: nothing pending."""
+        return self._query(
+            "SELECT MIN(next_try_at) AS t FROM outbox WHERE id IN"
+            " (SELECT MIN(id) FROM outbox WHERE status='pending' GROUP BY run)")[0]["t"]
+
     def has_message(self, dedupe_key: str) -> bool:
         return bool(self._query("SELECT 1 FROM outbox WHERE dedupe_key=?", (dedupe_key,)))
 

@@ -121,3 +121,13 @@ def test_processes_opening_a_fresh_store_at_once_migrate_it_once(tmp_path: Path)
         p.join(30)
     assert [p.exitcode for p in procs] == [0] * 6
     assert Store.in_dir(tmp_path / "fresh").attempts("r") == []
+
+
+def test_next_due_at_looks_only_at_each_runs_queue_head(store: Store) -> None:
+    assert store.next_due_at() is None
+    head = store.enqueue("a", "launch", {}, now=10.0)
+    store.enqueue("a", "poll", {}, now=11.0)  # due at 11, but behind a head that waits
+    store.mark_retry(head, "503", next_try_at=40.0)
+    assert store.next_due_at() == 40.0, "a blocked queue must not make the worker spin"
+    store.enqueue("b", "launch", {}, now=20.0)
+    assert store.next_due_at() == 20.0
