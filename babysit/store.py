@@ -297,6 +297,22 @@ class Store:
             return db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
                               (run, attempt, at, kind, json.dumps(snapshot))).lastrowid
 
+    def record_poll(self, run: str, attempt: int, at: float, kind: str, snapshot: dict[str, Any],
+                    thread_of: int | None, payload: dict[str, Any]) -> int:
+        """A poll row, its threaded post and the live-header update, in ONE transaction: a poll is
+        recorded and announced together or not at all, at a third of the cost of three commits."""
+        body = json.dumps(snapshot)
+        with self.tx() as db:
+            poll_id = db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
+                                 (run, attempt, at, kind, body)).lastrowid
+            for message_kind, message in (("poll", {**payload, "snapshot": snapshot}),
+                                          ("header", {**payload, "attempt": attempt, "snapshot": snapshot})):
+                db.execute("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
+                           " VALUES (?, ?, ?, ?, ?, ?)", (run, message_kind, json.dumps(message), thread_of, at, at))
+        if self.on_enqueue is not None:
+            self.on_enqueue()
+        return poll_id
+
     def add_incident(self, run: str, attempt: int | None, at: float, kind: str, detail: dict[str, Any]) -> int:
         with self.tx() as db:
             return db.execute("INSERT INTO incidents (run, attempt, at, kind, detail) VALUES (?, ?, ?, ?, ?)",

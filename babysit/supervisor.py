@@ -442,9 +442,8 @@ class RunSupervisor:
                             else "periodic")
             snap = self.snapshot(kind)
             data = snap.to_dict()
-            self.ctx.store.add_poll(self.run, attempt.n, snap.at, kind, data)
-            self._message("poll", {"snapshot": data}, key=None)
-            self._message("header", {"attempt": attempt.n, "snapshot": data}, key=None)
+            self.ctx.store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
+                                       payload={"run": self.run})
             if "input-starvation" in snap.flags:
                 self._incident("input-starvation", "GPU util under the threshold while steps advance: fix the "
                                "input pipeline before letting it ride", {"gpus": list(data.get("gpus", []))},

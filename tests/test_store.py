@@ -131,3 +131,13 @@ def test_next_due_at_looks_only_at_each_runs_queue_head(store: Store) -> None:
     assert store.next_due_at() == 40.0, "a blocked queue must not make the worker spin"
     store.enqueue("b", "launch", {}, now=20.0)
     assert store.next_due_at() == 20.0
+
+
+def test_a_poll_is_recorded_with_its_post_and_header_update_in_one_go(store: Store) -> None:
+    launch = store.enqueue("r", "launch", {"run": "r"}, now=1.0)
+    store.record_poll("r", 1, 5.0, "first", {"step": 7}, thread_of=launch, payload={"run": "r"})
+    (poll,) = store.polls("r")
+    assert (poll.kind, poll.body, poll.attempt) == ("first", {"step": 7}, 1)
+    post, header = store.messages("r")[1:]
+    assert (post.kind, post.thread_of, post.payload["snapshot"]) == ("poll", launch, {"step": 7})
+    assert (header.kind, header.payload["attempt"]) == ("header", 1)
