@@ -78,13 +78,7 @@ def parse_amendment(text: str, display: str) -> AmendmentSpec:
 def load_amendment(path: Path | str, display: str | None = None) -> AmendmentSpec:
     path = Path(path)
     shown = display or str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(shown, "", "an existing amendment TOML file", "<no such file>")
-    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
-        raise SpecError(shown, "", "a readable UTF-8 TOML file", f"<{type(exc).__name__}>")
-    return parse_amendment(text, shown)
+    return parse_amendment(tomlfile.read(path, shown, "amendment TOML file"), shown)
 
 
 def scale_value(spec: AmendmentSpec, references: Mapping[str, float]) -> Fraction:

@@ -24,16 +24,20 @@ T = TypeVar("T")
 _MISSING: Any = object()
 
 
+def read(path: Path, display: str, what: str = "TOML file") -> str:
+    """A user's file as text; missing, unreadable or not UTF-8 is a SpecError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(display, "", f"an existing {what}", "<no such file>")
+    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
+        raise SpecError(display, "", "a readable UTF-8 TOML file", f"<{type(exc).__name__}>")
+
+
 def load(path: Path, display: str | None = None) -> dict[str, Any]:
     """Parse a TOML file; a missing file or a syntax error is a SpecError naming the file."""
     name = display or str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(name, "", "an existing TOML file", "<no such file>")
-    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
-        raise SpecError(name, "", "a readable UTF-8 TOML file", f"<{type(exc).__name__}>")
-    return loads(text, name)
+    return loads(read(path, name), name)
 
 
 def loads(text: str, display: str) -> dict[str, Any]:

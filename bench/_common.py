@@ -293,3 +293,18 @@ def write_log(path: Path, records: int, *, eval_every: int = 100, start: int = 0
         f.write(buf)
         total += len(buf)
     return total
+
+
+def naive_parse(path: Path) -> int:
+    """What a shell-script babysitter does each poll: read the whole log and json-parse every line."""
+    import json
+
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                json.loads(line)
+                n += 1
+            except ValueError:
+                pass
+    return n

@@ -12,7 +12,6 @@ pandas is measured up to --pandas-max-mb (it needs ~10x the file in RAM) and say
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, fmt_us, log_line, summary, time_calls, write_log
+from _common import emit, fmt_us, log_line, naive_parse, summary, time_calls, write_log
 
 from babysit import logtail
 
@@ -36,18 +35,6 @@ def grow(path: Path, target: int, block: bytes) -> None:
         while size < target:
             f.write(block)
             size += len(block)
-
-
-def naive_json(path: Path) -> int:
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                json.loads(line)
-                n += 1
-            except ValueError:
-                pass
-    return n
 
 
 def naive_pandas(path: Path) -> int:
@@ -115,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             ours = summary(time_calls(poll, args.polls, setup=append))
             entry: dict[str, Any] = {"log_mb": real / MB, "read_new_per_poll": ours}
             if real <= args.naive_max_mb * MB:
-                t = time_calls(lambda: naive_json(path), 1 if real > 50 * MB else 3)
+                t = time_calls(lambda: naive_parse(path), 1 if real > 50 * MB else 3)
                 entry["naive_json_per_poll"] = summary(t)
             if have_pandas and real <= args.pandas_max_mb * MB:
                 t = time_calls(lambda: naive_pandas(path), 1 if real > 50 * MB else 3)

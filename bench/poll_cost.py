@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, fmt_us, nvml_or_reason, summary, time_calls, write_log
+from _common import emit, fmt_us, naive_parse, nvml_or_reason, summary, time_calls, write_log
 
 from babysit import logtail
 from babysit.probes import host as host_probe
@@ -37,21 +37,6 @@ def spawn_tree(children: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     proc.stdout.readline()
     return proc
-
-
-def naive_log(path: Path) -> int:
-    """What a shell-script babysitter does each poll: read the whole log and parse every line."""
-    import json
-
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                json.loads(line)
-                n += 1
-            except ValueError:
-                pass
-    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- the naive way
         naive: dict[str, Any] = {}
-        naive["log: re-parse whole log (json)"] = summary(time_calls(lambda: naive_log(log), args.naive_n))
+        naive["log: re-parse whole log (json)"] = summary(time_calls(lambda: naive_parse(log), args.naive_n))
         ps = ["ps", "-o", "pid=,rss=,pcpu=", "-g", str(os.getpgid(tree.pid))]
         naive["host: ps subprocess"] = summary(
             time_calls(lambda: subprocess.run(ps, capture_output=True), args.naive_n))
