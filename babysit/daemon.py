@@ -44,12 +44,9 @@ class Daemon:
         self.exit_when_idle = exit_when_idle
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
         # Real time: a tick every 5 s is enough (exits come from watcher threads at once, control
-        # requests are answered within a tick); each job run costs the daemon CPU (bench/README.md).
+        # requests are answered within a tick, guards and polls read the log themselves); each job
+        # run costs the daemon CPU (bench/README.md).
         self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
-        # Logs are read every 5 s, not every tick: exits come from watcher threads, guards and polls
-        # read the log themselves, so a tick's read only makes verdicts and `status` fresher.
-        self.log_seconds = self.tick_seconds if accelerated else 5.0
-        self._next_log_read = 0.0
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
         self.store = Store.in_dir(self.state_dir)
@@ -196,16 +193,11 @@ class Daemon:
     def tick(self) -> None:
         self.reconcile_registry()
         self.handle_requests()
-        now = time.monotonic()
-        read_logs = now >= self._next_log_read
-        if read_logs:
-            self._next_log_read = now + self.log_seconds - self.tick_seconds / 2
         for supervisor in list(self.supervisors.values()):
             try:
                 with supervisor.lock:
                     if supervisor.attempt is not None and supervisor.attempt.status == "running":
-                        if read_logs:
-                            supervisor.read_log()
+                        supervisor.read_log()
                         supervisor.check_exit()
             except Exception:
                 log.exception("tick failed", run=supervisor.run)

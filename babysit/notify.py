@@ -103,12 +103,6 @@ def _tail_ids(path: Path, scan_bytes: int = 1 << 16) -> tuple[set[int], bool]:
     return ids, bool(data) and not data.endswith(b"\n")
 
 
-def thread_ref_for(store: Store, message: OutboxMessage) -> str | None:
-    if message.thread_of is None:
-        return None
-    return store.message(message.thread_of).remote_ref
-
-
 def deliver_due(store: Store, channel: Channel, now: Callable[[], float], limit: int = 50) -> int:
     """Send what is due, in per-run order; returns how many were sent."""
     sent = 0

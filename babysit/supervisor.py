@@ -68,7 +68,6 @@ class RunSupervisor:
         self.warned: set[str] = set()
         self.stopping = False
         self.watcher: threading.Thread | None = None
-        self.polls_done = 0
         self.last_provisional_post = 0.0
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
