@@ -19,6 +19,7 @@ from babysit import smoke, smoke_record
 from babysit.logtail import LogRecord
 from babysit.spec import AttemptProfile, load_spec
 from babysit.store import Store
+from tests.scenarios.conftest import tiny_run
 from trainer.recipe import RECIPES_DIR
 
 PY = sys.executable
@@ -45,8 +46,6 @@ def write_run(root: Path, name: str = "smk", *, gpus: str = "[]", smoke_table: s
     tiny = (RECIPES_DIR / "tiny.toml").read_text()
     (root / "big.toml").write_text(tiny.replace("image_size = 12", "image_size = 64").replace("channels = 1",
                                                                                               "channels = 3"))
-    cmd = [PY, "-m", "trainer", "--recipe", "big.toml", "--log", "outputs/{name}/train_log.jsonl",
-           "--checkpoints", "outputs/{name}/checkpoints", *(["--steps", str(steps)] if steps else [])]
     if attempts is None:
         attempts = """
 [[attempts]]
@@ -57,27 +56,8 @@ args = ["--micro-batch-size", "1000000"]
 profile = "batch-8"
 args = ["--batch-size", "8"]
 """
-    path = root / "run.toml"
-    path.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = {gpus}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-
-[poll]
-first_after_minutes = 1
-every_minutes = 3
-
-[retry]
-max_attempts = 2
-{attempts}
-{smoke_table}
-""")
-    return path
+    return tiny_run(root, name, recipe="big.toml", gpus=gpus, steps=steps, filename="run.toml",
+                    extra="[retry]\nmax_attempts = 2", attempts=attempts + "\n" + smoke_table)
 
 
 # -- the real thing on CPU ------------------------------------------------------------------------------
@@ -212,7 +192,9 @@ def test_bad_input_exits_2(tmp_path, cache, case):
     elif case == "zero steps":
         extra = ["--steps", "0"]
     else:
-        spec.write_text(spec.read_text().replace('"--log", "outputs/{name}/train_log.jsonl", ', ""))
+        text = spec.read_text()
+        assert '"--log", "outputs/smk/train_log.jsonl", ' in text
+        spec.write_text(text.replace('"--log", "outputs/smk/train_log.jsonl", ', ""))
     res = babysit("smoke", str(spec), *extra, "--registry", str(tmp_path / "babysit.toml"), cwd=tmp_path,
                   cache=cache)
     assert res.returncode == 2, res.stdout + res.stderr

@@ -25,12 +25,13 @@ def babysit(*args: str, cwd: Path, env: dict[str, str] | None = None,
 
 
 def tiny_run(root: Path, name: str, *, extra: str = "", args: tuple[str, ...] = (), gpus: str = "[]",
-             attempts: str = "", steps: int | None = None) -> Path:
-    cmd = [PY, "-m", "trainer", "--recipe", "tiny", "--log", f"outputs/{name}/train_log.jsonl",
+             attempts: str = "", steps: int | None = None, recipe: str = "tiny", filename: str | None = None) -> Path:
+    """A run.toml for the reference trainer (default: the seconds-long `tiny` recipe) with test cadences."""
+    cmd = [PY, "-m", "trainer", "--recipe", recipe, "--log", f"outputs/{name}/train_log.jsonl",
            "--checkpoints", f"outputs/{name}/checkpoints", *args]
     if steps is not None:
         cmd += ["--steps", str(steps)]
-    path = root / f"{name}.toml"
+    path = root / (filename or f"{name}.toml")
     path.write_text(f"""[run]
 name = "{name}"
 command = {json.dumps(cmd)}
