@@ -117,14 +117,23 @@ class RunSupervisor:
             self._launch(1 if last is None else last.n + 1, resume=False, halvings=0, note=None)
 
     def _check_prereg(self) -> None:
-        prereg = self.spec.prereg
-        if prereg is None or self.frozen_sha is None or prereg.sha256 == self.frozen_sha:
-            return
-        self._incident("prereg-tampered",
-                       "the [prereg] table changed since `babysit register`: verdicts are refused "
-                       "(register a new name for a different experiment)",
-                       {"registered_sha256": self.frozen_sha, "current_sha256": prereg.sha256},
-                       key=f"{self.run}:tampered:{prereg.sha256}")
+        """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
+        incident is recorded once per hash pair whoever sees it first (this daemon or `babysit verdict`),
+        and the daemon posts it once."""
+        from babysit import reading
+
+        try:
+            reading.check_frozen(self.spec, self.frozen_sha)
+        except reading.PreregChanged as exc:
+            key = f"{self.run}:tampered:{exc.current_sha256}"
+            if self.ctx.store.has_message(key):
+                return
+            reading.record_tamper_incident(self.ctx.store, self.run, exc, self.ctx.now())
+            detail = {"registered_sha256": exc.registered_sha256, "current_sha256": exc.current_sha256}
+            self._message("incident", {"attempt": self.attempt.n if self.attempt else None,
+                                       "incident": reading.TAMPER_INCIDENT, "message": exc.message, "detail": detail,
+                                       "mention": list(self.spec.notify.mention_on_incident)}, key)
+            log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message)
 
     def _adopt(self, attempt: Attempt) -> None:
         if attempt.status == "launching":

@@ -144,3 +144,30 @@ def test_a_foreign_process_taking_the_gpu_mid_run_stops_the_run(workspace: Path)
     assert store.run_state("tiny_guard")[0] == "stopped"
     assert any(i.kind == "gpu-held" for i in store.incidents("tiny_guard"))
     assert attempt.gpu_seconds(time.time()) > 0
+
+
+TINY_PREREG = """
+[prereg]
+metric = "eval_chunk_mae"
+baseline_step = 50
+read_step = 100
+[[prereg.bands]]
+label = "HEALTHY"
+max = 0.05
+"""
+
+
+def test_an_edited_prereg_is_reported_once_and_never_read(workspace: Path) -> None:
+    spec = tiny_run(workspace, "tiny_tamper", steps=100, extra=TINY_PREREG)
+    register(workspace, spec)
+    spec.write_text(spec.read_text().replace("max = 0.05", "max = 0.5"))  # edited after registration
+    daemon = Daemon(workspace, "--exit-when-idle")
+    assert daemon.wait(timeout=120) == 0, daemon.output()
+    verdict = babysit("verdict", "tiny_tamper", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
+    assert verdict.returncode == 1 and "edited after registration" in verdict.stderr
+    store = store_of(workspace)
+    tampered = [i for i in store.incidents("tiny_tamper") if i.kind == "prereg-tampered"]
+    assert len(tampered) == 1, "recorded once, whether the daemon or `babysit verdict` saw it first"
+    assert [m.kind for m in store.messages("tiny_tamper")].count("incident") >= 1
+    assert store.final_verdict("tiny_tamper") is None, "no verdict is read from an edited prereg"
+    assert store.run_state("tiny_tamper")[0] == "finished"  # the run itself is still babysat
