@@ -8,13 +8,22 @@ run.
 
 Action kinds:
   refuse   — do not launch this attempt (prelaunch only).
-  stop     — stop the run gracefully (SIGTERM, grace, SIGKILL); the daemon takes a py-spy dump
-             first when the incident is `stalled`.
+  stop     — stop the run gracefully (the stop signal to its leader, grace, SIGKILL); the daemon
+             takes a py-spy dump first when the incident is `stalled`.
+  confirm  — a GPU holder that looks foreign was seen for the first time: read again soon, act only
+             if it is still there (an exiting trainer's pid lingers in NVML for a moment).
   incident — raise an incident (posted with mentions), the run continues.
   warn     — post a warning, the run continues.
 
 `Action.key` is what the daemon adds to `LiveFacts.already_warned` after raising a non-stop action:
 an action whose key is already there is not returned again for this attempt.
+
+Who is foreign. A pid on the run's GPUs is the run's own when it is in the run's process tree now,
+or ever was (`past_run_pids`: an exiting trainer leaves the tree before NVML forgets it), and it is
+never foreign while it is a zombie (it has exited). What remains must be seen on consecutive reads
+before the run is stopped: two for a live process babysit can see, three (so at least one whole
+guard interval) for a pid no process here has — an exited process NVML has not forgotten yet, or a
+process in another PID namespace, which stays.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ if TYPE_CHECKING:
     from babysit.probes.gpu import GpuView
 
 GIB = 2**30
-WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (SPEC §1)
+WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
 
 
 @dataclass(frozen=True)
@@ -50,8 +59,8 @@ class Holder:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # refuse | stop | incident | warn
-    incident: str  # SPEC §9 kind (plus gpu-unseen)
+    kind: str  # refuse | stop | incident | warn | confirm
+    incident: str  # an incident kind (docs/guards.md), plus gpu-unseen
     message: str
     detail: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
     key: str = ""  # dedupe key for warn-once; defaults to the incident kind
@@ -74,14 +83,31 @@ class LiveFacts:
     process_alive: bool
     available_ram_bytes: int | None
     already_warned: frozenset[str] = frozenset()
+    past_run_pids: frozenset[int] = frozenset()  # every pid the run's tree ever held (all attempts)
+    sightings: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, pid) -> consecutive reads
+
+
+CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
+CONFIRM_READS_INVISIBLE = 3  # a pid with no process here: gone (an exit NVML lags on) or another namespace
 
 
 def gib(n: int | float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def hours(x: float) -> str:
+    """GPU-hours to enough digits to tell used from cap: 0.0061, 0.42, 3.14, 12.3."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.2g}"
+
+
 def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:
-    """Compute processes on the run's GPUs that are not in the run's process tree."""
+    """Compute processes on the run's GPUs that are not the run's (`run_pids`) and have not exited."""
     if not view.available:
         return ()
     holders = []
@@ -90,13 +116,29 @@ def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]
         if reading is None:
             continue
         for proc in reading.processes:
-            if proc.pid not in run_pids:
+            if proc.pid not in run_pids and not proc.zombie:
                 holders.append(Holder(index, proc.pid, proc.name, proc.used_memory_bytes))
     return tuple(holders)
 
 
-def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView) -> tuple[Action, ...]:
-    """Whether an attempt may start on `gpus`. Any "refuse" in the result means: do not launch."""
+def track_sightings(previous: Mapping[tuple[int, int], int],
+                    holders: Sequence[Holder]) -> dict[tuple[int, int], int]:
+    """Consecutive reads each foreign-looking (gpu, pid) has been seen on; one missing read resets it."""
+    return {(h.gpu, h.pid): previous.get((h.gpu, h.pid), 0) + 1 for h in holders}
+
+
+def confirmed(holder: Holder, view: GpuView, sightings: Mapping[tuple[int, int], int]) -> bool:
+    """Seen on enough consecutive reads to act on (see the module docstring)."""
+    needed = CONFIRM_READS_INVISIBLE if _invisible(view, holder) else CONFIRM_READS_VISIBLE
+    return sightings.get((holder.gpu, holder.pid), 0) >= needed
+
+
+def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView,
+              past_run_pids: frozenset[int] = frozenset()) -> tuple[Action, ...]:
+    """Whether an attempt may start on `gpus`. Any "refuse" in the result means: do not launch.
+
+    `past_run_pids`: the run's earlier attempts' processes; an OOM'd attempt's pid NVML still lists
+    while the retry starts is not a holder."""
     if not gpus:
         return ()
     if not view.available:
@@ -124,7 +166,7 @@ def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView) -> tuple[A
                                   f"cannot list the processes on GPU {index}, so exclusivity cannot be checked; "
                                   "refusing to launch — fix NVML access or set guards.exclusive_gpu = false",
                                   {"gpu": index, "errors": list(reading.errors)}))
-    holders = foreign_holders(view, gpus, frozenset())
+    holders = foreign_holders(view, gpus, past_run_pids)
     if holders:
         text = "; ".join(h.describe() for h in holders)
         if guards.exclusive_gpu:
@@ -158,13 +200,27 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
                           "the next attempt halves the [machinery] knobs if this one fails",
                           {"available_ram_bytes": ram, "min_free_host_ram_gib": guards.min_free_host_ram_gib}))
     stops = [a for a in out if a.kind == "stop"]
-    rest = [a for a in out if a.kind != "stop" and a.key not in facts.already_warned]
+    rest = [a for a in out if a.kind != "stop" and (a.kind == "confirm" or a.key not in facts.already_warned)]
     return (*stops, *rest)
 
 
-def starvation(util_pct: float | None, steps_advanced: bool, threshold_pct: float) -> bool:
-    """Input starvation suspected: steps advance but the GPU mostly waits. Unmeasured util is no evidence."""
-    return util_pct is not None and steps_advanced and util_pct < threshold_pct
+STARVED_DATA_WAIT_FRAC = 0.2  # the trainer waits on its input this share of each step, or more: starved
+
+
+def low_util_flag(util_pct: float | None, steps_advanced: bool, threshold_pct: float,
+                  data_wait_frac: float | None) -> str | None:
+    """What a poll says about a GPU that mostly waits while steps advance.
+
+    `input-starvation` only with evidence: the trainer's own data-wait share of step time is high.
+    Low util has other causes (small batches, launch overhead, host-device syncs, a slow collective),
+    and "raise --num-workers" is the wrong advice for those: without evidence the poll says
+    `gpu-util-low` and lists the causes. Unmeasured util is no evidence of anything.
+    """
+    if util_pct is None or not steps_advanced or util_pct >= threshold_pct:
+        return None
+    if data_wait_frac is not None and data_wait_frac >= STARVED_DATA_WAIT_FRAC:
+        return "input-starvation"
+    return "gpu-util-low"
 
 
 # -- internals ----------------------------------------------------------------------------------
@@ -197,15 +253,22 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
             out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
                               "is not being checked", {"gpu": index, "errors": list(reading.errors)},
                               key=f"gpu-unseen:procs:{index}"))
-    holders = foreign_holders(view, facts.gpus, facts.run_pids)
-    if holders:
-        text = "; ".join(h.describe() for h in holders)
-        detail = {"holders": [h.to_dict() for h in holders], "run_pids": sorted(facts.run_pids)}
+    holders = foreign_holders(view, facts.gpus, facts.run_pids | facts.past_run_pids)
+    sure = tuple(h for h in holders if confirmed(h, view, facts.sightings))
+    unsure = tuple(h for h in holders if h not in sure)
+    if sure:
+        text = "; ".join(h.describe() for h in sure)
+        detail = {"holders": [h.to_dict() for h in sure], "run_pids": sorted(facts.run_pids),
+                  "reads": {f"{h.gpu}:{h.pid}": facts.sightings.get((h.gpu, h.pid)) for h in sure}}
         if guards.exclusive_gpu:
             out.append(Action("stop", "gpu-held", f"{text} is not the run's — stopping the run (exclusive_gpu)"
-                              + _namespace_hint(holders, view), detail))
+                              + _namespace_hint(sure, view), detail))
         else:
             out.append(Action("warn", "gpu-held", f"{text} shares the run's GPU", detail))
+    if unsure:
+        out.append(Action("confirm", "gpu-held", "; ".join(h.describe() for h in unsure)
+                          + " looks foreign: reading again before acting",
+                          {"holders": [h.to_dict() for h in unsure]}, key="gpu-held:confirm"))
     return out
 
 
@@ -218,15 +281,15 @@ def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     detail = {"gpu_hours_used": round(used, 4), "gpu_hours_cap": cap,
               "gpu_hours_projected": None if projected is None else round(projected, 4)}
     if used >= cap:
-        return [Action("stop", "gpu-hours-cap", f"GPU-hours {used:.2f} reached the cap {cap:g} — stopping gracefully",
-                       detail)]
+        return [Action("stop", "gpu-hours-cap", f"GPU-hours {hours(used)} reached the cap {hours(cap)} — "
+                       "stopping the run", detail)]
     out = []
     if used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR:  # 80 %, without 0.8 * 12 = 9.600000000000001
-        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {used:.2f} passed 80 % of the cap {cap:g}",
+        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {hours(used)} passed 80 % of the cap {hours(cap)}",
                           detail, key="gpu-hours-80"))
     if projected is not None and projected > cap:
-        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours projected to the end {projected:.2f} exceed the cap "
-                          f"{cap:g} (used {used:.2f}): the run will be stopped at the cap", detail,
+        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours projected to the end {hours(projected)} exceed the cap "
+                          f"{hours(cap)} (used {hours(used)}): the run will be stopped at the cap", detail,
                           key="gpu-hours-projection"))
     return out
 

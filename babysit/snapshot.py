@@ -1,9 +1,9 @@
 """The poll snapshot: one frozen picture of a run, built from readings the daemon already took.
 
-Pure: no clock (the daemon passes `at`), no probe calls. The seed's first poll — GPU util, s/step,
-free host RAM, "fix input starvation before letting it ride" — is this snapshot with kind "first";
-`flags` carries what a human should look at. A reading that could not be taken appears as None
-with a note (`gpu_note`), never as zero.
+Pure: no clock (the daemon passes `at`), no probe calls. The first poll — GPU util, s/step, free host
+RAM, "fix input starvation before letting it ride" (docs/spec.md) — is this snapshot with kind "first";
+`flags` carries what a human should look at (bot/messages.py says each in words). A reading that could
+not be taken appears as None with a note (`gpu_note`), never as zero.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from babysit.guards import GIB, starvation
+from babysit.guards import GIB, low_util_flag
 from babysit.logtail import seconds_per_step as _seconds_per_step
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from babysit.probes.host import HostReading
 
 KINDS = ("first", "periodic", "on-demand", "final")
+FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",
+         "no-log-records-yet", "gpu-hours-projection", "gpu-held", "gpu-fault", "gpu-unseen")  # each said in words
 _STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps")
 
 
@@ -48,6 +50,11 @@ class Snapshot:
     target_step: int | None = None  # the step the ETA counts to: prereg.read_step, else the command's --steps
     total_ram_bytes: int | None = None
     note: str | None = None  # the executor's word (e.g. "PENDING (Resources)" on Slurm)
+    log_path: str | None = None  # where records are read from: named in every "no records" line
+    seconds_since_launch: float | None = None
+    seconds_since_last_record: float | None = None
+    stall_seconds: float | None = None
+    data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,7 +69,10 @@ class Snapshot:
             "latest_eval": None if self.latest_eval is None else dict(self.latest_eval),
             "latest_eval_step": self.latest_eval_step,
             "provisional": None if self.provisional is None else dict(self.provisional),
-            "flags": list(self.flags), "note": self.note,
+            "flags": list(self.flags), "note": self.note, "log_path": self.log_path,
+            "seconds_since_launch": self.seconds_since_launch, "stall_seconds": self.stall_seconds,
+            "seconds_since_last_record": self.seconds_since_last_record,
+            "data_wait_frac": self.data_wait_frac,
         }
 
 
@@ -99,11 +109,14 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
                    provisional: Mapping[str, object] | None = None, starvation_util_pct: float = 50.0,
                    steps_advanced: bool | None = None, min_free_host_ram_gib: float | None = None,
                    seconds_since_last_record: float | None = None, stall_seconds: float | None = None,
-                   note: str | None = None) -> Snapshot:
+                   note: str | None = None, log_path: str | None = None,
+                   seconds_since_launch: float | None = None, data_wait_frac: float | None = None) -> Snapshot:
     """Assemble a snapshot. Progress comes from `points` (records or ProgressPoints with .step/.ts)
     unless `step` / `seconds_per_step` are given. The ETA counts to read_step (the verdict's read),
     else end_step (e.g. `steps_from_argv(argv)`); the GPU-hours projection counts to end_step, else
     read_step. `run_pids` defaults to host.run_pids; with neither, foreign holders are unknown (None).
+    Before the first record: `waiting-for-first-record` during the trainer's normal start-up (half the
+    stall limit), `no-log-records-yet` after it. `data_wait_frac` is the evidence `input-starvation` needs.
     """
     if kind not in KINDS:
         raise ValueError(f"snapshot kind must be one of {KINDS}, got {kind!r}")
@@ -129,15 +142,18 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
     utils = [r["util_pct"] for r in rows if r.get("util_pct") is not None]
     mean_util = sum(utils) / len(utils) if utils else None
     advanced = seconds_per_step is not None if steps_advanced is None else steps_advanced
-    if starvation(mean_util, advanced, starvation_util_pct):
-        flags.append("input-starvation")
+    util_flag = low_util_flag(mean_util, advanced, starvation_util_pct, data_wait_frac)
+    if util_flag:
+        flags.append(util_flag)
     available = host.available_ram_bytes if host else None
     if available is not None and min_free_host_ram_gib and available < min_free_host_ram_gib * GIB:
         flags.append("host-memory-pressure")
     if seconds_since_last_record is not None and stall_seconds and seconds_since_last_record >= stall_seconds / 2:
         flags.append("stalled?")
     if step is None:
-        flags.append("no-log-records-yet")
+        starting = (seconds_since_launch is not None and stall_seconds is not None
+                    and seconds_since_launch < stall_seconds / 2)
+        flags.append("waiting-for-first-record" if starting else "no-log-records-yet")
     if projected is not None and gpu_hours_cap is not None and projected > gpu_hours_cap:
         flags.append("gpu-hours-projection")
     return Snapshot(
@@ -150,7 +166,9 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
         latest_eval=None if latest_eval is None else dict(latest_eval), latest_eval_step=latest_eval_step,
         provisional=None if provisional is None else dict(provisional),
         flags=tuple(dict.fromkeys(flags)), target_step=target,
-        total_ram_bytes=host.total_ram_bytes if host else None, note=note,
+        total_ram_bytes=host.total_ram_bytes if host else None, note=note, log_path=log_path,
+        seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds, data_wait_frac=data_wait_frac,
+        seconds_since_last_record=seconds_since_last_record,
     )
 
 
@@ -175,13 +193,14 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
         foreign = None
         if run_pids is not None and reading.processes_known:
             foreign = [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
-                       for p in reading.processes if p.pid not in run_pids]
+                       for p in reading.processes if p.pid not in run_pids and not p.zombie]
             if foreign:
                 flags.append("gpu-held")
         if reading.faults:
             flags.append("gpu-fault")
         rows.append({"index": index, "visible": True, "name": reading.name, "util_pct": reading.util_pct,
-                     "util_samples": reading.util_samples, "memory_used_bytes": reading.memory_used_bytes,
+                     "util_min_pct": reading.util_min_pct, "util_samples": reading.util_samples,
+                     "memory_used_bytes": reading.memory_used_bytes,
                      "memory_total_bytes": reading.memory_total_bytes, "held_by_foreign": foreign,
                      "faults": list(reading.faults)})
     if missing:
@@ -191,5 +210,5 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
 
 
 def _blank(index: int) -> dict:
-    return {"index": index, "visible": False, "name": None, "util_pct": None, "util_samples": 0,
+    return {"index": index, "visible": False, "name": None, "util_pct": None, "util_min_pct": None, "util_samples": 0,
             "memory_used_bytes": None, "memory_total_bytes": None, "held_by_foreign": None, "faults": []}

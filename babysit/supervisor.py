@@ -7,6 +7,7 @@ losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing 
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -22,14 +23,16 @@ from babysit import classify, guards, logtail, retry, smoke, snapshot
 from babysit.errors import BabysitError, PreregTampered
 from babysit.executors import Executor
 from babysit.faults import crash_point
-from babysit.probes.gpu import GpuProbe, GpuView
-from babysit.probes.host import read_host
+from babysit.probes.gpu import GUARD_WINDOW, GpuProbe, GpuView
+from babysit.probes.host import HostReading, read_host
 from babysit.spec import RunSpec
 from babysit.store import Attempt, Store
 
 log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
+DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
+RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
 
@@ -67,6 +70,9 @@ class RunSupervisor:
         self.provisional: dict[str, Any] | None = None
         self.warned: set[str] = set()
         self.stopping = False
+        self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
+        self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
+        self.recheck_pending = False
         self.watcher: threading.Thread | None = None
         self.last_provisional_post = 0.0
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
@@ -156,8 +162,10 @@ class RunSupervisor:
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
         # A scheduler (Slurm) picks the GPUs on a node the daemon cannot see: no launch check from here.
         gpus = () if getattr(self.executor, "allocates_gpus", False) else self.spec.gpus
-        view = self.ctx.gpu_probe.read(gpus) if gpus else None
-        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view) if a.kind == "refuse"]
+        # this read also opens the attempt's poll window: the first poll averages from launch
+        view = self.ctx.gpu_probe.read(gpus, window=self.poll_window) if gpus else None
+        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen))
+                    if a.kind == "refuse"]
         if refusals:
             for action in refusals:
                 self._incident(action.incident, "launch refused: " + action.message, dict(action.detail),
@@ -275,7 +283,9 @@ class RunSupervisor:
             outcome = cls.outcome
             detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}
-            if stop_requested:
+            if stop_requested and "stop_reason" in cls.detail:
+                # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
+                # own code (OOM, divergence) while being stopped keeps that class and its retry.
                 detail["stopped_by"] = stop.get("reason")
             self.ctx.store.mark_ended(attempt.id, ended_at=info.ended_at or self.ctx.now(), outcome=outcome,
                                       exit_code=info.exit_code, exit_signal=info.signal, detail=detail)
@@ -400,6 +410,23 @@ class RunSupervisor:
         log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
 
     # -- polls and guards -------------------------------------------------------------------------------
+    @property
+    def poll_window(self) -> str:
+        return f"poll:{self.run}"
+
+    def _run_pids(self, host: HostReading | None) -> frozenset[int]:
+        """The run's tree now, remembered: a pid that ever was the run's is never a foreign holder."""
+        if host is not None:
+            self.run_pids_seen.update(host.run_pids)
+        if self.attempt is not None:
+            self.run_pids_seen.update(self.executor.own_pids(self.attempt))
+        return host.run_pids if host is not None else frozenset()
+
+    def _data_wait_frac(self) -> float | None:
+        """The trainer's own input-wait share of step time over the recent records, when it logs one."""
+        values = [float(r.metrics[k]) for r in self.recent for k in DATA_WAIT_METRICS
+                  if isinstance(r.metrics.get(k), (int, float)) and math.isfinite(r.metrics[k])]
+        return sum(values) / len(values) if values else None
     def _schedule_next_poll(self) -> None:
         attempt = self.attempt
         if attempt is None or attempt.started_at is None or self.ctx.schedule_poll is None:
@@ -415,9 +442,13 @@ class RunSupervisor:
         attempt = self.attempt
         assert attempt is not None
         now = self.ctx.now()
-        view: GpuView | None = self._gpu_view()
+        view: GpuView | None = self._gpu_view(window=self.poll_window)
         root = self.executor.root_pid(attempt)
         host = read_host(root) if self.spec.executor == "local" else None
+        run_pids = self._run_pids(host) | frozenset(self.run_pids_seen) if host is not None else None
+        since_record = None if self.last_record_wall is None else now - self.last_record_wall
+        since_launch = None if attempt.started_at is None else now - attempt.started_at
+        per_s = 60 / self.ctx.scale  # declared seconds per real second (60 when --accelerated)
         prereg = self.spec.prereg
         return snapshot.build_snapshot(
             run=self.run, attempt=attempt.n, at=now, kind=kind, points=tuple(self.points),
@@ -428,17 +459,22 @@ class RunSupervisor:
             latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.provisional,
             starvation_util_pct=self.spec.poll.starvation_util_pct,
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
-            note=self.executor.status_note(attempt),
+            note=self.executor.status_note(attempt), run_pids=run_pids,
+            seconds_since_last_record=None if since_record is None else since_record * per_s,
+            seconds_since_launch=None if since_launch is None else since_launch * per_s,
+            stall_seconds=self.spec.guards.stall_minutes * 60, log_path=str(self.spec.log),
+            data_wait_frac=self._data_wait_frac(),
         )
 
-    def _gpu_view(self) -> GpuView | None:
+    def _gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
         """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe
-        sidecar, since the daemon's node cannot see the job's GPUs), else the daemon's probe."""
+        sidecar, since the daemon's node cannot see the job's GPUs), else the daemon's probe.
+        `window`: whose utilization average this read closes (the guards' or the polls')."""
         if not self.spec.gpus:
             return None
         remote = getattr(self.executor, "gpu_probe", None)
         probe = remote(self.attempt) if remote is not None and self.attempt is not None else self.ctx.gpu_probe
-        return probe.read(self.spec.gpus)
+        return probe.read(self.spec.gpus, window=window)
 
     def poll(self, kind: str | None = None) -> None:
         with self.lock:
@@ -453,8 +489,11 @@ class RunSupervisor:
             self.ctx.store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
                                        payload={"run": self.run})
             if "input-starvation" in snap.flags:
-                self._incident("input-starvation", "GPU util under the threshold while steps advance: fix the "
-                               "input pipeline before letting it ride", {"gpus": list(data.get("gpus", []))},
+                wait = snap.data_wait_frac or 0.0
+                self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
+                               f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
+                               "(--num-workers, prefetch, faster storage) before letting it ride",
+                               {"gpus": list(data.get("gpus", [])), "data_wait_frac": snap.data_wait_frac},
                                key=f"{self.run}:{attempt.n}:input-starvation")
             if kind != "on-demand":
                 self._schedule_next_poll()
@@ -470,6 +509,7 @@ class RunSupervisor:
             now = self.ctx.now()
             root = self.executor.root_pid(attempt)
             host = read_host(root) if self.spec.executor == "local" else None
+            run_pids = self._run_pids(host)
             t1 = time.perf_counter()
             view = self._gpu_view()
             t2 = time.perf_counter()
@@ -485,18 +525,28 @@ class RunSupervisor:
                 steps_left = max(0, end - self.points[-1].step)
             projected = snapshot.project_gpu_hours(used, sps, steps_left, len(self.spec.gpus))
             since = None if self.last_record_wall is None else now - self.last_record_wall
+            past = frozenset(self.run_pids_seen)
+            if view is not None and view.available:
+                self.sightings = guards.track_sightings(
+                    self.sightings, guards.foreign_holders(view, self.spec.gpus, run_pids | past))
             facts = guards.LiveFacts(
-                gpus=self.spec.gpus, view=view, run_pids=host.run_pids if host else frozenset(),
+                gpus=self.spec.gpus, view=view, run_pids=run_pids,
                 gpu_hours_used=used, gpu_hours_projected_at_end=projected,
                 seconds_since_last_record=None if since is None else since * 60 / self.ctx.scale,
                 process_alive=True, available_ram_bytes=host.available_ram_bytes if host else None,
-                already_warned=frozenset(self.warned))
-            for action in guards.live(self.spec.guards, facts):
+                already_warned=frozenset(self.warned), past_run_pids=past, sightings=dict(self.sightings))
+            actions = guards.live(self.spec.guards, facts)
+            if any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None:
+                return  # it has already exited with its own code: that is its outcome, never a guard stop
+            for action in actions:
                 self._act(action, attempt, host)
 
     def _act(self, action: guards.Action, attempt: Attempt, host: Any) -> None:
         detail = dict(action.detail)
         key = action.key or action.incident
+        if action.kind == "confirm":
+            self._recheck_soon(action)
+            return
         if action.kind in ("warn", "incident"):
             if key in self.warned:
                 return
@@ -508,25 +558,47 @@ class RunSupervisor:
         if action.kind == "stop":
             if action.incident == "stalled":
                 detail["stacks"] = _py_spy_dump(host.run_pids if host else frozenset())
-            self._incident(action.incident, action.message + " — stopping gracefully", detail,
-                           key=f"{self.run}:{attempt.n}:{action.incident}")
+                detail["log"] = str(self.spec.log)  # the channel message names where babysit saw no record
+            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
             self.request_stop(action.incident)
+
+    def _recheck_soon(self, action: guards.Action) -> None:
+        """A holder seen once: read again in a moment instead of waiting a whole guard interval."""
+        log.info("gpu holder to confirm", run=self.run, holders=action.detail.get("holders"))
+        if self.recheck_pending:
+            return
+        self.recheck_pending = True
+
+        def recheck() -> None:
+            self.recheck_pending = False
+            try:
+                self.guard(stall_seconds=self.spec.guards.stall_minutes * self.ctx.scale)
+            except Exception:
+                log.exception("guard re-check failed", run=self.run)
+
+        timer = threading.Timer(min(RECHECK_SECONDS, self.ctx.scale / 2), recheck)
+        timer.daemon = True
+        timer.start()
 
     def _note_attempt(self, attempt: Attempt, **facts: Any) -> None:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
 
     def request_stop(self, reason: str) -> bool:
-        """Graceful stop: record it, SIGTERM the group, SIGKILL after the grace period (in a thread)."""
+        """Graceful stop: record it, ask the run's leader to stop with the spec's `stop_signal` (never the
+        whole group: its DataLoader workers would die before it checkpoints), SIGKILL everything after the
+        grace period (in a thread)."""
         with self.lock:
             attempt = self.attempt
             if attempt is None or attempt.status != "running" or self.stopping:
                 return False
             self.stopping = True
-            self._set("stopping", stop={"attempt": attempt.n, "reason": reason, "at": self.ctx.now()})
+            self._set("stopping", stop={"attempt": attempt.n, "reason": reason, "at": self.ctx.now(),
+                                        "signal": self.spec.stop_signal})
         grace = self.spec.guards.stop_grace_seconds
+        sig = signal.Signals[self.spec.stop_signal]
 
         def stop() -> None:
-            self.executor.signal(attempt, signal.SIGTERM)
+            self.executor.stop(attempt, sig)
             if not self.executor.wait(attempt, grace):
                 log.warning("grace period over: SIGKILL", run=self.run, attempt=attempt.n, grace_s=grace)
                 self.executor.kill(attempt)
@@ -543,19 +615,65 @@ def _note_lines(notes: Any) -> list[str]:
     return [str(n) for n in notes]
 
 
-def _py_spy_dump(pids: frozenset[int]) -> dict[str, str]:
-    """A stack dump of every process of the run, taken before anything is killed (py-spy, if installed)."""
+def _py_spy_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
+    """A stack dump of every process of the run, taken before anything is killed: pid -> py-spy's text.
+
+    py-spy is a dependency, but it can still fail (ptrace denied, a process it cannot read); then
+    "note" says why, in words the incident's channel message shows, so nobody goes looking for a dump
+    that was never taken. The dumps run side by side under one deadline: the guard waits at most
+    `timeout_s`, however many processes the run has.
+    """
     import shutil
     import subprocess
+    import sysconfig
 
-    exe = shutil.which("py-spy")
+    beside = Path(sysconfig.get_path("scripts")) / "py-spy"  # the daemon's own environment, PATH or not
+    exe = str(beside) if beside.is_file() else shutil.which("py-spy")
     if exe is None:
-        return {"note": "py-spy is not installed: `pip install py-spy` to get stack dumps of stalled runs"}
-    out = {}
+        return {"note": "no stack dump: py-spy is not installed (it is a babysit dependency: reinstall babysit "
+                        "with `pip install -e .`)"}
+    running: dict[int, subprocess.Popen[str]] = {}
+    failed: dict[int, str] = {}
     for pid in sorted(pids)[:16]:
         try:
-            res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
-            out[str(pid)] = (res.stdout or res.stderr)[-8000:]
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            out[str(pid)] = f"py-spy failed: {exc}"
+            running[pid] = subprocess.Popen([exe, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        except OSError as exc:
+            failed[pid] = f"py-spy could not start ({exc.strerror or exc})"
+    deadline = time.monotonic() + timeout_s
+    out: dict[str, str] = {}
+    for pid, proc in running.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed[pid] = f"py-spy took longer than {timeout_s:g} s"
+            continue
+        if proc.returncode == 0 and stdout.strip():
+            out[str(pid)] = stdout[-8000:]
+        else:
+            failed[pid] = _py_spy_failure(stderr or stdout)
+    if failed:
+        reasons: dict[str, list[str]] = {}
+        for pid, why in failed.items():
+            reasons.setdefault(why, []).append(str(pid))
+        said = "; ".join(f"pid {', '.join(p)}: {why}" for why, p in reasons.items())
+        out["note"] = ("no stack dump" if not out else "no stack dump for some processes") + f" — {said}"
+    elif not out:
+        out["note"] = "no stack dump: babysit found no process of the run to dump"
     return out
+
+
+def _py_spy_failure(text: str) -> str:
+    """py-spy's error in a line that says what to do about it."""
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+        return ("ptrace denied — py-spy needs CAP_SYS_PTRACE or kernel.yama.ptrace_scope = 0 "
+                "(containers: --cap-add SYS_PTRACE), or babysit running as the trainer's user")
+    if "no such process" in low:
+        return "the process exited before py-spy read it"
+    if "failed to find python version" in low:
+        return "py-spy could not read it as a Python process (not Python, or an interpreter py-spy cannot parse)"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "no output")
+    return f"py-spy failed: {first[:160]}"

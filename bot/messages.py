@@ -7,10 +7,13 @@ and, where Slack shows more, Block Kit blocks. Pure: no I/O, no Slack imports.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from babysit.guards import hours
+from babysit.runtable import fmt_duration, status_table  # the table `babysit status` prints, shared
+from babysit.runview import RunRow
 from bot.blocks import actions, code, confirm_button, context, divider, header, section
 
 GIB = 2**30
@@ -33,19 +36,6 @@ def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
     return renderer(payload)
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = round(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m:02d}m"
-    if m:
-        return f"{m}m{s:02d}s"
-    return f"{s}s"
-
-
 def fmt_gib(n: float | None) -> str:
     return "?" if n is None else f"{n / GIB:.1f} GiB"
 
@@ -63,11 +53,11 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
         parts.append(f"ETA {fmt_duration(s['eta_seconds'])}")
     cap = s.get("gpu_hours_cap")
     if s.get("gpu_hours_used") is not None and s.get("gpus"):  # a CPU run costs no GPU-hours: say nothing
-        used = f"{s['gpu_hours_used']:.2f}"
-        parts.append(f"GPU-h {used}/{cap:g}" if cap else f"GPU-h {used}")
-    utils = [g.get("util_pct") for g in s.get("gpus") or () if g.get("util_pct") is not None]
-    if utils:
-        parts.append("util " + "/".join(f"{u:.0f}%" for u in utils))
+        used = hours(s["gpu_hours_used"])
+        parts.append(f"GPU-h {used}/{hours(cap)}" if cap else f"GPU-h {used}")
+    measured = [g for g in s.get("gpus") or () if g.get("util_pct") is not None]
+    if measured:
+        parts.append("util " + "/".join(f"{g['util_pct']:.0f}%" for g in measured) + _util_window(measured))
     if s.get("gpu_note"):
         parts.append(s["gpu_note"])
     if s.get("available_ram_bytes") is not None:
@@ -76,6 +66,14 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
     if prov:
         parts.append(_read_phrase(prov))
     return " · ".join(parts)
+
+
+def _util_window(gpus: list[Mapping[str, Any]]) -> str:
+    """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window."""
+    lows = [g["util_min_pct"] for g in gpus if g.get("util_min_pct") is not None]
+    samples = min(int(g.get("util_samples") or 0) for g in gpus)
+    parts = ([f"min {'/'.join(f'{u:.0f}%' for u in lows)}"] if lows else []) + [f"{samples} samples"]
+    return f" ({', '.join(parts)})"
 
 
 def _read_phrase(v: Mapping[str, Any]) -> str:
@@ -126,18 +124,65 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.get("kind"), "poll")
     lines = [f"📊 {s['run']} {title}: " + snapshot_line(s)]
     for flag in s.get("flags") or ():
-        lines.append(f"⚠️ {FLAG_TEXT.get(flag, flag)}")
+        lines.append(flag_line(flag, s))
     if s.get("latest_eval"):
         evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
         lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
     return Rendered("\n".join(lines), [section("\n".join(lines))])
 
 
-FLAG_TEXT = {
-    "input-starvation": "input starvation suspected: GPU util under threshold while steps advance "
-                        "— raise --num-workers/--prefetch-factor before letting it ride",
-    "host-memory-pressure": "host memory pressure: free RAM under the guard",
-    "gpu-unseen": "no GPU visible to babysit: GPU guards cannot see this run's GPUs",
+def flag_line(flag: str, s: Mapping[str, Any]) -> str:
+    """A poll flag in words, with the figures behind it; ⚠️ only where something needs a look."""
+    text = _FLAG_TEXT.get(flag)
+    if text is None:
+        return f"⚠️ {flag}"
+    line = text(s)
+    return line if flag in _CALM_FLAGS else f"⚠️ {line}"
+
+
+def _mean_util(s: Mapping[str, Any]) -> str:
+    utils = [g["util_pct"] for g in s.get("gpus") or () if g.get("util_pct") is not None]
+    return f"{sum(utils) / len(utils):.0f} %" if utils else "?"
+
+
+def _since(seconds: float | None) -> str:
+    return "?" if seconds is None else fmt_duration(seconds)
+
+
+_CALM_FLAGS = {"waiting-for-first-record"}
+_FLAG_TEXT: dict[str, Any] = {
+    "input-starvation": lambda s: (
+        f"input starvation: GPU util {_mean_util(s)} while the trainer waits on its input "
+        f"{(s.get('data_wait_frac') or 0):.0%} of each step — raise --num-workers / prefetch, or speed up "
+        "storage, before letting it ride"),
+    "gpu-util-low": lambda s: (
+        f"GPU util low ({_mean_util(s)})"
+        + (f"; the trainer waits on its input only {s['data_wait_frac']:.1%} of each step, so not input starvation"
+           if s.get("data_wait_frac") is not None else "")
+        + " — possible causes: small batches or kernel-launch overhead (raise the batch, CUDA graphs, "
+          "torch.compile), host-device syncs (.item(), logging), a slow collective, or the input pipeline"),
+    "host-memory-pressure": lambda s: f"host memory pressure: free RAM {fmt_gib(s.get('available_ram_bytes'))} "
+                                      "under the guard's floor",
+    "gpu-unseen": lambda s: "no GPU visible to babysit: GPU guards cannot see this run's GPUs"
+                            + (f" ({s['gpu_note']})" if s.get("gpu_note") else ""),
+    "gpu-held": lambda s: "another process holds the run's GPU: " + "; ".join(
+        f"GPU {g.get('index')}: pid {h.get('pid')} ({h.get('name')})"
+        for g in s.get("gpus") or () for h in g.get("held_by_foreign") or ()),
+    "gpu-fault": lambda s: "GPU fault: " + "; ".join(
+        f"GPU {g.get('index')}: {', '.join(g.get('faults') or ())}" for g in s.get("gpus") or () if g.get("faults")),
+    "stalled?": lambda s: f"no new log record for {_since(s.get('seconds_since_last_record'))} — the stall guard "
+                          f"stops the run at {_since(s.get('stall_seconds'))}",
+    "waiting-for-first-record": lambda s: (
+        f"waiting for the first record in {s.get('log_path') or 'the log'} "
+        f"({_since(s.get('seconds_since_launch'))} since launch; start-up is normal)"),
+    "no-log-records-yet": lambda s: (
+        f"no record in {s.get('log_path') or 'the log'} yet, {_since(s.get('seconds_since_launch'))} after launch "
+        f"— is the trainer writing there? (the stall guard stops the run at {_since(s.get('stall_seconds'))})"),
+    "gpu-hours-projection": lambda s: (
+        f"GPU-hours projected to the end {hours(s['gpu_hours_projected'])} exceed the cap "
+        f"{hours(s['gpu_hours_cap'])}: the run will be stopped at the cap"
+        if s.get("gpu_hours_projected") is not None and s.get("gpu_hours_cap") is not None
+        else "GPU-hours projected past the cap"),
 }
 
 
@@ -263,28 +308,6 @@ _RENDERERS = {
 }
 
 
-def status_table(rows: list[Mapping[str, Any]], now: float) -> str:
-    """`babysit status` and `/babysit status`: one line a run."""
-    header = f"{'RUN':<34} {'STATUS':<10} {'ATT':>3} {'STEP':>6} {'S/STEP':>7} {'ETA':>7} {'GPU-H':>6}  " \
-             f"{'LAST POLL':>9}  LAST INCIDENT / VERDICT"
-    lines = [header]
-    for r in rows:
-        sps = f"{r['seconds_per_step']:.3g}" if r.get("seconds_per_step") else "—"
-        ago = fmt_duration(now - r["last_poll_at"]) + " ago" if r.get("last_poll_at") else "—"
-        tail = []
-        if r.get("last_incident"):
-            tail.append(f"{r['last_incident']['kind']} ({fmt_duration(now - r['last_incident']['at'])} ago)")
-        v = r.get("verdict")
-        if v and v.get("label"):
-            mark = "" if v.get("status") == "FINAL" else f" {v.get('status')}@{v.get('at_step')}"
-            tail.append(f"{v['label']}{mark} Δ {fmt_delta(v.get('delta'))}")
-        lines.append(f"{r['run'][:34]:<34} {r['status']:<10} {r.get('attempt') or '—':>3} "
-                     f"{r.get('step') if r.get('step') is not None else '—':>6} {sps:>7} "
-                     f"{fmt_duration(r['eta_seconds']) if r.get('eta_seconds') else '—':>7} "
-                     f"{r.get('gpu_hours', 0):>6.2f}  {ago:>9}  {' · '.join(tail) or '—'}")
-    return "\n".join(lines)
-
-
 # -- slash commands ------------------------------------------------------------------------------------
 # Every string a slash command answers with. Each tells the user what to do next.
 
@@ -373,7 +396,7 @@ def poll_result(run: str, result: str, snapshot: Mapping[str, Any] | None) -> Re
     return reply(f"📊 `{run}` (poll on demand): {snapshot_line(snapshot)}\nThe full poll is in the run's thread.")
 
 
-def status_message(rows: list[Mapping[str, Any]], now: float) -> Rendered:
+def status_message(rows: Sequence[RunRow], now: float) -> Rendered:
     if not rows:
         return reply("No runs are registered. `babysit register RUN.toml` on the babysat host adds one.")
     table = status_table(rows, now)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from babysit.guards import Action, LiveFacts, foreign_holders, live, prelaunch, starvation
+from babysit.guards import Action, LiveFacts, foreign_holders, hours, live, low_util_flag, prelaunch, track_sightings
 from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
 from babysit.spec import GuardsSpec
 
 GIB = 2**30
 POLICY = GpuProcess(4242, "policy_server", 61 * GIB)
 TRAINER = GpuProcess(100, "python -m trainer", 70 * GIB)
-HIDDEN = GpuProcess(9999, "? (pid not visible from babysit's PID namespace)", None, visible=False)
+HIDDEN = GpuProcess(9999, "? (no such pid here: exited, or another PID namespace)", None, visible=False)
+EXITING = GpuProcess(100, "python -m trainer", 70 * GIB, zombie=True)
+GONE = GpuProcess(101, "? (no such pid here: exited, or another PID namespace)", 70 * GIB, visible=False)
 
 
 def gpu(index=0, procs=(), faults=(), known=True, util=97.0) -> GpuReading:
@@ -62,6 +64,12 @@ def test_prelaunch_unavailable_keeps_the_probe_reason():
     assert "install the NVIDIA driver" in action.message
 
 
+def test_prelaunch_ignores_the_runs_exited_attempt_and_zombies():
+    """An OOM'd attempt's pid NVML still lists while the retry starts is not a holder."""
+    assert prelaunch(GuardsSpec(), [0], view(gpu(0, [GONE])), past_run_pids=frozenset({101})) == ()
+    assert prelaunch(GuardsSpec(), [0], view(gpu(0, [EXITING]))) == ()
+
+
 def test_prelaunch_invisible_pid_explains_the_namespace():
     (action,) = prelaunch(GuardsSpec(), [0], view(gpu(0, [HIDDEN])))
     assert "--pid=host" in action.message
@@ -85,7 +93,8 @@ def test_foreign_holders_of_an_unavailable_view_is_empty_not_an_error():
 def facts(**changes) -> LiveFacts:
     base = dict(gpus=(0,), view=view(gpu(0, [TRAINER])), run_pids=frozenset({100}), gpu_hours_used=1.0,
                 gpu_hours_projected_at_end=5.0, seconds_since_last_record=30.0, process_alive=True,
-                available_ram_bytes=64 * GIB, already_warned=frozenset())
+                available_ram_bytes=64 * GIB, already_warned=frozenset(),
+                sightings={(0, 4242): 2, (0, 9999): 3})
     base.update(changes)
     return LiveFacts(**base)
 
@@ -99,6 +108,16 @@ G = GuardsSpec(gpu_hours_cap=12.0, min_free_host_ram_gib=8, stall_minutes=20)
     pytest.param(GuardsSpec(exclusive_gpu=False), facts(view=view(gpu(0, [TRAINER, POLICY]))),
                  [("warn", "gpu-held")], id="foreign-process-warns-when-shared"),
     pytest.param(G, facts(view=view(gpu(0, [TRAINER]))), [], id="own-process-is-not-foreign"),
+    pytest.param(G, facts(view=view(gpu(0, [TRAINER, POLICY])), sightings={(0, 4242): 1}),
+                 [("confirm", "gpu-held")], id="first-sighting-is-read-again-not-acted-on"),
+    pytest.param(G, facts(view=view(gpu(0, [EXITING])), run_pids=frozenset()), [],
+                 id="exiting-zombie-trainer-is-not-foreign"),
+    pytest.param(G, facts(view=view(gpu(0, [GONE])), run_pids=frozenset(), past_run_pids=frozenset({101}),
+                          sightings={(0, 101): 5}), [], id="a-pid-that-was-the-runs-is-never-foreign"),
+    pytest.param(G, facts(view=view(gpu(0, [HIDDEN])), sightings={(0, 9999): 2}), [("confirm", "gpu-held")],
+                 id="gone-pid-needs-a-third-read"),
+    pytest.param(G, facts(view=view(gpu(0, [HIDDEN]))), [("stop", "gpu-held")],
+                 id="invisible-pid-that-stays-stops"),
     pytest.param(G, facts(view=view(gpu(0, faults=["device lost"]))), [("stop", "gpu-fault")], id="lost-device-stops"),
     pytest.param(G, facts(view=view(gpu(0, faults=["xid 79"]))), [("incident", "gpu-fault")], id="xid-is-incident"),
     pytest.param(G, facts(view=view(gpu(1))), [("warn", "gpu-unseen")], id="gpu-vanished-warns"),
@@ -168,14 +187,35 @@ def test_action_detail_is_frozen_and_key_defaults_to_incident():
         action.detail["a"] = 2  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("util", "advanced", "threshold", "expected"), [
-    (30.0, True, 50, True),
-    (49.9, True, 50, True),
-    (50.0, True, 50, False),
-    (97.0, True, 50, False),
-    (30.0, False, 50, False),  # no progress: a stall, not starvation
-    (None, True, 50, False),  # not measured is no evidence either way
-    (0.0, True, 0, False),
+@pytest.mark.parametrize(("util", "advanced", "threshold", "wait", "expected"), [
+    (30.0, True, 50, 0.6, "input-starvation"),  # the trainer says it waits on its input
+    (49.9, True, 50, 0.2, "input-starvation"),
+    (38.0, True, 50, 0.009, "gpu-util-low"),  # small batches: the trainer waits on data 0.9 %
+    (38.0, True, 50, None, "gpu-util-low"),  # no evidence either way: no prescription
+    (50.0, True, 50, 0.9, None),
+    (97.0, True, 50, 0.9, None),
+    (30.0, False, 50, 0.9, None),  # no progress: a stall, not starvation
+    (None, True, 50, 0.9, None),  # not measured is no evidence either way
+    (0.0, True, 0, 0.9, None),
 ])
-def test_starvation(util, advanced, threshold, expected):
-    assert starvation(util, advanced, threshold) is expected
+def test_low_util_flag_needs_evidence_for_starvation(util, advanced, threshold, wait, expected):
+    assert low_util_flag(util, advanced, threshold, wait) == expected
+
+
+def test_sightings_count_consecutive_reads_and_reset_when_gone():
+    first = track_sightings({}, foreign_holders(view(gpu(0, [POLICY])), [0], frozenset()))
+    assert first == {(0, 4242): 1}
+    assert track_sightings(first, foreign_holders(view(gpu(0, [POLICY])), [0], frozenset())) == {(0, 4242): 2}
+    assert track_sightings(first, ()) == {}
+
+
+@pytest.mark.parametrize(("x", "text"), [(0.006, "0.006"), (0.0123, "0.012"), (0.42, "0.42"), (3.14159, "3.14"),
+                                         (12.0, "12.0"), (0, "0")])
+def test_hours_keep_enough_digits_to_compare_with_the_cap(x, text):
+    assert hours(x) == text
+
+
+def test_cap_stop_says_what_it_does_once():
+    small = GuardsSpec(gpu_hours_cap=0.006)
+    (stop,) = [a for a in live(small, facts(gpu_hours_used=0.0061)) if a.kind == "stop"]
+    assert stop.message == "GPU-hours 0.0061 reached the cap 0.006 — stopping the run"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from babysit.errors import BadInput
@@ -396,3 +397,35 @@ def test_out_of_range_indices_are_left_out_for_the_guard_to_report(nv, probe):
     view = probe.read([0, 7])
     assert [g.index for g in view.gpus] == [0]
     assert view.gpu(0).name == "NVIDIA H200" and view.gpu(0).uuid == "GPU-0"
+
+
+def test_a_poll_window_averages_its_whole_interval_whatever_the_guards_read(nv, probe):
+    """Guard reads every few seconds must not shrink a poll's average to the last few samples."""
+    nv.samples_supported = False
+    probe.read([0], window="poll:r")  # the launch read opens the run's poll window
+    for value in (100, 100, 10, 10, 10, 10):
+        nv.rates[0] = value
+        probe.sample()
+        probe.read([0])  # a guard check (its own window) between every sample
+    nv.rates[0] = 10
+    g = probe.read([0], window="poll:r").gpu(0)
+    # every sample of the interval counts: 6 timer samples, 6 taken by the guard reads, 1 by this read
+    assert g.util_samples == 13 and g.util_pct == pytest.approx(490 / 13) and g.util_min_pct == 10.0
+    guard = probe.read([0]).gpu(0)  # the guard's window since its last read: the poll's sample and its own
+    assert guard.util_samples == 2
+    probe.close_window("poll:r")
+    assert probe.read([0], window="poll:r").gpu(0).util_samples == 0  # closed: a new window, not measured yet
+
+
+def test_an_exited_unreaped_holder_is_marked_zombie(nv, probe):
+    """NVML can still list a trainer that has exited; it is a zombie until reaped, never a holder."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        nv.procs[0] = [(child.pid, GIB)]
+        (proc,) = probe.read([0]).gpu(0).processes
+        assert proc.zombie and proc.visible
+    finally:
+        child.wait()

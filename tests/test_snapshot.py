@@ -43,7 +43,12 @@ def test_first_poll_reports_util_pace_and_free_ram():
 
 
 @pytest.mark.parametrize(("kw", "flag"), [
-    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),))), "input-starvation", id="starved"),
+    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),)), data_wait_frac=0.5), "input-starvation",
+                 id="starved"),
+    pytest.param(dict(view=GpuView(True, None, (reading(util=20.0),)), data_wait_frac=0.01), "gpu-util-low",
+                 id="low-util-without-starvation"),
+    pytest.param(dict(points=(), seconds_since_launch=60.0, stall_seconds=1200.0), "waiting-for-first-record",
+                 id="start-up"),
     pytest.param(dict(host=HostReading(4 * GIB, 128 * GIB, 1, 1.0, frozenset({100}))), "host-memory-pressure",
                  id="low-ram"),
     pytest.param(dict(view=GpuView(False, "no driver — install it", ())), "gpu-unseen", id="no-gpu-visible"),
@@ -53,6 +58,8 @@ def test_first_poll_reports_util_pace_and_free_ram():
     pytest.param(dict(view=GpuView(True, None, (reading(faults=("xid 79",)),))), "gpu-fault", id="fault"),
     pytest.param(dict(seconds_since_last_record=700.0, stall_seconds=1200.0), "stalled?", id="stall-suspect"),
     pytest.param(dict(points=()), "no-log-records-yet", id="no-records"),
+    pytest.param(dict(points=(), seconds_since_launch=700.0, stall_seconds=1200.0), "no-log-records-yet",
+                 id="no-records-after-start-up"),
     pytest.param(dict(gpu_hours_used=11.9), "gpu-hours-projection", id="projection-past-cap"),
 ])
 def test_flags(kw, flag):
@@ -68,6 +75,18 @@ def test_flags(kw, flag):
 def test_no_false_flags(kw):
     s = snap(**kw)
     assert "input-starvation" not in s.flags and "stalled?" not in s.flags
+
+
+def test_low_util_without_data_wait_evidence_never_says_starvation():
+    """The README's H200 profile: util 38 % from small batches, the trainer waiting on data 0.9 %."""
+    s = snap(view=GpuView(True, None, (reading(util=38.0),)), data_wait_frac=0.009)
+    assert "input-starvation" not in s.flags and "gpu-util-low" in s.flags
+
+
+def test_zombie_holder_is_not_foreign_in_a_poll():
+    exiting = GpuProcess(555, "python -m trainer", GIB, zombie=True)
+    s = snap(view=GpuView(True, None, (reading(procs=(TRAINER, exiting)),)))
+    assert s.gpus[0]["held_by_foreign"] == [] and "gpu-held" not in s.flags
 
 
 def test_unavailable_gpu_view_is_a_note_never_zero():

@@ -41,17 +41,23 @@ class Executor(Protocol):
     def wait(self, attempt: Attempt, timeout: float | None) -> bool:
         """Block until the attempt ends (True) or the timeout passes (False)."""
 
-    def signal(self, attempt: Attempt, sig: int) -> None:
-        """Send a signal to every process of the attempt."""
+    def stop(self, attempt: Attempt, sig: int) -> None:
+        """Ask the run to stop: `sig` (the spec's `stop_signal`) to the run's leader ONLY — the trainer's
+        main process, or the launcher (torchrun) that passes it to its ranks. Never to the whole group:
+        DataLoader workers that get it die before their trainer has checkpointed."""
 
     def kill(self, attempt: Attempt) -> None:
-        """SIGKILL every process of the attempt (after the grace period)."""
+        """SIGKILL every process of the attempt, leader, group and strays alike (after the grace period)."""
 
     def root_pid(self, attempt: Attempt) -> int | None:
         """The pid whose process tree is the run's (for probes); None where it is not visible here."""
 
     def status_note(self, attempt: Attempt) -> str | None:
         """A line for polls (e.g. a pending reason); None when there is nothing to say."""
+
+    def own_pids(self, attempt: Attempt) -> frozenset[int]:
+        """Pids the attempt's processes had that the daemon may not have seen in its tree (a trainer
+        that exited between two reads): never taken for foreign GPU holders. Empty where not visible."""
 
 
 def open_executor(name: str, state_dir: object) -> Executor:

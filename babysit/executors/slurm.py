@@ -340,6 +340,9 @@ class SlurmExecutor:
 
         return SidecarGpuProbe(Path(attempt.attempt_dir), stale_after=max(60.0, 6 * _probe_interval()))
 
+    def own_pids(self, attempt: Attempt) -> frozenset[int]:
+        return frozenset()  # the job's processes live on another node: its probe sidecar marks them
+
     def status_note(self, attempt: Attempt) -> str | None:
         return st.status_note(self.job_state(attempt))
 

@@ -5,8 +5,10 @@ the error, so a driver hiccup becomes a reading with `errors` and a None, never 
 daemon. A machine without a driver gives `GpuView(available=False, reason=...)`, and the reason ends
 with the fix: "not measured" must never read as "fine".
 
-Utilization is a *window average*: the daemon calls `sample()` every second and `read()` at each
-guard check or poll; `util_pct` averages every sample since the previous read of that GPU. By default
+Utilization is a *window average*: the daemon calls `sample()` every second and `read(indices, window)`
+at each guard check or poll; `util_pct` (and `util_min_pct`) cover every sample since the previous read
+of that GPU *in the same window*. Windows are independent: a run's polls read `poll:<run>`, which its
+prelaunch read opens, so a poll averages its whole interval however often the guards read. By default
 each sample is nvmlDeviceGetUtilizationRates (~1 µs on an H200; itself an average over the driver's
 last sampling period). NVML's own sample buffer (nvmlDeviceGetSamples, `sample_buffer=True`) misses
 nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2000x the cost.
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from babysit.errors import BadInput
-from babysit.probes.host import process_name
+from babysit.probes.host import process_state
 
 SAMPLE_BUFFER = 256  # nvmlSample_t slots for one nvmlDeviceGetSamples call (the driver keeps fewer)
 NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
@@ -36,7 +38,8 @@ class GpuProcess:
     pid: int
     name: str
     used_memory_bytes: int | None
-    visible: bool = True  # False: the pid is not in babysit's PID namespace (container without --pid=host)
+    visible: bool = True  # False: no such pid here — exited since NVML listed it, or another PID namespace
+    zombie: bool = False  # it has exited and waits to be reaped: never a holder
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class GpuReading:
     index: int
     name: str
     uuid: str
-    util_pct: float | None  # mean over the samples since the last read(); None: not measured
+    util_pct: float | None  # mean over the window's samples since its last read(); None: not measured
     util_samples: int
     memory_used_bytes: int | None
     memory_total_bytes: int | None
@@ -52,6 +55,7 @@ class GpuReading:
     faults: tuple[str, ...]  # "xid 79", "ecc uncorrectable volatile 2", "device lost"
     processes_known: bool = True  # False: listing failed; `processes == ()` then means "not measured"
     errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
+    util_min_pct: float | None = None  # the lowest sample of the window
 
 
 @dataclass(frozen=True)
@@ -67,21 +71,36 @@ class GpuView:
         return None
 
 
+GUARD_WINDOW = "guard"
+
+
 class GpuProbe(Protocol):
     def sample(self) -> None: ...
-    def read(self, indices: Sequence[int]) -> GpuView: ...
+    def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView: ...
     def close(self) -> None: ...
 
 
 @dataclass
 class _Util:
-    """Running utilization sum for one GPU since its last read."""
+    """How one GPU's utilization is sampled (NVML's buffer or rates) and where the buffer was left."""
 
-    total: float = 0.0
-    count: int = 0
     last_ts: int = 0  # newest NVML sample timestamp consumed (µs)
     primed: bool = False  # the buffer's pre-existing samples were skipped once
     rates_only: bool = False  # the GPU has no sample buffer: accumulate GetUtilizationRates
+
+
+@dataclass
+class _Window:
+    """One reader's running utilization sum for one GPU since that reader's last read."""
+
+    total: float = 0.0
+    count: int = 0
+    low: float = float("inf")
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        self.low = min(self.low, value)
 
 
 class NvmlGpuProbe:
@@ -100,6 +119,7 @@ class NvmlGpuProbe:
         self._count = 0
         self._handles: dict[int, Any] = {}
         self._util: dict[int, _Util] = {}
+        self._windows: dict[int, dict[str, _Window]] = {}  # gpu -> window name -> running sum
         self._events: Any = None
         self._pending_faults: dict[int, list[str]] = {}
         self._ecc_base: dict[int, int] = {}
@@ -244,13 +264,15 @@ class NvmlGpuProbe:
                     return
                 attr = _value_attr(nv, value_type)
                 for s in fresh:
-                    acc.total += float(getattr(s.sampleValue, attr))
-                    acc.count += 1
+                    self._add(i, float(getattr(s.sampleValue, attr)))
                 return
         rates = self._nvml("nvmlDeviceGetUtilizationRates", h, default=None, gpu=i)
         if rates is not None:
-            acc.total += float(rates.gpu)
-            acc.count += 1
+            self._add(i, float(rates.gpu))
+
+    def _add(self, i: int, value: float) -> None:
+        for window in self._windows.setdefault(i, {}).values():
+            window.add(value)
 
     def _samples_one_call(self, h: Any, kind: int, last_ts: int) -> tuple[int, list[Any]]:
         """nvmlDeviceGetSamples in ONE driver call into a buffer kept between calls.
@@ -292,7 +314,7 @@ class NvmlGpuProbe:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def read(self, indices: Sequence[int]) -> GpuView:
+    def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         with self._lock:
             if not self._ensure_init():
                 return GpuView(False, self._reason, ())
@@ -301,18 +323,20 @@ class NvmlGpuProbe:
             for i in wanted:
                 self._sample_gpu(i)  # close the window with the newest samples
             self._drain_events()
-            readings = tuple(self._read_gpu(i) for i in wanted)
+            readings = tuple(self._read_gpu(i, window) for i in wanted)
             self._errors.pop(None, None)
             return GpuView(True, None, readings)
 
-    def _read_gpu(self, i: int) -> GpuReading:
+    def _read_gpu(self, i: int, window: str) -> GpuReading:
         nv = self._nv
         h = self._handle(i)
         faults = self._pending_faults.pop(i, [])
-        acc = self._util.get(i) or _Util()
+        windows = self._windows.setdefault(i, {})
+        acc = windows.get(window) or _Window()
+        windows[window] = _Window()  # this reader's next window starts now
         util = acc.total / acc.count if acc.count else None
+        low = acc.low if acc.count else None
         samples = acc.count
-        acc.total, acc.count = 0.0, 0
         name = uuid = "?"
         used = total = None
         procs: tuple[GpuProcess, ...] = ()
@@ -336,10 +360,16 @@ class NvmlGpuProbe:
                 faults.append(f"ecc uncorrectable volatile {int(ecc)}")
         if i in self._lost:
             faults.append("device lost")
-            util, samples = None, 0
+            util, low, samples = None, None, 0
         errors = tuple(self._errors.pop(i, []))
         return GpuReading(i, name, uuid, util, samples, used, total, procs, tuple(dict.fromkeys(faults)),
-                          processes_known=known, errors=errors)
+                          processes_known=known, errors=errors, util_min_pct=low)
+
+    def close_window(self, window: str) -> None:
+        """Forget a reader's window (a run that ended), so samples stop feeding it."""
+        with self._lock:
+            for windows in self._windows.values():
+                windows.pop(window, None)
 
 
 class FileGpuProbe:
@@ -368,7 +398,7 @@ class FileGpuProbe:
     def close(self) -> None:
         return None
 
-    def read(self, indices: Sequence[int]) -> GpuView:
+    def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         fix = f"fix the simulated GPU file {self.path} or change BABYSIT_GPU_PROBE"
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -391,7 +421,7 @@ class NullGpuProbe:
     def close(self) -> None:
         return None
 
-    def read(self, indices: Sequence[int]) -> GpuView:
+    def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         return GpuView(False, "GPU probing is off (BABYSIT_GPU_PROBE=none) — unset it to use NVML, "
                               "or declare gpus = [] for a CPU run", ())
 
@@ -450,12 +480,14 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _process(pid: int, used: int | None) -> GpuProcess:
-    name = process_name(int(pid))
-    if name is None:
-        return GpuProcess(int(pid), "? (pid not visible from babysit's PID namespace)",
-                          None if used is None else int(used), visible=False)
-    return GpuProcess(int(pid), name, None if used is None else int(used))
+def _process(pid: int, used: int | None, name: str | None = None) -> GpuProcess:
+    """A holder as this host sees it: a name, and whether the pid exists here and has exited."""
+    seen, zombie = process_state(int(pid))
+    memory = None if used is None else int(used)
+    if seen is None:
+        return GpuProcess(int(pid), name or "? (no such pid here: exited, or another PID namespace)", memory,
+                          visible=False)
+    return GpuProcess(int(pid), name or seen, memory, zombie=zombie)
 
 
 def _file_gpu(g: Mapping[str, Any]) -> GpuReading:
@@ -468,9 +500,11 @@ def _file_gpu(g: Mapping[str, Any]) -> GpuReading:
         uuid=str(g.get("uuid", f"GPU-sim-{index}")),
         util_pct=None if util is None else float(util),
         util_samples=int(g.get("util_samples", 0 if util is None else 1)),
+        util_min_pct=None if g.get("util_min_pct", util) is None else float(g.get("util_min_pct", util)),
         memory_used_bytes=_opt_int(g.get("memory_used_bytes")),
         memory_total_bytes=_opt_int(g.get("memory_total_bytes")),
-        processes=tuple(GpuProcess(int(p["pid"]), str(p.get("name", "?")), _opt_int(p.get("used_memory_bytes")))
+        # the simulated list's pids are looked up on this host like NVML's (exited? zombie?)
+        processes=tuple(_process(int(p["pid"]), _opt_int(p.get("used_memory_bytes")), p.get("name"))
                         for p in (procs or [])),
         faults=tuple(str(f) for f in g.get("faults", [])),
         processes_known=procs is not None,

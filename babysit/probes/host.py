@@ -72,6 +72,30 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
+def descendants(root_pid: int) -> list[psutil.Process]:
+    """The root's descendants now, whatever their process group or session.
+
+    torchrun starts each rank in a session of its own: a signal to the root's group misses them, a
+    walk of the tree does not. Empty when the root is gone.
+    """
+    try:
+        return psutil.Process(root_pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def sigkill(procs: list[psutil.Process]) -> int:
+    """SIGKILL each process; psutil re-checks it is the same process first, so a recycled pid is never hit."""
+    killed = 0
+    for proc in procs:
+        try:
+            proc.kill()
+            killed += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return killed
+
+
 def is_same_process(pid: int, create_time: float) -> bool:
     """Whether `pid` is alive and is the process started at `create_time` (not a recycled pid).
 
@@ -106,6 +130,17 @@ def process_name(pid: int) -> str | None:
         text = " ".join(cmdline[:3])
         return text if len(text) <= 80 else text[:77] + "..."
     return name or "?"
+
+
+def process_state(pid: int) -> tuple[str | None, bool]:
+    """(a readable name or None when no such pid is here, whether it is a zombie) for a GPU holder."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # its cmdline is gone; psutil says "no such process"
+            return f"{proc.name() or '?'} (exited)", True
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        pass
+    return process_name(pid), False
 
 
 def read_host(root_pid: int | None) -> HostReading:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.logtail import tail_bytes
-from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
+from babysit.probes.gpu import GUARD_WINDOW, GpuProcess, GpuReading, GpuView
 
 RECORD_VERSION = 1
 
@@ -64,10 +64,12 @@ def gpu_record(view: GpuView, job_pids: frozenset[int]) -> dict[str, Any]:
     return {
         "available": view.available, "reason": view.reason,
         "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "util_pct": g.util_pct,
-                  "util_samples": g.util_samples, "memory_used_bytes": g.memory_used_bytes,
+                  "util_samples": g.util_samples, "util_min_pct": g.util_min_pct,
+                  "memory_used_bytes": g.memory_used_bytes,
                   "memory_total_bytes": g.memory_total_bytes, "processes_known": g.processes_known,
                   "processes": [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes,
-                                 "job": p.pid in job_pids} for p in g.processes],
+                                 "job": p.pid in job_pids, "visible": p.visible, "zombie": p.zombie}
+                                for p in g.processes],
                   "faults": list(g.faults), "errors": list(g.errors)} for g in view.gpus],
     }
 
@@ -153,7 +155,8 @@ class SidecarGpuProbe:
     def records(self) -> list[dict[str, Any]]:
         return [r for r in (latest_record(p) for p in self.files()) if r is not None]
 
-    def read(self, indices: Sequence[int]) -> GpuView:
+    def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
+        # the sidecar's records are already interval averages: every window reads the newest one
         return view_from_records(self.records(), indices, time.time(), self.stale_after)
 
     def host(self) -> list[dict[str, Any]]:
@@ -169,7 +172,8 @@ class SidecarGpuProbe:
 
 def _reading(g: Mapping[str, Any]) -> GpuReading:
     """A sidecar GPU entry → GpuReading, the job's own processes left out (see the module docstring)."""
-    procs = tuple(GpuProcess(int(p["pid"]), str(p.get("name", "?")), _opt_int(p.get("used_memory_bytes")))
+    procs = tuple(GpuProcess(int(p["pid"]), str(p.get("name", "?")), _opt_int(p.get("used_memory_bytes")),
+                             visible=bool(p.get("visible", True)), zombie=bool(p.get("zombie", False)))
                   for p in g.get("processes", []) if not p.get("job"))
     util = g.get("util_pct")
     return GpuReading(index=int(g.get("index", 0)), name=str(g.get("name", "?")), uuid=str(g.get("uuid", "?")),
@@ -178,7 +182,8 @@ def _reading(g: Mapping[str, Any]) -> GpuReading:
                       memory_total_bytes=_opt_int(g.get("memory_total_bytes")), processes=procs,
                       faults=tuple(str(f) for f in g.get("faults", [])),
                       processes_known=bool(g.get("processes_known", True)),
-                      errors=tuple(str(e) for e in g.get("errors", [])))
+                      errors=tuple(str(e) for e in g.get("errors", [])),
+                      util_min_pct=None if g.get("util_min_pct") is None else float(g["util_min_pct"]))
 
 
 def _opt_int(value: Any) -> int | None:

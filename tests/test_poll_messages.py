@@ -1,0 +1,58 @@
+"""What a poll says in words: every flag a snapshot can raise has user text with its figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from babysit.logtail import ProgressPoint
+from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
+from babysit.probes.host import HostReading
+from babysit.snapshot import FLAGS, build_snapshot
+from bot.messages import flag_line, render
+
+GIB = 2**30
+POINTS = tuple(ProgressPoint(s, 1000.0 + 0.05 * s) for s in range(0, 101, 10))
+
+
+def poll_text(**kw) -> str:
+    base = dict(run="r", attempt=1, at=5000.0, kind="first", points=POINTS, read_step=1000, gpu_hours_used=0.0061,
+                gpu_hours_cap=0.006, gpus=(0,), log_path="outputs/r/train_log.jsonl",
+                view=GpuView(True, None, (GpuReading(0, "NVIDIA H200", "GPU-0", 38.0, 1800, GIB, 141 * GIB,
+                                                     (GpuProcess(100, "python -m trainer", GIB),), (),
+                                                     util_min_pct=12.0),)),
+                host=HostReading(64 * GIB, 128 * GIB, GIB, 100.0, frozenset({100})), data_wait_frac=0.009)
+    base.update(kw)
+    snap = build_snapshot(**base)
+    return render("poll", {"run": "r", "snapshot": snap.to_dict()}).text
+
+
+def test_every_flag_has_words_not_its_raw_name():
+    for flag in FLAGS:
+        line = flag_line(flag, {})
+        assert flag not in line, f"{flag} reaches users raw: {line}"
+
+
+def test_the_readme_h200_profile_reads_low_util_with_its_causes_not_starvation():
+    text = poll_text()
+    assert "GPU util low (38 %)" in text and "0.9% of each step" in text and "not input starvation" in text
+    assert "--num-workers" not in text
+    assert "util 38% (min 12%, 1800 samples)" in text
+
+
+def test_starvation_with_evidence_prescribes_the_input_pipeline():
+    text = poll_text(data_wait_frac=0.45)
+    assert "input starvation: GPU util 38 %" in text and "45% of each step" in text and "--num-workers" in text
+
+
+def test_first_poll_before_any_record_names_the_path_calmly_then_warns():
+    early = poll_text(points=(), seconds_since_launch=60.0, stall_seconds=1200.0)
+    assert "waiting for the first record in outputs/r/train_log.jsonl (1m00s since launch" in early
+    assert "⚠️ waiting" not in early and "no-log-records-yet" not in early
+    late = poll_text(points=(), seconds_since_launch=900.0, stall_seconds=1200.0)
+    assert "⚠️ no record in outputs/r/train_log.jsonl yet, 15m00s after launch" in late
+    assert "stops the run at 20m00s" in late
+
+
+@pytest.mark.parametrize(("used", "cap", "shown"), [(0.0061, 0.006, "GPU-h 0.0061/0.006"), (3.14159, 12.0, "GPU-h 3.14/12.0")])
+def test_gpu_hours_keep_enough_digits(used, cap, shown):
+    assert shown in poll_text(gpu_hours_used=used, gpu_hours_cap=cap)
