@@ -24,6 +24,8 @@ FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled")
 CLASSIFY_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
 MIN_POLL_MINUTES = 30  # the seed's standing rule: >= 30-minute cadence after the first poll
 AMBIGUOUS_BY_INSTRUMENT = "AMBIGUOUS-BY-INSTRUMENT"
+# What `[run] stop_signal` may name: signals a trainer can catch to checkpoint and exit (never KILL/STOP).
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class RunSpec:
     gpus: tuple[int, ...] = ()
     executor: str = "local"
     env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    stop_signal: str = "SIGTERM"  # sent to the run's leader alone on a graceful stop (STOP_SIGNALS)
     guards: GuardsSpec = GuardsSpec()
     poll: PollSpec = PollSpec()
     retry: RetrySpec = RetrySpec()
@@ -180,6 +183,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     gpus = run.int_list("gpus", ())
     executor = run.choice("executor", ("local", "slurm"), "local")
     env = run.str_map("env", {})
+    stop_signal = run.choice("stop_signal", STOP_SIGNALS, "SIGTERM")
     run.finish()
 
     spec = RunSpec(
@@ -192,6 +196,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         gpus=gpus,
         executor=executor,
         env=MappingProxyType(env),
+        stop_signal=stop_signal,
         guards=_guards(top.table("guards")),
         poll=_poll(top.table("poll")),
         retry=_retry(top.table("retry")),

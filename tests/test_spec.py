@@ -126,9 +126,20 @@ def test_bad_values_are_refused_naming_file_key_and_expectation(tmp_path: Path, 
     ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [-1]', "run.toml: run.gpus: expected a list of non-negative integers"),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\nexecutor = "k8s"', 'run.toml: run.executor: expected one of "local" | "slurm"'),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\nenv = { A = 1 }', "run.toml: run.env.A: expected a string, got 1"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\nstop_signal = "SIGKILL"',
+     'run.toml: run.stop_signal: expected one of "SIGTERM" | "SIGINT" | "SIGHUP" | "SIGUSR1" | "SIGUSR2", got \'SIGKILL\''),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\nstop_signal = "TERM"', "run.toml: run.stop_signal: expected one of"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\nstop_signal = 15', "run.toml: run.stop_signal: expected one of"),
 ])
 def test_bad_run_tables_are_refused(tmp_path: Path, run_table: str, message: str) -> None:
     assert rejection(tmp_path, "[run]\n" + run_table + "\n").startswith(message)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"])
+def test_stop_signal_defaults_to_sigterm_and_takes_a_catchable_signal(tmp_path: Path, name: str) -> None:
+    assert load_spec(write(tmp_path, MINIMAL)).stop_signal == "SIGTERM"
+    spec = load_spec(write(tmp_path, MINIMAL.replace('log = ', f'stop_signal = "{name}"\nlog = ')))
+    assert spec.stop_signal == name
 
 
 def test_missing_run_table_and_bad_toml_and_missing_file(tmp_path: Path) -> None:

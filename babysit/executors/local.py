@@ -1,8 +1,10 @@
 """The local executor: the run as a process tree on this machine, under the shim.
 
-argv only, never a shell. The shim leads its own session and process group; stop = SIGTERM to the
-group, wait, SIGKILL to the group. Liveness and exit come from the shim's lock and exit file, so a
-restarted daemon (not the parent) sees the same thing the launching daemon would have.
+argv only, never a shell. The shim leads its own session and process group. `stop` signals the shim,
+which passes the signal to its child alone — the trainer's main process or the torchrun agent, the one
+that can checkpoint and stop its own workers (see `shim`); `kill`, after the grace period, SIGKILLs
+the group and every descendant outside it. Liveness and exit come from the shim's lock and exit file,
+so a restarted daemon (not the parent) sees the same thing the launching daemon would have.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from babysit.executors import ExitInfo, Launched
 from babysit.logtail import tail_bytes
-from babysit.probes.host import process_create_time
+from babysit.probes.host import CREATE_TIME_TOLERANCE_S, descendants, process_create_time, sigkill
 from babysit.store import Attempt
 
 
@@ -124,18 +126,27 @@ class LocalExecutor:
                 os.close(fd)
             time.sleep(0.05)
 
-    def signal(self, attempt: Attempt, sig: int) -> None:
+    def stop(self, attempt: Attempt, sig: int) -> None:
+        """`sig` to the shim, which forwards it to the run's leader only: never to its DataLoader workers."""
         if attempt.pid is None or not self._is_ours(attempt):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(attempt.pid, sig)
+            os.kill(attempt.pid, sig)
 
     def kill(self, attempt: Attempt) -> None:
-        """SIGKILL the whole group, the shim gone or not: no orphan outlives its attempt."""
+        """SIGKILL the whole group and every descendant outside it, the shim gone or not: no orphan outlives
+        its attempt. torchrun ranks lead sessions of their own, so the group alone would miss them; the
+        tree is read before the group goes, while the shim still holds it together."""
         if attempt.pid is None:
             return
+        created = process_create_time(attempt.pid)
+        if created is not None and attempt.pid_create_time is not None \
+                and abs(created - attempt.pid_create_time) >= CREATE_TIME_TOLERANCE_S:
+            return  # the number is a stranger's now: its group, if any, is not ours
+        tree = descendants(attempt.pid) if created is not None else []
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(attempt.pid, signals.SIGKILL)
+        sigkill(tree, wait_s=5.0)
         self._reap(attempt)
 
     def root_pid(self, attempt: Attempt) -> int | None:
@@ -149,7 +160,7 @@ class LocalExecutor:
         if attempt.pid_create_time is None:
             return self._alive(attempt)
         created = process_create_time(attempt.pid)
-        return created is not None and abs(created - attempt.pid_create_time) < 0.01
+        return created is not None and abs(created - attempt.pid_create_time) < CREATE_TIME_TOLERANCE_S
 
     def _reap(self, attempt: Attempt) -> None:
         proc = self._children.pop(attempt.id, None)

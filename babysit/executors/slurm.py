@@ -129,7 +129,8 @@ class SlurmExecutor:
         path = adir / "job.sbatch"
         _write_atomic(path, text)
         name = script.job_name(attempt.run, attempt.n, token)
-        _write_json(adir / "submit.json", {"token": token, "job_name": name, "at": time.time()})
+        scope = script.stop_scope(request.slurm, request.n_gpus)  # how this script expects to be stopped
+        _write_json(adir / "submit.json", {"token": token, "job_name": name, "at": time.time(), "stop_scope": scope})
         sub_env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}  # a different job's, if any
         submitted = time.time()
         try:
@@ -146,7 +147,7 @@ class SlurmExecutor:
         if not job_id.isdigit() and "_" not in job_id:
             raise SlurmError(f"sbatch --parsable printed {out.stdout!r}, not a job id")
         _write_json(adir / "job.json", {"job_id": job_id, "submitted_at": submitted, "token": token,
-                                        "job_name": name})
+                                        "job_name": name, "stop_scope": scope})
         log.info("submitted", run=attempt.run, attempt=attempt.n, job=job_id)
         return Launched(started_at=submitted, job_id=job_id)
 
@@ -163,7 +164,8 @@ class SlurmExecutor:
             return None
         submitted = float(sub.get("at") or time.time())
         _write_json(adir / "job.json", {"job_id": job_id, "submitted_at": submitted, "token": sub.get("token"),
-                                        "job_name": sub["job_name"], "found_by": "token"})
+                                        "job_name": sub["job_name"], "found_by": "token",
+                                        "stop_scope": sub.get("stop_scope")})
         return Launched(started_at=submitted, job_id=job_id)
 
     def _search(self, name: str, adir: Path) -> str | None:
@@ -295,10 +297,13 @@ class SlurmExecutor:
             time.sleep(max(0.05, pause))
 
     # -- stop -------------------------------------------------------------------------------------------
-    def signal(self, attempt: Attempt, sig: int) -> None:
-        """`scancel --signal=SIG --full`: every process of the job gets it, the batch shell's children too.
+    def stop(self, attempt: Attempt, sig: int) -> None:
+        """Ask the trainer's leader to stop, as the batch script expects it (`slurm_script.stop_scope`).
 
-        A job still PENDING has no process to signal: it is cancelled outright.
+        "batch": `scancel --batch --signal=SIG` reaches the batch shell alone, which passes it to the
+        trainer alone — never to its DataLoader workers. "full" (the srun/torchrun launch, and jobs
+        submitted before the scope was recorded): `scancel --full --signal=SIG`, every process of the
+        job. A job still PENDING has no process to signal: it is cancelled outright.
         """
         job_id = attempt.job_id or self._job_id_from_dir(attempt)
         if job_id is None:
@@ -310,7 +315,9 @@ class SlurmExecutor:
             self._scancel([job_id])
             return
         name = signals.Signals(sig).name.removeprefix("SIG")
-        self._scancel([f"--signal={name}", "--full", job_id])
+        job = _read_json(Path(attempt.attempt_dir) / "job.json") or {}
+        scope = "--batch" if job.get("stop_scope") == "batch" else "--full"
+        self._scancel([f"--signal={name}", scope, job_id])
 
     def kill(self, attempt: Attempt) -> None:
         """After the grace period: cancel the job (state CANCELLED), and SIGKILL whatever still runs."""

@@ -9,9 +9,13 @@ user passes through `shlex.quote`. What it does, in order:
 2. `cd` to the run's workdir and `export` the run's env.
 3. Start the trainer in the background (directly, or `srun` + torchrun for several GPUs per node or
    several nodes) and remember its pid; start the probe sidecar beside it.
-4. Wait for the trainer while ignoring SIGTERM itself: babysit stops with `scancel --signal=TERM
-   --full`, which delivers TERM to every process of the job (the trainer checkpoints); the shell
-   must outlive the trainer, or Slurm would reap the trainer with the shell.
+4. Wait for the trainer, never dying of a stop signal itself: the shell must outlive the trainer's
+   checkpoint, or Slurm would reap the trainer with the shell. How the stop reaches the trainer
+   (`stop_scope`): a trainer the shell started itself is its leader, so babysit signals the shell
+   alone (`scancel --batch`) and the shell passes the signal to the trainer alone — its DataLoader
+   workers never get it, and die only when the trainer, done checkpointing, stops them. Under
+   `srun` the leaders (one torchrun agent per node) are not the shell's to signal: `scancel --full`
+   delivers it to every process of the job, as before.
 5. Stop the sidecar, write `exit.json` (exit code, start and end) into the attempt directory — the
    record of the end that survives slurmctld forgetting the job — and exit with the trainer's code.
 """
@@ -23,7 +27,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.spec import SlurmSpec
+from babysit.spec import STOP_SIGNALS, SlurmSpec
 
 DEFAULT_RDZV_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -93,6 +97,12 @@ def torchrun_argv(argv: Sequence[str], nodes: int, per_node: int) -> list[str]:
     return ["torchrun", *opts, "--no-python", *argv]
 
 
+def stop_scope(slurm: SlurmSpec, n_gpus: int) -> str:
+    """How babysit's stop reaches the trainer: "batch" (the shell forwards it to the trainer alone) or
+    "full" (`scancel --full`: every process of the job, for the srun/torchrun launch)."""
+    return "full" if uses_torchrun(slurm, n_gpus) else "batch"
+
+
 def directives(req: BatchRequest) -> list[str]:
     """The `#SBATCH` options, in a fixed order, user extras last (Slurm: the last one wins)."""
     s = req.slurm
@@ -133,7 +143,6 @@ def render(req: BatchRequest) -> str:
     lines += [f"#SBATCH {_directive(opt)}" for opt in directives(req)]
     lines += [
         f"# Written by babysit for run {req.run}, attempt {req.attempt} (token {req.token}).",
-        "# babysit stops the job with `scancel --signal=TERM --full`, then `scancel` after the grace period.",
         "",
         "babysit_started=$(date +%s.%N)",
         f"babysit_dir={q(adir)}",
@@ -151,13 +160,32 @@ def render(req: BatchRequest) -> str:
         command = "srun --kill-on-bad-exit=1 " + " ".join(_word(w) for w in words)
     else:
         command = " ".join(q(w) for w in req.argv)
-    lines += [
-        "",
-        "# SIGTERM is for the trainer (scancel --full delivers it to every process): this shell only waits.",
-        "trap ':' TERM",
-        f"{command} &",
-        "babysit_child=$!",
-    ]
+    stops = [name.removeprefix("SIG") for name in STOP_SIGNALS]
+    if stop_scope(s, req.n_gpus) == "batch":
+        lines += [
+            "",
+            "# babysit stops the run with `scancel --batch --signal=SIG`, which reaches this shell alone; the shell",
+            "# passes it on to the trainer alone, once (its DataLoader workers are the trainer's to stop). After",
+            "# the grace period: `scancel`.",
+            "babysit_child=",
+            "babysit_stopping=",
+            'babysit_stop() { [ -n "$babysit_stopping" ] && return; babysit_stopping=$1; '
+            '[ -n "$babysit_child" ] && kill -s "$1" "$babysit_child" 2>/dev/null; }',
+            *(f"trap 'babysit_stop {sig}' {sig}" for sig in stops),
+            "# a script's background job ignores SIGINT and SIGQUIT unless it resets them: the trainer may stop on INT",
+            f"( trap - INT QUIT; exec {command} ) &",
+            "babysit_child=$!",
+            '[ -n "$babysit_stopping" ] && kill -s "$babysit_stopping" "$babysit_child" 2>/dev/null',
+        ]
+    else:
+        lines += [
+            "",
+            "# babysit stops the run with `scancel --full --signal=SIG` (every process of the job), then `scancel`",
+            "# after the grace period: the signal is for the trainer, this shell only waits.",
+            f"trap ':' {' '.join(stops)}",
+            f"{command} &",
+            "babysit_child=$!",
+        ]
     if req.probe_argv:
         probe = " ".join(q(w) for w in req.probe_argv)
         interval = q(f"{req.probe_interval:g}")

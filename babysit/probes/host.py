@@ -84,16 +84,33 @@ def descendants(root_pid: int) -> list[psutil.Process]:
         return []
 
 
-def sigkill(procs: list[psutil.Process]) -> int:
-    """SIGKILL each process; psutil re-checks it is the same process first, so a recycled pid is never hit."""
-    killed = 0
+def sigkill(procs: list[psutil.Process], wait_s: float = 0.0) -> int:
+    """SIGKILL each process; psutil re-checks it is the same process first, so a recycled pid is never hit.
+
+    A SIGKILL is delivered at once, but a process takes a moment to die (a big one, to free its
+    memory): wait up to `wait_s` until each is gone or a zombie, so "killed" means dead to the caller.
+    Returns how many were signalled.
+    """
+    killed = []
     for proc in procs:
         try:
             proc.kill()
-            killed += 1
+            killed.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return killed
+    deadline = time.monotonic() + wait_s
+    dying = killed
+    while dying and time.monotonic() < deadline:
+        time.sleep(0.01)
+        dying = [p for p in dying if _running(p)]
+    return len(killed)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def is_same_process(pid: int, create_time: float) -> bool:

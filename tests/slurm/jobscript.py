@@ -1,7 +1,9 @@
 """A tiny stand-in trainer for the Slurm tests: writes SPEC §4 JSONL records to $BABYSIT_LOG.
 
 Modes: `ok N` (N records, exit 0) · `fail` (exit 3) · `oom` (a MemoryError) · `term SIGNALS_FILE`
-(records until SIGTERM; on TERM it writes a record and a line to SIGNALS_FILE, exits 10) · `sleep S`.
+(records until SIGTERM; on TERM it writes a record and a line to SIGNALS_FILE, exits 10) · `sleep S` ·
+`leader SIGNALS_FILE` (a trainer with a DataLoader-like worker in its process group: each writes the
+stop signals that reach it to SIGNALS_FILE; the trainer stops its worker and exits 10).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -46,6 +49,38 @@ def main(mode: str, arg: str = "") -> int:
             record(state["step"])
             state["step"] += 1
             time.sleep(0.5)
+        return 0
+    if mode == "leader":
+        def note(text: str) -> None:
+            with open(arg, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+
+        worker = subprocess.Popen([sys.executable, __file__, "worker", arg])
+
+        def on_stop(signum: int, frame: object) -> None:
+            note(f"leader {signal.Signals(signum).name}")
+            worker.kill()
+            worker.wait()
+            sys.exit(10)
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, on_stop)
+        note("ready leader")
+        for step in range(240):
+            record(step)
+            time.sleep(0.5)
+        return 0
+    if mode == "worker":
+        def hit(signum: int, frame: object) -> None:
+            with open(arg, "a", encoding="utf-8") as f:
+                f.write(f"worker {signal.Signals(signum).name}\n")
+            sys.exit(1)
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, hit)
+        with open(arg, "a", encoding="utf-8") as f:
+            f.write("ready worker\n")
+        time.sleep(120)
         return 0
     if mode == "sleep":
         end = time.time() + float(arg)

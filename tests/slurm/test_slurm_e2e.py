@@ -175,5 +175,34 @@ def test_find_recovers_a_job_by_its_submit_token_when_job_json_is_lost(bench: Be
         assert json.loads((adir / "job.json").read_text())["found_by"] == "token"
     finally:
         running = replace(attempt, job_id=launched.job_id, status="running")
-        executor.signal(running, signal.SIGTERM)
+        executor.stop(running, signal.SIGTERM)
         assert executor.wait(running, 30)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_reaches_the_trainer_alone_not_its_dataloader_workers(bench: Bench, tmp_path: Path, sig: int) -> None:
+    """`scancel --batch`: the batch shell passes the stop to the trainer; its worker is the trainer's to stop."""
+    from dataclasses import replace
+
+    from babysit.executors.slurm import SlurmExecutor
+    from babysit.store import Attempt
+
+    name = unique("tleader")
+    notes = tmp_path / "signals.txt"
+    spec = bench.run_toml(name, jobscript("leader", str(notes)))
+    adir = tmp_path / "attempt"
+    attempt = Attempt(1, name, 1, "default", (), "slurm", 0, str(adir), "launching", None, None, None, time.time(),
+                      None, None, None, None, None, {})
+    executor = SlurmExecutor(tmp_path, poll_seconds=0.5)
+    env = {**bench.env, "BABYSIT_SPEC_FILE": str(spec), "BABYSIT_LOG": str(tmp_path / "log.jsonl")}
+    launched = executor.launch(attempt, jobscript("leader", str(notes)), env, str(tmp_path))
+    running = replace(attempt, job_id=launched.job_id, status="running")
+    try:
+        bench.until("the trainer and its worker", lambda: notes.exists() and notes.read_text().count("ready") == 2)
+        executor.stop(running, sig)
+        assert executor.wait(running, 30)
+    finally:
+        executor.kill(running)
+    assert notes.read_text().splitlines()[2:] == [f"leader {signal.Signals(sig).name}"], notes.read_text()
+    info = executor.exit_info(running)
+    assert info is not None and info.exit_code == 10, info

@@ -35,8 +35,8 @@ def request(**over: object) -> script.BatchRequest:
 
 def test_script_quotes_every_argv_word_so_the_shell_sees_exactly_the_argv() -> None:
     text = script.render(request())
-    line = next(ln for ln in text.splitlines() if ln.endswith(" &") and ln.startswith("python"))
-    assert shlex.split(line[:-2]) == NASTY
+    line = next(ln for ln in text.splitlines() if ln.startswith("( trap - INT QUIT; exec python"))
+    assert shlex.split(line.removeprefix("( trap - INT QUIT; exec ").removesuffix(" ) &")) == NASTY
 
 
 def test_script_exports_env_values_verbatim_through_a_real_shell(tmp_path: Path) -> None:
@@ -140,6 +140,58 @@ def test_script_waits_through_a_term_and_exits_with_the_childs_code(tmp_path: Pa
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=10) == 10
     assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 10
+
+
+LEADER = """
+import os, signal, subprocess, sys, time
+# a trainer and a DataLoader-like worker in its process group; each notes in argv[1] the signals it gets
+worker = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\\n"
+    "signal.signal(signal.SIGUSR1, lambda n, f: (open(sys.argv[1], 'a').write('worker\\\\n'), sys.exit(1)))\\n"
+    "signal.signal(signal.SIGINT, lambda n, f: (open(sys.argv[1], 'a').write('worker\\\\n'), sys.exit(1)))\\n"
+    "time.sleep(30)", sys.argv[1]])
+def stop(n, _):
+    open(sys.argv[1], "a").write(signal.Signals(n).name + "\\n")
+    worker.kill()
+    sys.exit(10)
+signal.signal(signal.SIGUSR1, stop)
+if sys.argv[2] == "handle-int":
+    signal.signal(signal.SIGINT, stop)
+print("ready", flush=True)
+try:
+    time.sleep(30)
+except KeyboardInterrupt:  # Python's own SIGINT handler, there only if SIGINT was not ignored at start
+    open(sys.argv[1], "a").write("KeyboardInterrupt\\n")
+    worker.kill()
+    sys.exit(10)
+"""
+
+
+@pytest.mark.parametrize(("sig", "mode", "seen"), [
+    (signal.SIGUSR1, "handle-int", "SIGUSR1"),
+    (signal.SIGINT, "handle-int", "SIGINT"),
+    (signal.SIGINT, "python-default", "KeyboardInterrupt"),
+])
+def test_a_stop_to_the_shell_alone_reaches_the_trainer_alone(tmp_path: Path, sig: int, mode: str, seen: str) -> None:
+    """`scancel --batch` signals the batch shell only: it passes the signal to the trainer, not its workers."""
+    notes = tmp_path / "notes"
+    req = request(attempt_dir=str(tmp_path), workdir=str(tmp_path), argv=("python3", "-c", LEADER, str(notes), mode),
+                  env=())
+    assert script.stop_scope(req.slurm, req.n_gpus) == "batch"
+    path = tmp_path / "job.sh"
+    path.write_text(script.render(req))
+    proc = subprocess.Popen(["bash", str(path)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(sig)  # the shell's pid alone, as slurmstepd does for --batch
+    assert proc.wait(timeout=10) == 10
+    assert notes.read_text().splitlines() == [seen], "the trainer got it; its worker did not"
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 10
+
+
+def test_under_srun_every_stop_signal_is_left_to_scancel_full_and_the_shell_survives_it() -> None:
+    torchrun = SlurmSpec(nodes=2, gpus_per_node=4)
+    assert script.stop_scope(torchrun, 4) == "full" and script.stop_scope(SlurmSpec(), 1) == "batch"
+    text = script.render(request(slurm=torchrun))
+    assert "trap ':' TERM INT HUP USR1 USR2" in text and "babysit_stop" not in text
 
 
 # -- state parsing --------------------------------------------------------------------------------------
