@@ -36,6 +36,17 @@ def progressed(root: Path, run: str, step: int) -> None:
     wait_for(lambda: (store.run_state(run)[1].get("step") or 0) >= step, 120, f"{run} to reach step {step}")
 
 
+def patient(spec: Path) -> Path:
+    """No stall stop while a loaded machine starts torch (accelerated, 20 declared minutes are 20 s)."""
+    spec.write_text(spec.read_text().replace("stop_grace_seconds = 20\n", "stop_grace_seconds = 20\nstall_minutes = 30\n"))
+    assert "stall_minutes = 30" in spec.read_text()
+    return spec
+
+
+def stopped_by(root: Path, run: str) -> str | None:
+    return (store_of(root).run_state(run)[1].get("stop") or {}).get("reason")
+
+
 def records(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
@@ -52,7 +63,8 @@ def tree_of(pid: int) -> set[int]:
 def test_abort_with_dataloader_workers_checkpoints_and_the_run_resumes_from_it(workspace: Path) -> None:
     name = "workers_stop"
     # save only on stop: a checkpoint can then come from nothing but the graceful stop
-    register(workspace, tiny_run(workspace, name, steps=100_000, args=("--num-workers", "2", "--save-every", "0")))
+    register(workspace, patient(tiny_run(workspace, name, steps=100_000,
+                                         args=("--num-workers", "2", "--save-every", "0"))))
     daemon = Daemon(workspace, "--exit-when-idle")
     progressed(workspace, name, 20)
     store = store_of(workspace)
@@ -66,6 +78,7 @@ def test_abort_with_dataloader_workers_checkpoints_and_the_run_resumes_from_it(w
     assert "is killed by signal" not in stderr, stderr[-2000:]
     assert attempt.exit_code == 10, f"exit {attempt.exit_code}, not the checkpoint-and-exit code:\n{stderr[-2000:]}"
     assert attempt.outcome == "stopped" and "did not exit cleanly" not in attempt.detail.get("summary", "")
+    assert stopped_by(workspace, name) == "abort"
     log = workspace / "outputs" / name / "train_log.jsonl"
     (stopped,) = [r for r in records(log) if r.get("event") == "stopped"]
     ckpt = workspace / "outputs" / name / "checkpoints" / f"step_{stopped['step']:06d}.pt"
@@ -73,7 +86,7 @@ def test_abort_with_dataloader_workers_checkpoints_and_the_run_resumes_from_it(w
     assert not any(pid_alive(p) for p in workers), "nothing of the run outlives it"
 
     # the resumed run continues from that checkpoint
-    resume = subprocess.run([PY, "-m", "trainer", "--recipe", "tiny", "--num-workers", "2",
+    resume = subprocess.run([PY, "-m", "trainer", "--recipe", "tiny",
                              "--log", str(log), "--checkpoints", str(ckpt.parent), "--resume", "latest",
                              "--steps", str(stopped["step"] + 3)], cwd=workspace, capture_output=True, text=True,
                             timeout=120)
@@ -204,7 +217,7 @@ def test_torchrun_abort_reaches_every_rank_through_the_agent_and_leaves_nothing(
     spec.write_text(text.replace(json.dumps([PY, "-m", "trainer"])[:-1], json.dumps([*TORCHRUN, "-m", "trainer"])[:-1])
                     .replace('"--log", ', '"--log-path", '))
     assert "torch.distributed.run" in spec.read_text()
-    register(workspace, spec)
+    register(workspace, patient(spec))
     daemon = Daemon(workspace, "--exit-when-idle")
     store = store_of(workspace)
     try:
@@ -220,7 +233,7 @@ def test_torchrun_abort_reaches_every_rank_through_the_agent_and_leaves_nothing(
     (attempt,) = store.attempts(name)
     stderr = (Path(attempt.attempt_dir) / "stderr.log").read_text()
     assert stderr.count("babysit-trainer: stopped on SIGTERM") == 2, stderr[-3000:]
-    assert attempt.outcome == "stopped"
+    assert attempt.outcome == "stopped" and stopped_by(workspace, name) == "abort"
     (stopped,) = [r for r in records(workspace / "outputs" / name / "train_log.jsonl") if r.get("event") == "stopped"]
     assert (workspace / "outputs" / name / "checkpoints" / f"step_{stopped['step']:06d}.pt").exists()
     assert not [p for p in tree if pid_alive(p)], "a rank outlived its run"
