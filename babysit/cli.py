@@ -11,8 +11,9 @@ import argparse
 import importlib
 import sys
 
-from babysit.errors import BabysitError
+from babysit.errors import EXIT_BAD_INPUT, BabysitError
 
+REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml); before or after the command"
 COMMANDS = ("register", "up", "status", "verdict", "amend", "prereg", "abort", "smoke", "bot", "probe", "demo")
 
 
@@ -22,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Babysit GPU training runs: guards, retries, pre-registered verdicts, Slack chat-ops.",
         epilog="Start with `babysit demo`. Docs: README.md and docs/.",
     )
+    parser.add_argument("--version", action=_Version, help="print babysit's version and exit")
+    # Global options go before or after the command (`babysit --registry X status` as git and kubectl
+    # users type it). A command's own copy defaults to SUPPRESS, so it never overwrites the global value.
+    parser.add_argument("--registry", metavar="PATH", default=None, help=REGISTRY_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -35,8 +40,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_registry_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--registry", metavar="PATH",
-                        help="the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml)")
+    """`--registry PATH` on a command that reads the registry; the global one works too."""
+    parser.add_argument("--registry", metavar="PATH", default=argparse.SUPPRESS, help=REGISTRY_HELP)
+    parser.set_defaults(reads_registry=True)
+
+
+class _Version(argparse.Action):
+    """`--version`, looked up only when asked (the metadata scan costs milliseconds on every call)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"babysit {package_version()}")
+        parser.exit()
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("babysit")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the repository)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    if args.registry is not None and not getattr(args, "reads_registry", False):
+        print(f"ERROR: --registry: `babysit {args.command}` does not read a registry", file=sys.stderr)
+        print(f"HINT: drop --registry; `babysit {args.command} --help` lists its options", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return int(args.func(args) or 0)
     except BabysitError as exc:

@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("amend", help="append an amendment (e.g. a scale rule) to a run's pre-registration",
                        description="Append FILE (title, rationale, scale, combine) to the run's amendment chain. "
                                    "Nothing in the frozen [prereg] is edited; the amendment adds a rule.")
-    p.add_argument("run", metavar="NAME")
+    p.add_argument("run", metavar="NAME", help="a registered run")
     p.add_argument("file", metavar="FILE", help="the amendment TOML")
     add_registry_option(p)
     p.set_defaults(func=run)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     seen = record.data_seen_through_step
     print(f"amendment {record.n} recorded for {spec.name}: {record.title}")
     print(f"  declared_at {record.declared_at}; {spec.prereg.metric} data seen through step "
-          f"{seen if seen is not None else '- (none yet)'}")
+          f"{seen if seen is not None else '— (none yet)'}")
     print(f"  sha256 {record.sha256}" + (f" (chained to {record.prev_sha256[:16]}…)" if record.prev_sha256 else ""))
     if seen is not None and seen >= spec.prereg.baseline_step:
         print(f"  note: declared after the baseline eval (step {spec.prereg.baseline_step}) was in the log; "

@@ -15,10 +15,16 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from babysit.cli import add_registry_option
 
-    p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain")
+    p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain",
+                       description="The pre-registration of a registered run, as `register` froze it.")
+    add_registry_option(p)
     actions = p.add_subparsers(dest="prereg_action", metavar="ACTION", required=True)
-    show = actions.add_parser("show", help="the frozen [prereg], its hash, and the verified amendment chain")
-    show.add_argument("run", metavar="NAME")
+    show = actions.add_parser("show", help="the frozen [prereg], its hash, and the verified amendment chain",
+                              description="Print the run's [prereg] as canonical JSON, its sha256 and whether the "
+                                          "spec still hashes to what `register` froze, and the amendment chain with "
+                                          "every record's hash recomputed. Exit 1 when the prereg was edited or the "
+                                          "chain is broken.")
+    show.add_argument("run", metavar="NAME", help="a registered run")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     add_registry_option(show)
     show.set_defaults(func=run)
@@ -95,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 def render(info: dict[str, Any]) -> str:
     lines = [f"run:            {info['run']}", f"spec:           {info['spec']}",
              f"registered_at:  {info['registered_at']}",
-             f"registered sha: {info['prereg_sha256_registered'] or '- (no [prereg] at registration)'}",
-             f"current sha:    {info['prereg_sha256_current'] or '- (no [prereg] now)'}"]
+             f"registered sha: {info['prereg_sha256_registered'] or '— (no [prereg] at registration)'}",
+             f"current sha:    {info['prereg_sha256_current'] or '— (no [prereg] now)'}"]
     if info["matches"]:
         lines.append("status:         FROZEN - the spec's [prereg] still hashes to what `register` recorded")
     else:
@@ -116,7 +122,7 @@ def render(info: dict[str, Any]) -> str:
         state = "chain ok" if a["chain_ok"] else "CHAIN BROKEN: " + "; ".join(a["problems"])
         seen = a["data_seen_through_step"]
         lines.append(f"amendment {a['n']}: {a['title']} - declared {a['declared_at']}, data seen through step "
-                     f"{seen if seen is not None else '- (none)'}; sha256 {a['sha256']} ({state})")
+                     f"{seen if seen is not None else '— (none)'}; sha256 {a['sha256']} ({state})")
         lines.extend("    " + line for line in a["text"].rstrip("\n").splitlines())
     lines.append("re-derive: sha256(canonical) must equal the registered sha; amendment k's sha256 is "
                  "sha256(prev_sha256 + '\\n' + text) with prev_sha256 of amendment 1 empty.")

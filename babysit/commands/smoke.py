@@ -1,4 +1,4 @@
-"""`babysit smoke RUN.toml`: try the run's profiles for N steps, keep the first that fits (SPEC §6).
+"""`babysit smoke RUN.toml`: try the run's profiles for N steps, keep the first that fits (docs/smoke.md).
 
 The thin shell around `babysit/smoke.py` (pure evidence and selection) and `babysit/smoke_record.py`
 (the record): it applies the exclusive-GPU guard, starts each smoke run through the local executor's
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Try the [[attempts]] profiles (or [smoke].candidates) in order, each for N "
                                    "steps with eval off on the run's GPUs, stop at the first that completes, and "
                                    "write hardware_profile.json. A registered run's attempt 1 then uses it.")
-    p.add_argument("spec", metavar="RUN.toml")
+    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
     p.add_argument("--steps", type=int, help="steps per smoke run (default: [smoke].steps, 20)")
     p.add_argument("--out", metavar="PATH", help="default: hardware_profile.json next to RUN.toml")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
