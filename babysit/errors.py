@@ -41,6 +41,15 @@ class SpecError(BadInput):
         super().__init__(f"{where}: expected {expected}, got {got_text}", hint)
 
 
+class UnknownKey(SpecError):
+    """A key nobody reads beside a required key it misspells: the typo is the error to show, not the
+    missing key (`run.toml: run.commnd: unknown key — did you mean "command"?`)."""
+
+    def __init__(self, file: str, key: str, meant: str, hint: str | None = None) -> None:
+        self.file, self.key, self.expected, self.got = file, key, f'"{meant}"', "<unknown key>"
+        BadInput.__init__(self, f'{file}: {key}: unknown key — did you mean "{meant}"?', hint)
+
+
 class RegistryError(BadInput):
     """babysit.toml is unreadable, or a registration conflicts with what it holds."""
 

@@ -1,4 +1,4 @@
-"""babysit.toml, the registry (SPEC §3): which runs are declared, and daemon-wide settings.
+"""babysit.toml, the registry (docs/spec.md, babysit.toml): which runs are declared, and daemon-wide settings.
 
 Runtime state lives in SQLite; this file holds only what a human declared, so it stays short,
 readable and diff-able. `update` is its only writer: under an exclusive lock it re-reads, applies a
@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 DEFAULT_FILE = "babysit.toml"
 ENV_VAR = "BABYSIT_REGISTRY"
+KNOWN_SHOWN = 12  # an unknown run name lists this many of the registered ones
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -84,6 +85,10 @@ class Registry:
             message += " (did you mean " + ", ".join(f"'{c}'" for c in close) + "?)"
         elif not self.runs:
             message += " (no runs are registered there)"
+        if self.runs:
+            shown = ", ".join(self.names[:KNOWN_SHOWN])
+            more = len(self.runs) - KNOWN_SHOWN
+            message += f"; registered: {shown}" + (f" and {more} more (`babysit status` lists all)" if more > 0 else "")
         raise UnknownRun(message, hint="register it first: `babysit register RUN.toml` (or pass --registry PATH)")
 
     def spec_path(self, entry: RunEntry) -> Path:

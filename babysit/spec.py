@@ -1,4 +1,4 @@
-"""run.toml → frozen dataclasses (SPEC §1).
+"""run.toml → frozen dataclasses (the reference: docs/spec.md).
 
 Every default lives here, every rejection names the file, the key path and what was expected, and
 `[prereg]` is canonicalised and hashed so that `register` can freeze it and every later read can
@@ -22,7 +22,7 @@ from babysit.tomlfile import Table, load
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled")
 CLASSIFY_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
-MIN_POLL_MINUTES = 30  # the seed's standing rule: >= 30-minute cadence after the first poll
+MIN_POLL_MINUTES = 30  # >= 30-minute cadence after the first poll (docs/spec.md, [poll])
 AMBIGUOUS_BY_INSTRUMENT = "AMBIGUOUS-BY-INSTRUMENT"
 # What `[run] stop_signal` may name: signals a trainer can catch to checkpoint and exit (never KILL/STOP).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -197,7 +197,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         executor=executor,
         env=MappingProxyType(env),
         stop_signal=stop_signal,
-        guards=_guards(top.table("guards")),
+        guards=_guards(top.table("guards"), gpus),
         poll=_poll(top.table("poll")),
         retry=_retry(top.table("retry")),
         attempts=tuple(_profile(t) for t in top.tables("attempts")),
@@ -252,9 +252,13 @@ def _replace(spec: RunSpec, **changes: Any) -> RunSpec:
     return replace(spec, **changes)
 
 
-def _guards(t: Table | None) -> GuardsSpec:
+def _guards(t: Table | None, gpus: tuple[int, ...]) -> GuardsSpec:
     if t is None:
         return GuardsSpec()
+    if not gpus and t.data.get("exclusive_gpu") is True:  # the default is moot on a CPU run; a written true is not
+        raise SpecError(t.file, t.key("exclusive_gpu"), "false, or GPUs in run.gpus (a CPU run holds no GPU)",
+                        "<true with run.gpus = []>",
+                        hint="declare the run's GPUs (run.gpus = [0]), or set guards.exclusive_gpu = false")
     d = GuardsSpec()
     g = GuardsSpec(
         exclusive_gpu=t.bool("exclusive_gpu", d.exclusive_gpu),
@@ -426,7 +430,7 @@ def _prereg(t: Table | None, base: Path) -> Prereg | None:
         bt.finish()
         bands.append(band)
     if not bands:
-        raise t.error("bands", "at least one [[prereg.bands]] table", "<none>")
+        raise t.missing("bands", "at least one [[prereg.bands]] table", "<none>")
 
     other = t.table("otherwise")
     otherwise = "AMBIGUOUS"

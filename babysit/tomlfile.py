@@ -7,13 +7,14 @@ a default.
 
 from __future__ import annotations
 
+import difflib
 import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from babysit.errors import SpecError
+from babysit.errors import SpecError, UnknownKey
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,6 +23,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 T = TypeVar("T")
 _MISSING: Any = object()
+# An unread key at least this close (difflib ratio) to a missing required key is taken for its
+# misspelling. tests/test_spec.py checks that no key babysit reads is this close to a required key
+# of the same table, so the "unknown key" this claims is always true.
+NEAR_MISS = 0.8
 
 
 def read(path: Path, display: str, what: str = "TOML file") -> str:
@@ -82,9 +87,19 @@ class Table:
         self._read.add(name)
         if name not in self.data:
             if default is _MISSING:
-                raise SpecError(self.file, self.key(name), "a value (this key is required)", "<nothing>")
+                raise self.missing(name, "a value (this key is required)")
             return default
         return self.data[name]
+
+    def missing(self, name: str, expected: str, got: str = "<nothing>") -> SpecError:
+        """The error for a required key (or table) that is absent: its misspelling when an unread key
+        is one (a typo in a required key must be named as a typo, not as a missing key)."""
+        unread = [k for k in self.data if k not in self._read]
+        typo = difflib.get_close_matches(name, unread, n=1, cutoff=NEAR_MISS)
+        if typo:
+            return UnknownKey(self.file, self.key(typo[0]), name,
+                              hint=f'rename it to "{name}" ({self.key(name)} is required)')
+        return SpecError(self.file, self.key(name), expected, got)
 
     def str(self, name: str, default: Any = _MISSING, *, check: Callable[[str], bool] | None = None,
             expected: str = "a string") -> Any:
@@ -165,7 +180,7 @@ class Table:
         self._read.add(name)
         if name not in self.data:
             if required:
-                raise SpecError(self.file, self.key(name), "a table (this table is required)", "<nothing>")
+                raise self.missing(name, "a table (this table is required)")
             return None
         return Table(self.data[name], self.file, self.key(name))
 
@@ -190,8 +205,6 @@ class Table:
 
 
 def _close_hint(name: str, known: list[str]) -> str | None:
-    import difflib
-
     close = difflib.get_close_matches(name, known, n=1)
     return f"did you mean '{close[0]}'?" if close else None
 
