@@ -66,7 +66,7 @@ def test_abort_with_dataloader_workers_checkpoints_and_the_run_resumes_from_it(w
     register(workspace, patient(tiny_run(workspace, name, steps=100_000,
                                          args=("--num-workers", "2", "--save-every", "0"))))
     daemon = Daemon(workspace, "--exit-when-idle")
-    progressed(workspace, name, 20)
+    progressed(workspace, name, 5)
     store = store_of(workspace)
     (running,) = store.attempts(name)
     workers = [p for p in tree_of(running.pid) if p != running.pid]
