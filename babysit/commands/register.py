@@ -1,10 +1,21 @@
-"""`babysit register RUN.toml`: validate, run the fixture, freeze the prereg hash, record the run."""
+"""`babysit register RUN.toml`: validate, run the fixture, freeze the prereg hash, record the run.
+
+Re-registering says exactly what changed since the last register (a changed [prereg] is refused by
+the registry), and warns when the trainer looks set to write its log somewhere babysit does not read.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
+           "keeps the spec it read; restart it to apply them now (the runs keep running across a restart)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("register", help="validate a run.toml and record it in the registry",
                        description="Validate RUN.toml, check its verdict instrument on the fixture, freeze the "
                                    "[prereg] hash and record the run in babysit.toml. Launches nothing.")
-    p.add_argument("spec", metavar="RUN.toml")
+    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
     p.add_argument("--accelerated", action="store_true",
                    help="allow poll cadences under 30 minutes (demos and tests; run the daemon accelerated too)")
     add_registry_option(p)
@@ -33,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fixture ok: {spec.prereg.fixture.log.name} reads Δ {result.got_delta:+.{spec.prereg.precision}f} "
               f"→ {result.got_label} (expected {result.expected_delta:+.{spec.prereg.precision}f} → "
               f"{result.expected_label})")
+    _warn_about_the_log(spec, args.spec)
     path = registry.resolve_registry_path(args.registry)
     now = registry.utc_timestamp(datetime.now(timezone.utc))
     sha = spec.prereg.sha256 if spec.prereg else None
@@ -43,29 +55,74 @@ def run(args: argparse.Namespace) -> int:
         return registry.with_run(reg, entry)
 
     outcome = registry.update(path, change)
+    state_dir = registry.load(path).state_dir
     if spec.prereg is not None:
-        keep_frozen_copy(registry.load(path).state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, now)
-    frozen = f"; prereg sha256 {sha[:16]}… frozen" if sha else "; no [prereg]: babysat without a verdict"
-    print(f"{outcome}: {spec.name} in {path}{frozen}")
+        keep_frozen_copy(state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, now)
+    changed = _changes_since_last_register(state_dir, spec, now, first=outcome == "added")
+    if sha:
+        frozen = f"; prereg sha256 {sha[:16]}… " + ("still frozen" if changed else "frozen")
+    else:
+        frozen = "; no [prereg]: babysat without a verdict"
+    if not changed:
+        print(f"{outcome}: {spec.name} in {path}{frozen}")
+        return 0
+    moved = f", spec now {spec.spec_file}" if outcome == "updated" else ""
+    print(f"changed: {spec.name} in {path}: {len(changed)} field(s) since the last register{moved}{frozen}")
+    for c in changed:
+        print(f"  {c}")
+    print(APPLIES)
     return 0
+
+
+def _warn_about_the_log(spec: Any, shown: str) -> None:
+    from babysit import logcheck
+    from babysit.retry import build_argv
+
+    if spec.log is None:  # records come from a [source] other than a JSONL log: nothing to compare
+        return
+    argvs = [build_argv(spec, n, resume=False, halvings=0)[0] for n in range(1, max(len(spec.attempts), 1) + 1)]
+    for text in logcheck.warnings(spec, argvs, log_dir_exists=spec.log.parent.is_dir()):
+        print(f"WARNING: {shown}: {text}", file=sys.stderr)
+
+
+def _changes_since_last_register(state_dir: Path, spec: Any, now: str, *, first: bool) -> tuple[Any, ...]:
+    """The fields that differ from the spec kept at the last register (none the first time), and keep
+    this one. [prereg] is left out: the registry refuses any change to it before we get here."""
+    from babysit.specdiff import changes
+    from babysit.tomlfile import load
+
+    table = json.loads(json.dumps(load(spec.spec_file), default=str))
+    kept = state_dir / "specs" / f"{spec.name}.json"
+    before = None
+    if not first and kept.exists():
+        try:
+            before = json.loads(kept.read_text(encoding="utf-8"))["table"]
+        except (ValueError, KeyError, OSError):
+            before = None  # an unreadable copy lists nothing; the new one replaces it
+    found = () if before is None else changes(before, table, skip=("prereg",))
+    if before != table:
+        _write_json(kept, {"run": spec.name, "spec": str(spec.spec_file), "registered_at": now, "table": table})
+    return found
 
 
 def keep_frozen_copy(state_dir: Path, name: str, sha256: str, canonical: str, now: str) -> Path:
     """Keep the frozen [prereg] text itself beside the state, so `babysit prereg show` can print what was
     registered even after the run.toml has been edited (the registry keeps only its hash)."""
-    import json
-    import os
-
-    folder = state_dir / "prereg"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"{name}.json"
+    path = state_dir / "prereg" / f"{name}.json"
     if path.exists() and json.loads(path.read_text()).get("sha256") == sha256:
         return path
-    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    _write_json(path, {"run": name, "sha256": sha256, "canonical": canonical, "registered_at": now})
+    return path
+
+
+def _write_json(path: Path, body: dict[str, Any]) -> None:
+    """Atomically (temp file, fsync, rename), 0600 in a 0700 folder: the state records who ran what."""
+    path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state directory
+    path.parent.mkdir(exist_ok=True, mode=0o700)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"run": name, "sha256": sha256, "canonical": canonical, "registered_at": now}, f)
+        json.dump(body, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return path
