@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import getpass
 import time
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from babysit.cli import add_registry_option
 
-    p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows")
-    p.add_argument("run", metavar="RUN")
+    p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows",
+                       description="Ask the daemon to stop RUN gracefully: SIGTERM, [guards].stop_grace_seconds "
+                                   "for the trainer to checkpoint, then SIGKILL. No retry follows. A run that "
+                                   "already ended is answered at once from the state database (exit 0).")
+    p.add_argument("run", metavar="RUN", help="a registered run")
     p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
                    help="how long to wait for the daemon to take the request (default 10)")
     add_registry_option(p)
@@ -23,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     from babysit.store import Store
 
     reg = registry.load(registry.resolve_registry_path(args.registry))
-    reg.get(args.run)
+    reg.get(args.run)  # an unknown run: exit 2, the registered runs listed
+    over = ended(reg.state_dir, args.run)
+    if over is not None:  # nothing will take a request for a run that is over: say so now, not in 10 s
+        print(f"{args.run} {over}; nothing to abort")
+        return 0
     store = Store.in_dir(reg.state_dir)
     request = store.request(args.run, "abort", f"cli:{getpass.getuser()}", time.time())
     deadline = time.monotonic() + args.wait
@@ -36,3 +44,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"abort {args.run}: queued (request {request}); no daemon took it within {args.wait:g}s — "
           "it runs when `babysit up` does")
     return 0
+
+
+def ended(state_dir: Path, run: str) -> str | None:
+    """'already finished (completed at …)' for a run no daemon will act on again, else None; read-only."""
+    from datetime import datetime, timezone
+
+    from babysit.registry import utc_timestamp
+    from babysit.store import Store
+
+    db = state_dir / "state.db"
+    if not db.exists():
+        return None
+    store = Store(db)
+    try:
+        status, facts = store.run_state(run)
+        attempts = store.attempts(run)
+    finally:
+        store.close()
+    if status not in ("finished", "failed", "stopped") or not attempts:  # no daemon acts on these again
+        return None
+    last = attempts[-1]
+    outcome = facts.get("ended") or last.outcome or status
+    when = "" if last.ended_at is None else " at " + utc_timestamp(datetime.fromtimestamp(last.ended_at, timezone.utc))
+    return f"already {status} ({outcome}{when}, attempt {last.n})"
