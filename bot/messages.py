@@ -198,7 +198,33 @@ def _incident(p: Mapping[str, Any]) -> Rendered:
         lines.append("last stderr lines:")
         lines.extend("  " + line for line in tail.splitlines()[-8:])
         blocks.append(section("last stderr lines:\n" + code("\n".join(tail.splitlines()[-8:]))))
+    for head, body in _stall_evidence(p.get("detail") or {}):
+        lines.append(head)
+        lines.extend("  " + line for line in body)
+        blocks.append(section(head + ("\n" + code("\n".join(body)) if body else "")))
     return Rendered("\n".join(lines), blocks)
+
+
+STACK_LINES = 14  # of the dump shown in the channel; the whole dump is in the incident's record
+
+
+def _stall_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """A stall's log path, and its py-spy dump, or why there is none: (heading, lines) each."""
+    out: list[tuple[str, list[str]]] = []
+    if detail.get("log"):
+        out.append((f"log babysit reads (no new record there): {detail['log']}", []))
+    stacks = detail.get("stacks")
+    if not isinstance(stacks, Mapping):
+        return out
+    dumps = [(pid, text) for pid, text in stacks.items() if pid != "note" and isinstance(text, str)]
+    dumps.sort(key=lambda d: "babysit.executors.shim" in d[1])  # the trainer's stack, not babysit's shim's
+    if dumps:
+        pid, text = dumps[0]
+        shown = [line for line in text.strip().splitlines() if line.strip()][:STACK_LINES]
+        out.append((f"py-spy dump of pid {pid} ({len(dumps)} process(es) dumped):", shown))
+    if stacks.get("note"):
+        out.append((f"⚠️ {stacks['note']}", []))
+    return out
 
 
 def _ended(p: Mapping[str, Any]) -> Rendered:
