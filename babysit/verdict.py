@@ -242,7 +242,7 @@ def exact_value(e: expr.Expr, references: Mapping[str, float]) -> Fraction:
 
 
 def fmt_delta(value: float | Fraction | None, precision: int) -> str:
-    return "n/a" if value is None else f"{float(value):+.{precision}f}"
+    return "—" if value is None else f"{float(value):+.{precision}f}"  # "—": babysit's one spelling of "not known"
 
 
 def shown_bound(value: Fraction, precision: int, side: str) -> tuple[Fraction, int]:

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from babysit.guards import hours
-from babysit.runtable import fmt_duration, status_table  # the table `babysit status` prints, shared
+from babysit.runtable import NONE, fmt_duration, status_table  # the table `babysit status` prints, shared
 from babysit.runview import RunRow
 from bot.blocks import actions, code, confirm_button, context, divider, header, section
 
 GIB = 2**30
+MISSING = NONE  # one spelling for a value not known, in the console, Slack and the CLI alike
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,15 @@ def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
 
 
 def fmt_gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / GIB:.1f} GiB"
+    return MISSING if n is None else f"{n / GIB:.1f} GiB"
 
 
 def fmt_delta(x: float | None, precision: int = 4) -> str:
-    return "?" if x is None else f"{x:+.{precision}f}"
+    return MISSING if x is None else f"{x:+.{precision}f}"
+
+
+def fmt_rise(rise: bool | None) -> str:
+    return MISSING if rise is None else "yes" if rise else "no"
 
 
 def snapshot_line(s: Mapping[str, Any]) -> str:
@@ -142,11 +147,11 @@ def flag_line(flag: str, s: Mapping[str, Any]) -> str:
 
 def _mean_util(s: Mapping[str, Any]) -> str:
     utils = [g["util_pct"] for g in s.get("gpus") or () if g.get("util_pct") is not None]
-    return f"{sum(utils) / len(utils):.0f} %" if utils else "?"
+    return f"{sum(utils) / len(utils):.0f} %" if utils else MISSING
 
 
 def _since(seconds: float | None) -> str:
-    return "?" if seconds is None else fmt_duration(seconds)
+    return MISSING if seconds is None else fmt_duration(seconds)
 
 
 _CALM_FLAGS = {"waiting-for-first-record"}
@@ -263,7 +268,7 @@ def verdict_text(v: Mapping[str, Any], precision: int = 4) -> str:
     corr = v.get("corroboration") or {}
     if corr:
         lines.append(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}, "
-                     f"monotone rise {corr.get('monotone_rise')}")
+                     f"monotone rise {fmt_rise(corr.get('monotone_rise'))}")
     return "\n".join(lines)
 
 
@@ -304,7 +309,7 @@ def verdict_blocks(v: Mapping[str, Any], precision: int = 4) -> list[dict[str, A
     corr = v.get("corroboration") or {}
     if corr:
         blocks.append(context(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}"
-                              f", monotone rise {corr.get('monotone_rise')}"))
+                              f", monotone rise {fmt_rise(corr.get('monotone_rise'))}"))
     if status == "PROVISIONAL":
         blocks.append(context(f"⏳ PROVISIONAL — the verdict is read at step {v.get('read_step')}, not before"))
     return blocks

@@ -130,19 +130,19 @@ def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage:
             bands.append(f"{b.label} " + " and ".join(x for x in parts if x))
         bands.append(f"else {rule.otherwise}")
         name = rule.name if rule.scale is None else f"{rule.name} (x{float(rule.scale):.{p}f})"
-        said = rule.label or "-"
+        said = rule.label or "—"
         lines.append(f"  {name}: {'; '.join(bands)}  ->  {said}")
     if len(verdict.rules) > 1:
         lines.append("  combine: agree (a disagreement is " + AMBIGUOUS_BY_INSTRUMENT + ")")
     if body["interpretation"]:
         lines.append(f"meaning:   {body['interpretation']}")
     c = body["corroboration"]
-    rise = {True: "yes", False: "no", None: "n/a (fewer than 2 evals)"}[c["monotone_rise"]]
+    rise = {True: "yes", False: "no", None: "— (fewer than 2 evals)"}[c["monotone_rise"]]
     lines.append(f"corroboration (never a gate): train delta {fmt_delta(c['train_delta'], p)}; "
                  f"monotone rise {rise}")
     for name, delta in (comparators or {}).items():
         lines.append(f"compare:   {name}: delta {fmt_delta(delta, p)} over the same window")
-    sha = body["prereg_sha256"] or "-"
+    sha = body["prereg_sha256"] or "—"
     lines.append(f"prereg:    sha256 {sha}" + (" (offline: not checked against a registration)" if offline
                                                 else " (matches the registration)" if matches else ""))
     for a in verdict.amendments:
