@@ -1,4 +1,4 @@
-"""Amendments (SPEC §2): declared before the data they touch, appended, never edits of the prereg.
+"""Amendments (docs/verdicts.md, Amendments): declared before the data they touch, appended, never edits of the prereg.
 
 An amendment file adds a rule (today: the original bounds × `scale`) and says how the rules combine
 (today: `agree`, i.e. AMBIGUOUS-BY-INSTRUMENT when they disagree). Parsing is pure; `record_amendment`

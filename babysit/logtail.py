@@ -1,4 +1,4 @@
-"""The incremental reader of the JSONL train log (SPEC §4), and pure helpers over its records.
+"""The incremental reader of the JSONL train log (docs/trainer.md, Log records), and pure helpers over its records.
 
 The daemon polls a log that a trainer is still writing, so the reader must be cheap (O(new bytes):
 seek to the remembered offset, parse only complete lines) and must never be killed by what it reads:

@@ -50,7 +50,7 @@ def check_frozen(spec: RunSpec, registered_sha256: str | None) -> None:
 def require_prereg(spec: RunSpec) -> Prereg:
     if spec.prereg is None:
         raise BadInput(f"run '{spec.name}' has no [prereg]: it is babysat but has no verdict",
-                       hint="pre-register a [prereg] table before launch (SPEC §1) under a new run name")
+                       hint="pre-register a [prereg] table before launch (docs/spec.md, [prereg]) under a new run name")
     return spec.prereg
 
 

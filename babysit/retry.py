@@ -1,6 +1,6 @@
 """Retry policy and attempt argv: pure functions over the attempt history and the RunSpec.
 
-Resource selection is kept apart from method-stability attempts (the seed's retry semantics):
+Resource selection is kept apart from method-stability attempts (docs/guards.md, Retries):
 attempt k runs `spec.profile_for(k)`, whatever failed before; the failure only decides *whether*
 there is an attempt k. The one thing a failure changes besides that is the declared
 `[machinery]` knobs (loader workers, prefetch), halved after host-memory pressure, because they

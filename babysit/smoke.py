@@ -1,4 +1,4 @@
-"""Smoke runs: their evidence, the profile selection, and attempt 1's profile (issue 7, SPEC §6).
+"""Smoke runs: their evidence, the profile selection, and attempt 1's profile (issue 7; docs/smoke.md).
 
 Pure: every function here takes what the shell (`babysit/commands/smoke.py`) measured and returns
 frozen values; nothing here starts a process, reads a clock or touches NVML.

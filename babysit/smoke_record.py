@@ -1,6 +1,6 @@
-"""hardware_profile.json (SPEC §6): the record `babysit smoke` writes, its schema and its validator.
+"""hardware_profile.json (docs/smoke.md): the record `babysit smoke` writes, its schema and its validator.
 
-Pure. The shape follows the seed record (schema_version, measured_at, hardware, smoke_evidence,
+Pure. The shape follows a smoke record a team wrote by hand (schema_version, measured_at, hardware, smoke_evidence,
 selected_full_training_profile, retry_semantics, provenance_note), with the prose fields backed by
 numbers: every tried profile's outcome, peak memory from three sources, the failed allocation parsed
 from the allocator's own message. `SCHEMA` is the table in docs/smoke.md, row for row; `validate`
@@ -28,7 +28,7 @@ SCHEMA: tuple[tuple[str, str, bool, str], ...] = (
     ("spec", "string", True, "absolute path of the run.toml"),
     ("hardware", "object", True, "what the smoke ran on"),
     ("hardware.kind", "string", True, "\"gpu\" or \"cpu\""),
-    ("hardware.summary", "string", True, "one line, the seed's form: \"NVIDIA H200 143771 MiB reported total; "
+    ("hardware.summary", "string", True, "one line, e.g. \"NVIDIA H200 143771 MiB reported total; "
                                          "139.81 GiB PyTorch-visible capacity\""),
     ("hardware.gpus", "array", True, "one item per run GPU (empty on CPU)"),
     ("hardware.gpus[].index", "integer", True, "NVML index"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from babysit import expr
 from babysit.errors import SpecError
+from babysit.sources.config import SourceSpec, needs_run_log, parse_source
 from babysit.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
@@ -132,7 +133,7 @@ class Prereg:
 class RunSpec:
     name: str
     command: tuple[str, ...]
-    log: Path
+    log: Path | None  # [run].log; None only for a non-jsonl [source] without one (records: sources.records_path)
     spec_file: Path
     workdir: Path
     checkpoints: Path
@@ -150,6 +151,7 @@ class RunSpec:
     notify: NotifySpec = NotifySpec()
     slurm: SlurmSpec | None = None
     smoke: SmokeSpec = SmokeSpec()
+    source: SourceSpec = field(default_factory=SourceSpec)  # [source]: where records come from
 
     def profile_for(self, attempt: int) -> AttemptProfile:
         """Attempt k (1-based) uses attempts[min(k, len) - 1]; no [[attempts]] means one plain profile."""
@@ -178,13 +180,16 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         raise run.error("command", "a program as the first item", list(command))
     base = path.parent
     workdir = (base / _expand(run.str("workdir", "."), subst, run, "workdir")).resolve()
-    log = workdir / _expand(run.str("log"), subst, run, "log")
+    log_text = run.str("log") if needs_run_log(top.data.get("source")) else run.str("log", None)
+    log = workdir / _expand(log_text, subst, run, "log") if log_text is not None else None
     checkpoints = workdir / _expand(run.str("checkpoints", "outputs/{name}/checkpoints"), subst, run, "checkpoints")
     gpus = run.int_list("gpus", ())
     executor = run.choice("executor", ("local", "slurm"), "local")
     env = run.str_map("env", {})
     stop_signal = run.choice("stop_signal", STOP_SIGNALS, "SIGTERM")
     run.finish()
+    source = parse_source(top.table("source"), workdir=workdir, name=name, log=log)
+    log = source.path if source.kind == "jsonl" else log  # jsonl: [source].path may name the log instead
 
     spec = RunSpec(
         name=name,
@@ -207,6 +212,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         notify=_notify(top.table("notify")),
         slurm=_slurm(top.table("slurm")),
         smoke=_smoke(top.table("smoke")),
+        source=source,
     )
     top.finish()
     if executor == "slurm" and spec.slurm is None:

@@ -10,9 +10,10 @@ re-derive it from the JSON. Decisions (docs/verdicts.md says why):
   before it meets any bound: a delta that prints +0.3000 is 0.3000 (0.30005 -> 0.3000, 0.30015 ->
   0.3002). What is printed is what was compared.
 * Bounds are NOT rounded before comparison: SAME-DRIFT at min 1.01585 needs delta >= 1.01585, so a
-  delta of +1.0158 is not SAME-DRIFT although the seed wrote the bound as +1.0158. Bounds are shown
-  (JSON, card, chart) rounded to `precision`, with more decimals only where rounding would mislead
-  (`shown_bound`): every rounded delta meets the shown bound exactly when it meets the exact one.
+  delta of +1.0158 is not SAME-DRIFT although the example pre-registration (docs/verdicts.md) wrote
+  the bound as +1.0158. Bounds are shown (JSON, card, chart) rounded to `precision`, with more
+  decimals only where rounding would mislead (`shown_bound`): every rounded delta meets the shown
+  bound exactly when it meets the exact one.
 * An eval exactly at baseline_step and at read_step is required; nothing is interpolated.
 """
 
@@ -98,7 +99,8 @@ class Verdict:
         return self.status == PROVISIONAL
 
     def to_json(self, run: str, prereg_sha256: str | None, amendments: Sequence[Any] | None = None) -> dict[str, Any]:
-        """SPEC §5 exactly, keys in a fixed order; numbers rounded to precision (bounds: see shown_bound)."""
+        """The verdict JSON (docs/verdicts.md), keys in a fixed order; numbers rounded to precision
+        (bounds: see shown_bound)."""
         p = self.precision
         records = self.amendments if amendments is None else tuple(amendments)
         out: dict[str, Any] = {
@@ -251,8 +253,8 @@ def shown_bound(value: Fraction, precision: int, side: str) -> tuple[Fraction, i
     Rounding a bound to `precision` can only mislead at one delta: the rounded value itself, when it
     moved the bound inward (a `min` of 1.01585 shown as 1.0158: a delta of +1.0158 would look like it
     meets it, and does not). Then one more decimal at a time is shown until no rounded delta is judged
-    differently by the shown bound than by the exact one. So the seed's bounds show as 0.3, 1.01585,
-    1.0838 and 3.6701, as SPEC §5 writes them.
+    differently by the shown bound than by the exact one. So the example's bounds show as 0.3,
+    1.01585, 1.0838 and 3.6701 (docs/verdicts.md, the worked example).
     """
     for digits in range(precision, precision + 16):
         shown = round(value, digits)

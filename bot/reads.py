@@ -17,7 +17,7 @@ from babysit.store import Store
 
 
 def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str, Any], int]:
-    """(SPEC §5 verdict JSON, precision)."""
+    """(the verdict JSON of docs/verdicts.md, precision)."""
     from babysit.reading import read_registered_verdict, require_prereg
     from babysit.spec import load_spec
 

@@ -1,4 +1,4 @@
-"""The train log (SPEC section 4): JSONL, one object a line, flushed per record, rank 0 only.
+"""The train log (docs/trainer.md, Log records): JSONL, one object a line, flushed per record, rank 0 only.
 
 Every record has `step` (int) and `ts` (unix seconds); other numeric keys are metrics, so the start
 record keeps its numbers under a nested `config` dict.

@@ -203,7 +203,7 @@ def run(cfg: RunConfig) -> int:
             "data_position": {"next_step": step + 1, "samples_seen": step * t.batch_size, "seed": t.seed},
         })
 
-    # Numbers in the start record live under "config": top-level numeric keys are metrics (SPEC section 4).
+    # Numbers in the start record live under "config": top-level numeric keys are metrics (docs/trainer.md).
     log.write(start, event="start", device=str(d.device), recipe=recipe.name, precision=t.precision,
               config={"world_size": d.world, "effective_batch": t.batch_size, "micro_batch": layout.micro,
                       "backward_chunks": t.backward_chunks, "resumed_from_step": resumed, "steps": t.steps,

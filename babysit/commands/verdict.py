@@ -1,4 +1,4 @@
-"""`babysit verdict NAME | RUN.toml --log PATH`: the pre-registered read, as a card or SPEC §5 JSON, plus a chart.
+"""`babysit verdict NAME | RUN.toml --log PATH`: the pre-registered read, as a card or the verdict JSON, plus a chart.
 
 A registered run is read through the freeze check and its recorded amendments; an offline read takes
 the spec and a log as given, and `--amendment FILE` what-ifs that are marked not provenance-checked.
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Read the pre-registered verdict of a registered run (NAME) or, offline, of a "
                                    "RUN.toml against a log. Writes the chart PNG and says where.")
     p.add_argument("target", metavar="NAME|RUN.toml", help="a registered run name, or a run.toml for an offline read")
-    p.add_argument("--json", action="store_true", help="print exactly the SPEC §5 verdict JSON on stdout")
+    p.add_argument("--json", action="store_true", help="print the verdict JSON on stdout (docs/verdicts.md)")
     p.add_argument("--at-step", type=_step, metavar="N", help="read as of step N (only evals at steps <= N count)")
     p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: <state_dir>/verdicts/"
                                                    "<run>.png; offline: next to the log)")

@@ -15,11 +15,11 @@ from babysit import logtail
 
 DRIFT_RUN = "drift_disc"
 RETRY_RUN = "retry_demo"
-AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250, as in the seed
+AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250 (docs/demo.md)
 
 
 def run_toml_drift(python: str) -> str:
-    return f'''# A pre-registered experiment in the shape of the seed's SFT-drift discriminator.
+    return f'''# A pre-registered experiment in the shape of a real SFT-drift discriminator (docs/demo.md).
 [run]
 name = "{DRIFT_RUN}"
 workdir = ".."              # the workspace root: outputs/ lands there

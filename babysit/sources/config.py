@@ -1,0 +1,156 @@
+"""`[source]` of run.toml → a frozen SourceSpec: where a run's records come from.
+
+Parsed here rather than in spec.py so that a source's rules (which keys each kind takes, what a
+pattern must capture) live beside the adapters that rely on them; spec.py calls `parse_source`.
+Every rejection names the key and what was expected, as spec.py's do, and no key is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from babysit.errors import SpecError
+from babysit.tomlfile import Table
+
+KINDS = ("jsonl", "stdout", "tensorboard", "csv")
+RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
+STEP_GROUP = "step"
+
+
+@dataclass(frozen=True)
+class SourcePattern:
+    """One `[[source.patterns]]`: a regex whose named group `step` is the step, every other named
+    group a metric of that name."""
+
+    regex: str
+
+    @cached_property
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.regex)
+
+    @cached_property
+    def metric_groups(self) -> tuple[str, ...]:
+        return tuple(g for g in self.compiled.groupindex if g != STEP_GROUP)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where records come from. `path`: the JSONL log (jsonl), the event directory (tensorboard), the
+    CSV file (csv); None for stdout, which reads the run's captured stdout and stderr."""
+
+    kind: str = "jsonl"
+    path: Path | None = None
+    patterns: tuple[SourcePattern, ...] = ()
+    metrics: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # tag/column -> name
+    step_offset: int = 0
+    step_column: str = "step"  # csv
+
+    @property
+    def copies(self) -> bool:
+        """Whether babysit writes a record log of its own (every kind but jsonl, which is read as is)."""
+        return self.kind != "jsonl"
+
+    def rename(self, name: str) -> str:
+        return self.metrics.get(name, name)
+
+    def fingerprint(self) -> str:
+        """What the records were read with: a changed source means the record log is rebuilt."""
+        body = {"kind": self.kind, "path": str(self.path) if self.path else None,
+                "patterns": [p.regex for p in self.patterns], "metrics": dict(self.metrics),
+                "step_offset": self.step_offset, "step_column": self.step_column}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def needs_run_log(raw: object) -> bool:
+    """Whether `[run].log` is required: for the jsonl kind unless `[source].path` names the log.
+    A malformed `[source]` says yes here and is refused by `parse_source` with its own message."""
+    if not isinstance(raw, dict):
+        return True
+    return raw.get("kind", "jsonl") == "jsonl" and "path" not in raw
+
+
+def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None) -> SourceSpec:
+    """The `[source]` table (None: absent) → SourceSpec; `log` is `[run].log` resolved, if written.
+
+    For jsonl, `path` defaults to `[run].log` and must be the same file when both are written: one
+    log is read, and it is the one the trainer is told (`$BABYSIT_LOG`).
+    """
+    if t is None:
+        return SourceSpec(kind="jsonl", path=log)
+    kind = t.choice("kind", KINDS, "jsonl")
+    path = None
+    if t.has("path") or kind in ("tensorboard", "csv"):
+        expected = {"tensorboard": "the directory the trainer writes TensorBoard event files to",
+                    "csv": "the CSV file the trainer writes (e.g. Lightning's metrics.csv)"}.get(kind, "a path")
+        path = workdir / _expand(t.str("path", check=bool, expected=expected), name, t)
+    patterns = tuple(_pattern(p) for p in t.tables("patterns"))
+    metrics = t.str_map("metrics", {})
+    step_offset = t.int("step_offset", 0)
+    step_column = t.str("step_column", "step", check=bool, expected="the name of the CSV's step column")
+    t.finish()  # a misspelt key is named before what it leaves missing
+
+    if kind == "stdout" and path is not None:
+        raise SpecError(t.file, t.key("path"), 'no path for kind = "stdout"', str(t.data["path"]),
+                        hint="stdout reads the run's captured stdout and stderr; drop source.path")
+    if kind == "jsonl":
+        if path is not None and log is not None and os.path.normpath(path) != os.path.normpath(log):
+            raise SpecError(t.file, t.key("path"), f"the same file as run.log ({log})", str(t.data["path"]),
+                            hint='for kind = "jsonl" the trainer\'s log is the record log: write one of the two')
+        path = path or log
+    if kind == "stdout" and not patterns:
+        raise t.error("patterns", 'at least one [[source.patterns]] table for kind = "stdout"', "<none>")
+    if kind != "stdout" and patterns:
+        raise t.error("patterns", f'no patterns for kind = "{kind}" (they apply to kind = "stdout")',
+                      "<a list of tables>")
+    for source_name, metric in metrics.items():
+        if not metric or metric in RESERVED:
+            raise SpecError(t.file, f"{t.key('metrics')}.{source_name}",
+                            "a metric name other than " + " and ".join(f'"{r}"' for r in RESERVED), metric)
+    if kind == "jsonl" and (metrics or step_offset):
+        key = "metrics" if metrics else "step_offset"
+        raise t.error(key, 'nothing for kind = "jsonl" (babysit reads that log as written)',
+                      "<a table>" if metrics else step_offset)
+    if t.has("step_column") and kind != "csv":
+        raise t.error("step_column", f'nothing for kind = "{kind}" (it names a CSV column)', step_column)
+    return SourceSpec(kind=kind, path=path, patterns=patterns, metrics=MappingProxyType(metrics),
+                      step_offset=step_offset, step_column=step_column)
+
+
+def _pattern(t: Table) -> SourcePattern:
+    regex = t.str("regex", check=bool, expected="a non-empty regular expression")
+    try:
+        compiled = re.compile(regex)
+    except re.error as exc:
+        raise t.error("regex", f"a valid regular expression ({exc})", regex)
+    if STEP_GROUP not in compiled.groupindex:
+        raise t.error("regex", "a regular expression with a named group (?P<step>…) for the step", regex)
+    if "ts" in compiled.groupindex:
+        raise t.error("regex", 'no group named "ts" (babysit stamps the read time)', regex)
+    t.finish()
+    return SourcePattern(regex)
+
+
+def _expand(value: str, name: str, t: Table) -> str:
+    try:
+        return value.format(name=name)
+    except (KeyError, IndexError, ValueError):
+        raise t.error("path", "a path whose only placeholder is {name}", value)
+
+
+def describe(source: SourceSpec) -> dict[str, Any]:
+    """The source as shown to users (incidents, `prereg show`): kind, path, patterns."""
+    out: dict[str, Any] = {"kind": source.kind}
+    if source.path is not None:
+        out["path"] = str(source.path)
+    if source.patterns:
+        out["patterns"] = [p.regex for p in source.patterns]
+    return out

@@ -1,0 +1,141 @@
+"""Incremental reads of text files a trainer is still writing (its stdout, stderr, a CSV).
+
+The same rules as logtail's JSONL reader, for lines that are not JSON: O(new bytes) per read from a
+remembered offset, a partial last line waits for its terminator, a line longer than the limit is
+dropped (counted) without being buffered, a file truncated or replaced in place is read again from the
+start. `\\r` ends a line as `\\n` does: progress bars (tqdm) redraw with `\\r` and may never print
+a newline. The cursor is plain data the caller persists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+HEAD_BYTES = 256  # the file's first bytes, hashed to notice a file rewritten in place
+MAX_LINE_BYTES = 64 * 1024  # a longer "line" is no metric line: dropped
+WINDOW_BYTES = 4 * 2**20  # read at most this much of one file per call (~1 s of regexes); the rest next call
+_TERMINATOR = re.compile(rb"[\r\n]")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a file was read up to. `size` is its size at the last read (output growth); `skipping`:
+    inside an over-long line, dropping bytes up to its end."""
+
+    offset: int = 0
+    size: int = 0
+    file_id: tuple[int, int] | None = None
+    head: str | None = None
+    head_len: int = 0
+    skipping: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset, "size": self.size,
+                "file_id": list(self.file_id) if self.file_id else None,
+                "head": self.head, "head_len": self.head_len, "skipping": self.skipping}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Cursor:
+        if not data:
+            return cls()
+        file_id = data.get("file_id")
+        return cls(offset=int(data.get("offset", 0)), size=int(data.get("size", 0)),
+                   file_id=(int(file_id[0]), int(file_id[1])) if file_id else None,
+                   head=data.get("head"), head_len=int(data.get("head_len", 0)),
+                   skipping=bool(data.get("skipping", False)))
+
+
+@dataclass(frozen=True)
+class LinesRead:
+    lines: tuple[bytes, ...]  # complete, non-empty lines, without their terminators
+    cursor: Cursor
+    grown: int  # bytes the file gained since the last read (all of it after a reset)
+    reset: bool  # truncated or replaced: read again from 0
+    missing: bool  # no such file (yet); the cursor is unchanged
+    dropped: int  # over-long lines dropped
+    more: bool  # the window was full: call again for the rest
+
+
+def identity(path: Path) -> tuple[tuple[int, int], int, bytes] | None:
+    """(file id, size, first HEAD_BYTES) of a file, or None when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+    try:
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino), st.st_size, os.pread(fd, HEAD_BYTES, 0)
+    finally:
+        os.close(fd)
+
+
+def replaced(cursor: Cursor, file_id: tuple[int, int], size: int, head: bytes) -> bool:
+    """Whether the file is not the one (or not the bytes) the cursor was read from."""
+    if cursor.file_id is not None and cursor.file_id != file_id:
+        return True
+    if size < cursor.offset:
+        return True
+    if cursor.head is not None:
+        if len(head) < cursor.head_len:
+            return True
+        if hashlib.sha256(head[: cursor.head_len]).hexdigest() != cursor.head:
+            return True
+    return False
+
+
+def head_digest(head: bytes) -> str | None:
+    return hashlib.sha256(head).hexdigest() if head else None
+
+
+def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
+               max_line_bytes: int = MAX_LINE_BYTES) -> LinesRead:
+    """The complete lines appended since `cursor`, at most `window` bytes of them."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return LinesRead((), cursor, 0, False, True, 0, False)
+    try:
+        st = os.fstat(fd)
+        file_id = (st.st_dev, st.st_ino)
+        head = os.pread(fd, HEAD_BYTES, 0)
+        reset = replaced(cursor, file_id, st.st_size, head)
+        if reset:
+            cursor = Cursor()
+        want = max(0, st.st_size - cursor.offset)
+        data = os.pread(fd, min(want, max(window, max_line_bytes + 1)), cursor.offset)
+    finally:
+        os.close(fd)
+    lines, consumed, skipping, dropped = split_lines(data, cursor.skipping, max_line_bytes)
+    grown = st.st_size if reset else max(0, st.st_size - cursor.size)
+    new = replace(cursor, offset=cursor.offset + consumed, size=st.st_size, file_id=file_id,
+                  head=head_digest(head), head_len=len(head), skipping=skipping)
+    return LinesRead(tuple(lines), new, grown, reset, False, dropped, len(data) < want)
+
+
+def split_lines(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[bytes], int, bool, int]:
+    """(complete non-empty lines, bytes consumed, still skipping, lines dropped) of `data`.
+
+    The bytes after the last terminator are a partial line left for later, unless they are already
+    longer than a line may be: then they are dropped and the rest of that line skipped next time.
+    """
+    lines: list[bytes] = []
+    dropped = 0
+    pos = 0
+    for match in _TERMINATOR.finditer(data):
+        end = match.start()
+        if skipping:  # the end of an over-long line, already counted
+            skipping = False
+        elif end - pos > max_line_bytes:
+            dropped += 1
+        elif end > pos:
+            lines.append(data[pos:end])
+        pos = end + 1
+    if len(data) - pos > max_line_bytes:
+        return lines, len(data), True, dropped + (0 if skipping else 1)
+    return lines, pos, skipping, dropped

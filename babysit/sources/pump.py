@@ -1,0 +1,179 @@
+"""The one call a daemon tick makes per run: read the run's source on, append to the record log.
+
+For every kind but jsonl, what the adapter reads is appended, as babysit's JSONL, to a record log that
+babysit owns (`<state_dir>/runs/<run>/records.jsonl`); everything downstream (progress, polls, the
+verdict, the chart, `babysit status`) reads that file as it reads a jsonl `[run].log`. For jsonl the
+trainer's log is the record log and the pump only measures output growth.
+
+Exactly once across restarts: the pump's state (a JSON-able dict the caller persists in the store, as
+it persists the log tail) holds the record log's length after the last append. A new pump cuts the
+record log back to that length, so records appended after the last persisted state (a daemon killed
+in between) are read again from the source and written once. Persist `PumpResult.state` together
+with the tail offset of the record log, after reading it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from babysit.sources import csvfile, records, stdout
+from babysit.sources.config import SourceSpec
+from babysit.sources.evidence import Evidence
+from babysit.sources.tensorboard import TensorBoardReader
+
+if TYPE_CHECKING:
+    from babysit.spec import RunSpec
+
+STATE_VERSION = 1
+RECORDS_FILE = "records.jsonl"
+
+
+def run_dir(state_dir: Path, run: str) -> Path:
+    """Where the executors put a run's attempts (`attempt-<n>/stdout.log|stderr.log`)."""
+    return Path(state_dir) / "runs" / run
+
+
+def records_path(spec: RunSpec, state_dir: Path) -> Path:
+    """The file babysit reads a run's records from: `[run].log` for jsonl, else babysit's record log.
+    Use it wherever `spec.log` was read (supervisor, verdict, chart, status, bot)."""
+    if not spec.source.copies:
+        assert spec.log is not None
+        return spec.log
+    return run_dir(state_dir, spec.name) / RECORDS_FILE
+
+
+@dataclass(frozen=True)
+class PumpResult:
+    records_added: int  # appended to the record log by this pump (0 for jsonl: the trainer writes it)
+    lines_seen: int | None  # lines/rows/summary values read by this pump; None for jsonl (not counted here)
+    records_parsed: int | None  # records those gave; None for jsonl
+    output_bytes_grown: int  # bytes the run's stdout, stderr and source files grew by since the last pump
+    problems: tuple[str, ...]  # conditions of this read, stable texts (dedupe by text)
+    backlog: bool  # stopped at a per-pump budget: more is waiting (pump again)
+    evidence: Evidence  # running totals since the first pump, for log-unreadable
+    last_output_at: float | None  # when output last grew (stall = no new record and no new output)
+    state: Mapping[str, Any]  # persist it (with the record log's tail) to read on after a restart
+
+    @property
+    def output_grew(self) -> bool:
+        return self.output_bytes_grown > 0
+
+
+class SourcePump:
+    """One run's source. Construct it (it reconciles the record log with `state`) before reading the
+    record log; call `pump(now)` each tick."""
+
+    def __init__(self, spec: RunSpec, state_dir: Path, state: Mapping[str, Any] | None = None) -> None:
+        self.source: SourceSpec = spec.source
+        self.run_dir = run_dir(state_dir, spec.name)
+        self.records_path = records_path(spec, state_dir)
+        self._watched = [] if spec.log is None or self.source.copies else [spec.log]
+        self._tb = TensorBoardReader(self.source) if self.source.kind == "tensorboard" else None
+        self._state = self._reconcile(dict(state or {}))
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        return self._state
+
+    def pump(self, now: float) -> PumpResult:
+        st = self._state
+        items: tuple[records.Item, ...] = ()
+        lines: int | None = None
+        problems: tuple[str, ...] = ()
+        sample = st.get("sample")
+        reader = st.get("reader", {})
+        watched = list(self._watched)
+        backlog = False
+        kind = self.source.kind
+        if kind == "stdout":
+            got = stdout.read(self.source, self.run_dir, reader.get("cursors", {}))
+            items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
+            reader, sample = {"cursors": got.cursors}, got.sample or sample
+        elif kind == "csv":
+            read = csvfile.read(self.source, reader)
+            items, lines, problems, backlog = read.items, read.rows, read.problems, read.more
+            reader, sample = read.state, read.sample or sample
+            watched.append(self.source.path)
+        elif kind == "tensorboard":
+            assert self._tb is not None
+            tb = self._tb.read(reader)
+            items, lines, problems, backlog = tb.items, tb.values, tb.problems, tb.more
+            reader, sample = tb.state, tb.sample or sample
+            watched.extend(tb.files)
+
+        anchor = st.get("anchor")
+        stamped = records.stamp(items, tuple(anchor) if anchor else None, now)
+        written = records.append(self.records_path, stamped) if stamped else 0
+        new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
+        sizes, grown = _grown(stdout.captured_files(self.run_dir) + watched, st.get("sizes", {}))
+        counted = kind != "jsonl"
+        self._state = {
+            "v": STATE_VERSION,
+            "fingerprint": st["fingerprint"],
+            "records_bytes": st["records_bytes"] + written,
+            "anchor": list(new_anchor) if new_anchor else None,
+            "lines": st["lines"] + (lines or 0),
+            "records": st["records"] + len(stamped),
+            "output_bytes": st["output_bytes"] + grown,
+            "last_output_at": now if grown else st.get("last_output_at"),
+            "sample": sample,
+            "sizes": sizes,
+            "reader": reader,
+        }
+        st = self._state
+        evidence = Evidence(lines_seen=st["lines"] if counted else None,
+                            records_parsed=st["records"] if counted else None,
+                            output_bytes=st["output_bytes"], sample=sample, problems=problems)
+        return PumpResult(
+            records_added=len(stamped),
+            lines_seen=lines if counted else None,
+            records_parsed=len(stamped) if counted else None,
+            output_bytes_grown=grown,
+            problems=problems,
+            backlog=backlog,
+            evidence=evidence,
+            last_output_at=st["last_output_at"],
+            state=st,
+        )
+
+    def _reconcile(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state to read on from, with the record log cut back to what it says was written."""
+        fingerprint = self.source.fingerprint()
+        fresh = {"v": STATE_VERSION, "fingerprint": fingerprint, "records_bytes": 0, "anchor": None,
+                 "lines": 0, "records": 0, "output_bytes": 0, "last_output_at": None, "sample": None,
+                 "sizes": {}, "reader": {}}
+        if state.get("v") != STATE_VERSION or state.get("fingerprint") != fingerprint:
+            state = fresh  # first pump, or the source changed: the record log is rebuilt from the source
+        if not self.source.copies:
+            return state
+        have = records.size(self.records_path)
+        written = int(state["records_bytes"])
+        if (have or 0) < written:  # the record log lost what was written: read everything again
+            state = dict(fresh, output_bytes=state["output_bytes"], sizes=state["sizes"],
+                         last_output_at=state["last_output_at"])
+            written = 0
+        if have is not None and have > written:
+            records.truncate(self.records_path, written)
+        return state
+
+
+def _grown(paths: list[Path | None], before: Mapping[str, int]) -> tuple[dict[str, int], int]:
+    """(sizes now, bytes grown since `before`); a file that shrank was rewritten: all of it is new."""
+    sizes: dict[str, int] = {}
+    grown = 0
+    for path in paths:
+        if path is None:
+            continue
+        try:
+            size = os.stat(path).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        key = str(path)
+        old = before.get(key, 0)
+        grown += size - old if size >= old else size
+        sizes[key] = size
+    return sizes, grown

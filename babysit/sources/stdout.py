@@ -1,0 +1,134 @@
+"""kind = "stdout": records from regexes over the run's own captured stdout and stderr.
+
+The executors capture each attempt to `<state_dir>/runs/<run>/attempt-<n>/stdout.log|stderr.log`
+(local: the shim; Slurm: `--output`/`--error`), so a trainer nobody here wrote is read unchanged.
+Every attempt's files are read in attempt order (an attempt's last lines are read after it ended),
+each from its own cursor. One record per match: the named group `step` is the step, every other
+named group a metric parsed as a float, `nan`/`inf` included.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from babysit.sources import lines as ln
+from babysit.sources.config import RESERVED, STEP_GROUP, SourceSpec
+from babysit.sources.records import Item
+
+STREAMS = ("stdout.log", "stderr.log")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (torchtitan colours its metrics)
+SAMPLE_CHARS = 200
+Matcher = tuple[int, re.Pattern[str], list[tuple[str, str]]]  # (pattern number, regex, [(group, metric)])
+
+
+@dataclass(frozen=True)
+class StdoutRead:
+    items: tuple[Item, ...]
+    lines: int
+    problems: tuple[str, ...]
+    sample: str | None  # the newest line that matched no pattern, for "what to fix"
+    cursors: dict[str, dict[str, Any]]
+    more: bool
+
+
+def attempt_dirs(run_dir: Path) -> list[Path]:
+    """The run's attempt directories in attempt order (attempt-2 before attempt-10)."""
+    found = []
+    try:
+        for entry in run_dir.iterdir():
+            prefix, _, n = entry.name.partition("-")
+            if prefix == "attempt" and n.isdigit() and entry.is_dir():
+                found.append((int(n), entry))
+    except FileNotFoundError:
+        return []
+    return [path for _, path in sorted(found)]
+
+
+def captured_files(run_dir: Path) -> list[Path]:
+    return [d / name for d in attempt_dirs(run_dir) for name in STREAMS]
+
+
+def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, Any]]) -> StdoutRead:
+    """Read every captured file on from its cursor (keyed by its path under the run directory)."""
+    items: list[Item] = []
+    problems: list[str] = []
+    new_cursors: dict[str, dict[str, Any]] = {}
+    seen = 0
+    sample = None
+    more = False
+    compiled = matchers(source)
+    for path in captured_files(run_dir):
+        key = f"{path.parent.name}/{path.name}"
+        got = ln.read_lines(path, ln.Cursor.from_dict(cursors.get(key)))
+        new_cursors[key] = got.cursor.to_dict()
+        more = more or got.more
+        if got.dropped:
+            _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
+        for raw in got.lines:
+            text = raw.decode("utf-8", errors="replace")
+            text = (ANSI.sub("", text) if "\x1b" in text else text).strip()
+            if not text:
+                continue
+            seen += 1
+            matched = parse_line(source, compiled, text, items, problems)
+            if not matched:
+                sample = text[:SAMPLE_CHARS]
+    return StdoutRead(tuple(items), seen, tuple(problems), sample, new_cursors, more)
+
+
+def parse_line(source: SourceSpec, matchers: list[Matcher], text: str, out: list[Item], problems: list[str]) -> bool:
+    """Append one item per match of every pattern; returns whether any pattern matched."""
+    matched = False
+    for i, pattern, groups in matchers:
+        for match in pattern.finditer(text):
+            matched = True
+            step = _step(match.group(STEP_GROUP))
+            if step is None:
+                _note(problems, f'pattern {i}: group "step" captured text that is not an integer: '
+                                r'make it match digits only, e.g. (?P<step>\d+)')
+                continue
+            metrics: dict[str, float] = {}
+            for group, name in groups:
+                raw = match.group(group)
+                if raw is None:  # an optional group that did not take part
+                    continue
+                value = number(raw)
+                if value is None:
+                    _note(problems, f'pattern {i}: group "{group}" captured text that is not a number: '
+                                    f"make it match the number only, e.g. (?P<{group}>[-+.\\w]+)")
+                    continue
+                metrics[name] = value
+            out.append(Item(step + source.step_offset, metrics))
+    return matched
+
+
+def matchers(source: SourceSpec) -> list[Matcher]:
+    """(number, regex, [(group, metric name)]) of each pattern: renames resolved once, not per line."""
+    return [(i, p.compiled, [(g, source.rename(g)) for g in p.metric_groups if source.rename(g) not in RESERVED])
+            for i, p in enumerate(source.patterns, start=1)]
+
+
+def number(text: str) -> float | None:
+    """A metric's text as a float; `nan`, `inf`, `-inf` (any case) are numbers and stay non-finite."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def _step(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _note(problems: list[str], text: str) -> None:
+    if text not in problems:
+        problems.append(text)
