@@ -12,9 +12,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from babysit.cli import add_registry_option
 
     p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows",
-                       description="Ask the daemon to stop RUN gracefully: SIGTERM, [guards].stop_grace_seconds "
-                                   "for the trainer to checkpoint, then SIGKILL. No retry follows. A run that "
-                                   "already ended is answered at once from the state database (exit 0).")
+                       description="Ask the daemon to stop RUN gracefully: the run's stop signal ([run].stop_signal, "
+                                   "SIGTERM by default), [guards].stop_grace_seconds for the trainer to checkpoint, "
+                                   "then SIGKILL. No retry follows. A run that already ended is answered at once "
+                                   "from the state database (exit 0).")
     p.add_argument("run", metavar="RUN", help="a registered run")
     p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
                    help="how long to wait for the daemon to take the request (default 10)")
