@@ -158,6 +158,33 @@ def test_an_unknown_key_hint_suggests_the_close_one(here: Path) -> None:
     assert err.value.hint == "did you mean 'channel'?"
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    (f"[[runs]]\nname = 'a'\nspec = 'a.toml'\nregisterd_at = '{WHEN}'\n",
+     'babysit.toml: runs[0].registerd_at: unknown key — did you mean "registered_at"?'),
+    (f"[[runs]]\nnam = 'a'\nspec = 'a.toml'\nregistered_at = '{WHEN}'\n",
+     'babysit.toml: runs[0].nam: unknown key — did you mean "name"?'),
+    (f"[[runs]]\nname = 'a'\nspecs = 'a.toml'\nregistered_at = '{WHEN}'\n",
+     'babysit.toml: runs[0].specs: unknown key — did you mean "spec"?'),
+])
+def test_a_misspelt_required_key_is_named_as_the_typo(here: Path, text: str, message: str) -> None:
+    write(text)
+    with pytest.raises(SpecError) as err:
+        load(Path("babysit.toml"))
+    assert str(err.value) == message
+    assert err.value.exit_code == EXIT_BAD_INPUT and "rename it to" in (err.value.hint or "")
+
+
+def test_an_unknown_run_lists_the_registered_ones(here: Path) -> None:
+    reg = load(write(GOOD))
+    with pytest.raises(UnknownRun) as err:
+        reg.get("something_else")
+    assert err.value.message.endswith("; registered: grasp_sft_v2_demosonly_1gpu_disc, plain.run-2")
+    many = Registry(here / "babysit.toml", runs=tuple(entry(f"run_{i:02d}") for i in range(15)))
+    with pytest.raises(UnknownRun) as err:
+        many.get("zzz")
+    assert "run_11 and 3 more (`babysit status` lists all)" in err.value.message
+
+
 def test_a_directory_in_place_of_the_file_is_refused(here: Path) -> None:
     Path("babysit.toml").mkdir()
     with pytest.raises(SpecError, match=r"^babysit.toml: expected a readable UTF-8 TOML file"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -221,3 +222,139 @@ def test_division_by_zero_and_unknown_names_are_errors_not_crashes() -> None:
         expr.parse("1 / (2 - 2)").evaluate({})
     with pytest.raises(expr.ExprError):
         expr.parse("nope * 2").evaluate({})
+
+
+# -- a misspelt required key is named as the typo (issue 18) -------------------------------------------
+
+@pytest.mark.parametrize(("text", "typo", "meant"), [
+    ('[run]\nname = "r"\ncommnd = ["x"]\nlog = "l"\n', "run.commnd", "command"),
+    ('[run]\nname = "r"\ncommand = ["x"]\nlg = "l"\n', "run.lg", "log"),
+    ('[run]\nnme = "r"\ncommand = ["x"]\nlog = "l"\n', "run.nme", "name"),
+    ('[rn]\nname = "r"\ncommand = ["x"]\nlog = "l"\n', "rn", "run"),
+    (MINIMAL + '[[attempts]]\nprofil = "a"\n', "attempts[0].profil", "profile"),
+    (MINIMAL + '[[classify]]\npatern = "x"\nclass = "oom"\n', "classify[0].patern", "pattern"),
+    (MINIMAL + '[[classify]]\npattern = "x"\nclas = "oom"\n', "classify[0].clas", "class"),
+    (MINIMAL + PREREG.replace("metric =", "metrc ="), "prereg.metrc", "metric"),
+    (MINIMAL + PREREG.replace("baseline_step =", "baseline_stp ="), "prereg.baseline_stp", "baseline_step"),
+    (MINIMAL + PREREG.replace("[[prereg.bands]]", "[[prereg.band]]"), "prereg.band", "bands"),
+    (MINIMAL + PREREG.replace('label = "HEALTHY"', 'lable = "HEALTHY"'), "prereg.bands[0].lable", "label"),
+    (MINIMAL + PREREG.replace('label = "AMBIGUOUS"', 'labl = "AMBIGUOUS"'), "prereg.otherwise.labl", "label"),
+    (MINIMAL + PREREG + '[prereg.fixture]\nlog = "f.jsonl"\nexpect_delt = 0.1\nexpect_label = "HEALTHY"\n',
+     "prereg.fixture.expect_delt", "expect_delta"),
+    (MINIMAL + '[smoke]\n[[smoke.candidates]]\nprofle = "a"\n', "smoke.candidates[0].profle", "profile"),
+])
+def test_a_misspelt_required_key_is_named_as_the_typo_with_the_key_it_misses(
+        tmp_path: Path, text: str, typo: str, meant: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text), display="run.toml")
+    assert str(info.value) == f'run.toml: {typo}: unknown key — did you mean "{meant}"?'
+    assert info.value.hint is not None and f'rename it to "{meant}"' in info.value.hint
+    assert info.value.exit_code == 2
+
+
+def test_a_missing_required_key_without_a_near_miss_is_still_said_missing(tmp_path: Path) -> None:
+    text = '[run]\nname = "r"\ncommand = ["x"]\nwhere = "l"\n'  # not a typo of "log": the plain message
+    assert rejection(tmp_path, text) == "run.toml: run.log: expected a value (this key is required), got <nothing>"
+
+
+def test_no_key_babysit_reads_is_a_near_miss_of_a_required_key_of_its_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes "unknown key — did you mean" safe to say: a key babysit reads can never be taken for a
+    misspelling of a required key of the same table. Every read of a full run.toml, babysit.toml and
+    amendment is recorded (the reads themselves are the real ones), then every pair is compared."""
+    import difflib
+    import re
+    from collections import defaultdict
+
+    from babysit import tomlfile
+    from babysit.amendment import load_amendment
+    from babysit.registry import load
+
+    keys: dict[str, set[str]] = defaultdict(set)
+    needed: dict[str, set[str]] = defaultdict(set)
+    real_raw, real_table, real_tables = tomlfile.Table.raw, tomlfile.Table.table, tomlfile.Table.tables
+
+    def where(table: tomlfile.Table) -> str:
+        return Path(table.file).name + ":" + re.sub(r"\[\d+\]", "[]", table.path)
+
+    def raw(self: tomlfile.Table, name: str, default: object = tomlfile._MISSING) -> object:
+        keys[where(self)].add(name)
+        if default is tomlfile._MISSING:
+            needed[where(self)].add(name)
+        return real_raw(self, name, default)
+
+    def table(self: tomlfile.Table, name: str, required: bool = False) -> object:
+        keys[where(self)].add(name)
+        if required:
+            needed[where(self)].add(name)
+        return real_table(self, name, required)
+
+    def tables(self: tomlfile.Table, name: str) -> object:
+        keys[where(self)].add(name)
+        return real_tables(self, name)
+
+    monkeypatch.setattr(tomlfile.Table, "raw", raw)
+    monkeypatch.setattr(tomlfile.Table, "table", table)
+    monkeypatch.setattr(tomlfile.Table, "tables", tables)
+    full_run = MINIMAL.replace("[run]", '[run]\nworkdir = "."\ncheckpoints = "c"\ngpus = [0]\nexecutor = "slurm"\n'
+                                        'env = { A = "1" }') + PREREG.replace(
+        'question = "q"', 'question = "q"\nprecision = 3\ntrain_metric = "train_mae"') + """
+[prereg.interpretation]
+HEALTHY = "fine"
+[prereg.fixture]
+log = "f.jsonl"
+expect_delta = 0.1
+expect_label = "HEALTHY"
+[guards]
+exclusive_gpu = true
+[poll]
+every_minutes = 30
+[retry]
+max_attempts = 2
+[[attempts]]
+profile = "a"
+args = ["--x"]
+[[classify]]
+pattern = "ECC"
+class = "crashed"
+retry = false
+[machinery]
+knobs = ["--num-workers"]
+[notify]
+channel = "#runs"
+[slurm]
+partition = "gpu"
+[smoke]
+steps = 5
+[[smoke.candidates]]
+profile = "a"
+"""
+    load_spec(write(tmp_path, full_run), display="run.toml")
+    load(write(tmp_path, '[daemon]\nstate_dir = "s"\nchannel = "#c"\n[[runs]]\nname = "a"\nspec = "a.toml"\n'
+                         'registered_at = "2026-08-17T18:41:02Z"\nprereg_sha256 = "' + "a" * 64 + '"\n',
+               "babysit.toml"))
+    load_amendment(Path(__file__).parent / "fixtures" / "verdict" / "scale_amendment.toml", "amendment.toml")
+    keys.pop("run.toml:prereg.references", None)  # reference names are the user's own, not babysit's keys
+    assert {"run.toml:run", "run.toml:prereg.fixture", "babysit.toml:runs[]", "amendment.toml:"} <= set(keys)
+    near = [(t, r, k) for t, names in keys.items() for r in needed[t] for k in names - {r}
+            if difflib.SequenceMatcher(None, r, k).ratio() >= tomlfile.NEAR_MISS]
+    assert near == [], "a key babysit reads is within NEAR_MISS of a required key: raise NEAR_MISS or rename the key"
+
+
+# -- exclusive_gpu on a CPU run (issue 18) ---------------------------------------------------------------
+
+def test_exclusive_gpu_written_true_on_a_cpu_run_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, MINIMAL + "[guards]\nexclusive_gpu = true\n"), display="run.toml")
+    assert str(info.value) == ("run.toml: guards.exclusive_gpu: expected false, or GPUs in run.gpus (a CPU run "
+                               "holds no GPU), got <true with run.gpus = []>")
+    assert "run.gpus = [0]" in (info.value.hint or "") and "exclusive_gpu = false" in (info.value.hint or "")
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("gpus", "guards"), [("[]", ""), ("[]", "[guards]\nexclusive_gpu = false\n"),
+                                              ("[0]", "[guards]\nexclusive_gpu = true\n"), ("[0]", "")])
+def test_exclusive_gpu_is_accepted_wherever_it_means_something_or_is_not_written(
+        tmp_path: Path, gpus: str, guards: str) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL.replace("[run]", f"[run]\ngpus = {gpus}") + guards))
+    assert spec.gpus == tuple(json.loads(gpus))
