@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -31,8 +31,13 @@ def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return {k: redact_text(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
-def configure(state_dir: Path | None, *, console: bool | None = None, level: int = logging.INFO) -> None:
-    """Route structlog (and stdlib logging, e.g. APScheduler's) to daemon.log and, on a tty, stderr."""
+def configure(state_dir: Path | None, *, console: bool | None = None, level: int = logging.INFO,
+              stream: TextIO | None = None) -> None:
+    """Route structlog (and stdlib logging, e.g. APScheduler's) to daemon.log and, on a tty, stderr.
+
+    `stream` replaces stderr for the console lines: `babysit up`'s live view passes the stream that
+    prints above its table, so a warning never tears it (everything still goes to daemon.log).
+    """
     console = sys.stderr.isatty() if console is None else console
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
               structlog.processors.TimeStamper(fmt="iso", utc=True), _redact]
@@ -58,7 +63,7 @@ def configure(state_dir: Path | None, *, console: bool | None = None, level: int
         handler._babysit = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     if console:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                         structlog.dev.ConsoleRenderer(colors=False)],

@@ -124,6 +124,29 @@ def tail_bytes(path: Path, max_bytes: int) -> bytes | None:
         return None
 
 
+def read_recent(path: Path, max_bytes: int = 32 * 1024) -> tuple[LogRecord, ...] | None:
+    """The whole records in the last `max_bytes` of a log, for readers that must not touch the
+    daemon's offset (`babysit status`, the live view): O(max_bytes) however long the log is.
+
+    The window's first line is dropped unless the window starts the file (it is likely cut), and so is
+    an unterminated last line (the trainer is still writing it). None: the log cannot be read.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            f.seek(start)
+            data = f.read(size - start)
+    except OSError:
+        return None
+    if start > 0:
+        newline = data.find(b"\n")
+        if newline < 0:
+            return ()
+        data, start = data[newline + 1:], start + newline + 1
+    return tuple(_parse(data, start, False, max_bytes, final=False).records)
+
+
 def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
              max_line_bytes: int = 2**20) -> TailRead:
     """Read what was appended since `state`: at most max(max_bytes, max_line_bytes + 1) bytes.

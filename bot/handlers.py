@@ -103,13 +103,13 @@ def help_(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
 
 
 def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
-    from babysit.commands.status import collect
+    from babysit import runview
 
     reg = registry_mod.load(cfg.registry_path)
     if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]")):
         ack(**answer(problem))
         return
-    rows = collect(reg, [cmd.run] if cmd.run else list(reg.names))
+    rows = runview.collect(reg.path, [cmd.run] if cmd.run else list(reg.names))
     ack(**answer(msg.status_message(rows, time.time())))
 
 

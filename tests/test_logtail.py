@@ -18,6 +18,7 @@ from babysit.logtail import (
     metric_series,
     read_all,
     read_new,
+    read_recent,
     seconds_per_step,
 )
 
@@ -372,3 +373,24 @@ def test_garbage_interleaved_never_raises_and_small_windows_agree_with_the_whole
     assert state.offset == len(data) and not state.skipping
     assert [repr(as_tuple(r)) for r in got] == [repr(as_tuple(r)) for r in whole]
     assert state.garbage == garbage
+
+
+def test_read_recent_reads_only_the_end_and_drops_the_cut_first_line_and_the_unfinished_last(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    append(log, b"".join(line(s, 1000.0 + s, train_loss=0.5) for s in range(1, 2001)))
+    append(log, b'{"step": 2001, "ts": 30')  # the trainer is mid-write
+    size = log.stat().st_size
+    got = read_recent(log, max_bytes=4096)
+    assert got is not None and 20 < len(got) < 4096 // 40
+    assert steps(got) == list(range(2001 - len(got), 2001)), "whole lines only, up to the last complete one"
+    assert got[0].offset > size - 4096
+    assert log.stat().st_size == size, "read-only"
+    whole = read_recent(log, max_bytes=10 * size)
+    assert whole is not None and steps(whole)[0] == 1, "a window holding the whole file keeps its first line"
+
+
+def test_read_recent_says_none_for_a_log_it_cannot_read_and_nothing_for_one_long_line(tmp_path: Path) -> None:
+    assert read_recent(tmp_path / "absent.jsonl") is None
+    log = tmp_path / "log.jsonl"
+    append(log, line(1, 1.0, blob="x" * 10_000))
+    assert read_recent(log, max_bytes=1024) == ()

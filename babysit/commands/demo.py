@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from babysit.demo import runner
     from babysit.notify import ConsoleChannel
     from babysit.probes.gpu import open_gpu_probe
+    from babysit.watch import Watcher, open_view
 
     root = runner.make_workspace(args.dir)
     drift, retry_toml, amendment = runner.write_runs(root, REFERENCES)
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n$ babysit up --accelerated --exit-when-idle   (declared minutes run as seconds)\n")
     state_dir = registry.load(reg).state_dir
     logs.configure(state_dir, console=False)
+    # The same view as `babysit up`: the live table on a terminal (messages print above it; it is
+    # erased at the end, where the status table follows), a line per change otherwise.
+    watcher = Watcher(reg, open_view(sys.stdout, transient=True), interval=1.0 if sys.stdout.isatty() else 10.0,
+                      footer="babysit demo · the daemon's view of its runs")
+    watcher.start()
     amend = None
     if args.only in (None, "drift"):
         log = root / "outputs" / runner.DRIFT_RUN / "train_log.jsonl"
@@ -56,15 +62,13 @@ def run(args: argparse.Namespace) -> int:
 
         amend = runner.AmendOnTime(log, declare)
         amend.start()
-    daemon = Daemon(reg, gpu_probe=open_gpu_probe("none"), channel=ConsoleChannel(state_dir),
-                    accelerated=True, exit_when_idle=True)
     started = time.monotonic()
-    progress = _Progress(state_dir)
-    progress.start()
     try:
+        daemon = Daemon(reg, gpu_probe=open_gpu_probe("none"), channel=ConsoleChannel(state_dir, watcher.view.out),
+                        accelerated=True, exit_when_idle=True)
         daemon.run()
     finally:
-        progress.stop.set()
+        watcher.stop(erase=sys.stdout.isatty())
         if amend is not None:
             amend.done.set()
     print(f"\nall runs over in {time.monotonic() - started:.0f} s.\n")
@@ -85,28 +89,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nre-derive it yourself:  babysit verdict {runner.DRIFT_RUN} --registry {reg}")
     return 0
 
-
-class _Progress(threading.Thread):
-    """A line per run every few seconds while the daemon works: step, s/step, status."""
-
-    def __init__(self, state_dir: Path, every: float = 15.0) -> None:
-        super().__init__(name="demo-progress", daemon=True)
-        self.state_dir = state_dir
-        self.every = every
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        from babysit.store import Store
-
-        while not self.stop.wait(self.every):
-            db = self.state_dir / "state.db"
-            if not db.exists():
-                continue
-            store = Store(db)
-            try:
-                parts = []
-                for run, (status, facts) in sorted(store.run_states().items()):
-                    parts.append(f"{run}: {status} step {facts.get('step', '—')}")
-                print("  ·· " + "  |  ".join(parts), flush=True)
-            finally:
-                store.close()

@@ -1,4 +1,5 @@
-"""`babysit status [RUN] [--json]`: what every run is doing, from the store alone (fast, read-only)."""
+"""`babysit status [RUN] [--json] [--watch]`: what every run is doing, from the store and the runs' logs
+(fast, read-only; the rows come from babysit/runview.py, the table from babysit/runtable.py)."""
 
 from __future__ import annotations
 
@@ -11,69 +12,64 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from babysit.cli import add_registry_option
 
-    p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident")
-    p.add_argument("run", nargs="?", metavar="RUN")
+    p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident (--watch: live)",
+                       description="What every registered run is doing (or RUN alone), read from the state "
+                                   "database: status, attempt, step, s/step, ETA, GPU-hours, last poll, the last "
+                                   "incident (or how a finished run ended) and the latest verdict read. Read-only; "
+                                   "works with or without a daemon.")
+    p.add_argument("run", nargs="?", metavar="RUN", help="one registered run (default: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true",
+                   help="keep the table up, refreshed from the state database (a terminal: redrawn in place; "
+                        "otherwise a line per run when it changes); Ctrl-C ends it")
+    p.add_argument("--interval", type=_positive, default=2.0, metavar="S", help="with --watch: seconds between looks")
     add_registry_option(p)
     p.set_defaults(func=run)
 
 
 def collect(reg: Any, names: list[str]) -> list[dict[str, Any]]:
-    from babysit.store import Store
+    """The rows as plain dicts (the `--json` shape; what the Slack bot reads): see babysit/runview.py."""
+    from babysit import runview
 
-    db = reg.state_dir / "state.db"
-    store = Store(db) if db.exists() else None
-    now = time.time()
-    rows = []
-    for name in names:
-        row: dict[str, Any] = {"run": name, "status": "registered", "attempt": None, "profile": None, "step": None,
-                               "seconds_per_step": None, "eta_seconds": None, "gpu_hours": 0.0,
-                               "last_poll_at": None, "last_incident": None, "verdict": None,
-                               "hardware_profile": None}
-        if store is not None:
-            status, facts = store.run_state(name)
-            attempts = store.attempts(name)
-            row["status"] = status if attempts or status != "pending" else "registered"
-            if attempts:
-                row["attempt"], row["profile"] = attempts[-1].n, attempts[-1].profile
-                row["outcome"] = attempts[-1].outcome
-            row["step"] = facts.get("step")
-            row["hardware_profile"] = facts.get("hardware_profile")  # set by `babysit smoke`
-            row["gpu_hours"] = round(store.gpu_seconds(name, now) / 3600, 4)
-            polls = store.polls(name, 1)
-            if polls:
-                snap = polls[0].body
-                row.update(last_poll_at=polls[0].at, seconds_per_step=snap.get("seconds_per_step"),
-                           eta_seconds=snap.get("eta_seconds") if status in ("running", "stopping") else None)
-            incidents = store.incidents(name, 1)
-            if incidents:
-                row["last_incident"] = {"kind": incidents[0].kind, "at": incidents[0].at}
-            verdict = store.latest_verdict(name)
-            if verdict:
-                row["verdict"] = {k: verdict.body.get(k) for k in ("status", "label", "delta", "at_step")}
-        rows.append(row)
-    if store is not None:
-        store.close()
-    return rows
+    return [row.to_dict() for row in runview.collect(reg.path, names)]
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from bot.messages import status_table
+    from babysit import registry, runview
+    from babysit.runtable import status_table
 
     reg = registry.load(registry.resolve_registry_path(args.registry))
     names = [reg.get(args.run).name] if args.run else list(reg.names)
-    rows = collect(reg, names)
+    if args.watch:
+        from babysit.errors import BadInput
+        from babysit.watch import watch
+
+        if args.json:
+            raise BadInput("--watch and --json do not go together",
+                           hint="`babysit status --json` for one look, `babysit status --watch` for the live table")
+        return watch(reg.path, names if args.run else None, interval=args.interval)
+    rows = runview.collect(reg.path, names)
     if args.json:
-        print(json.dumps(rows if not args.run else rows[0], indent=2))
+        dicts = [row.to_dict() for row in rows]
+        print(json.dumps(dicts if not args.run else dicts[0], indent=2))
         return 0
     if not rows:
         print(f"no runs registered in {reg.path}; `babysit register RUN.toml` adds one")
         return 0
     print(status_table(rows, time.time()))
     for r in rows:
-        if r.get("hardware_profile"):
-            hp = r["hardware_profile"]
-            print(f"{r['run']}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "
+        if r.hardware_profile:
+            hp = r.hardware_profile
+            print(f"{r.run}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "
                   f"({hp.get('path')})")
     return 0
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from babysit.watch import Watcher
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the daemon: launch registered runs and babysit them",
                        description="Launch every registered run that is not finished and babysit it: polls, "
                                    "guards, retries, verdicts, messages. Ctrl-C stops the daemon, not the runs; "
-                                   "a restarted daemon re-adopts them.")
+                                   "a restarted daemon re-adopts them. On a terminal it shows a live table of "
+                                   "every run (step, s/step, ETA, GPU, last incident, verdict) with messages and "
+                                   "warnings printed above it; otherwise a line per run whenever it changes.")
     p.add_argument("--accelerated", action="store_true",
                    help="declared minutes become seconds (demos and tests)")
     p.add_argument("--exit-when-idle", action="store_true",
@@ -21,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bot-http", type=int, metavar="PORT", help="with --bot: serve slash commands over HTTP")
     p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
                    help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    p.add_argument("--no-view", action="store_true",
+                   help="no live table and no progress lines: only messages and warnings")
     add_registry_option(p)
     p.set_defaults(func=run)
 
@@ -33,12 +43,36 @@ def run(args: argparse.Namespace) -> int:
 
     path = registry.resolve_registry_path(args.registry)
     reg = registry.load(path)
-    logs.configure(reg.state_dir)
-    probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
-    daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir),
-                    accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
-    if args.bot:
-        from bot.app import start_in_background
+    watcher = None if args.no_view else _start_view(path, reg.state_dir, args.accelerated)
+    # With the live table up, console lines (messages, warnings) go through the stream that prints
+    # above it; without it, stdout and stderr as always. daemon.log gets everything either way.
+    out = watcher.view.out if watcher is not None and watcher.view.live else None
+    ok = False
+    try:
+        logs.configure(reg.state_dir, stream=out)
+        probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
+        daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out),
+                        accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
+        if args.bot:
+            from bot.app import start_in_background
 
-        start_in_background(path, http_port=args.bot_http)
-    return daemon.run()
+            start_in_background(path, http_port=args.bot_http)
+        code = daemon.run()
+        ok = True
+        return code
+    finally:
+        if watcher is not None:
+            watcher.stop(erase=not ok)  # refused (another daemon holds the state): no table left behind
+
+
+def _start_view(path: Path, state_dir: Path, accelerated: bool) -> Watcher:
+    """The live table on a terminal (every 2 s), else a line per change (checked every declared minute)."""
+    from babysit.watch import Watcher, open_view
+
+    view = open_view(sys.stdout)
+    live = sys.stdout.isatty()
+    interval = (1.0 if accelerated else 2.0) if live else (1.0 if accelerated else 60.0)
+    footer = f"babysit up · {state_dir} · Ctrl-C stops the daemon, not the runs · log: {state_dir / 'daemon.log'}"
+    watcher = Watcher(path, view, interval=interval, footer=footer)
+    watcher.start()
+    return watcher

@@ -1,0 +1,262 @@
+"""What every run is doing, as one frozen row a run: `babysit status`, `status --watch` and the live view.
+
+Progress comes from the run's log, not only from polls: polls are posted every 30 minutes, but a
+run at step 620 has said so in its log seconds ago. The newest records of the log (read from its
+end, read-only; the daemon's offset is never touched) give the step and the pace; the last poll fills
+in what only a poll measures (GPU utilization) and stands in for the log when the log cannot be read
+here (a Slurm job's log on a filesystem this host does not mount).
+
+`build_row` is pure: store rows and log points in, a `RunRow` out. `Reader` is the thin shell that
+fetches them over its own SQLite connection (read-only queries; WAL lets it read while the daemon
+writes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from babysit import logtail, registry
+from babysit.errors import BabysitError
+from babysit.snapshot import steps_from_argv
+from babysit.spec import RunSpec, load_spec
+from babysit.store import Attempt, Row, Store
+
+ENDED = ("finished", "failed", "stopped")  # run states no daemon acts on again
+CLOCK_SLACK_S = 2.0  # a record stamped this much before its attempt's start still counts as the attempt's
+LOG_WINDOW_BYTES = 32 * 1024  # the end of the log read per run per refresh: enough for ~100 records
+
+
+@dataclass(frozen=True)
+class Incident:
+    kind: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a run that is over ended: shown instead of the last incident on the way there (a stale
+    `retrying` under a finished run says the wrong thing)."""
+
+    outcome: str | None
+    at: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Read:
+    """The run's latest verdict read: PROVISIONAL before the read step, FINAL after, NO-READ without data."""
+
+    status: str | None
+    label: str | None
+    delta: float | None
+    at_step: int | None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: str
+    status: str  # registered | pending | running | stopping | retrying | finished | failed | stopped | refused
+    attempt: int | None = None
+    max_attempts: int | None = None
+    profile: str | None = None
+    outcome: str | None = None  # the last attempt's outcome, once it ended
+    step: int | None = None
+    target_step: int | None = None  # prereg.read_step until it is reached, then the command's --steps
+    seconds_per_step: float | None = None
+    eta_seconds: float | None = None  # only while the run is running
+    progress_from: str | None = None  # where the step came from: "log" (read now) | "daemon" | "poll" | None
+    last_record_ts: float | None = None  # the newest log record's own timestamp
+    gpus: int = 0
+    gpu_util_pct: tuple[float, ...] = ()  # from the attempt's last poll; () when not measured
+    gpu_hours: float = 0.0
+    gpu_hours_cap: float | None = None
+    last_poll_at: float | None = None
+    last_incident: Incident | None = None
+    ended: Ended | None = None  # set once the run is finished, failed or stopped
+    verdict: Read | None = None
+    hardware_profile: Mapping[str, Any] | None = field(default=None, compare=False)
+    note: str | None = None  # why something is missing (an unreadable run.toml)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `status --json` shape (also what the Slack bot reads)."""
+        return {
+            "run": self.run, "status": self.status, "attempt": self.attempt, "max_attempts": self.max_attempts,
+            "profile": self.profile, "outcome": self.outcome,
+            "step": self.step, "target_step": self.target_step,
+            "seconds_per_step": self.seconds_per_step, "eta_seconds": self.eta_seconds,
+            "progress_from": self.progress_from, "last_record_ts": self.last_record_ts,
+            "gpus": self.gpus, "gpu_util_pct": list(self.gpu_util_pct), "gpu_hours": self.gpu_hours,
+            "gpu_hours_cap": self.gpu_hours_cap, "last_poll_at": self.last_poll_at,
+            "last_incident": None if self.last_incident is None else
+            {"kind": self.last_incident.kind, "at": self.last_incident.at},
+            "ended": None if self.ended is None else
+            {"outcome": self.ended.outcome, "at": self.ended.at, "reason": self.ended.reason},
+            "verdict": None if self.verdict is None else
+            {"status": self.verdict.status, "label": self.verdict.label, "delta": self.verdict.delta,
+             "at_step": self.verdict.at_step},
+            "hardware_profile": None if self.hardware_profile is None else dict(self.hardware_profile),
+            "note": self.note,
+        }
+
+
+def target_step(read_step: int | None, end_step: int | None, step: int | None) -> int | None:
+    """The step the ETA counts to: the verdict's read step, then (once it is passed) the command's end."""
+    if read_step is not None and (step is None or step < read_step or end_step is None or end_step <= read_step):
+        return read_step
+    return end_step
+
+
+def eta_seconds(step: int | None, target: int | None, seconds_per_step: float | None) -> float | None:
+    if step is None or target is None:
+        return None
+    if step >= target:
+        return 0.0
+    return None if seconds_per_step is None else (target - step) * seconds_per_step
+
+
+def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Sequence[Attempt],
+              poll: Row | None, incident: Row | None, verdict: Row | None, gpu_seconds: float,
+              spec: RunSpec | None, records: Sequence[logtail.LogRecord] | None, note: str | None = None) -> RunRow:
+    """One run's row. `records` are the newest records of its log (None: the log could not be read);
+    `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read."""
+    last = attempts[-1] if attempts else None
+    live = status in ("running", "stopping")
+    shown_status = status if attempts or status != "pending" else "registered"
+
+    step: int | None = facts.get("step")  # the daemon's last reading of the log
+    source: str | None = "daemon" if step is not None else None
+    sps: float | None = None
+    last_ts: float | None = None
+    if records:
+        since = (last.started_at or last.created_at) - CLOCK_SLACK_S if last is not None else None
+        mine = [r for r in records if since is None or r.ts >= since]  # never the previous attempt's pace
+        if mine or not live:  # a live attempt's progress is its own records, not an older attempt's
+            step, last_ts, source = records[-1].step, records[-1].ts, "log"
+        sps = logtail.seconds_per_step(mine) if len(mine) >= 2 else None
+    this_poll = poll if poll is not None and last is not None and poll.attempt == last.n else None
+    if this_poll is not None and records is None:  # the log is out of reach here (a Slurm job's filesystem)
+        sps = this_poll.body.get("seconds_per_step")
+        if step is None and this_poll.body.get("step") is not None:
+            step, source = this_poll.body["step"], "poll"
+
+    read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
+    end_step = steps_from_argv(last.argv) if last is not None else None
+    target = target_step(read_step, end_step, step)
+    utils = tuple(g["util_pct"] for g in (this_poll.body.get("gpus") or ()) if g.get("util_pct") is not None) \
+        if this_poll is not None else ()
+    v = verdict.body if verdict is not None else None
+    return RunRow(
+        run=name, status=shown_status, attempt=last.n if last else None,
+        max_attempts=spec.retry.max_attempts if spec is not None else None,
+        profile=last.profile if last else None, outcome=last.outcome if last else None,
+        step=step, target_step=target, seconds_per_step=sps,
+        eta_seconds=eta_seconds(step, target, sps) if live else None,
+        progress_from=source, last_record_ts=last_ts,
+        gpus=len(spec.gpus) if spec is not None else (last.gpus if last else 0), gpu_util_pct=utils,
+        gpu_hours=round(gpu_seconds / 3600, 4),
+        gpu_hours_cap=spec.guards.gpu_hours_cap if spec is not None else None,
+        last_poll_at=poll.at if poll is not None else None,
+        last_incident=Incident(incident.kind, incident.at) if incident is not None else None,
+        ended=Ended(facts.get("ended") or last.outcome, last.ended_at, facts.get("end_reason"))
+        if status in ENDED and last is not None else None,
+        verdict=None if v is None else Read(v.get("status"), v.get("label"), v.get("delta"), v.get("at_step")),
+        hardware_profile=facts.get("hardware_profile"),  # set by `babysit smoke`
+        note=note,
+    )
+
+
+class Reader:
+    """Rows of every registered run, read with a connection of its own (read-only queries).
+
+    Kept open by `status --watch` and the live view across refreshes: the registry and each run.toml
+    are parsed again only when their files change.
+    """
+
+    def __init__(self, registry_path: Path) -> None:
+        self.registry_path = Path(registry_path)
+        self.registry = registry.load(self.registry_path)
+        self._registry_seen = _stat(self.registry_path)
+        self._specs: dict[Path, tuple[Any, RunSpec | None, str | None]] = {}
+        self._store: Store | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.registry.state_dir
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def rows(self, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
+        now = time.time() if now is None else now
+        self._reload_registry()
+        store = self._open_store()
+        out = []
+        for name in self.registry.names if names is None else names:
+            entry = self.registry.get(name)
+            spec, note = self._spec(self.registry.spec_path(entry))
+            if store is None:
+                out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,
+                                     verdict=None, gpu_seconds=0.0, spec=spec, records=None, note=note))
+                continue
+            status, facts = store.run_state(name)
+            attempts = store.attempts(name)
+            polls, incidents = store.polls(name, 1), store.incidents(name, 1)
+            records = logtail.read_recent(spec.log, LOG_WINDOW_BYTES) if spec is not None and attempts else None
+            out.append(build_row(
+                name, status=status, facts=facts, attempts=attempts, poll=polls[0] if polls else None,
+                incident=incidents[0] if incidents else None, verdict=store.latest_verdict(name),
+                gpu_seconds=sum(a.gpu_seconds(now) for a in attempts), spec=spec, records=records, note=note))
+        return out
+
+    def _reload_registry(self) -> None:
+        seen = _stat(self.registry_path)
+        if seen != self._registry_seen:
+            try:
+                self.registry = registry.load(self.registry_path)
+                self._registry_seen = seen
+            except BabysitError:
+                pass  # a registry being rewritten by hand: keep the last good one, as the daemon does
+
+    def _open_store(self) -> Store | None:
+        """The store once it exists: `status` never creates a state directory the daemon has not."""
+        if self._store is None:
+            db = self.state_dir / "state.db"
+            if db.exists():
+                self._store = Store(db)
+        return self._store
+
+    def _spec(self, path: Path) -> tuple[RunSpec | None, str | None]:
+        seen = _stat(path)
+        cached = self._specs.get(path)
+        if cached is not None and cached[0] == seen:
+            return cached[1], cached[2]
+        try:
+            spec, note = load_spec(path), None
+        except BabysitError as exc:  # edited into something invalid: the store still says what ran
+            spec, note = None, f"run.toml unreadable: {exc.message}"
+        self._specs[path] = (seen, spec, note)
+        return spec, note
+
+
+def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
+    """One look: the rows of `names` (default: every registered run)."""
+    reader = Reader(registry_path)
+    try:
+        return reader.rows(names, now)
+    finally:
+        reader.close()
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino

@@ -1,0 +1,168 @@
+"""Watching runs from the store: a live table on a terminal, a line per change anywhere else.
+
+`babysit up` and `babysit demo` run a `Watcher` thread beside the daemon; `babysit status --watch`
+runs `watch` in its main thread. Either way the rows come from `runview.Reader` (its own SQLite
+connection, read-only queries), so watching costs the daemon no lock and writes nothing.
+
+On a terminal the table is a `rich.live.Live` display. Anything else printed meanwhile (the console
+channel's messages, the daemon's warnings) must go *above* it or it tears the table: `LiveView.out`
+is the stream to hand them, and the Live display also redirects sys.stdout and sys.stderr.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from babysit.errors import BabysitError
+from babysit.runtable import change_line, live_table
+from babysit.runview import Reader, RunRow
+
+
+class View(Protocol):
+    out: TextIO  # where other output goes while the view is shown
+    live: bool  # redrawn in place: anything printed elsewhere would tear it
+
+    def show(self, rows: Sequence[RunRow] | None, now: float, footer: str) -> None:
+        """`rows` None: the store could not be read this time (the footer says why)."""
+
+    def close(self, *, erase: bool = False) -> None: ...
+
+
+def change_key(row: RunRow) -> tuple:
+    """What makes a new line in the plain view: the state, the attempt, the step, a new incident, an end
+    or a new read. Not the clock: an unchanged run prints nothing, however often it is looked at."""
+    incident = (row.last_incident.kind, row.last_incident.at) if row.last_incident else None
+    verdict = (row.verdict.status, row.verdict.label, row.verdict.at_step) if row.verdict else None
+    return row.status, row.attempt, row.step, incident, row.outcome, verdict
+
+
+class PlainView:
+    """Not a terminal (a pipe, a file, CI): a line per run each time something about it changed."""
+
+    live = False
+
+    def __init__(self, stream: TextIO) -> None:
+        self.out = stream
+        self._seen: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+
+    def show(self, rows: Sequence[RunRow] | None, now: float, footer: str) -> None:
+        with self._lock:
+            if rows is None:
+                self.out.write("  ·· " + footer + "\n")
+            for row in rows or ():
+                key = change_key(row)
+                if self._seen.get(row.run) != key:
+                    self._seen[row.run] = key
+                    self.out.write("  ·· " + change_line(row, now) + "\n")  # one write: whole lines only
+            self.out.flush()
+
+    def close(self, *, erase: bool = False) -> None:
+        self.out.flush()
+
+
+class LiveView:
+    """A terminal: the table redrawn in place (rich.live.Live), other output printed above it."""
+
+    live = True
+
+    def __init__(self, stream: TextIO, *, transient: bool = False) -> None:
+        from rich.console import Console
+        from rich.file_proxy import FileProxy
+        from rich.live import Live
+
+        self.console = Console(file=stream)
+        self.live = Live(console=self.console, auto_refresh=False, transient=transient,
+                         redirect_stdout=True, redirect_stderr=True, vertical_overflow="visible")
+        self.out = FileProxy(self.console, stream)
+        self.live.start()
+
+    def show(self, rows: Sequence[RunRow] | None, now: float, footer: str) -> None:
+        self.live.update(live_table(rows, now, footer), refresh=True)
+
+    def close(self, *, erase: bool = False) -> None:
+        self.out.flush()
+        if erase:
+            self.live.transient = True
+        self.live.stop()
+
+
+def open_view(stream: TextIO, *, transient: bool = False) -> View:
+    """The live table when `stream` is a terminal, plain lines otherwise."""
+    if stream.isatty():
+        return LiveView(stream, transient=transient)
+    return PlainView(stream)
+
+
+class Watcher(threading.Thread):
+    """Refreshes a view from the store every `interval` seconds until `stop()`; a daemon thread, so a
+    crash of the process never waits on it."""
+
+    def __init__(self, registry_path: Path, view: View, *, interval: float, footer: str = "") -> None:
+        super().__init__(name="babysit-watch", daemon=True)
+        self.view = view
+        self.interval = interval
+        self.footer = footer
+        self.reader = Reader(registry_path)
+        self._stop_event = threading.Event()
+        self._refresh_lock = threading.Lock()
+
+    def run(self) -> None:
+        self.refresh()
+        while not self._stop_event.wait(self.interval):
+            self.refresh()
+
+    def refresh(self) -> None:
+        with self._refresh_lock:
+            now = time.time()
+            self.view.show(*_look(self.reader, None, now, self.footer))
+
+    def stop(self, *, erase: bool = False) -> None:
+        """The last refresh (so the table shows how things ended), then the terminal is given back."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        try:
+            if not erase:
+                self.refresh()
+        finally:
+            self.view.close(erase=erase)
+            self.reader.close()
+
+
+def watch(registry_path: Path, names: Sequence[str] | None, *, interval: float, stream: TextIO | None = None) -> int:
+    """`babysit status --watch`: redraw until Ctrl-C, which ends it cleanly (exit 0)."""
+    stream = stream or sys.stdout
+    view = open_view(stream)
+    reader = Reader(registry_path)
+    footer = f"every {interval:g}s from {reader.state_dir / 'state.db'} · Ctrl-C to quit"
+    try:
+        while True:
+            now = time.time()
+            view.show(*_look(reader, names, now, footer))
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        view.close()
+        reader.close()
+    return 0
+
+
+def _look(reader: Reader, names: Sequence[str] | None, now: float,
+          footer: str) -> tuple[list[RunRow] | None, float, str]:
+    """Rows and the footer that goes with them; a store that cannot be read this time (locked, being
+    migrated) says so in the footer and keeps the view up."""
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    try:
+        rows = reader.rows(names, now)
+    except (BabysitError, sqlite3.Error) as exc:
+        message = exc.message if isinstance(exc, BabysitError) else str(exc)
+        return None, now, f"{clock} · could not read the state: {message} · {footer}"
+    return rows, now, f"{clock} · {footer}" if footer else clock
