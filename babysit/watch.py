@@ -19,9 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, TextIO
 
+import structlog
+
 from babysit.errors import BabysitError
 from babysit.runtable import change_line, live_table
 from babysit.runview import Reader, RunRow
+
+log = structlog.get_logger("babysit.watch")
 
 
 class View(Protocol):
@@ -78,8 +82,10 @@ class LiveView:
         from rich.live import Live
 
         self.console = Console(file=stream)
+        # Taller than the screen: cropped with an ellipsis while live (a redraw cannot reach above the
+        # screen's top), shown whole when it stops.
         self.live = Live(console=self.console, auto_refresh=False, transient=transient,
-                         redirect_stdout=True, redirect_stderr=True, vertical_overflow="visible")
+                         redirect_stdout=True, redirect_stderr=True, vertical_overflow="ellipsis")
         self.out = FileProxy(self.console, stream)
         self.live.start()
 
@@ -114,9 +120,13 @@ class Watcher(threading.Thread):
         self._refresh_lock = threading.Lock()
 
     def run(self) -> None:
-        self.refresh()
-        while not self._stop_event.wait(self.interval):
-            self.refresh()
+        while True:
+            try:
+                self.refresh()
+            except Exception:  # a bug in the view must not end it silently, nor touch the daemon beside it
+                log.exception("live view refresh failed; trying again at the next interval")
+            if self._stop_event.wait(self.interval):
+                return
 
     def refresh(self) -> None:
         with self._refresh_lock:
