@@ -1,0 +1,8 @@
+"""babysit: a babysitter daemon for GPU training runs. For trainers: `babysit.log(step, **metrics)`.
+
+Kept light on purpose: importing babysit imports no ML framework (torch, transformers, lightning).
+"""
+
+from babysit.client import log
+
+__all__ = ["log"]

@@ -1,0 +1,203 @@
+"""`babysit.log(step, **metrics)`: the one line a trainer needs to be babysat (docs/your-trainer.md).
+
+It appends one JSONL record `{"step": step, "ts": time.time(), **metrics}` to `$BABYSIT_LOG` (the daemon
+sets it for every attempt). What it promises, because it runs inside someone's training loop:
+
+- it never raises into training: an unwritable path, an odd value, a full disk each warn once on
+  stderr and the call returns False; without `$BABYSIT_LOG` it is a no-op (also said once);
+- a record is one `os.write` of a whole line on an `O_APPEND` descriptor, so writers in several
+  threads or processes never interleave or tear lines, and nothing waits in a buffer;
+- floats keep full precision (`repr` round-trips) and non-finite ones are written as JSON's `NaN`,
+  `Infinity`, `-Infinity`, which babysit reads back as non-finite: a diverged loss is seen, not dropped;
+- numpy and torch scalars become plain numbers by duck typing (`.item()`, `float()`): importing this
+  module imports neither;
+- under torchrun/Slurm only rank 0 writes (`RANK`, else `SLURM_PROCID`), so N ranks make one log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+ENV = "BABYSIT_LOG"
+_RESERVED = ("step", "ts")
+_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+class JsonlWriter:
+    """Appends records to one JSONL file: `path`, or (None) whatever `$BABYSIT_LOG` names at each call,
+    so a writer made before the variable was set still follows it.
+
+    The file is opened for each record (microseconds, next to a training step): no descriptor to go
+    stale when the file is replaced, to share with a forked DataLoader worker, or to keep from pickling.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, all_ranks: bool = False) -> None:
+        self._fixed = os.fspath(path) if path is not None else None
+        self._all_ranks = all_ranks
+        self._warned: set[str] = set()
+
+    @property
+    def path(self) -> str | None:
+        """Where records go now; None: nowhere (no path given and `$BABYSIT_LOG` unset or empty)."""
+        return self._fixed if self._fixed is not None else (os.environ.get(ENV) or None)
+
+    def log(self, step: Any, /, **metrics: Any) -> bool:
+        """Append `{"step": step, "ts": now, **metrics}`; True when the line was written."""
+        return self.write(step, metrics)
+
+    def write(self, step: Any, fields: Mapping[str, Any]) -> bool:
+        """`log` with the fields as a mapping (keys that are not identifiers: `"eval/loss"`)."""
+        try:
+            return self._write(step, fields)
+        except Exception as exc:  # the promise: whatever happens here, training goes on
+            what = type(exc).__name__
+            self._warn(f"error:{what}", f"babysit.log: record dropped ({what}: {exc}); later records are still tried")
+            return False
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _write(self, step: Any, fields: Mapping[str, Any]) -> bool:
+        if not self._all_ranks and env_rank() > 0:
+            return False
+        path = self.path
+        if path is None:
+            self._warn("unset", f"babysit.log: ${ENV} is not set (not running under babysit?): records are "
+                                "dropped. babysit sets it for every attempt; set it yourself to log elsewhere")
+            return False
+        at = _as_step(step)
+        values: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key in _RESERVED:
+                self._warn(f"reserved:{key}", f"babysit.log: a metric named {key!r} is ignored: "
+                                              f"`{key}` is the record's own (rename it)")
+                continue
+            values[str(key)] = plain(value)  # a CUDA scalar syncs here, so `ts` below is after it
+        record = {"step": at, "ts": time.time(), **values}
+        line = (json.dumps(record, allow_nan=True, default=str) + "\n").encode("utf-8")
+        try:
+            fd = _open(path)
+        except OSError as exc:
+            self._warn(f"open:{path}", f"babysit.log: cannot open {path} (${ENV}): {exc}; records are dropped "
+                                       "(training goes on; babysit will see no progress)")
+            return False
+        try:
+            _write_all(fd, line)
+        except OSError as exc:
+            self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
+                                        "until a write succeeds (training goes on)")
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def _warn(self, key: str, message: str) -> None:
+        """Once per kind of trouble, on stderr directly: `warnings` can be made errors (-W error)."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        try:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+def plain(value: Any) -> Any:
+    """A value JSON can hold: numbers as they are (non-finite floats too), numpy/torch scalars via
+    `.item()`, other numbers via `float()`, containers element by element, anything else as `str`."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return float(value)  # a float subclass (numpy.float64) as a plain float
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):  # numpy scalars and 0-d arrays, torch tensors of one element
+        try:
+            got = item()
+        except Exception:
+            got = None  # more than one element: fall through to float()/str()
+        else:
+            if isinstance(got, (bool, int, float)):
+                return float(got) if isinstance(got, float) else got
+    if hasattr(value, "__index__"):
+        try:
+            return int(value.__index__())
+        except Exception:
+            pass
+    if hasattr(value, "__float__"):
+        try:
+            return float(value)
+        except Exception:
+            pass
+    return str(value)
+
+
+def is_nonfinite(value: Any) -> bool:
+    """A number that is NaN or an infinity (after `plain`)."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _as_step(step: Any) -> int:
+    """The step as an int; a float step that is integral is accepted, anything else raises (caught)."""
+    got = plain(step)
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise TypeError(f"step must be an integer, got {step!r}")
+    if isinstance(got, float):
+        if not got.is_integer():
+            raise TypeError(f"step must be an integer, got {step!r}")
+        got = int(got)
+    return got
+
+
+def env_rank() -> int:
+    """This process's global rank as launchers say it; 0 when none does or it cannot be read."""
+    for name in ("RANK", "SLURM_PROCID"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, _FLAGS, 0o644)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not parent:
+            raise
+        os.makedirs(parent, exist_ok=True)  # the first record of a run whose folder is not made yet
+        return os.open(path, _FLAGS, 0o644)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One write of the whole line (atomic on an O_APPEND regular file); a short write (a full disk,
+    a signal) is finished rather than left torn."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError("short write")
+        view = view[n:]
+
+
+_default = JsonlWriter()
+
+
+def log(step: Any, /, **metrics: Any) -> bool:
+    """Append one record for `step` to `$BABYSIT_LOG`: `babysit.log(step, loss=loss, eval_acc=acc)`.
+
+    Never raises; returns whether the line was written. Keys `step` and `ts` are the record's own.
+    """
+    return _default.write(step, metrics)

@@ -1,0 +1,220 @@
+"""`babysit.log`: whole lines under concurrency, full precision, NaN kept, never a raise into training."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import babysit
+from babysit import client
+from babysit.classify import classify_exit
+from babysit.client import JsonlWriter
+from babysit.logtail import metric_series, read_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(raw) for raw in path.read_text().splitlines()]
+
+
+def test_babysit_log_appends_one_record_to_the_file_babysit_log_names(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "outputs" / "run" / "train_log.jsonl"  # the folder does not exist yet
+    monkeypatch.setenv("BABYSIT_LOG", str(log))
+    assert babysit.log(3, loss=2.5, eval_acc=0.75) is True
+    assert babysit.log(4, loss=2.25) is True
+    got = lines(log)
+    assert [r["step"] for r in got] == [3, 4]
+    assert got[0]["loss"] == 2.5 and got[0]["eval_acc"] == 0.75 and got[1]["loss"] == 2.25
+    assert all(isinstance(r["ts"], float) and abs(r["ts"] - got[0]["ts"]) < 60 for r in got)
+    assert list(got[0]) == ["step", "ts", "loss", "eval_acc"]
+
+
+def test_floats_keep_full_precision(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    values = {"third": 1 / 3, "sum": 0.1 + 0.2, "tiny": 5e-324, "subnormal": 1e-320, "big": 1.7976931348623157e308,
+              "neg": -123456.78901234567, "int": 2**62}
+    assert JsonlWriter(log).log(1, **values)
+    (record,), garbage = read_all(log)
+    assert garbage == 0
+    for key, value in values.items():
+        assert record.metrics[key] == value, key  # bit-exact: repr round-trips
+
+
+def test_nonfinite_values_are_json_nan_infinity_and_babysit_reads_them_as_divergence(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    w.log(10, loss=1.5)
+    w.log(20, loss=float("nan"), grad_norm=float("inf"), eval_loss=float("-inf"))
+    raw = log.read_text().splitlines()[1]
+    assert '"loss": NaN' in raw and '"grad_norm": Infinity' in raw and '"eval_loss": -Infinity' in raw
+    records, garbage = read_all(log)
+    assert garbage == 0 and len(records) == 2
+    assert set(records[1].nonfinite) == {"loss", "grad_norm", "eval_loss"}
+    assert math.isnan(records[1].fields["loss"]) and records[1].fields["eval_loss"] == -math.inf
+    assert metric_series(records, "loss") == ((10, 1.5),)  # a NaN is never a finite reading
+    # a trainer that logged NaN and then crashed (exit 1) is classified diverged from these records
+    got = classify_exit(exit_code=1, signal=None, stderr_tail="", last_records=records, rules=(),
+                        stop_requested=False)
+    assert got.outcome == "diverged" and got.detail["diverged_step"] == 20
+
+
+def test_numpy_and_torch_scalars_are_written_as_plain_numbers(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy", reason="numpy is not installed")
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install '.[trainer]')")
+    log = tmp_path / "log.jsonl"
+    x = torch.tensor(0.1, dtype=torch.float32)
+    assert JsonlWriter(log).log(
+        np.int64(7),
+        f32=np.float32(0.1), f64=np.float64(1 / 3), i64=np.int64(-5), flag=np.bool_(True), arr0=np.array(2.5),
+        t_float=x, t_int=torch.tensor(3), t_grad=(torch.ones(1, requires_grad=True) * 2).sum(),
+        t_nan=torch.tensor(float("nan")), t_half=torch.tensor(1.5, dtype=torch.float16),
+        vector=torch.arange(3))
+    record = lines(log)[0]
+    assert record["step"] == 7
+    assert record["f32"] == float(np.float32(0.1)) == x.item()  # the float32's exact value, not "0.1"
+    assert record["f64"] == 1 / 3 and record["i64"] == -5 and record["flag"] is True and record["arr0"] == 2.5
+    assert record["t_float"] == x.item() and record["t_int"] == 3 and record["t_grad"] == 2.0
+    assert math.isnan(record["t_nan"]) and record["t_half"] == 1.5
+    assert isinstance(record["vector"], str)  # not a scalar: kept as text, never a raise
+
+
+def test_threads_writing_at_once_never_interleave_or_tear_lines(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    pad = "x" * 6000  # longer than PIPE_BUF and a page: atomicity must not depend on a small size
+
+    def writer(k: int) -> None:
+        for i in range(300):
+            assert w.log(i, writer=k, pad=pad)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = lines(log)  # json.loads raises on a torn or interleaved line
+    assert len(got) == 1800
+    assert sorted((r["writer"], r["step"]) for r in got) == [(k, i) for k in range(6) for i in range(300)]
+    assert all(r["pad"] == pad for r in got)
+
+
+_PROC_SCRIPT = """
+import sys, babysit
+pad = "y" * 6000
+for i in range(200):
+    assert babysit.log(i, proc=int(sys.argv[1]), pad=pad)
+"""
+
+
+def test_processes_writing_at_once_never_interleave_or_tear_lines(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    env = {**os.environ, "BABYSIT_LOG": str(log), "PYTHONPATH": str(REPO)}
+    env.pop("RANK", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _PROC_SCRIPT, str(k)], env=env) for k in range(4)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    got = lines(log)
+    assert len(got) == 800
+    assert sorted((r["proc"], r["step"]) for r in got) == [(k, i) for k in range(4) for i in range(200)]
+
+
+_FORK_WRITER: JsonlWriter | None = None
+
+
+def _forked_child() -> None:
+    assert _FORK_WRITER is not None
+    for i in range(50):
+        _FORK_WRITER.log(i, side="child")
+
+
+def test_a_forked_child_and_its_parent_both_keep_writing(tmp_path: Path) -> None:
+    global _FORK_WRITER
+    log = tmp_path / "log.jsonl"
+    _FORK_WRITER = w = JsonlWriter(log)
+    w.log(0, side="parent")  # the parent writes before and after the fork (a DataLoader worker's case)
+    child = multiprocessing.get_context("fork").Process(target=_forked_child)
+    child.start()
+    for i in range(1, 51):
+        w.log(i, side="parent")
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    got = lines(log)
+    assert sum(r["side"] == "child" for r in got) == 50 and sum(r["side"] == "parent" for r in got) == 51
+
+
+def test_an_unwritable_log_never_raises_and_warns_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    w = JsonlWriter(blocker / "train_log.jsonl")  # its "folder" is a file: no one can create it, root neither
+    assert [w.log(i, loss=1.0) for i in range(5)] == [False] * 5
+    err = capfd.readouterr().err
+    assert err.count("babysit.log: cannot open") == 1 and "training goes on" in err
+
+
+def test_a_full_disk_never_raises_and_warns_once(capfd: pytest.CaptureFixture[str]) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    w = JsonlWriter("/dev/full")  # every write fails with ENOSPC
+    assert [w.log(i, loss=1.0) for i in range(5)] == [False] * 5
+    err = capfd.readouterr().err
+    assert err.count("babysit.log: cannot write /dev/full") == 1 and "No space left" in err
+
+
+def test_without_babysit_log_it_is_a_noop_that_warns_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("BABYSIT_LOG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    w = JsonlWriter()
+    assert [w.log(i, loss=1.0) for i in range(3)] == [False] * 3
+    assert list(tmp_path.iterdir()) == []
+    err = capfd.readouterr().err
+    assert err.count("BABYSIT_LOG is not set") == 1
+    monkeypatch.setenv("BABYSIT_LOG", str(tmp_path / "late.jsonl"))  # set later: followed from then on
+    assert w.log(3, loss=1.0) and lines(tmp_path / "late.jsonl")[0]["step"] == 3
+
+
+def test_bad_input_never_raises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    assert w.log("ten", loss=1.0) is False
+    assert w.log(float("nan"), loss=1.0) is False
+    assert w.log(2.5, loss=1.0) is False
+    assert w.write(4, {"step": 99, "ts": 0, "eval/loss": 0.5, 7: "x"}) is True  # odd keys: named or ignored
+    assert w.log(5.0, obj=object(), path=tmp_path, nested={"a": [1, float("inf")]}) is True
+    got = lines(log)
+    assert got[0]["step"] == 4 and got[0]["ts"] != 0 and got[0]["eval/loss"] == 0.5 and got[0]["7"] == "x"
+    assert got[1]["step"] == 5 and got[1]["path"] == str(tmp_path) and got[1]["nested"]["a"][1] == math.inf
+    err = capfd.readouterr().err
+    assert "step must be an integer" in err and "a metric named 'step' is ignored" in err
+
+
+def test_only_rank_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("RANK", "3")
+    assert JsonlWriter(log).log(1, loss=1.0) is False
+    assert JsonlWriter(log, all_ranks=True).log(2, loss=1.0) is True
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("SLURM_PROCID", "5")  # torchrun's RANK wins over the Slurm task id
+    assert JsonlWriter(log).log(3, loss=1.0) is True
+    assert [r["step"] for r in lines(log)] == [2, 3]
+
+
+def test_importing_babysit_and_its_integrations_package_imports_no_ml_framework() -> None:
+    code = ("import sys, babysit, babysit.integrations, babysit.client; babysit.log(1, x=1.0); "
+            "print(sorted(m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning', 'numpy', "
+            "'accelerate') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("BABYSIT_LOG", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert babysit.log is client.log
