@@ -1,0 +1,77 @@
+"""`BabysitCallback`: a Hugging Face `transformers.TrainerCallback` that writes babysit's records.
+
+    trainer = Trainer(..., callbacks=[BabysitCallback()])
+
+Every `Trainer.log` (train loss, grad_norm, learning_rate, eval_* metrics, the final train_* summary)
+becomes one record at `state.global_step`, values exactly as HF logged them (its `state.log_history`),
+plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes.
+
+A non-finite loss or grad norm (any logged key containing a `watch` word) stops training after the
+current step and ends the process with exit code 11, which babysit classifies `diverged` (see
+`babysit.integrations` for why this way). Note that HF's `logging_nan_inf_filter` (on by default)
+replaces a NaN *training* loss by an average of earlier ones before logging it; `grad_norm` and
+`eval_loss` still show the divergence, and the callback watches both.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from babysit.client import JsonlWriter
+from babysit.integrations import DEFAULT_WATCH, EXIT_DIVERGED, Diverged, describe, nonfinite_watched
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("babysit.integrations.huggingface needs transformers: pip install 'babysit[huggingface]'"
+                      ) from exc
+
+
+class BabysitCallback(TrainerCallback):
+    """Writes HF Trainer logs to `$BABYSIT_LOG` (or `path`) and ends a diverged run with exit code 11.
+
+    watch: substrings of the logged keys whose non-finite value means divergence.
+    exit_code: the code the process ends with after a divergence (None: only stop training, e.g. in a
+    notebook; babysit then still sees the `diverged` record).
+    """
+
+    def __init__(self, path: str | None = None, *, watch: Sequence[str] = DEFAULT_WATCH,
+                 exit_code: int | None = EXIT_DIVERGED) -> None:
+        self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
+        self.watch = tuple(watch)
+        self.exit_code = exit_code
+        self.diverged: str | None = None  # what diverged, once it has
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not logs:
+            return
+        step = state.global_step
+        main = state.is_world_process_zero
+        if main:
+            record = dict(logs)
+            if state.max_steps and state.max_steps > 0:
+                record.setdefault("total_steps", state.max_steps)
+            self.writer.write(step, record)
+        bad = nonfinite_watched(logs, self.watch)
+        if bad and self.diverged is None:
+            self.diverged = f"non-finite {', '.join(bad)} ({describe(bad)}) at step {step}"
+            if main:
+                self.writer.write(step, {"event": "diverged", "reason": self.diverged, **bad})
+                _say(f"babysit: diverged: {self.diverged}; training stops after this step"
+                     + (f" and the process exits with code {self.exit_code}" if self.exit_code is not None else ""))
+        if bad:
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.diverged is not None and self.exit_code is not None:
+            raise Diverged(f"babysit: training diverged: {self.diverged}", self.exit_code)
+
+
+def _say(message: str) -> None:
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except Exception:
+        pass

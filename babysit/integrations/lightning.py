@@ -1,0 +1,47 @@
+"""`BabysitLogger`: a Lightning `Logger` (the `lightning` package) that writes babysit's records.
+
+    trainer = lightning.pytorch.Trainer(..., logger=BabysitLogger())
+    # or, with no code edit, from LightningCLI:
+    python train.py fit --trainer.logger=babysit.integrations.lightning.BabysitLogger
+
+Each `log_metrics` call becomes one record at `trainer.global_step` (the optimizer steps done: see
+babysit/integrations/_lightning_core.py for why not Lightning's `step`), the values as Lightning hands
+them to its loggers, plus `total_steps` (max_steps, else the trainer's estimate) for babysit's ETA.
+Only global rank 0 writes.
+
+A non-finite value of a watched key (one containing "loss" or "grad_norm") sets `trainer.should_stop`
+(agreed across ranks), writes a `diverged` record, and when fit ends the process exits with code 11,
+which babysit classifies `diverged` (`babysit.integrations` says why this way).
+
+Checkpoints (when this is the first logger and ModelCheckpoint has no dirpath) and LightningCLI's
+config.yaml go to `save_dir`: by default `<the log's folder>/attempt-<n>`, one folder an attempt.
+For `pytorch_lightning` use `babysit.integrations.pytorch_lightning.BabysitLogger`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from babysit.integrations import DEFAULT_WATCH, EXIT_DIVERGED
+from babysit.integrations._lightning_core import BabysitLoggerCore
+
+try:
+    from lightning.pytorch.loggers import Logger
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("babysit.integrations.lightning needs lightning: pip install 'babysit[lightning]' (for the "
+                      "pytorch_lightning package use babysit.integrations.pytorch_lightning)") from exc
+
+
+class BabysitLogger(BabysitLoggerCore, Logger):
+    """Writes Lightning's logged metrics to `$BABYSIT_LOG` (or `path`); ends a diverged run with exit 11.
+
+    Args:
+        path: the JSONL file; default `$BABYSIT_LOG`, which babysit sets for every attempt.
+        save_dir: where checkpoints and LightningCLI's config go; default one folder an attempt.
+        watch: substrings of metric names whose non-finite value means divergence.
+        exit_code: the process's exit code after a divergence; None only stops training.
+    """
+
+    def __init__(self, path: str | None = None, save_dir: str | None = None,
+                 watch: Sequence[str] = DEFAULT_WATCH, exit_code: int | None = EXIT_DIVERGED) -> None:
+        super().__init__(path=path, save_dir=save_dir, watch=watch, exit_code=exit_code)

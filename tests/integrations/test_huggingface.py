@@ -1,0 +1,93 @@
+"""`BabysitCallback` on a real Hugging Face `Trainer` (a tiny GPT-2 built from a config, CPU, no network)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[huggingface]')")
+pytest.importorskip("accelerate", reason="HF Trainer needs accelerate (pip install '.[huggingface]')")
+
+from babysit.classify import classify_exit
+from babysit.integrations import Diverged
+from babysit.integrations.huggingface import BabysitCallback
+from babysit.logtail import metric_series, read_all, seconds_per_step
+from tests.integrations.hf_tiny import tiny_trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def raw(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_records_are_hf_log_history_exactly_at_global_step_with_total_steps(tmp_path: Path,
+                                                                            babysit_log: Path) -> None:
+    trainer = tiny_trainer(str(tmp_path / "hf"), [BabysitCallback()], max_steps=30, logging_steps=5, eval_steps=10)
+    trainer.train()
+    history = trainer.state.log_history
+    records = raw(babysit_log)
+    assert len(records) == len(history) > 0
+    for record, logged in zip(records, history, strict=True):
+        assert record["step"] == logged["step"]
+        assert record["total_steps"] == 30
+        assert {k: v for k, v in record.items() if k not in ("step", "ts", "total_steps")} == \
+               {k: v for k, v in logged.items() if k != "step"}  # every value bit-exact
+    # babysit's own reader sees the same series: eval after 10, 20, 30 steps; a train loss every 5
+    parsed, garbage = read_all(babysit_log)
+    assert garbage == 0
+    evals = tuple((h["step"], h["eval_loss"]) for h in history if "eval_loss" in h)
+    assert metric_series(parsed, "eval_loss") == evals and [s for s, _ in evals] == [10, 20, 30]
+    assert [s for s, _ in metric_series(parsed, "loss")] == [5, 10, 15, 20, 25, 30]
+    assert all("grad_norm" in r.metrics and "learning_rate" in r.metrics for r in parsed if "loss" in r.metrics)
+    sps = seconds_per_step(parsed)
+    assert sps is not None and sps > 0
+
+
+def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_path: Path, babysit_log: Path,
+                                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    callback = BabysitCallback()
+    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, nan_at=12)
+    with pytest.raises(Diverged) as stopped:
+        trainer.train()
+    assert stopped.value.code == 11  # what the process exits with: babysit's `diverged`
+    assert 12 <= trainer.state.global_step < 30  # stopped at the first log after the NaN, not at the end
+    records, garbage = read_all(babysit_log)
+    assert garbage == 0
+    diverged = [r for r in records if r.event == "diverged"]
+    assert len(diverged) == 1 and diverged[0].step == 15
+    # HF's logging_nan_inf_filter hides the NaN train loss; the grad norm shows it
+    bad = next(r for r in records if r.step == 15 and "learning_rate" in r.metrics)
+    assert "grad_norm" in bad.nonfinite
+    assert "non-finite grad_norm" in capfd.readouterr().err
+    for exit_code in (11, 1):  # the worker's own code, and a launcher (torchrun) reporting 1
+        got = classify_exit(exit_code=exit_code, signal=None, stderr_tail="", last_records=records[-16:],
+                            rules=(), stop_requested=False)
+        assert got.outcome == "diverged", (exit_code, got.summary)
+
+
+def test_with_exit_code_none_a_divergence_only_stops_training(tmp_path: Path, babysit_log: Path) -> None:
+    callback = BabysitCallback(exit_code=None)
+    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=2, eval_steps=100, nan_at=3)
+    trainer.train()
+    assert trainer.state.global_step == 4 and callback.diverged is not None
+    assert [r["event"] for r in raw(babysit_log) if "event" in r] == ["diverged"]
+
+
+def test_a_nan_eval_loss_is_divergence_too(tmp_path: Path, babysit_log: Path) -> None:
+    callback = BabysitCallback(exit_code=None, watch=("eval_loss",))
+    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=50, eval_steps=5)
+
+    def nan_eval(module: object, inputs: object, output: object) -> object:
+        if not trainer.model.training:
+            output.loss = output.loss * math.nan  # type: ignore[attr-defined]
+        return output
+
+    trainer.model.register_forward_hook(nan_eval)
+    trainer.train()
+    assert trainer.state.global_step == 5
+    (event,) = [r for r in raw(babysit_log) if r.get("event") == "diverged"]
+    assert event["step"] == 5 and math.isnan(event["eval_loss"])
