@@ -108,6 +108,8 @@ def change_line(row: RunRow, now: float) -> str:
         parts.append(c["LAST INCIDENT / END"] if row.ended else "last incident " + c["LAST INCIDENT / END"])
     if c["VERDICT"] != NONE:
         parts.append(c["VERDICT"])
+    if row.note:
+        parts.append(row.note)
     return time.strftime("%H:%M:%S", time.localtime(now)) + " " + " · ".join(parts)
 
 

@@ -129,6 +129,9 @@ def test_a_change_line_names_only_what_is_known(spec: RunSpec) -> None:
     text = change_line(r, T0)
     assert "r: running · attempt 1/2 p1 · step 620/1000 · 0.5 s/step · ETA 3m10s · GPU —, GPU-h 0/12.0" in text
     assert "incident" not in text
+    broken = row(None, facts={"step": 7}, note="run.toml unreadable: run.toml: poll.bogus: …")
+    assert "step 7/2000" in change_line(broken, T0) and change_line(broken, T0).endswith("poll.bogus: …"), \
+        "an unreadable run.toml loses the read step, not the store's facts, and says why"
 
 
 def test_collect_reads_the_store_and_the_log_and_writes_nothing(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(status_table(rows, time.time()))
     for r in rows:
+        if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
+            print(f"{r.run}: {r.note}")
         if r.hardware_profile:
             hp = r.hardware_profile
             print(f"{r.run}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "
