@@ -19,6 +19,7 @@ re-derive it from the JSON. Decisions (docs/verdicts.md says why):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -165,13 +166,17 @@ def evaluate(prereg: Prereg, amendments: Iterable[AmendmentRecord] = (), series:
 
     baseline_v, read_v = evals[prereg.baseline_step], evals[step]
     delta = round(decimal_of(read_v) - decimal_of(baseline_v), p)
+    if _as_float(delta) is None:  # e.g. -1.7e308 -> +1.7e308: no JSON number, no chart, no measurement
+        return no_read(f"the delta {prereg.metric}({step}) {read_v:.6g} - {prereg.metric}({prereg.baseline_step}) "
+                       f"{baseline_v:.6g} is beyond the range of a float (about ±1.8e308): not a measurement "
+                       "babysit can report")
     labelled = tuple(_with_label(r, r.classify(delta)) for r in rules)
     labels = {r.label for r in labelled}
     label = labelled[0].label if len(labels) == 1 else AMBIGUOUS_BY_INSTRUMENT
     return Verdict(
         status=status, rules=labelled, label=label, interpretation=interpret(prereg, labelled, label),
         corroboration=corroborate(prereg, evals, _upto(train_series, at_step), step),
-        at_step=step, baseline=baseline_v, read=read_v, delta=float(delta), delta_exact=delta, **base,
+        at_step=step, baseline=baseline_v, read=read_v, delta=_as_float(delta), delta_exact=delta, **base,
     )
 
 
@@ -203,7 +208,7 @@ def corroborate(prereg: Prereg, evals: Mapping[int, float], train: Mapping[int, 
     train_delta = None
     if prereg.train_metric is not None and prereg.baseline_step in train and step in train:
         d = round(decimal_of(train[step]) - decimal_of(train[prereg.baseline_step]), prereg.precision)
-        train_delta = float(d)
+        train_delta = _as_float(d)  # beyond a float's range: not measured, never a crash
     window = [evals[s] for s in sorted(evals) if prereg.baseline_step <= s <= step]
     rise = None if len(window) < 2 else all(b > a for a, b in pairwise(window))
     return Corroboration(train_delta, rise)
@@ -273,6 +278,15 @@ def fmt_bound(value: Fraction, precision: int, side: str, *, exact: bool = True)
 
 def _exact(node: expr.Node, refs: Mapping[str, float]) -> Fraction:
     return expr.evaluate_tree(node, refs, decimal_of)
+
+
+def _as_float(value: Fraction) -> float | None:
+    """The exact value as a finite float, or None when it is beyond a float's range."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _upto(series: Series, at_step: int | None) -> dict[int, float]:

@@ -298,3 +298,21 @@ def test_fixture_result_compares_rounded_delta_and_label():
     assert ok.ok and ok.expected_delta == 0.6929
     bad = fixture_result(prereg, ((500, 1.2345), (1000, 1.9275)))
     assert not bad.ok and bad.got_delta == 0.693
+
+
+# -- values at the edge of a float ------------------------------------------------------------------------
+
+
+def test_a_delta_beyond_a_float_is_no_read_with_the_reason_never_an_overflow():
+    verdict = evaluate(seed_prereg(), [scale_amendment()], ((500, -1.7e308), (1000, 1.7e308)))
+    assert verdict.status == NO_READ and verdict.label is None and verdict.delta is None
+    assert "beyond the range of a float" in verdict.reason and "1.7e+308" in verdict.reason
+    assert verdict.to_json("r", None)["reason"] == verdict.reason
+
+
+def test_huge_and_subnormal_values_that_subtract_to_a_float_are_read_exactly():
+    assert evaluate(seed_prereg(), (), ((500, 1.7e308), (1000, 1.7e308))).label == "HEALTHY"
+    tiny = evaluate(seed_prereg(), (), ((500, 1e-320), (1000, 2e-320)), train_series=((500, -1.7e308),
+                                                                                       (1000, 1.7e308)))
+    assert (tiny.status, tiny.delta, tiny.label) == (FINAL, 0.0, "HEALTHY")
+    assert tiny.corroboration.train_delta is None, "a train delta beyond a float is not measured, not a crash"
