@@ -4,12 +4,19 @@ matplotlib is imported inside `render_chart` (Agg backend, no display) so `babys
 The chart never pretends unit comparability it does not have: each amendment's scaled bounds are drawn
 as dashed lines with their scale written on them, and a read before read_step carries a PROVISIONAL
 watermark.
+
+A log can hold any number JSON can spell (1.7e308, 1e-320, 10**400). Matplotlib cannot place
+1.7e308 and 1.0 on one axis (the span overflows), so every value is checked before it is drawn: one
+beyond ±CLIP (or not finite) is drawn as a triangle at the panel's edge, labelled with its value, and
+the subtitle says how many were clipped. The axes are set from the values that fit.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,10 @@ from babysit.spec import Prereg
 from babysit.verdict import FINAL, PROVISIONAL, Verdict, decimal_of, fmt_bound, fmt_delta
 
 Series = Sequence[tuple[int, float]]
+Point = tuple[int, float]
+
+CLIP = 1e15  # |value| beyond this is drawn clipped at the panel's edge, never placed on the axis
+TINY_SPAN = 1e-300  # a span under this (subnormals) is no span: the axis gets a unit one
 
 _BAND_COLOURS = ("#2ca02c", "#d62728", "#1f77b4", "#9467bd", "#8c564b", "#e377c2")
 _AMENDMENT_COLOURS = ("#ff7f0e", "#17becf", "#bcbd22", "#7f7f7f")
@@ -43,8 +54,8 @@ def render_chart(path: Path | str, *, run: str, prereg: Prereg, series: Series, 
         series = [(s, v) for s, v in series if s <= verdict.requested_step]
         train_series = [(s, v) for s, v in train_series if s <= verdict.requested_step]
 
-    _metric_panel(top, prereg, series, train_series, comparators, verdict)
-    _delta_panel(bottom, prereg, series, comparators, verdict)
+    clipped = _metric_panel(top, prereg, series, train_series, comparators, verdict)
+    clipped += _delta_panel(bottom, prereg, series, comparators, verdict)
     for ax in (top, bottom):
         _step_lines(ax, prereg, verdict, labelled=ax is top)
     bottom.set_xlabel("step")
@@ -57,13 +68,16 @@ def render_chart(path: Path | str, *, run: str, prereg: Prereg, series: Series, 
     status = verdict.status
     head = f"{verdict.label or 'no read'}  ({status})"
     if verdict.delta is not None:
-        head += f"   Δ({verdict.at_step}) = {fmt_delta(verdict.delta, p)}"
+        head += f"   Δ({verdict.at_step}) = {_fmt_delta(verdict.delta, p)}"
     fig.text(0.02, 0.975, run, ha="left", va="top", fontsize=11, color="#333333")
     fig.text(0.02, 0.948, head, ha="left", va="top", fontsize=15, fontweight="bold",
              color="#d62728" if status != FINAL else "black")
     sub = f"Δ = {prereg.metric}(s) − {prereg.metric}({prereg.baseline_step}); read at step {prereg.read_step}"
     if verdict.reason:
         sub += "\n" + textwrap.fill(f"NO-READ: {verdict.reason}", 150)
+    if clipped:
+        sub += (f"\n{clipped} value(s) beyond ±{CLIP:.0e} or not finite: drawn as triangles at the panel's edge, "
+                "labelled with the logged value")
     fig.text(0.02, 0.912, sub, ha="left", va="top", fontsize=9.5, color="#333333")
     if status == PROVISIONAL:
         fig.text(0.41, 0.5, "PROVISIONAL", fontsize=80, color="#d62728", alpha=0.13, rotation=28,
@@ -74,20 +88,33 @@ def render_chart(path: Path | str, *, run: str, prereg: Prereg, series: Series, 
 
 
 def _metric_panel(ax: Any, prereg: Prereg, series: Series, train: Series, comparators: Mapping[str, Series],
-                  verdict: Verdict) -> None:
-    if series:
-        xs, ys = zip(*series, strict=True)
-        ax.plot(xs, ys, "o-", color="black", lw=2, ms=5, label=f"{prereg.metric} (this run)", zorder=5)
-    if train:
-        xs, ys = zip(*train, strict=True)
-        ax.plot(xs, ys, "s--", color="#555555", lw=1, ms=3, alpha=0.7, label=f"{prereg.train_metric} (train slice)")
+                  verdict: Verdict) -> int:
+    """The metric over steps; returns how many values were clipped."""
+    lines: list[tuple[list[Point], dict[str, Any]]] = [
+        (_inside(series)[0], {"fmt": "o-", "color": "black", "lw": 2, "ms": 5, "zorder": 5,
+                              "label": f"{prereg.metric} (this run)"}),
+        (_inside(train)[0], {"fmt": "s--", "color": "#555555", "lw": 1, "ms": 3, "alpha": 0.7,
+                             "label": f"{prereg.train_metric} (train slice)"}),
+    ]
     for i, (name, comp) in enumerate(sorted(comparators.items())):
-        if comp:
-            xs, ys = zip(*comp, strict=True)
-            ax.plot(xs, ys, "o-", color=_COMPARATOR_COLOURS[i % len(_COMPARATOR_COLOURS)], lw=1.3, ms=3,
-                    alpha=0.85, label=f"{name} (compare)")
+        lines.append((_inside(comp)[0], {"fmt": "o-", "color": _COMPARATOR_COLOURS[i % len(_COMPARATOR_COLOURS)],
+                                         "lw": 1.3, "ms": 3, "alpha": 0.85, "label": f"{name} (compare)"}))
+    outside = [pt for group in (series, train, *comparators.values()) for pt in _inside(group)[1]]
+    read = None
     if verdict.baseline is not None and verdict.read is not None and verdict.at_step is not None:
-        ax.plot([verdict.at_step], [verdict.read], "o", ms=11, mfc="none", mec="#d62728", mew=2, zorder=6)
+        read = (verdict.at_step, verdict.read)
+    ylo, yhi = _limits([v for pts, _ in lines for _, v in pts]
+                       + ([read[1]] if read and _fits(read[1]) else []), pad=0.05)
+    if outside or (read and not _fits(read[1])):
+        ax.set_ylim(ylo, yhi)  # autoscale would take the clipped values into account: set it from the rest
+    for pts, style in lines:
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            fmt = style.pop("fmt")
+            ax.plot(xs, ys, fmt, **style)
+    if read is not None:
+        ax.plot([read[0]], [_edge(read[1], ylo, yhi)], "o", ms=11, mfc="none", mec="#d62728", mew=2, zorder=6,
+                clip_on=False)
     ax.set_ylabel(prereg.metric)
     ax.grid(alpha=0.3)
     if not series:
@@ -96,37 +123,39 @@ def _metric_panel(ax: Any, prereg: Prereg, series: Series, train: Series, compar
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False, borderaxespad=0)
+    _draw_clipped(ax, outside, ylo, yhi)
+    return len(outside)
 
 
 def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[str, Series],
-                 verdict: Verdict) -> None:
+                 verdict: Verdict) -> int:
+    """Delta from baseline against the bands; returns how many deltas were clipped."""
     p = prereg.precision
     original = verdict.rules[0]
     marks: list[float] = [0.0]
-    for b in original.bands:
-        marks += [float(v) for v in (b.max, b.min) if v is not None]
-    for rule in verdict.rules[1:]:
+    for rule in verdict.rules:
         for b in rule.bands:
-            marks += [float(v) for v in (b.max, b.min) if v is not None]
-    marks += [float(v) for v in prereg.references.values()]
-    deltas = _deltas(series, prereg.baseline_step)
+            marks += [_float(v) for v in (b.max, b.min) if v is not None]
+    marks += [_float(v) for v in prereg.references.values()]
+    deltas, outside = _inside(_deltas(series, prereg.baseline_step))
     marks += [d for _, d in deltas]
-    comp_deltas = {name: _deltas(c, prereg.baseline_step) for name, c in comparators.items()}
+    comp_deltas: dict[str, list[Point]] = {}
+    for name, c in comparators.items():
+        comp_deltas[name], more = _inside(_deltas(c, prereg.baseline_step))
+        outside += more
     for d in comp_deltas.values():
         marks += [v for _, v in d]
-    lo, hi = min(marks), max(marks)
-    pad = 0.12 * (hi - lo or 1.0)
-    ylo, yhi = lo - pad, hi + pad
+    ylo, yhi = _limits([m for m in marks if _fits(m)], pad=0.12)
     ax.set_ylim(ylo, yhi)
 
     labels: list[tuple[float, str, str]] = []  # (y, text, colour) for the right margin
     for i, b in enumerate(original.bands):
         colour = _BAND_COLOURS[i % len(_BAND_COLOURS)]
-        low = float(b.min) if b.min is not None else ylo
-        high = float(b.max) if b.max is not None else yhi
+        low = _edge(_float(b.min), ylo, yhi) if b.min is not None else ylo
+        high = _edge(_float(b.max), ylo, yhi) if b.max is not None else yhi
         ax.axhspan(low, high, color=colour, alpha=0.12, lw=0, zorder=0)
         for key, side, v in (("≤", "max", b.max), ("≥", "min", b.min)):
-            if v is not None:
+            if v is not None and _fits(_float(v)):
                 ax.axhline(float(v), color=colour, lw=1.4, zorder=1)
                 labels.append((float(v), f"{b.label} {key} {fmt_bound(v, p, side)}", colour))
     for j, rule in enumerate(verdict.rules[1:]):
@@ -134,7 +163,7 @@ def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[s
         n = rule.name.rsplit("-", 1)[-1]
         for b in rule.bands:
             for key, side, v in (("≤", "max", b.max), ("≥", "min", b.min)):
-                if v is not None:
+                if v is not None and _fits(_float(v)):
                     ax.axhline(float(v), color=colour, lw=1.4, ls="--", zorder=1)
                     shown = fmt_bound(v, p, side, exact=False)
                     labels.append((float(v), f"{b.label} {key} {shown}  ×{float(rule.scale):.3f} "
@@ -143,6 +172,8 @@ def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[s
 
     read_x = prereg.read_step
     for name, value in prereg.references.items():
+        if not _fits(_float(value)):
+            continue
         ax.plot([read_x], [value], marker="_", ms=22, mew=2.2, color="#444444", zorder=4, clip_on=False)
         labels.append((float(value), f"ref {name} {fmt_delta(value, p)}", "#444444"))
 
@@ -156,14 +187,17 @@ def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[s
                     alpha=0.85, label=f"Δ {name}")
     if verdict.delta is not None and verdict.at_step is not None:
         tag = "PROVISIONAL " if verdict.status == PROVISIONAL else ""
-        ax.plot([verdict.at_step], [verdict.delta], "o", ms=11, mfc="none", mec="#d62728", mew=2, zorder=6)
-        ax.annotate(f"{tag}Δ = {fmt_delta(verdict.delta, p)}\n{verdict.label}", (verdict.at_step, verdict.delta),
+        y = _edge(verdict.delta, ylo, yhi)
+        ax.plot([verdict.at_step], [y], "o", ms=11, mfc="none", mec="#d62728", mew=2, zorder=6, clip_on=False)
+        ax.annotate(f"{tag}Δ = {_fmt_delta(verdict.delta, p)}\n{verdict.label}", (verdict.at_step, y),
                     xytext=(-12, 12), textcoords="offset points", ha="right", fontsize=10, fontweight="bold",
                     color="#d62728", bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "#d62728", "alpha": 0.9},
                     zorder=7)
     ax.set_ylabel(f"Δ {prereg.metric} from step {prereg.baseline_step}")
     ax.grid(alpha=0.3)
     _margin_labels(ax, labels, ylo, yhi)
+    _draw_clipped(ax, outside, ylo, yhi)
+    return len(outside)
 
 
 def _margin_labels(ax: Any, labels: list[tuple[float, str, str]], ylo: float, yhi: float) -> None:
@@ -216,10 +250,85 @@ def _step_lines(ax: Any, prereg: Prereg, verdict: Verdict, *, labelled: bool) ->
         ax.axvline(verdict.at_step, color="#d62728", lw=1, ls="-.", alpha=0.6, zorder=1)
 
 
-def _deltas(series: Series, baseline_step: int) -> list[tuple[int, float]]:
-    """Each eval minus the eval at baseline_step, exactly; empty when there is no baseline eval."""
+def _deltas(series: Series, baseline_step: int) -> list[tuple[int, float | Fraction]]:
+    """Each eval minus the eval at baseline_step, exactly (a value that is not finite stays as it is);
+    empty when there is no usable baseline eval."""
     values = dict(series)
-    if baseline_step not in values:
+    base_v = values.get(baseline_step)
+    if base_v is None or not math.isfinite(_float(base_v)):
         return []
-    base = decimal_of(values[baseline_step])
-    return [(s, float(decimal_of(v) - base)) for s, v in sorted(values.items())]
+    base = decimal_of(base_v)
+    return [(s, decimal_of(v) - base if math.isfinite(_float(v)) else _float(v)) for s, v in sorted(values.items())]
+
+
+def _float(value: float | int | Fraction) -> float:
+    """Any number as a float, never raising: ±inf beyond a float's range (10**400, an exact 3.4e308)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _fits(value: float) -> bool:
+    """Drawable on an axis with ordinary values: finite and within ±CLIP."""
+    return math.isfinite(value) and abs(value) <= CLIP
+
+
+def _inside(series: Sequence[tuple[int, float | Fraction]]) -> tuple[list[Point], list[tuple[int, Any]]]:
+    """(points that fit, as floats; points that are clipped, as logged: beyond ±CLIP, infinite or NaN)."""
+    inside: list[Point] = []
+    outside: list[tuple[int, Any]] = []
+    for step, value in series:
+        number = _float(value)
+        if _fits(number):
+            inside.append((step, number))
+        else:
+            outside.append((step, value))
+    return inside, outside
+
+
+def _limits(values: Sequence[float], *, pad: float) -> tuple[float, float]:
+    """An axis range around values that fit: a span under TINY_SPAN (one value, subnormals) gets a unit one."""
+    if not values:
+        return -1.0, 1.0
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if not span > TINY_SPAN:
+        lo, hi, span = lo - 0.5, hi + 0.5, 1.0
+    return lo - pad * span, hi + pad * span
+
+
+def _edge(value: float | Fraction, ylo: float, yhi: float) -> float:
+    """Where a value is drawn: itself when it fits, else the panel's edge on its side (NaN: the middle)."""
+    number = _float(value)
+    if _fits(number):
+        return number
+    if math.isnan(number):
+        return (ylo + yhi) / 2
+    return yhi if number > 0 else ylo
+
+
+def _draw_clipped(ax: Any, points: Sequence[tuple[int, Any]], ylo: float, yhi: float) -> None:
+    """Clipped values as triangles at the panel's edge, each labelled with the value logged."""
+    for step, value in points:
+        y = _edge(value, ylo, yhi)
+        up = not value < 0  # NaN counts as up
+        ax.plot([step], [y], "^" if up else "v", ms=9, color="#d62728", zorder=8, clip_on=False)
+        ax.annotate(f"{_short(value)} (clipped)", (step, y), xytext=(6, -10 if up else 4),
+                    textcoords="offset points", fontsize=8, color="#d62728", annotation_clip=False)
+
+
+def _short(value: float | Fraction) -> str:
+    """Three significant digits of any number, also of an exact one beyond a float's range (-3.4e+308)."""
+    if isinstance(value, Fraction) and not math.isfinite(_float(value)):
+        import decimal
+
+        with decimal.localcontext() as ctx:
+            ctx.prec = 3
+            return f"{decimal.Decimal(value.numerator) / decimal.Decimal(value.denominator):.3g}"
+    return f"{_float(value):.3g}"
+
+
+def _fmt_delta(value: float, precision: int) -> str:
+    """fmt_delta, but a huge delta in 4 significant digits rather than 300 digits across the chart."""
+    return fmt_delta(value, precision) if abs(value) < CLIP else f"{value:+.4g}"

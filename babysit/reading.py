@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from babysit.amendment import AmendmentRecord, from_store
 from babysit.errors import BadInput, FixtureMismatch, PreregTampered
@@ -203,29 +203,60 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_verdict_files(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, out_dir: Path, *,
-                        verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
-                        chart_path: Path | None = None) -> tuple[Path, Path]:
-    """Write `<out_dir>/<run>.json` atomically and the chart (`<out_dir>/<run>.png` unless `chart_path`).
+class VerdictFiles(NamedTuple):
+    """Where the verdict went: the JSON always; the chart unless drawing it failed (`chart_error` says why)."""
+
+    json_path: Path
+    chart_path: Path | None
+    chart_error: Exception | None = None
+
+
+def verdict_json_path(out_dir: Path, run: str) -> Path:
+    return Path(out_dir) / f"{run}.json"
+
+
+def verdict_chart_path(out_dir: Path, run: str) -> Path:
+    return Path(out_dir) / f"{run}.png"
+
+
+def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, path: Path, *,
+               verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None
+               ) -> tuple[Path | None, Exception | None]:
+    """Best effort, never raising: (the PNG, None), or (None, why it could not be drawn).
+
+    A chart is an illustration of the verdict, not the verdict: a value matplotlib cannot place, an
+    unwritable path or a font problem must cost the chart, never the verdict's JSON, its record or its
+    post. The caller logs the exception (with its traceback) and says the chart is missing.
 
     Without `verdict`, the chart's verdict is re-derived from the log and the store's amendments as of
     the JSON's at_step, so the daemon can pass just the body it already has.
     """
-    from babysit.chart import render_chart
+    try:
+        from babysit.chart import render_chart
 
-    prereg = require_prereg(spec)
+        prereg = require_prereg(spec)
+        series, train, _ = read_series(spec.log, prereg)
+        if verdict is None:
+            amendments = stored_amendments(store, spec.name) if store is not None else ()
+            at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
+            verdict = evaluate(prereg, amendments, series, train_series=train, at_step=at)
+        return render_chart(path, run=str(verdict_json["run"]), prereg=prereg, series=series, verdict=verdict,
+                            amendments=verdict.amendments, comparators=comparators or {}, train_series=train), None
+    except Exception as exc:  # best effort by design: see the docstring
+        return None, exc
+
+
+def write_verdict_files(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, out_dir: Path, *,
+                        verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
+                        chart_path: Path | None = None) -> VerdictFiles:
+    """Write `<out_dir>/<run>.json` atomically FIRST, then the chart (`<out_dir>/<run>.png` unless
+    `chart_path`) best effort: a chart that cannot be drawn is reported in `chart_error`, never raised."""
+    require_prereg(spec)
     run = str(verdict_json["run"])
-    out_dir = Path(out_dir)
-    series, train, _ = read_series(spec.log, prereg)
-    if verdict is None:
-        amendments = stored_amendments(store, spec.name) if store is not None else ()
-        at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
-        verdict = evaluate(prereg, amendments, series, train_series=train, at_step=at)
-    json_path = write_json_atomic(out_dir / f"{run}.json", verdict_json)
-    png_path = render_chart(chart_path or out_dir / f"{run}.png", run=run, prereg=prereg, series=series,
-                            verdict=verdict, amendments=verdict.amendments, comparators=comparators or {},
-                            train_series=train)
-    return json_path, png_path
+    json_path = write_json_atomic(verdict_json_path(out_dir, run), verdict_json)
+    png, error = draw_chart(spec, verdict_json, store, chart_path or verdict_chart_path(out_dir, run),
+                            verdict=verdict, comparators=comparators)
+    return VerdictFiles(json_path, png, error)
 
 
 def load_registered(registry_path: Path, name: str) -> tuple[Any, Any, RunSpec]:

@@ -61,10 +61,43 @@ def test_write_verdict_files_as_the_daemon_calls_it(tmp_path: Path, seed):
                         250)
     verdict = evaluate(spec.prereg, [], series, train_series=train)
     body = verdict.to_json(spec.name, spec.prereg.sha256, store.amendments(spec.name))  # store records work too
-    json_path, png_path = write_verdict_files(spec, body, store, tmp_path / "verdicts")
+    json_path, png_path, error = write_verdict_files(spec, body, store, tmp_path / "verdicts")
+    assert error is None and png_path == tmp_path / "verdicts" / f"{spec.name}.png"
     assert json_path == tmp_path / "verdicts" / f"{spec.name}.json"
     import json
 
     assert json.loads(json_path.read_text()) == body
     assert png_path.read_bytes().startswith(PNG_MAGIC)
     assert not list((tmp_path / "verdicts").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("at_step", [None, 800])
+def test_values_no_axis_can_hold_are_clipped_and_the_chart_is_drawn(tmp_path: Path, seed, at_step):
+    spec, _, _, amendment = seed
+    series = ((500, 1.7e308), (600, 1e-320), (750, -1.7e308), (900, 1.0), (1000, 1.7e308))
+    verdict = evaluate(spec.prereg, [amendment], series, at_step=at_step)
+    assert verdict.status == ("FINAL" if at_step is None else "NO-READ")  # at 800: -1.7e308 - 1.7e308
+    out = render_chart(tmp_path / "poison.png", run=spec.name, prereg=spec.prereg, series=series, verdict=verdict,
+                       amendments=verdict.amendments, train_series=((500, -1.7e308), (1000, float("inf"))),
+                       comparators={"odd": ((500, 1.0), (750, float("nan")), (1000, 10**400)),
+                                    "tiny": ((500, 1e-320), (1000, 2e-320))})
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_no_read_of_an_overflowing_delta_still_draws(tmp_path: Path, seed):
+    spec, _, _, _ = seed
+    series = ((500, -1.7e308), (1000, 1.7e308))
+    verdict = evaluate(spec.prereg, (), series)
+    assert verdict.status == "NO-READ"
+    out = render_chart(tmp_path / "nr.png", run=spec.name, prereg=spec.prereg, series=series, verdict=verdict)
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_chart_that_cannot_be_written_is_reported_never_raised(tmp_path: Path, seed):
+    from babysit.reading import draw_chart
+
+    spec, series, train, _ = seed
+    verdict = evaluate(spec.prereg, (), series, train_series=train)
+    (tmp_path / "taken.png").mkdir()
+    path, error = draw_chart(spec, verdict.to_json(spec.name, None), None, tmp_path / "taken.png", verdict=verdict)
+    assert path is None and isinstance(error, IsADirectoryError)
