@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 HEAD_BYTES = 256  # how much of the file's start is hashed to detect a file rewritten in place
+MAX_STEP = 2**63 - 1  # a step beyond this (10**400) fits no SQLite integer and no float sum: garbage
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -327,7 +328,8 @@ def _take(line: bytes, offset: int, max_line_bytes: int, out: _Parsed) -> None:
 
 def parse_line(line: bytes, offset: int = 0) -> LogRecord | None:
     """One line to a record, or None when it is garbage (not UTF-8, not JSON, not an object, no int
-    `step`, no finite numeric `ts`)."""
+    `step` within ±MAX_STEP, no finite numeric `ts`). A value no float can hold (10**400) is kept out of
+    `metrics` (it is an infinity of its sign in `fields`); a subnormal (1e-320) is a finite metric."""
     try:
         obj = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -336,7 +338,7 @@ def parse_line(line: bytes, offset: int = 0) -> LogRecord | None:
         return None
     step = obj.get("step")
     ts = _finite(obj.get("ts"))
-    if not isinstance(step, int) or isinstance(step, bool) or ts is None:
+    if not isinstance(step, int) or isinstance(step, bool) or ts is None or abs(step) > MAX_STEP:
         return None
     metrics: dict[str, float] = {}
     fields: dict[str, object] = {}

@@ -394,3 +394,16 @@ def test_read_recent_says_none_for_a_log_it_cannot_read_and_nothing_for_one_long
     log = tmp_path / "log.jsonl"
     append(log, line(1, 1.0, blob="x" * 10_000))
     assert read_recent(log, max_bytes=1024) == ()
+
+
+def test_values_no_float_holds_are_kept_out_of_metrics_and_a_step_beyond_an_integer_is_garbage() -> None:
+    from babysit.logtail import parse_line
+
+    huge = 10**400
+    record = parse_line(b'{"step": 5, "ts": 1.0, "e": %d, "n": -%d, "tiny": 1e-320, "big": 1.7e308, "x": NaN}'
+                        % (huge, huge))
+    assert record is not None and dict(record.metrics) == {"tiny": 1e-320, "big": 1.7e308}
+    assert record.fields["e"] == math.inf and record.fields["n"] == -math.inf and math.isnan(record.fields["x"])
+    assert parse_line(b'{"step": %d, "ts": 1.0, "e": 1.0}' % huge) is None
+    assert parse_line(b'{"step": %d, "ts": 1.0}' % 2**63) is None
+    assert parse_line(b'{"step": %d, "ts": 1.0}' % (2**63 - 1)) is not None
