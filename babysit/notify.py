@@ -10,6 +10,7 @@ that idempotent where they can (Slack: a `client_msg_id`-style dedupe key looked
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from babysit.errors import PermanentDeliveryError, TransientDeliveryError
+from babysit.errors import BabysitError, PermanentDeliveryError, TransientDeliveryError
 from babysit.faults import crash_point
 from babysit.logtail import tail_bytes
 from babysit.store import OutboxMessage, Store
@@ -29,6 +30,7 @@ log = structlog.get_logger("babysit.notify")
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 300.0
+UNEXPECTED_TRIES = 5  # an unexpected (non-delivery) error this many times: the message is marked failed
 
 
 @dataclass(frozen=True)
@@ -48,45 +50,133 @@ class Channel(Protocol):
 
 
 class ConsoleChannel:
-    """No Slack credentials: readable lines on stdout and every message appended to channel.jsonl."""
+    """No Slack credentials: readable lines on stdout and every message appended to channel.jsonl.
+
+    channel.jsonl is read line by line (tests, tools, people), so it never holds a torn line: each
+    message is one whole-line `write()`, and a short write (a full disk) is cut back off with
+    `ftruncate` to the length before it, then retried later as a TransientDeliveryError.
+    """
 
     name = "console"
 
-    def __init__(self, state_dir: Path, stream: Any = None, quiet_kinds: frozenset[str] = frozenset({"header"})):
+    def __init__(self, state_dir: Path, stream: Any = None, quiet_kinds: frozenset[str] = frozenset({"header"}),
+                 write: Callable[[int, bytes], int] = os.write):
         self.path = Path(state_dir) / "channel.jsonl"
         self.stream = stream if stream is not None else sys.stdout
         self.quiet_kinds = quiet_kinds
+        self._write = write  # injectable, so a test can be the full disk that takes half a line
         self._lock = threading.Lock()
-        # A daemon killed between this append and the outbox's mark_sent re-delivers that message on
-        # restart: what the file already holds is delivered (exactly once, as with Slack's journal).
-        self._delivered, self._torn = _tail_ids(self.path)
+        self._delivered: set[int] | None = None  # read at the first delivery: see _open_file
+        self._torn = False
 
     def deliver(self, delivery: Delivery) -> str | None:
-        from bot.messages import render
-
         m = delivery.message
-        rendered = render(m.kind, m.payload)
+        text = _render_text(m)
         ref = f"console:{m.id}"
         record = {"id": m.id, "run": m.run, "kind": m.kind, "thread": delivery.thread_ref,
-                  "updates": delivery.update_ref, "text": rendered.text, "payload": m.payload}
+                  "updates": delivery.update_ref, "text": text, "payload": m.payload}
         with self._lock:
-            if m.id in self._delivered:
+            delivered = self._open_file()
+            if m.id in delivered:
                 return ref
-            line = ("\n" if self._torn else "") + json.dumps(record) + "\n"  # never glue onto a torn line
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                data = line.encode("utf-8")
-                if os.write(fd, data) != len(data):  # one write: a kill leaves the line whole or absent
-                    self._torn = True  # a full disk took part of it: not sent; the retry starts a new line
-                    raise OSError(28, f"{self.path}: short write (disk full?)")
-            finally:
-                os.close(fd)
+            line = ("\n" if self._torn else "") + _json_line(record) + "\n"  # never glue onto a torn line
+            self._append(line.encode("utf-8"))
+            delivered.add(m.id)  # a failed print below must not write the line twice on the retry
             self._torn = False
             if m.kind not in self.quiet_kinds:
                 indent = "    │ " if delivery.thread_ref else ""
-                lines = rendered.text.splitlines() or [""]
-                print("\n".join(indent + line for line in lines), file=self.stream, flush=True)
+                lines = text.splitlines() or [""]
+                try:
+                    print("\n".join(indent + line for line in lines), file=self.stream, flush=True)
+                except (OSError, ValueError):  # stdout gone (a closed pipe): channel.jsonl has the message
+                    log.warning("console output failed; the message is in channel.jsonl", message=m.id)
         return ref
+
+    def _open_file(self) -> set[int]:
+        """The ids channel.jsonl already holds, read once, at the first delivery (so only the daemon that
+        holds the state directory's lock ever reads or repairs it).
+
+        A daemon killed between an append and the outbox's mark_sent re-delivers that message on
+        restart: what the file already holds is delivered (exactly once, as with Slack's journal). A
+        torn last line (an older babysit, or a truncate that failed) is cut off here.
+        """
+        if self._delivered is None:
+            self._delivered, torn = _tail_ids(self.path)
+            self._torn = torn and not _cut_torn_tail(self.path)
+        return self._delivered
+
+    def _append(self, data: bytes) -> None:
+        """One write of the whole line; on a short or failed write the file is cut back to its old length."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            before = os.fstat(fd).st_size  # one writer (the daemon's lock, this channel's lock)
+            try:
+                written = self._write(fd, data)
+            except OSError as exc:
+                written, error = -1, exc
+            else:
+                error = None
+            if written == len(data):
+                return
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                self._torn = True  # cannot cut it: the next line starts on a fresh line instead
+            raise TransientDeliveryError(f"{self.path}: " + (f"write failed ({error})" if error else
+                                         f"short write ({written} of {len(data)} bytes; disk full?)"))
+        finally:
+            os.close(fd)
+
+
+def _render_text(m: OutboxMessage) -> str:
+    """The message's text; a payload the renderer cannot take still goes out, as its raw kind and
+    payload, rather than blocking its run's queue forever."""
+    from bot.messages import render
+
+    try:
+        return render(m.kind, m.payload).text
+    except Exception as exc:
+        log.error("message could not be rendered; sent raw", message=m.id, run=m.run, kind=m.kind, exc_info=exc)
+        return f"[{m.kind}] (could not render: {type(exc).__name__}: {exc}) {json.dumps(m.payload)[:2000]}"
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    """Strict JSON, so any reader parses the line: a NaN or an infinity in a payload becomes its name."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite_only(record), allow_nan=False)
+
+
+def _finite_only(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v) for v in value]
+    return value
+
+
+def _cut_torn_tail(path: Path) -> bool:
+    """Truncate channel.jsonl after its last newline; whether the file now ends on a whole line."""
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            pos = size
+            while pos > 0:
+                step = min(65536, pos)
+                f.seek(pos - step)
+                chunk = f.read(step)
+                nl = chunk.rfind(b"\n")
+                if nl >= 0:
+                    f.truncate(pos - step + nl + 1)
+                    return True
+                pos -= step
+            f.truncate(0)
+            return True
+    except OSError:
+        return False
 
 
 def _tail_ids(path: Path, scan_bytes: int = 1 << 16) -> tuple[set[int], bool]:
@@ -124,6 +214,17 @@ def deliver_due(store: Store, channel: Channel, now: Callable[[], float], limit:
         except PermanentDeliveryError as exc:
             store.mark_failed(message.id, str(exc), now())
             log.error("delivery refused", message=message.id, run=message.run, kind=message.kind, error=str(exc))
+            continue
+        except BabysitError:
+            raise  # the store failing (a full disk): the delivery job tries again on its next run
+        except Exception as exc:  # a bug in a channel or a renderer: never hold up the other runs' messages
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("delivery failed unexpectedly", message=message.id, run=message.run, kind=message.kind,
+                      tries=message.tries + 1, exc_info=exc)
+            if message.tries + 1 >= UNEXPECTED_TRIES:  # the same bug every time: let the run's queue move on
+                store.mark_failed(message.id, error, now())
+            else:
+                store.mark_retry(message.id, error, now() + backoff(message.tries))
             continue
         crash_point("after-send")
         store.mark_sent(message.id, remote, now())
