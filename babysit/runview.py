@@ -111,6 +111,17 @@ def target_step(read_step: int | None, end_step: int | None, step: int | None) -
     return end_step
 
 
+def declared_end(records: Sequence[logtail.LogRecord]) -> int | None:
+    """The last step a record declares (`total_steps`, or `max_steps`: what the HF and Lightning
+    integrations write), the newest declaration winning; None when no record says."""
+    for record in reversed(records):
+        for key in ("total_steps", "max_steps"):
+            value = record.metrics.get(key)
+            if value is not None and value > 0:
+                return int(value)
+    return None
+
+
 def eta_seconds(step: int | None, target: int | None, seconds_per_step: float | None) -> float | None:
     if step is None or target is None:
         return None
@@ -145,7 +156,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
             step, source = this_poll.body["step"], "poll"
 
     read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
-    end_step = steps_from_argv(last.argv) if last is not None else None
+    end_step = declared_end(records or ()) or (steps_from_argv(last.argv) if last is not None else None)
     target = target_step(read_step, end_step, step)
     utils = tuple(g["util_pct"] for g in (this_poll.body.get("gpus") or ()) if g.get("util_pct") is not None) \
         if this_poll is not None else ()

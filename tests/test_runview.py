@@ -76,6 +76,13 @@ def test_the_eta_counts_to_the_read_step_then_to_the_commands_end() -> None:
     assert target_step(None, None, 5) is None
 
 
+def test_a_record_that_declares_the_last_step_sets_the_target_over_the_commands_flags() -> None:
+    said = (logtail.LogRecord(step=10, ts=T0, metrics={"total_steps": 5000.0}), logtail.LogRecord(step=11, ts=T0 + 1))
+    r = row(None, records=said)
+    assert (r.step, r.target_step) == (11, 5000), "the HF/Lightning integrations' total_steps beats --steps 2000"
+    assert row(None, records=records(range(1, 3), t0=T0, dt=1.0)).target_step == 2000
+
+
 def test_the_previous_attempts_records_give_no_pace_and_no_step_to_a_fresh_attempt(spec: RunSpec) -> None:
     old = records(range(1, 61), t0=T0 - 100, dt=1.0)  # attempt 1 ran at 1 s/step and diverged at 60
     second = attempt(2, started_at=T0)
