@@ -155,6 +155,17 @@ class LocalExecutor:
     def status_note(self, attempt: Attempt) -> str | None:
         return None
 
+    def own_pids(self, attempt: Attempt) -> frozenset[int]:
+        """The shim and the trainer it started (shim.json, exit.json), alive or not."""
+        adir = Path(attempt.attempt_dir)
+        pids = {attempt.pid} if attempt.pid is not None else set()
+        for name in ("shim.json", "exit.json"):
+            info = _read_json(adir / name) or {}
+            for key in ("pid", "child_pid"):
+                if isinstance(info.get(key), int):
+                    pids.add(info[key])
+        return frozenset(pids)
+
     def _is_ours(self, attempt: Attempt) -> bool:
         """The recorded pid is still our shim (pid and create time), never a recycled pid."""
         if attempt.pid_create_time is None:
