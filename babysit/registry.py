@@ -208,6 +208,13 @@ def dumps(registry: Registry) -> str:
 # --- internals ---------------------------------------------------------------------------------
 
 
+def _usable_path(ref: str) -> bool:
+    """A name over NAME_MAX or a path over PATH_MAX fails every file call (ENAMETOOLONG), a NUL every
+    call: refused when the registry is read, by field, not met later as a traceback."""
+    raw = os.fsencode(ref)
+    return b"\0" not in raw and len(raw) < 4096 and all(len(part) <= 255 for part in raw.split(b"/"))
+
+
 def _under(base: Path, ref: str) -> Path:
     return Path(os.path.normpath(base / Path(ref).expanduser()))
 
@@ -229,6 +236,9 @@ def _daemon(t: tomlfile.Table | None) -> DaemonSettings:
         ),
         guard_interval_seconds=t.number("guard_interval_seconds", defaults.guard_interval_seconds, positive=True),
     )
+    if not _usable_path(settings.state_dir):
+        raise SpecError(t.file, t.key("state_dir"), "a path the OS can open (each name at most 255 bytes)",
+                        settings.state_dir)
     for i, uid in enumerate(settings.abort_allow_list):
         if not SLACK_USER_ID.fullmatch(uid):
             raise SpecError(t.file, f"{t.key('abort_allow_list')}[{i}]", "a Slack user ID like \"U024BE7LH\"", uid,

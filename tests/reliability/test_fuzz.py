@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from babysit import logtail
@@ -162,6 +162,7 @@ def test_an_amendment_with_a_wrong_value_records_or_exits_2_naming_the_field(reg
 @given(daemon_key=st.sampled_from(["state_dir", "channel", "abort_allow_list", "guard_interval_seconds", "bogus"]),
        run_key=st.sampled_from(["name", "spec", "registered_at", "prereg_sha256", "bogus"]), value=junk,
        which=st.booleans())
+@example(daemon_key="state_dir", run_key="name", value="x" * 5000, which=True)  # once ENAMETOOLONG from status
 def test_a_hand_edited_babysit_toml_is_refused_by_field_never_with_a_traceback(daemon_key: str, run_key: str,
                                                                              value: Any, which: bool) -> None:
     data: dict[str, Any] = {"daemon": {"state_dir": ".babysit", "abort_allow_list": ["U024BE7LH"]},
