@@ -171,23 +171,35 @@ class Daemon:
             try:
                 spec = load_spec(path)
                 check_cadence(spec, self.accelerated)
-            except BabysitError as exc:
-                if self._broken_specs.get(entry.name) != exc.message:
-                    self._broken_specs[entry.name] = exc.message
-                    log.error("run spec refused; not babysitting it", run=entry.name, error=exc.message, hint=exc.hint)
+            except Exception as exc:  # a BabysitError names the field; anything else must not stop the others
+                message = exc.message if isinstance(exc, BabysitError) else \
+                    f"internal error reading {path}: {type(exc).__name__}: {exc}"[:500]
+                if self._broken_specs.get(entry.name) != message:
+                    self._broken_specs[entry.name] = message
+                    log.error("run spec refused; not babysitting it", run=entry.name, error=message,
+                              hint=getattr(exc, "hint", None), exc_info=None if isinstance(exc, BabysitError) else exc)
                     self.store.enqueue(entry.name, "text", {"run": entry.name, "text":
-                                       f"⚠️ {entry.name}: spec refused, not babysat: {exc.message}"}, time.time(),
-                                       dedupe_key=f"{entry.name}:spec-refused:{exc.message}")
+                                       f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, time.time(),
+                                       dedupe_key=f"{entry.name}:spec-refused:{message}")
                 continue
             self.executor(spec.executor)
             if spec.gpus:
                 self._ensure_sampling()
-            supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
+            try:
+                supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
+            except Exception as exc:  # its stored state is unreadable: the other runs still start
+                message = f"could not be set up: {type(exc).__name__}: {exc}"[:500]
+                if self._broken_specs.get(entry.name) != message:  # once, not every tick
+                    self._broken_specs[entry.name] = message
+                    log.error("run could not be set up; not babysitting it", run=entry.name, exc_info=exc)
+                continue
             self.supervisors[entry.name] = supervisor
             try:
                 supervisor.start()
             except BabysitError as exc:
                 log.error("run could not start", run=entry.name, error=exc.message)
+            except Exception as exc:  # one run's data never stops the daemon's start-up or the other runs
+                supervisor.internal_error("starting", exc)
 
     # -- jobs -------------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -199,15 +211,15 @@ class Daemon:
                     if supervisor.attempt is not None and supervisor.attempt.status == "running":
                         supervisor.read_log()
                         supervisor.check_exit()
-            except Exception:
-                log.exception("tick failed", run=supervisor.run)
+            except Exception as exc:
+                _run_failed(supervisor, "reading its log", exc)
 
     def guards(self) -> None:
         for supervisor in list(self.supervisors.values()):
             try:
                 supervisor.guard(stall_seconds=supervisor.spec.guards.stall_minutes * self.scale)
-            except Exception:
-                log.exception("guard check failed", run=supervisor.run)
+            except Exception as exc:
+                _run_failed(supervisor, "checking its guards", exc)
 
     def deliver(self) -> None:
         try:
@@ -233,8 +245,8 @@ class Daemon:
         if supervisor is not None:
             try:
                 supervisor.poll()
-            except Exception:
-                log.exception("poll failed", run=run)
+            except Exception as exc:
+                _run_failed(supervisor, "polling it", exc)
 
     def handle_requests(self) -> None:
         """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed within a tick.
@@ -251,17 +263,35 @@ class Daemon:
             if supervisor is None:
                 self.store.finish_request(req.id, f"no run named {req.run} is babysat", now)
                 continue
-            if req.kind == "abort":
-                by = req.body.get("requested_by", "?")
-                if supervisor.request_stop("abort"):
-                    supervisor._incident("abort", f"abort requested by {by}", {"requested_by": by},
-                                         key=f"{req.run}:abort:{req.id}")
-                    result = "stopping"
-                else:
-                    result = "not running"
-                self.store.finish_request(req.id, result, now)
-            elif req.kind == "poll-now":
-                supervisor.poll("on-demand")
-                self.store.finish_request(req.id, "polled", now)
+            try:
+                self._handle_request(req, supervisor, now)
+            except Exception as exc:  # answered, so the asker is not left waiting; the others go on
+                _run_failed(supervisor, f"handling a {req.kind} request", exc)
+                self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
+
+    def _handle_request(self, req: Any, supervisor: RunSupervisor, now: float) -> None:
+        """One control request; answers it (finish_request) with what was done."""
+        if req.kind == "abort":
+            by = req.body.get("requested_by", "?")
+            if supervisor.request_stop("abort"):
+                supervisor._incident("abort", f"abort requested by {by}", {"requested_by": by},
+                                     key=f"{req.run}:abort:{req.id}")
+                result = "stopping"
             else:
-                self.store.finish_request(req.id, f"unknown action {req.kind}", now)
+                result = "not running"
+            self.store.finish_request(req.id, result, now)
+        elif req.kind == "poll-now":
+            supervisor.poll("on-demand")
+            self.store.finish_request(req.id, "polled", now)
+        else:
+            self.store.finish_request(req.id, f"unknown action {req.kind}", now)
+
+
+def _run_failed(supervisor: RunSupervisor, where: str, exc: Exception) -> None:
+    """A job's error on one run: a BabysitError (the store failing, a refused read) is logged and the job
+    tries again on its next run; anything else is an internal-error incident on that run. The daemon
+    and the other runs go on either way."""
+    if isinstance(exc, BabysitError):
+        log.error(f"{where} failed", run=supervisor.run, error=exc.message, exc_info=exc)
+    else:
+        supervisor.internal_error(where, exc)

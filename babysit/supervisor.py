@@ -264,6 +264,18 @@ class RunSupervisor:
         return self.ctx.store.attempt(self.run, attempt.n)
 
     def on_exit(self, n: int) -> None:
+        """The attempt's exit: classify, record, decide. Whatever goes wrong in between, the attempt ends
+        and the run reaches a defined state: the watcher thread never dies leaving a run `running`."""
+        with self.lock:
+            try:
+                self._on_exit(n)
+            except BabysitError:
+                raise  # the store failing (a full disk): check_exit's backstop redoes the exit later
+            except Exception as exc:
+                self.internal_error(f"handling attempt {n}'s exit", exc)
+                self._end_after_internal_error(n, exc)
+
+    def _on_exit(self, n: int) -> None:
         with self.lock:
             attempt = self.ctx.store.attempt(self.run, n)
             if attempt.status == "ended":
@@ -293,6 +305,18 @@ class RunSupervisor:
             self._after_exit(self.ctx.store.attempt(self.run, n))
 
     def _after_exit(self, attempt: Attempt) -> None:
+        """Decide after a recorded exit (also at start-up, for one a dead daemon recorded): an unexpected
+        error is an internal-error incident that ends the run, never a start-up crash or a run `running`
+        forever."""
+        try:
+            self._decide_after_exit(attempt)
+        except BabysitError:
+            raise
+        except Exception as exc:
+            self.internal_error(f"deciding after attempt {attempt.n}'s exit", exc)
+            self._end_after_internal_error(attempt.n, exc)
+
+    def _decide_after_exit(self, attempt: Attempt) -> None:
         self.attempt = attempt
         detail = attempt.detail
         summary = detail.get("summary") or attempt.outcome
@@ -358,6 +382,17 @@ class RunSupervisor:
         return len(read.records)
 
     def _read_verdict(self, *, full: bool = False) -> None:
+        """Read the verdict now. An unexpected error (a value the verdict or its files cannot take) is an
+        internal-error incident on this run, never an exception into the tick, guard, poll or watcher
+        thread that asked, so one run's data cannot stop the daemon or the other runs."""
+        try:
+            self._read_verdict_now(full=full)
+        except BabysitError:
+            raise
+        except Exception as exc:
+            self.internal_error("reading the verdict", exc)
+
+    def _read_verdict_now(self, *, full: bool = False) -> None:
         """Read the verdict: from the run's series cache (only new log bytes are parsed), or with
         `full` from the whole log as a finished file (its unterminated last line counts)."""
         if self.spec.prereg is None:
@@ -391,23 +426,95 @@ class RunSupervisor:
                           key=f"{self.run}:provisional:{body.get('at_step')}")
 
     def _maybe_final_verdict(self) -> None:
-        if self.spec.prereg is not None and self.ctx.store.final_verdict(self.run) is None:
-            self.read_log()
-            self._read_verdict(full=True)
+        """After the run's last exit (and at start-up): read the FINAL verdict if none is saved, or post the
+        saved one a dead daemon never queued. Never raises: the run still ends when its verdict cannot be
+        read (an internal-error incident says why; a restarted daemon reads it again)."""
+        if self.spec.prereg is None:
+            return
+        try:
+            stored = self.ctx.store.final_verdict(self.run)
+            if stored is None:
+                self.read_log()
+                self._read_verdict(full=True)
+            elif not self.ctx.store.has_message(f"{self.run}:verdict"):
+                self._final_verdict(stored.body)
+        except BabysitError as exc:
+            log.error("final verdict not read; a restarted daemon reads it", run=self.run, error=exc.message)
+        except Exception as exc:
+            self.internal_error("reading the final verdict", exc)
 
     def _final_verdict(self, body: dict[str, Any]) -> None:
+        """The FINAL verdict: its JSON written, then saved, then posted; the chart is drawn best effort
+        before the post (so Slack can attach it) and its failure is an incident, never the verdict's.
+        Idempotent: a daemon killed after saving posts the saved verdict on restart, once."""
         from babysit import reading
 
-        if self.ctx.store.final_verdict(self.run) is not None:
-            return
+        key = f"{self.run}:verdict"
         out = self.ctx.state_dir / "verdicts"
-        json_path, png_path = reading.write_verdict_files(self.spec, body, self.ctx.store, out)
-        self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(png_path))
-        self._message("verdict", {"verdict": body, "chart_path": str(png_path), "json_path": str(json_path),
+        json_path = reading.verdict_json_path(out, self.run)
+        chart_path = reading.verdict_chart_path(out, self.run)
+        stored = self.ctx.store.final_verdict(self.run)
+        if stored is not None and self.ctx.store.has_message(key):
+            return
+        if stored is None:
+            reading.write_json_atomic(json_path, body)
+            self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(chart_path))
+            log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
+        else:
+            body = stored.body
+            if not json_path.is_file():
+                reading.write_json_atomic(json_path, body)
+        drawn, error = reading.draw_chart(self.spec, body, self.ctx.store, chart_path)
+        if error is not None:
+            self.internal_error("drawing the verdict chart", error)
+        self._message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
+                                  "chart_error": None if error is None else _short_error(error),
+                                  "json_path": str(json_path),
                                   "precision": self.spec.prereg.precision if self.spec.prereg else 4,
                                   "channel": self.spec.notify.channel or self.ctx.default_channel},
-                      key=f"{self.run}:verdict", thread=False)
-        log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
+                      key=key, thread=False)
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """Record an exception met while handling this run: the traceback to the daemon log, an
+        `internal-error` incident (once per attempt, place and error) to the channel. Never raises."""
+        import hashlib
+
+        error = _short_error(exc)
+        n = self.attempt.n if self.attempt else None
+        digest = hashlib.sha256(f"{n}\n{where}\n{error}".encode()).hexdigest()[:16]
+        seen: set[str] = self.__dict__.setdefault("_internal_errors_logged", set())
+        if digest in seen:  # a job meeting the same error every tick: one traceback per daemon is enough
+            return
+        seen.add(digest)
+        log.error("internal error", run=self.run, where=where, error=error, exc_info=exc)
+        try:
+            self._incident("internal-error", f"babysit failed while {where}: {error} (traceback in daemon.log); "
+                           "the daemon and the other runs go on", {"where": where, "error": error},
+                           key=f"{self.run}:internal-error:{digest}")
+        except Exception:
+            seen.discard(digest)  # recorded next time it happens
+            log.exception("could not record the internal error", run=self.run, where=where)
+
+    def _end_after_internal_error(self, n: int, exc: Exception) -> None:
+        """After an internal error in deciding: attempt n is ended (it did exit) and, unless a later attempt
+        was launched, the run is `failed` with the error as its reason. Never raises."""
+        error = _short_error(exc)
+        try:
+            attempt = self.ctx.store.attempt(self.run, n)
+            if attempt.status != "ended":
+                info = self.executor.exit_info(attempt)
+                self.ctx.store.mark_ended(
+                    attempt.id, ended_at=(info.ended_at if info else None) or self.ctx.now(), outcome="crashed",
+                    exit_code=info.exit_code if info else None, exit_signal=info.signal if info else None,
+                    detail={"summary": f"exit not classified: internal error ({error})", "retry_override": False,
+                            "internal_error": error})
+            self.attempt = self.ctx.store.attempt(self.run, n)
+            if self.ctx.store.attempts(self.run)[-1].n == n and self.is_active():
+                self._set("failed", ended=self.attempt.outcome,
+                          end_reason=f"internal error after attempt {n}'s exit: {error}")
+                log.error("run over after an internal error", run=self.run, attempt=n, error=error)
+        except Exception:
+            log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
     # -- polls and guards -------------------------------------------------------------------------------
     @property
@@ -605,6 +712,11 @@ class RunSupervisor:
 
         threading.Thread(target=stop, name=f"stop:{self.run}", daemon=True).start()
         return True
+
+
+def _short_error(exc: BaseException) -> str:
+    """`Type: message`, cut short: for incidents and messages (the traceback goes to the daemon log)."""
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _note_lines(notes: Any) -> list[str]:

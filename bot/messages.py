@@ -276,6 +276,8 @@ def _verdict(p: Mapping[str, Any]) -> Rendered:
     text = verdict_text(p["verdict"], p.get("precision", 4))
     if p.get("chart_path"):
         text += f"\nchart: {p['chart_path']}"
+    elif p.get("chart_error"):  # the verdict stands without its chart
+        text += f"\nchart: not drawn ({p['chart_error']})"
     return Rendered(text, verdict_blocks(p["verdict"], p.get("precision", 4)))
 
 

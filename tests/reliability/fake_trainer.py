@@ -2,7 +2,9 @@
 
 Writes SPEC §4 records to LOG; `--argv-out F` dumps its argv and environment keys as JSON first;
 `--ignore-term` ignores SIGTERM (a trainer that never checkpoints); `--rotate-at N` renames the log
-to LOG.1 at step N and goes on in a new file; `--delete-at N` unlinks it and goes on in a new file.
+to LOG.1 at step N and goes on in a new file; `--delete-at N` unlinks it and goes on in a new file;
+`--append-lines F` copies F's lines verbatim into LOG after the last step (scripted eval records, values
+no JSON encoder would write included: `10**400` as a number, `NaN`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> int:
     p.add_argument("--rotate-at", type=int, default=-1)
     p.add_argument("--delete-at", type=int, default=-1)
     p.add_argument("--argv-out")
+    p.add_argument("--append-lines")
     argv = sys.argv[1:]
     if "--" in argv:  # what follows is the payload, whatever it looks like
         argv = argv[:argv.index("--")]
@@ -49,6 +52,9 @@ def main() -> int:
         f.write(json.dumps({"step": step, "ts": time.time(), "train_loss": 1.0 / step}) + "\n")
         f.flush()
         time.sleep(args.sleep)
+    if args.append_lines:
+        with open(args.append_lines) as lines:
+            f.write(lines.read())
     f.write(json.dumps({"step": args.steps, "ts": time.time(), "event": "completed"}) + "\n")
     f.close()
     return 0

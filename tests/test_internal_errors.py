@@ -1,0 +1,80 @@
+"""An exception while handling one run's exit is an `internal-error` incident, and the attempt and the run
+still end in a defined state: the watcher thread never dies leaving a run `running` forever.
+
+The supervisor under test is real, on a real store, launching a real process through the real local
+executor; only the executor's exit record is broken (injected, as the daemon injects its executors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from babysit.executors import ExitInfo
+from babysit.executors.local import LocalExecutor
+from babysit.probes.gpu import open_gpu_probe
+from babysit.spec import load_spec
+from babysit.store import Attempt, Store
+from babysit.supervisor import DaemonContext, RunSupervisor
+
+FAKE_TRAINER = Path(__file__).parent / "reliability" / "fake_trainer.py"
+
+
+class BrokenExitRecord(LocalExecutor):
+    """The real local executor whose exit record lacks its stderr tail: a bug babysit must survive."""
+
+    def exit_info(self, attempt: Attempt) -> ExitInfo | None:
+        info = super().exit_info(attempt)
+        return None if info is None else dataclasses.replace(info, stderr_tail=None)  # type: ignore[arg-type]
+
+
+def supervisor(tmp_path: Path) -> RunSupervisor:
+    spec_file = tmp_path / "run.toml"
+    cmd = [sys.executable, str(FAKE_TRAINER), "log.jsonl", "--steps", "3", "--sleep", "0.01"]
+    spec_file.write_text(f'[run]\nname = "r"\ncommand = {json.dumps(cmd)}\nlog = "log.jsonl"\n'
+                         "[retry]\nmax_attempts = 3\non = [\"crashed\"]\n")
+    state = tmp_path / ".babysit"
+    ctx = DaemonContext(store=Store.in_dir(state), state_dir=state, gpu_probe=open_gpu_probe("none"),
+                        executors={"local": BrokenExitRecord()}, scale=1.0)
+    return RunSupervisor(ctx, load_spec(spec_file), None)
+
+
+def test_an_exit_that_cannot_be_classified_ends_the_attempt_and_the_run_instead_of_running_forever(
+        tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    store = sup.ctx.store
+    sup.start()
+    assert sup.watcher is not None
+    sup.watcher.join(60)
+    assert not sup.watcher.is_alive()
+    status, facts = store.run_state("r")
+    assert status == "failed", "the old watcher thread died here and left the run `running` forever"
+    assert "internal error after attempt 1's exit: AttributeError" in facts["end_reason"]
+    (attempt,) = store.attempts("r")  # crashed is in retry.on, but a babysit bug is never retried
+    assert (attempt.status, attempt.outcome, attempt.exit_code) == ("ended", "crashed", 0)
+    assert "exit not classified" in attempt.detail["summary"]
+    (incident,) = [i for i in store.incidents("r") if i.kind == "internal-error"]
+    assert incident.body["where"] == "handling attempt 1's exit" and "AttributeError" in incident.body["error"]
+    assert [m.kind for m in store.messages("r")].count("incident") == 1
+
+    # a restarted daemon starts this run's supervisor without raising and launches nothing again
+    again = RunSupervisor(sup.ctx, sup.spec, None)
+    again.start()
+    assert len(store.attempts("r")) == 1 and store.run_state("r")[0] == "failed"
+
+
+def test_the_same_internal_error_is_one_incident_however_often_a_job_meets_it(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    for _ in range(50):  # a tick meeting the same bug 4 times a second
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            sup.internal_error("reading its log", exc)
+    try:
+        [][1]
+    except IndexError as exc:
+        sup.internal_error("reading its log", exc)
+    kinds = [i.body["error"] for i in sup.ctx.store.incidents("r") if i.kind == "internal-error"]
+    assert sorted(kinds) == ["IndexError: list index out of range", "KeyError: 'missing'"]
