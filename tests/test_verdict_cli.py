@@ -152,3 +152,80 @@ def test_prereg_show_verifies_the_chain(project: Path, capsys):
     db.close()
     assert main(["prereg", "show", RUN]) == 1
     assert "CHAIN BROKEN" in capsys.readouterr().out
+
+
+# -- one poison value, one typo, one what-if: never a traceback, never the FINAL verdict's files ----------
+def final_files(project: Path) -> dict[str, bytes]:
+    """Write the FINAL verdict's files and record it, exactly as the daemon does (reading + store)."""
+    from babysit.reading import load_registered, read_registered_verdict, write_verdict_files
+    from babysit.store import Store
+
+    reg, entry, spec = load_registered(project / "babysit.toml", RUN)
+    store = Store.in_dir(reg.state_dir)
+    body = read_registered_verdict(spec, entry.prereg_sha256, store).to_json(RUN, entry.prereg_sha256)
+    assert body["status"] == "FINAL"
+    files = write_verdict_files(spec, body, store, reg.state_dir / "verdicts")
+    store.save_verdict(RUN, body, 0.0, final=True, chart_path=str(files.chart_path))
+    store.close()
+    return {p.name: p.read_bytes() for p in (files.json_path, files.chart_path)}
+
+
+def test_what_if_reads_never_touch_the_final_verdicts_files(project: Path, capsys):
+    registered(project, line(500, eval_chunk_mae=3.4623) + line(750, eval_chunk_mae=4.0)
+               + line(1000, eval_chunk_mae=5.494))
+    before = final_files(project)
+    verdicts = project / ".babysit" / "verdicts"
+    assert main(["verdict", RUN, "--at-step", "700"]) == 0  # the old code drew a PROVISIONAL chart over the FINAL's
+    assert f"chart: {project / '.babysit' / 'whatif' / f'{RUN}-at-700.png'}" in capsys.readouterr().out
+    assert main(["verdict", RUN, "--json", "--amendment", "scale_amendment.toml"]) == 0
+    assert json.loads(capsys.readouterr().out)["amendments"][0]["provenance_checked"] is False
+    assert main(["verdict", RUN, "--compare", "rigonly=rigonly_train_log.jsonl"]) == 0
+    assert main(["verdict", RUN]) == 0  # the read of record points at the daemon's chart, redraws nothing
+    assert "(the FINAL verdict's, as the daemon drew it)" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in verdicts.iterdir()} == before
+    assert sorted(p.name for p in (project / ".babysit" / "whatif").iterdir()) == \
+        [f"{RUN}-at-700.png", f"{RUN}-compare.png", f"{RUN}-whatif.png"]
+    assert main(["verdict", RUN, "--at-step", "700", "--chart", str(verdicts / f"{RUN}.png")]) == 2
+    assert "FINAL verdict's files" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in verdicts.iterdir()} == before
+
+
+def test_json_comes_first_even_when_the_chart_cannot_be_drawn(project: Path, capsys):
+    (project / "chart_dir.png").mkdir()  # savefig cannot write a directory
+    assert main(["verdict", "run.toml", "--json", "--chart", "chart_dir.png"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["label"] == "SAME-DRIFT"
+    assert "chart: not drawn (IsADirectoryError" in err
+
+
+def test_poison_values_read_offline_give_json_and_a_clipped_chart(project: Path, capsys):
+    (project / "poison.jsonl").write_text(
+        '{"step": 500, "ts": 1.0, "eval_chunk_mae": -1.7e308}\n{"step": 600, "ts": 1.0, "eval_chunk_mae": 1e-320}\n'
+        f'{{"step": 700, "ts": 1.0, "eval_chunk_mae": {10**400}}}\n{{"step": 800, "ts": 1.0, "eval_chunk_mae": NaN}}\n'
+        '{"step": 1000, "ts": 1.0, "eval_chunk_mae": 1.7e308}\n')
+    assert main(["verdict", "run.toml", "--log", "poison.jsonl", "--json"]) == 0  # old: OverflowError traceback
+    body = json.loads(capsys.readouterr().out)
+    assert body["status"] == "NO-READ" and "beyond the range of a float" in body["reason"]
+    assert (project / f"{RUN}.verdict.png").read_bytes().startswith(b"\x89PNG")
+    (project / "same.jsonl").write_text('{"step": 500, "ts": 1.0, "eval_chunk_mae": 1.7e308}\n'
+                                        '{"step": 1000, "ts": 1.0, "eval_chunk_mae": 1.7e308}\n')
+    assert main(["verdict", "run.toml", "--log", "same.jsonl", "--chart", "same.png"]) == 0  # old: chart crashed
+    out = capsys.readouterr().out
+    assert "HEALTHY  [FINAL]" in out and "chart: same.png" in out
+    assert (project / "same.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("target", ["offline", "registered"])
+def test_a_what_if_amendment_with_a_typo_exits_2_naming_the_file_and_field_as_amend_does(project: Path, capsys,
+                                                                                          target: str):
+    (project / "typo.toml").write_text('title = "t"\nrationale = "r"\nscale = "12.5087 / demosonyl"\n'
+                                       'combine = "agree"\n')
+    registered(project)
+    capsys.readouterr()
+    assert main(["amend", RUN, "typo.toml"]) == 2
+    amend_err = capsys.readouterr().err
+    args = ["run.toml", "--log", "demosonly_train_log.jsonl"] if target == "offline" else [RUN]
+    assert main(["verdict", *args, "--amendment", "typo.toml", "--json"]) == 2  # old: ExprError traceback
+    out, err = capsys.readouterr()
+    assert out == "" and err == amend_err
+    assert "typo.toml: scale:" in err and "demosonly" in err and "12.5087 / demosonyl" in err

@@ -25,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="NAME|RUN.toml", help="a registered run name, or a run.toml for an offline read")
     p.add_argument("--json", action="store_true", help="print the verdict JSON on stdout (docs/verdicts.md)")
     p.add_argument("--at-step", type=_step, metavar="N", help="read as of step N (only evals at steps <= N count)")
-    p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: <state_dir>/verdicts/"
-                                                   "<run>.png; offline: next to the log)")
+    p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: the FINAL read's is "
+                                                   "<state_dir>/verdicts/<run>.png, any other read's under "
+                                                   "<state_dir>/whatif/; offline: next to the log)")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=LOGPATH",
                    help="overlay another run's log on the chart (repeatable)")
     p.add_argument("--fixture", action="store_true",
@@ -41,14 +42,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from babysit import reading
-    from babysit.amendment import load_amendment, what_if
+    from babysit.amendment import check_against, load_amendment, what_if
     from babysit.errors import BadInput, PreregTampered
     from babysit.registry import resolve_registry_path
     from babysit.spec import load_spec
     from babysit.store import Store
-    from babysit.verdict import evaluate
+    from babysit.verdict import FINAL, evaluate
 
     offline = Path(args.target).is_file() or args.target.endswith(".toml")
+    final_dir: Path | None = None  # where the daemon keeps the FINAL verdict's files (registered runs)
+    final_recorded = False
     if offline:
         spec = load_spec(Path(args.target), display=args.target)
         prereg = reading.require_prereg(spec)
@@ -57,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
         recorded: tuple[Any, ...] = ()
         frozen_sha = prereg.sha256
-        default_chart = log.parent / f"{spec.name}.verdict.png"
     else:
         if args.log:
             raise BadInput("--log is for offline reads (RUN.toml --log PATH); a registered run reads its own log",
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             reading.check_frozen(spec, entry.prereg_sha256)
             recorded = reading.stored_amendments(store, spec.name)
+            final_recorded = store.final_verdict(spec.name) is not None
         except PreregTampered as exc:
             reading.record_tamper_incident(store, spec.name, exc, time.time())
             raise
@@ -75,28 +78,64 @@ def run(args: argparse.Namespace) -> int:
         prereg = reading.require_prereg(spec)
         log = spec.log
         frozen_sha = entry.prereg_sha256
-        default_chart = reg.state_dir / "verdicts" / f"{spec.name}.png"
+        final_dir = reg.state_dir / "verdicts"
 
     if args.fixture:
         return _fixture(args, spec, prereg, frozen_sha)
-    extra = tuple(what_if(load_amendment(Path(f), f), len(recorded) + i + 1) for i, f in enumerate(args.amendment))
+    # Checked exactly as `babysit amend` checks them (check_against): a typo in a reference is exit 2
+    # naming the file and the field, never a traceback from deep in the arithmetic.
+    extra = []
+    for i, f in enumerate(args.amendment):
+        amendment = load_amendment(Path(f), f)
+        check_against(amendment, prereg)
+        extra.append(what_if(amendment, len(recorded) + i + 1))
     comparators = _comparators(args.compare, prereg)
     series, train, garbage = reading.read_series(log, prereg)
     verdict = evaluate(prereg, (*recorded, *extra), series, train_series=train, at_step=args.at_step)
     body = verdict.to_json(spec.name, frozen_sha)
-    chart = Path(args.chart) if args.chart else default_chart
-    from babysit.chart import render_chart
-
-    render_chart(chart, run=spec.name, prereg=prereg, series=series, verdict=verdict, amendments=verdict.amendments,
-                 comparators=comparators, train_series=train)
-    if args.json:
-        print(json.dumps(body, indent=2))
-        print(f"chart: {chart}", file=sys.stderr)
+    # The FINAL verdict's files (verdicts/<run>.json and .png) are the daemon's record: only the plain
+    # FINAL read of a registered run may draw its chart there; every other read is a what-if.
+    of_record = (final_dir is not None and verdict.status == FINAL and args.at_step is None and not extra
+                 and not comparators)
+    chart = _chart_path(args, spec.name, log, final_dir, of_record)
+    out = sys.stderr if args.json else sys.stdout
+    if args.json:  # the verdict first: a chart that cannot be drawn must not cost the JSON
+        print(json.dumps(body, indent=2), flush=True)
+    else:
+        print(card(body, verdict, prereg, log=log, garbage=garbage, matches=True, offline=offline,
+                   comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()}), flush=True)
+    if of_record and final_recorded and chart.is_file():
+        print(f"chart: {chart} (the FINAL verdict's, as the daemon drew it)", file=out)
         return 0
-    print(card(body, verdict, prereg, log=log, garbage=garbage, matches=True, offline=offline,
-               comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()}))
-    print(f"chart: {chart}")
+    drawn, error = reading.draw_chart(spec, body, None, chart, verdict=verdict, comparators=comparators)
+    if drawn is None:
+        print(f"chart: not drawn ({type(error).__name__}: {error}); the verdict above stands without it", file=out)
+    else:
+        print(f"chart: {chart}", file=out)
     return 0
+
+
+def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path | None, of_record: bool) -> Path:
+    """Where this read's chart goes; a what-if never writes over the FINAL verdict's files."""
+    from babysit.errors import BadInput
+
+    if args.chart:
+        chart = Path(args.chart)
+        if final_dir is not None:
+            record = [final_dir / f"{run}.json"] + ([] if of_record else [final_dir / f"{run}.png"])
+            if chart.resolve() in {p.resolve() for p in record}:
+                raise BadInput(f"--chart {args.chart}: that is one of the FINAL verdict's files, which only the "
+                               "FINAL read of record may draw (no --at-step, --amendment or --compare)",
+                               hint="give another path, or drop --chart to write under the state directory's "
+                                    "whatif/")
+        return chart
+    if final_dir is None:
+        return log.parent / f"{run}.verdict.png"
+    if of_record:
+        return final_dir / f"{run}.png"
+    suffix = (f"-at-{args.at_step}" if args.at_step is not None else "") + ("-whatif" if args.amendment else "") \
+        + ("-compare" if args.compare else "")
+    return final_dir.parent / "whatif" / f"{run}{suffix}.png"
 
 
 def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
