@@ -182,6 +182,7 @@ def test_what_if_reads_never_touch_the_final_verdicts_files(project: Path, capsy
     assert main(["verdict", RUN, "--compare", "rigonly=rigonly_train_log.jsonl"]) == 0
     assert main(["verdict", RUN]) == 0  # the read of record points at the daemon's chart, redraws nothing
     assert "(the FINAL verdict's, as the daemon drew it)" in capsys.readouterr().out
+    assert main(["verdict", RUN, "--chart", "mine.png"]) == 0 and (project / "mine.png").is_file()  # a path given
     assert {p.name: p.read_bytes() for p in verdicts.iterdir()} == before
     assert sorted(p.name for p in (project / ".babysit" / "whatif").iterdir()) == \
         [f"{RUN}-at-700.png", f"{RUN}-compare.png", f"{RUN}-whatif.png"]

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(card(body, verdict, prereg, log=log, garbage=garbage, matches=True, offline=offline,
                    comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()}), flush=True)
-    if of_record and final_recorded and chart.is_file():
+    if of_record and final_recorded and not args.chart and chart.is_file():
         print(f"chart: {chart} (the FINAL verdict's, as the daemon drew it)", file=out)
         return 0
     drawn, error = reading.draw_chart(spec, body, None, chart, verdict=verdict, comparators=comparators)
