@@ -2,9 +2,10 @@
 
 Pure: the daemon passes what it saw; the result decides the incident kind and feeds `retry`. Order:
 
-1. exit 0 → completed; a stop the daemon requested → stopped (or the stop's reason: stalled,
-   gpu-fault). User rules name *failure* classes, so they never turn a success or a requested stop
-   into a failure that would earn a retry.
+1. exit 0 → completed (diverged when a watched metric went non-finite in the log meanwhile); a stop
+   the daemon requested → stopped (or the stop's reason: stalled, gpu-fault, diverged). User rules
+   name *failure* classes, so they never turn a success or a requested stop into a failure that
+   would earn a retry.
 2. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
 3. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
@@ -69,12 +70,14 @@ def parse_size(number: str, unit: str | None) -> int:
 def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str,
                   last_records: Sequence[Any], rules: Sequence[ClassifyRule], stop_requested: bool,
                   stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
-                  host_memory_pressure: bool = False) -> ExitClass:
+                  host_memory_pressure: bool = False, nonfinite_seen: str | None = None) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
-    stop_reason: why the daemon asked for the stop ("stalled" and "gpu-fault" keep their class so
-    that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on the
-    run's GPUs during the attempt. host_memory_pressure: available RAM was under the floor.
+    stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
+    class so that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on
+    the run's GPUs during the attempt. host_memory_pressure: available RAM was under the floor.
+    nonfinite_seen: what the daemon saw go non-finite in the log while the attempt ran ("train_loss =
+    nan at step 120"): a trainer that logs NaN and exits 0 (HF Trainer does) diverged, not completed.
     """
     if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
         exit_code, signal = None, -exit_code
@@ -87,11 +90,14 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     status = _status(exit_code, signal)
 
     if exit_code == 0 and signal is None:
+        if nonfinite_seen:
+            return ExitClass("diverged", None, f"diverged: {nonfinite_seen} (it exited 0 anyway)",
+                             {**base, "nonfinite": nonfinite_seen})
         return ExitClass("completed", None, "completed (exit 0)", base)
     # A trainer that died of its own failure (OOM, divergence) while babysit was stopping it died of
     # that failure: the stop did not cause it, and retry.on must see the real class.
     if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
-        outcome = stop_reason if stop_reason in ("stalled", "gpu-fault") else "stopped"
+        outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
         clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
         note = "" if clean else " (it did not exit cleanly: check the checkpoint)"
         return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",

@@ -28,6 +28,7 @@ process in another PID namespace, which stays.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -85,6 +86,7 @@ class LiveFacts:
     already_warned: frozenset[str] = frozenset()
     past_run_pids: frozenset[int] = frozenset()  # every pid the run's tree ever held (all attempts)
     sightings: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, pid) -> consecutive reads
+    nonfinite: tuple[int, str, float] | None = None  # (step, metric, value): a watched metric went NaN/inf
 
 
 CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
@@ -185,12 +187,18 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
     out: list[Action] = []
     out.extend(_gpu_checks(guards, facts))
     out.extend(_hours_checks(guards, facts))
+    if facts.process_alive and facts.nonfinite is not None:
+        step, metric, value = facts.nonfinite
+        out.append(Action("stop", "diverged", f"{metric} = {value} at step {step} — stopping the run; it ends "
+                          "classified diverged (retried per retry.on)",
+                          {"step": step, "metric": metric, "value": str(value)}))
     stall_s = guards.stall_minutes * 60
     since = facts.seconds_since_last_record
     if facts.process_alive and since is not None and since >= stall_s:
         out.append(Action("stop", "stalled",
-                          f"no new log record for {since / 60:.1f} min (limit {guards.stall_minutes:g} min) "
-                          "while the process is alive — taking a stack dump, then stopping",
+                          f"no new log record and no output for {since / 60:.1f} min (limit "
+                          f"{guards.stall_minutes:g} min) while the process is alive — taking a stack dump, "
+                          "then stopping",
                           {"seconds_since_last_record": since, "stall_minutes": guards.stall_minutes}))
     floor = guards.min_free_host_ram_gib * GIB
     ram = facts.available_ram_bytes
@@ -205,6 +213,21 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
 
 
 STARVED_DATA_WAIT_FRAC = 0.2  # the trainer waits on its input this share of each step, or more: starved
+
+
+def watches_nonfinite(guards: GuardsSpec, metric: str) -> bool:
+    """Whether a NaN/inf of `metric` is divergence: the declared list, else every metric named *loss*."""
+    if guards.nonfinite_metrics is not None:
+        return metric in guards.nonfinite_metrics
+    return "loss" in metric.lower()
+
+
+def first_nonfinite(guards: GuardsSpec, metrics: Mapping[str, object]) -> tuple[str, float] | None:
+    """The first watched metric of a record that is a non-finite number, or None."""
+    for name, value in metrics.items():
+        if isinstance(value, float) and not math.isfinite(value) and watches_nonfinite(guards, name):
+            return name, value
+    return None
 
 
 def low_util_flag(util_pct: float | None, steps_advanced: bool, threshold_pct: float,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysit import logtail, registry
+from babysit import logtail, registry, sources
 from babysit.errors import BabysitError
 from babysit.snapshot import steps_from_argv
 from babysit.spec import RunSpec, load_spec
@@ -156,7 +156,8 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
             step, source = this_poll.body["step"], "poll"
 
     read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
-    end_step = declared_end(records or ()) or (steps_from_argv(last.argv) if last is not None else None)
+    end_step = ((spec.total_steps if spec is not None else None) or declared_end(records or ())
+                or (steps_from_argv(last.argv) if last is not None else None))
     target = target_step(read_step, end_step, step)
     utils = tuple(g["util_pct"] for g in (this_poll.body.get("gpus") or ()) if g.get("util_pct") is not None) \
         if this_poll is not None else ()
@@ -219,7 +220,8 @@ class Reader:
             status, facts = store.run_state(name)
             attempts = store.attempts(name)
             polls, incidents = store.polls(name, 1), store.incidents(name, 1)
-            records = logtail.read_recent(spec.log, LOG_WINDOW_BYTES) if spec is not None and attempts else None
+            records = (logtail.read_recent(sources.records_path(spec, self.state_dir), LOG_WINDOW_BYTES)
+                       if spec is not None and attempts else None)
             out.append(build_row(
                 name, status=status, facts=facts, attempts=attempts, poll=polls[0] if polls else None,
                 incident=incidents[0] if incidents else None, verdict=store.latest_verdict(name),

@@ -55,6 +55,7 @@ class Snapshot:
     seconds_since_last_record: float | None = None
     stall_seconds: float | None = None
     data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
+    shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +74,8 @@ class Snapshot:
             "seconds_since_launch": self.seconds_since_launch, "stall_seconds": self.stall_seconds,
             "seconds_since_last_record": self.seconds_since_last_record,
             "data_wait_frac": self.data_wait_frac,
+            "shown_metrics": None if self.shown_metrics is None
+            else {k: list(v) for k, v in self.shown_metrics.items()},
         }
 
 
@@ -82,6 +85,15 @@ def project_gpu_hours(used_hours: float, seconds_per_step: float | None, steps_l
     if seconds_per_step is None or steps_left is None:
         return None
     return used_hours + seconds_per_step * max(0, steps_left) * n_gpus / 3600
+
+
+def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> bool:
+    """Whether a poll prints `name`: the declared [poll].show, else the prereg metric, every loss and
+    every eval/validation metric (any naming: eval_loss, val_loss, eval/accuracy)."""
+    if show is not None:
+        return name in show
+    lowered = name.lower()
+    return name == prereg_metric or "loss" in lowered or lowered.startswith(("eval", "val"))
 
 
 def steps_from_argv(argv: Sequence[str]) -> int | None:
@@ -110,7 +122,8 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
                    steps_advanced: bool | None = None, min_free_host_ram_gib: float | None = None,
                    seconds_since_last_record: float | None = None, stall_seconds: float | None = None,
                    note: str | None = None, log_path: str | None = None,
-                   seconds_since_launch: float | None = None, data_wait_frac: float | None = None) -> Snapshot:
+                   seconds_since_launch: float | None = None, data_wait_frac: float | None = None,
+                   shown_metrics: Mapping[str, Sequence[float]] | None = None) -> Snapshot:
     """Assemble a snapshot. Progress comes from `points` (records or ProgressPoints with .step/.ts)
     unless `step` / `seconds_per_step` are given. The ETA counts to read_step (the verdict's read),
     else end_step (e.g. `steps_from_argv(argv)`); the GPU-hours projection counts to end_step, else
@@ -169,6 +182,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
         total_ram_bytes=host.total_ram_bytes if host else None, note=note, log_path=log_path,
         seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds, data_wait_frac=data_wait_frac,
         seconds_since_last_record=seconds_since_last_record,
+        shown_metrics=None if shown_metrics is None else dict(shown_metrics),
     )
 
 

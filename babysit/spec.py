@@ -36,6 +36,8 @@ class GuardsSpec:
     min_free_host_ram_gib: float = 8.0
     stall_minutes: float = 20.0
     stop_grace_seconds: float = 120.0
+    # metrics whose non-finite value is divergence while the run is alive; None: every "loss" metric
+    nonfinite_metrics: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class PollSpec:
     first_after_minutes: float = 5.0
     every_minutes: float = 30.0
     starvation_util_pct: float = 50.0
+    show: tuple[str, ...] | None = None  # metrics a poll prints; None: the prereg metric, loss and eval metrics
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class RunSpec:
     executor: str = "local"
     env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     stop_signal: str = "SIGTERM"  # sent to the run's leader alone on a graceful stop (STOP_SIGNALS)
+    total_steps: int | None = None  # the run's last step, for the ETA (else a record's total_steps, or --steps)
     guards: GuardsSpec = GuardsSpec()
     poll: PollSpec = PollSpec()
     retry: RetrySpec = RetrySpec()
@@ -187,6 +191,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     executor = run.choice("executor", ("local", "slurm"), "local")
     env = run.str_map("env", {})
     stop_signal = run.choice("stop_signal", STOP_SIGNALS, "SIGTERM")
+    total_steps = run.int("total_steps", None, minimum=1)
     run.finish()
     source = parse_source(top.table("source"), workdir=workdir, name=name, log=log)
     log = source.path if source.kind == "jsonl" else log  # jsonl: [source].path may name the log instead
@@ -202,6 +207,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         executor=executor,
         env=MappingProxyType(env),
         stop_signal=stop_signal,
+        total_steps=total_steps,
         guards=_guards(top.table("guards"), gpus),
         poll=_poll(top.table("poll")),
         retry=_retry(top.table("retry")),
@@ -272,6 +278,8 @@ def _guards(t: Table | None, gpus: tuple[int, ...]) -> GuardsSpec:
         min_free_host_ram_gib=t.number("min_free_host_ram_gib", d.min_free_host_ram_gib, minimum=0),
         stall_minutes=t.number("stall_minutes", d.stall_minutes, positive=True),
         stop_grace_seconds=t.number("stop_grace_seconds", d.stop_grace_seconds, minimum=0),
+        nonfinite_metrics=t.str_list("nonfinite_metrics", d.nonfinite_metrics,
+                                     expected="a list of metric names (default: every metric whose name has \"loss\")"),
     )
     t.finish()
     return g
@@ -285,6 +293,7 @@ def _poll(t: Table | None) -> PollSpec:
         first_after_minutes=t.number("first_after_minutes", d.first_after_minutes, positive=True),
         every_minutes=t.number("every_minutes", d.every_minutes, positive=True),
         starvation_util_pct=t.number("starvation_util_pct", d.starvation_util_pct, minimum=0, maximum=100),
+        show=t.str_list("show", d.show, expected="a list of metric names"),
     )
     t.finish()
     return p

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from babysit import classify, guards, logtail, retry, smoke, snapshot
+from babysit import classify, guards, logtail, retry, smoke, snapshot, sources
 from babysit.errors import BabysitError, PreregTampered
 from babysit.executors import Executor
 from babysit.faults import crash_point
@@ -32,6 +32,7 @@ log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
+UNREADABLE_MIN_LINES = 20  # lines of output without one record before log-unreadable (or half the stall limit)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
@@ -67,6 +68,9 @@ class RunSupervisor:
         self.last_record_wall: float | None = None
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
+        self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
+        self.total_steps: int | None = spec.total_steps  # or a record's total_steps / max_steps
+        self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
         self.provisional: dict[str, Any] | None = None
         self.warned: set[str] = set()
         self.stopping = False
@@ -78,6 +82,11 @@ class RunSupervisor:
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
         self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
+        # the source pump first: it reconciles babysit's record log with the persisted state
+        self.records_log = sources.records_path(spec, ctx.state_dir)
+        self.pump = sources.SourcePump(spec, ctx.state_dir, facts.get("source"))
+        self.pumped: sources.PumpResult | None = None
+        self.last_output_wall: float | None = None
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -190,7 +199,8 @@ class RunSupervisor:
         env = dict(os.environ)
         env.update(self.spec.env)
         env.update({"BABYSIT_RUN": self.run, "BABYSIT_ATTEMPT": str(attempt.n),
-                    "BABYSIT_LOG": str(self.spec.log), "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
+                    "BABYSIT_LOG": str(self.records_log if self.spec.log is None else self.spec.log),
+                    "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
                     "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
                     "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
         for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
@@ -198,7 +208,8 @@ class RunSupervisor:
         if self.spec.executor == "local":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's indices are NVML's, which the guards read
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
-        self.spec.log.parent.mkdir(parents=True, exist_ok=True)
+        if self.spec.log is not None:
+            self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
         crash_point("after-launch")
         self.ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
@@ -206,6 +217,9 @@ class RunSupervisor:
         self.attempt = self.ctx.store.attempt(self.run, attempt.n)
         self.stopping = False
         self.warned.clear()
+        self.nonfinite = None
+        self.points.clear()  # a new attempt's pace is its own: the last one's steps say nothing of it
+        self.recent.clear()
         self.last_record_wall = self.ctx.now()
         self._set("running", attempt=attempt.n)
         self.launch_msg = self._launch_message(self.attempt, note)
@@ -291,7 +305,9 @@ class RunSupervisor:
                 exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
                 stop_reason=stop.get("reason") if stop_requested else None,
-                host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")))
+                host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
+                # the exit's own read_log may have just seen it: the store, not this stale row
+                nonfinite_seen=self.ctx.store.attempt(self.run, n).detail.get("nonfinite"))
             outcome = cls.outcome
             detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}
@@ -356,8 +372,17 @@ class RunSupervisor:
     # -- the log ----------------------------------------------------------------------------------------
     def read_log(self) -> int:
         """Read new log records; returns how many. Stores the offset so a restart reads on from here."""
-        read = logtail.read_new(self.spec.log, self.tail)
+        pumped = self.pumped = self.pump.pump(self.ctx.now())
+        for _ in range(8):  # a backlog (a long stdout after a restart): read on, a bounded number of times
+            if not pumped.backlog:
+                break
+            pumped = self.pump.pump(self.ctx.now())
+        if pumped.output_grew:
+            self.last_output_wall = self.ctx.now()
+        read = logtail.read_new(self.records_log, self.tail)
         if read.missing:
+            if pumped.output_grew or pumped.lines_seen:
+                self._save_tail()
             return 0
         self.tail = read.state
         new_eval = False
@@ -365,21 +390,47 @@ class RunSupervisor:
         for record in read.records:
             self.points.append(logtail.ProgressPoint(record.step, record.ts))
             self.recent.append(record)
+            self._note_record(record)
             evals = {k: v for k, v in record.metrics.items() if k.startswith("eval")}
             if evals:
                 self.latest_eval, self.latest_eval_step = evals, record.step
-                new_eval = new_eval or (metric is not None and metric in record.metrics)
-        if not read.records and not read.reset and read.garbage == 0:
+            new_eval = new_eval or (metric is not None and metric in record.metrics)
+        if not read.records and not read.reset and read.garbage == 0 and not pumped.output_grew \
+                and not pumped.lines_seen:
             return 0  # nothing new: no write (this runs every tick for every run)
         if read.records:
             self.last_record_wall = self.ctx.now()
-        status, _ = self.ctx.store.run_state(self.run)
-        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), tail=self.tail.to_dict(),
-                                     step=self.points[-1].step if self.points else None,
-                                     last_record_at=self.last_record_wall)
+        self._save_tail()
         if new_eval:
             self._read_verdict()
         return len(read.records)
+
+    def _save_tail(self) -> None:
+        """The record log's offset and the source's own state in one write: a restart reads on from both."""
+        status, _ = self.ctx.store.run_state(self.run)
+        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), tail=self.tail.to_dict(),
+                                     source=dict(self.pump.state),
+                                     step=self.points[-1].step if self.points else None,
+                                     last_record_at=self.last_record_wall)
+
+    def _note_record(self, record: logtail.LogRecord) -> None:
+        """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
+        metric = self.spec.prereg.metric if self.spec.prereg else None
+        numbers = {k: v for k, v in record.fields.items() if isinstance(v, float)}  # logtail keeps NaN/inf here
+        numbers.update(record.metrics)
+        for name, value in numbers.items():
+            if isinstance(value, (int, float)) and snapshot.shown(self.spec.poll.show, metric, name):
+                self.latest_shown[name] = (record.step, float(value))
+        for key in ("total_steps", "max_steps"):
+            value = record.metrics.get(key)
+            if self.spec.total_steps is None and isinstance(value, (int, float)) and math.isfinite(value) \
+                    and value > 0:
+                self.total_steps = int(value)
+        bad = guards.first_nonfinite(self.spec.guards, numbers)
+        attempt = self.attempt
+        if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
+            self.nonfinite = (record.step, bad[0], bad[1])
+            self._note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
 
     def _read_verdict(self, *, full: bool = False) -> None:
         """Read the verdict now. An unexpected error (a value the verdict or its files cannot take) is an
@@ -517,6 +568,38 @@ class RunSupervisor:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
     # -- polls and guards -------------------------------------------------------------------------------
+    def _check_readable(self, attempt: Attempt) -> None:
+        """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
+        pumped = self.pumped
+        if pumped is None:
+            return
+        if self.spec.source.copies:
+            evidence = pumped.evidence
+        else:
+            evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
+        if not self.spec.source.copies and not evidence.lines_seen:
+            return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
+        started = attempt.started_at or self.ctx.now()
+        startup_over = (self.ctx.now() - started) * 60 / self.ctx.scale >= self.spec.guards.stall_minutes * 30
+        if (evidence.lines_seen or 0) < UNREADABLE_MIN_LINES and not startup_over:
+            return  # a few start-up lines (imports, compile) before the first step are normal
+        message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
+        if message:
+            self._incident("log-unreadable", message, {"lines_seen": evidence.lines_seen,
+                                                       "records_parsed": evidence.records_parsed,
+                                                       "log": str(self.records_log)},
+                           key=f"{self.run}:{attempt.n}:log-unreadable")
+
+    def _end_step(self, attempt: Attempt) -> int | None:
+        """The run's last step: [run].total_steps, else a record's total_steps / max_steps, else --steps."""
+        return self.total_steps or snapshot.steps_from_argv(attempt.argv)
+
+    def _quiet_seconds(self, now: float) -> float | None:
+        """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty
+        sources and tqdm-only progress are not stalls; a frozen process is."""
+        marks = [t for t in (self.last_record_wall, self.last_output_wall) if t is not None]
+        return None if not marks else now - max(marks)
+
     @property
     def poll_window(self) -> str:
         return f"poll:{self.run}"
@@ -534,6 +617,7 @@ class RunSupervisor:
         values = [float(r.metrics[k]) for r in self.recent for k in DATA_WAIT_METRICS
                   if isinstance(r.metrics.get(k), (int, float)) and math.isfinite(r.metrics[k])]
         return sum(values) / len(values) if values else None
+
     def _schedule_next_poll(self) -> None:
         attempt = self.attempt
         if attempt is None or attempt.started_at is None or self.ctx.schedule_poll is None:
@@ -553,13 +637,13 @@ class RunSupervisor:
         root = self.executor.root_pid(attempt)
         host = read_host(root) if self.spec.executor == "local" else None
         run_pids = self._run_pids(host) | frozenset(self.run_pids_seen) if host is not None else None
-        since_record = None if self.last_record_wall is None else now - self.last_record_wall
+        since_record = self._quiet_seconds(now)
         since_launch = None if attempt.started_at is None else now - attempt.started_at
         per_s = 60 / self.ctx.scale  # declared seconds per real second (60 when --accelerated)
         prereg = self.spec.prereg
         return snapshot.build_snapshot(
             run=self.run, attempt=attempt.n, at=now, kind=kind, points=tuple(self.points),
-            read_step=prereg.read_step if prereg else None, end_step=snapshot.steps_from_argv(attempt.argv),
+            read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt),
             gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600,
             gpu_hours_cap=self.spec.guards.gpu_hours_cap,
             n_gpus=len(self.spec.gpus), view=view, host=host, gpus=self.spec.gpus,
@@ -569,7 +653,8 @@ class RunSupervisor:
             note=self.executor.status_note(attempt), run_pids=run_pids,
             seconds_since_last_record=None if since_record is None else since_record * per_s,
             seconds_since_launch=None if since_launch is None else since_launch * per_s,
-            stall_seconds=self.spec.guards.stall_minutes * 60, log_path=str(self.spec.log),
+            stall_seconds=self.spec.guards.stall_minutes * 60, log_path=str(self.records_log),
+            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()},
             data_wait_frac=self._data_wait_frac(),
         )
 
@@ -595,6 +680,7 @@ class RunSupervisor:
             data = snap.to_dict()
             self.ctx.store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
                                        payload={"run": self.run})
+            self._check_readable(attempt)
             if "input-starvation" in snap.flags:
                 wait = snap.data_wait_frac or 0.0
                 self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
@@ -627,11 +713,11 @@ class RunSupervisor:
             prereg = self.spec.prereg
             sps = logtail.seconds_per_step(list(self.points))
             steps_left = None
-            end = snapshot.steps_from_argv(attempt.argv) or (prereg.read_step if prereg else None)
+            end = self._end_step(attempt) or (prereg.read_step if prereg else None)
             if end is not None and self.points:
                 steps_left = max(0, end - self.points[-1].step)
             projected = snapshot.project_gpu_hours(used, sps, steps_left, len(self.spec.gpus))
-            since = None if self.last_record_wall is None else now - self.last_record_wall
+            since = self._quiet_seconds(now)
             past = frozenset(self.run_pids_seen)
             if view is not None and view.available:
                 self.sightings = guards.track_sightings(
@@ -641,7 +727,8 @@ class RunSupervisor:
                 gpu_hours_used=used, gpu_hours_projected_at_end=projected,
                 seconds_since_last_record=None if since is None else since * 60 / self.ctx.scale,
                 process_alive=True, available_ram_bytes=host.available_ram_bytes if host else None,
-                already_warned=frozenset(self.warned), past_run_pids=past, sightings=dict(self.sightings))
+                already_warned=frozenset(self.warned), past_run_pids=past, sightings=dict(self.sightings),
+                nonfinite=self.nonfinite)
             actions = guards.live(self.spec.guards, facts)
             if any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None:
                 return  # it has already exited with its own code: that is its outcome, never a guard stop
@@ -665,7 +752,7 @@ class RunSupervisor:
         if action.kind == "stop":
             if action.incident == "stalled":
                 detail["stacks"] = _py_spy_dump(host.run_pids if host else frozenset())
-                detail["log"] = str(self.spec.log)  # the channel message names where babysit saw no record
+                detail["log"] = str(self.records_log)  # the channel message names where babysit saw no record
             self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
             self.request_stop(action.incident)
 

@@ -73,6 +73,11 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _num(v: float) -> str:
+    """A metric as a poll shows it: 4 significant digits; NaN and inf say so."""
+    return f"{v:.4g}"
+
+
 def _util_window(gpus: list[Mapping[str, Any]]) -> str:
     """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window."""
     lows = [g["util_min_pct"] for g in gpus if g.get("util_min_pct") is not None]
@@ -130,7 +135,10 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     lines = [f"📊 {s['run']} {title}: " + snapshot_line(s)]
     for flag in s.get("flags") or ():
         lines.append(flag_line(flag, s))
-    if s.get("latest_eval"):
+    if s.get("shown_metrics"):
+        lines.append("latest: " + " · ".join(f"{k}={_num(v)} @{step}"
+                                             for k, (step, v) in list(s["shown_metrics"].items())[:8]))
+    elif s.get("latest_eval"):
         evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
         lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
     return Rendered("\n".join(lines), [section("\n".join(lines))])

@@ -1,0 +1,110 @@
+"""babysit babysits a trainer it did not write, unchanged: nanoGPT-format stdout read with patterns only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.scenarios.conftest import Daemon, babysit, store_of
+
+TRAINER = Path(__file__).with_name("nanogpt_like.py")
+PATTERNS = r'''
+[source]
+kind = "stdout"
+[[source.patterns]]
+regex = 'iter (?P<step>\d+): loss (?P<train_loss>\S+), time (?P<ms>[\d.]+)ms'
+[[source.patterns]]
+regex = 'step (?P<step>\d+): train loss \S+, val loss (?P<val_loss>\S+)'
+'''
+
+
+def register_run(root: Path, name: str, *, source: str = PATTERNS, attempts: list[list[str]] | None = None,
+                 extra: str = "") -> None:
+    cmd = [sys.executable, str(TRAINER)]
+    profiles = "\n".join(f'[[attempts]]\nprofile = "p{i + 1}"\nargs = {json.dumps(a)}\n'
+                         for i, a in enumerate(attempts or []))
+    spec = root / f"{name}.toml"
+    spec.write_text(f"""[run]
+name = "{name}"
+command = {json.dumps(cmd)}
+total_steps = 60
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 10
+{extra}
+
+[poll]
+first_after_minutes = 1
+every_minutes = 1
+
+[retry]
+on = ["diverged"]
+{source}
+{profiles}
+""")
+    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
+    assert res.returncode == 0, res.stderr
+
+
+def run_daemon(root: Path) -> None:
+    daemon = Daemon(root, "--exit-when-idle", "--no-view")
+    assert daemon.wait(timeout=120) == 0, daemon.output()
+
+
+def test_a_nanogpt_stdout_trainer_gets_polls_with_pace_eta_and_its_metrics(workspace: Path) -> None:
+    register_run(workspace, "nano", attempts=[["--iters", "60", "--sleep", "0.05"]])
+    run_daemon(workspace)
+    store = store_of(workspace)
+    (attempt,) = store.attempts("nano")
+    assert attempt.outcome == "completed"
+    polls = [p.body for p in store.polls("nano", 50)]
+    assert polls, "polled"
+    paced = [p for p in polls if p.get("seconds_per_step")]
+    assert paced and all(0.02 < p["seconds_per_step"] < 0.5 for p in paced), [p["seconds_per_step"] for p in paced]
+    assert any(p.get("eta_seconds") is not None and p.get("target_step") == 60 for p in paced)
+    shown = polls[0].get("shown_metrics") or {}
+    assert "train_loss" in shown and "val_loss" in shown, shown
+    records = [json.loads(line) for line in (workspace / ".babysit" / "runs" / "nano" / "records.jsonl")
+               .read_text().splitlines()]
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 20, 40, 60]
+    assert not [i for i in store.incidents("nano") if i.kind in ("stalled", "log-unreadable")]
+
+
+def test_its_nan_twin_is_stopped_as_diverged_while_alive_and_retried(workspace: Path) -> None:
+    register_run(workspace, "nano_nan", attempts=[["--iters", "100000", "--nan-at", "15"], ["--iters", "40"]])
+    run_daemon(workspace)
+    store = store_of(workspace)
+    first, second = store.attempts("nano_nan")
+    assert first.outcome == "diverged", first.detail
+    assert first.detail.get("nonfinite") == "train_loss = nan at step 15"
+    assert second.outcome == "completed"
+    live = [i for i in store.incidents("nano_nan") if i.kind == "diverged" and i.body.get("metric")]
+    assert live, "the live guard stopped it (the trainer itself would run on to iteration 100000)"
+    assert (live[0].body["metric"], live[0].body["step"]) == ("train_loss", 15)
+    assert store.run_state("nano_nan")[0] == "finished"
+
+
+def test_a_nan_run_that_exits_0_is_never_completed(workspace: Path) -> None:
+    register_run(workspace, "nano_nan0", attempts=[["--iters", "30", "--nan-at", "25", "--sleep", "0.001"]],
+                 extra="")
+    run_daemon(workspace)
+    attempts = store_of(workspace).attempts("nano_nan0")
+    assert [a.outcome for a in attempts] == ["diverged"] * 3, [a.detail for a in attempts]  # retried, never clean
+
+
+def test_patterns_that_match_nothing_raise_log_unreadable_and_the_run_goes_on(workspace: Path) -> None:
+    wrong = PATTERNS.replace("iter (?P<step>", "iteration (?P<step>").replace("step (?P<step>", "epoch (?P<step>")
+    register_run(workspace, "nano_wrong", source=wrong, attempts=[["--iters", "60", "--sleep", "0.05"]])
+    run_daemon(workspace)
+    store = store_of(workspace)
+    (attempt,) = store.attempts("nano_wrong")
+    assert attempt.outcome == "completed"
+    (incident,) = [i for i in store.incidents("nano_wrong") if i.kind == "log-unreadable"]
+    assert incident.body["records_parsed"] == 0 and incident.body["lines_seen"] >= 20
+    posted = [m for m in map(json.loads, (workspace / ".babysit" / "channel.jsonl").read_text().splitlines())
+              if m.get("kind") == "incident" and "log-unreadable" in json.dumps(m)]
+    text = json.dumps(posted)
+    assert "0 records parsed" in text and "iteration (?P<step>" in text and "not stopped" in text
+    assert not [i for i in store.incidents("nano_wrong") if i.kind == "stalled"]
