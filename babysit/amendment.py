@@ -131,15 +131,18 @@ def record_amendment(store: Store, run_spec: RunSpec, spec: AmendmentSpec, now: 
         raise BadInput(f"run '{run_spec.name}' has no [prereg]: there is no verdict to amend",
                        hint="amendments change how a pre-registered verdict is read; add [prereg] under a new name")
     check_against(spec, prereg)
+    from babysit.sources import records_path
+
+    log = records_path(run_spec, store.path.parent)
     try:
-        records, _garbage = read_all(run_spec.log)
+        records, _garbage = read_all(log)
     except FileNotFoundError:
         records = []
     seen = last_metric_step(metric_series(records, prereg.metric))
     if seen is not None and seen >= prereg.read_step:
         raise BabysitError(
             f"amendment refused: the log already holds {prereg.metric} data through step {seen}, at or after "
-            f"read_step {prereg.read_step} ({run_spec.log})",
+            f"read_step {prereg.read_step} ({log})",
             hint="an amendment must be declared before the data it touches; report the read under the frozen "
                  "rules, or try it offline as a what-if: babysit verdict RUN.toml --log PATH --amendment FILE",
         )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from babysit import sources
 from babysit.amendment import AmendmentRecord, from_store
 from babysit.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.logtail import TailState
@@ -127,6 +128,20 @@ class SeriesCache:
         return tuple(sorted(self._series.items())), tuple(sorted(self._train.items()))
 
 
+def records_log(spec: RunSpec, store: Store | None) -> Path:
+    """Where a run's records are read from: its [source]'s record log under the store's state directory
+    (the trainer's own JSONL for kind = "jsonl"); offline, without a store, `[run].log`."""
+    if store is None:
+        if spec.log is None:
+            raise BadInput(f"{spec.spec_file}: run '{spec.name}' reads a [source] of kind "
+                           f"\"{spec.source.kind}\" and has no [run].log to read offline",
+                           hint="pass the record log with --log PATH (a registered run's is "
+                                f".babysit/runs/{spec.name}/records.jsonl), or read it registered: "
+                                f"`babysit verdict {spec.name}`")
+        return spec.log
+    return sources.records_path(spec, store.path.parent)
+
+
 def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, store: Store, *,
                             at_step: int | None = None,
                             extra: Sequence[AmendmentRecord] = (), cache: SeriesCache | None = None) -> Verdict:
@@ -136,10 +151,11 @@ def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, stor
     """
     check_frozen(spec, entry_prereg_sha256)
     prereg = require_prereg(spec)
+    log = records_log(spec, store)
     if cache is not None:
-        series, train = cache.update(spec.log)
+        series, train = cache.update(log)
     else:
-        series, train, _ = read_series(spec.log, prereg)
+        series, train, _ = read_series(log, prereg)
     return evaluate(prereg, (*stored_amendments(store, spec.name), *extra), series,
                     train_series=train, at_step=at_step)
 
@@ -235,7 +251,7 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
         from babysit.chart import render_chart
 
         prereg = require_prereg(spec)
-        series, train, _ = read_series(spec.log, prereg)
+        series, train, _ = read_series(records_log(spec, store), prereg)
         if verdict is None:
             amendments = stored_amendments(store, spec.name) if store is not None else ()
             at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None

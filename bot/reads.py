@@ -33,7 +33,7 @@ def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str
 def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict[str, Any]]:
     """The FINAL verdict's chart when it exists, else one drawn now from the log as it stands."""
     from babysit.chart import render_chart
-    from babysit.reading import read_registered_verdict, read_series, require_prereg
+    from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
     from babysit.spec import load_spec
 
     final = store.final_verdict(entry.name)
@@ -43,7 +43,7 @@ def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict
     spec = load_spec(reg.spec_path(entry))
     prereg = require_prereg(spec)
     verdict = read_registered_verdict(spec, entry.prereg_sha256, store)
-    series, train, _ = read_series(spec.log, prereg)
+    series, train, _ = read_series(records_log(spec, store), prereg)
     out = reg.state_dir / "charts" / f"{entry.name}-{int(time.time())}.png"
     path = render_chart(out, run=entry.name, prereg=prereg, series=series, verdict=verdict,
                         amendments=verdict.amendments, train_series=train)

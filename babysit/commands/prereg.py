@@ -51,6 +51,7 @@ def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
 
 def collect(registry_path: Any, name: str) -> dict[str, Any]:
     from babysit import reading
+    from babysit.sources import records_path
     from babysit.store import Store
 
     reg, entry, spec = reading.load_registered(registry_path, name)
@@ -80,7 +81,7 @@ def collect(registry_path: Any, name: str) -> dict[str, Any]:
         "matches": current == entry.prereg_sha256,
         "prereg": json.loads(prereg.canonical) if prereg else None,
         "prereg_registered": frozen,
-        "log": str(spec.log),
+        "log": str(records_path(spec, reg.state_dir)),
         "fixture_log": str(prereg.fixture.log) if prereg and prereg.fixture else None,
         "amendments": chain,
         "chain_ok": all(a["chain_ok"] for a in chain),

@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit import reading
+    from babysit import reading, sources
     from babysit.amendment import check_against, load_amendment, what_if
     from babysit.errors import BadInput, PreregTampered
     from babysit.registry import resolve_registry_path
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if offline:
         spec = load_spec(Path(args.target), display=args.target)
         prereg = reading.require_prereg(spec)
-        log = Path(args.log) if args.log else spec.log
+        log = Path(args.log) if args.log else reading.records_log(spec, None)
         if not log.is_file():
             raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
         recorded: tuple[Any, ...] = ()
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             store.close()
         prereg = reading.require_prereg(spec)
-        log = spec.log
+        log = sources.records_path(spec, reg.state_dir)
         frozen_sha = entry.prereg_sha256
         final_dir = reg.state_dir / "verdicts"
 

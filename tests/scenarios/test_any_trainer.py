@@ -108,3 +108,33 @@ def test_patterns_that_match_nothing_raise_log_unreadable_and_the_run_goes_on(wo
     text = json.dumps(posted)
     assert "0 records parsed" in text and "iteration (?P<step>" in text and "not stopped" in text
     assert not [i for i in store.incidents("nano_wrong") if i.kind == "stalled"]
+
+
+PREREG = """
+[prereg]
+question = "Does val loss fall between iterations 20 and 60?"
+metric = "val_loss"
+baseline_step = 20
+read_step = 60
+[[prereg.bands]]
+label = "IMPROVES"
+max = 0.0
+[prereg.otherwise]
+label = "FLAT-OR-WORSE"
+"""
+
+
+def test_the_frozen_verdict_reads_the_values_the_trainer_printed(workspace: Path) -> None:
+    register_run(workspace, "nano_read", source=PATTERNS + PREREG, attempts=[["--iters", "60", "--sleep", "0.01"]])
+    run_daemon(workspace)
+    out = babysit("verdict", "nano_read", "--json", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout)
+    printed = {}
+    stdout = (workspace / ".babysit" / "runs" / "nano_read" / "attempt-1" / "stdout.log").read_text()
+    for line in stdout.splitlines():
+        if line.startswith("step "):
+            step, rest = line[5:].split(":", 1)
+            printed[int(step)] = float(rest.rsplit("val loss ", 1)[1])
+    assert verdict["status"] == "FINAL" and verdict["label"] == "IMPROVES"
+    assert abs(verdict["delta"] - (printed[60] - printed[20])) < 1e-9, (verdict, printed)
