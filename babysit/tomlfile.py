@@ -37,6 +37,8 @@ def read(path: Path, display: str, what: str = "TOML file") -> str:
         raise SpecError(display, "", f"an existing {what}", "<no such file>")
     except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
         raise SpecError(display, "", "a readable UTF-8 TOML file", f"<{type(exc).__name__}>")
+    except (OSError, ValueError) as exc:  # a name too long for the OS, a NUL in the path, a loop of links, EIO
+        raise SpecError(display, "", f"a readable {what}", f"<{getattr(exc, 'strerror', None) or exc}>")
 
 
 def load(path: Path, display: str | None = None) -> dict[str, Any]:
