@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from babysit import registry as registry_mod
+from babysit import sources
 from babysit.errors import BabysitError, DaemonAlreadyRunning
 from babysit.executors import open_executor
 from babysit.notify import Channel, deliver_due
@@ -171,6 +172,8 @@ class Daemon:
             try:
                 spec = load_spec(path)
                 check_cadence(spec, self.accelerated)
+                if spec.source.kind == "tensorboard":
+                    sources.require()
             except Exception as exc:  # a BabysitError names the field; anything else must not stop the others
                 message = exc.message if isinstance(exc, BabysitError) else \
                     f"internal error reading {path}: {type(exc).__name__}: {exc}"[:500]

@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(Path(args.spec), display=args.spec)
     check_cadence(spec, args.accelerated)
+    if spec.source.kind == "tensorboard":
+        from babysit import sources
+
+        sources.require()  # exit 2 naming the extra, before anything is frozen
     if spec.prereg is not None and spec.prereg.fixture is not None:
         from babysit.reading import check_fixture
 
