@@ -220,6 +220,7 @@ class RunSupervisor:
         self.nonfinite = None
         self.points.clear()  # a new attempt's pace is its own: the last one's steps say nothing of it
         self.recent.clear()
+        self.latest_shown.clear()
         self.last_record_wall = self.ctx.now()
         self._set("running", attempt=attempt.n)
         self.launch_msg = self._launch_message(self.attempt, note)
@@ -339,7 +340,9 @@ class RunSupervisor:
         self._message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
                                 "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
                       key=f"{self.run}:{attempt.n}:ended")
-        if attempt.outcome not in ("completed", "stopped"):
+        # a guard that stopped it for this very reason (stalled, diverged) has raised the incident already
+        raised = self.ctx.store.has_message(f"{self.run}:{attempt.n}:{attempt.outcome}")
+        if attempt.outcome not in ("completed", "stopped") and not raised:
             self._incident(attempt.outcome or "crashed", summary, detail, key=f"{self.run}:{attempt.n}:exit")
         self._maybe_final_verdict()
         decision = retry.next_attempt(self._history(), self.spec)

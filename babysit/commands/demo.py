@@ -15,11 +15,12 @@ REFERENCES = {"DRIFT_REF": 0.0205, "HEALTHY_REF": -0.0078, "FIXTURE_DELTA": -0.0
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="babysit real CPU training runs end to end (a few minutes)",
-                       description="Register two runs of the reference trainer in a fresh workspace and babysit "
-                                   "them to the end: polls, an incident and a retry, an amendment declared on "
-                                   "time, and a FINAL pre-registered verdict with its chart.")
+                       description="Register two runs of the reference trainer and one trainer babysit did not "
+                                   "write (nanoGPT-style printed lines) in a fresh workspace and babysit them to "
+                                   "the end: polls, a divergence stopped live and retried, an amendment declared "
+                                   "on time, and a FINAL pre-registered verdict with its chart.")
     p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
-    p.add_argument("--only", choices=("drift", "retry"), default=None, help="run just one of the two demo runs")
+    p.add_argument("--only", choices=("drift", "retry", "stdout"), default=None, help="run just one of the demo runs")
     p.set_defaults(func=run)
 
 
@@ -33,10 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from babysit.watch import Watcher, open_view
 
     root = runner.make_workspace(args.dir)
-    drift, retry_toml, amendment = runner.write_runs(root, REFERENCES)
+    drift, retry_toml, stdout_toml, amendment = runner.write_runs(root, REFERENCES)
     reg = root / "babysit.toml"
     print(f"babysit demo — workspace {root}\n")
-    wanted = [("drift", drift), ("retry", retry_toml)]
+    wanted = [("drift", drift), ("retry", retry_toml), ("stdout", stdout_toml)]
     for key, spec in wanted:
         if args.only in (None, key):
             print(f"$ babysit register {spec.relative_to(root)} --accelerated")
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         log = root / "outputs" / name / "train_log.jsonl"
         if log.exists():
             print(f"  {name} log  {log}")
+    records = state_dir / "runs" / runner.STDOUT_RUN / "records.jsonl"
+    if records.exists():
+        print(f"  {runner.STDOUT_RUN} records  {records}   (read from its stdout by [source] patterns)")
     if verdict_json.exists():
         verdict = json.loads(verdict_json.read_text())
         print(f"  verdict JSON    {verdict_json}   ({verdict['status']}: {verdict['label']}, "

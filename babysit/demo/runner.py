@@ -15,6 +15,7 @@ from babysit import logtail
 
 DRIFT_RUN = "drift_disc"
 RETRY_RUN = "retry_demo"
+STDOUT_RUN = "nanogpt_stdout"
 AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250 (docs/demo.md)
 
 
@@ -109,6 +110,43 @@ args = ["--lr-scale", "0.5"]
 '''
 
 
+def run_toml_stdout(python: str) -> str:
+    return f'''# A trainer babysit did not write, unchanged: it prints nanoGPT's lines, nothing else.
+# babysit reads them with the patterns below (docs/your-trainer.md).
+[run]
+name = "{STDOUT_RUN}"
+workdir = ".."
+command = ["{python}", "-m", "babysit.demo.nanogpt_like", "--eval-every", "50", "--sleep", "0.02"]
+total_steps = 300           # for the ETA: the trainer's flags are its own
+
+[source]                    # records come from its stdout: one regex a line shape, named groups are metrics
+kind = "stdout"
+[[source.patterns]]
+regex = 'iter (?P<step>\\d+): loss (?P<train_loss>\\S+), time (?P<iter_ms>[\\d.]+)ms'
+[[source.patterns]]
+regex = 'step (?P<step>\\d+): train loss \\S+, val loss (?P<val_loss>\\S+)'
+
+[guards]
+min_free_host_ram_gib = 0.5
+stop_grace_seconds = 10     # the trainer goes on printing NaN: babysit stops it (non-finite *loss*)
+
+[poll]
+first_after_minutes = 2
+every_minutes = 20
+
+[retry]
+on = ["diverged"]
+
+[[attempts]]
+profile = "lr-too-high"
+args = ["--iters", "100000", "--nan-at", "120"]   # never ends by itself: NaN from iteration 120 on
+
+[[attempts]]
+profile = "lr-ok"
+args = ["--iters", "300"]
+'''
+
+
 AMENDMENT = '''title = "measurement-scale calibration"
 rationale = """Declared with eval data seen only through step 250, before the step-500 baseline. The banked
 references were read on 24 px eval renders and this run evaluates on 16 px ones: the instrument's units
@@ -130,7 +168,7 @@ def make_workspace(where: Path | None) -> Path:
     return root
 
 
-def write_runs(root: Path, refs: dict[str, float]) -> tuple[Path, Path, Path]:
+def write_runs(root: Path, refs: dict[str, float]) -> tuple[Path, Path, Path, Path]:
     python = sys.executable
     drift = root / "runs" / "drift_disc.toml"
     text = run_toml_drift(python)
@@ -139,9 +177,11 @@ def write_runs(root: Path, refs: dict[str, float]) -> tuple[Path, Path, Path]:
     drift.write_text(text)
     retry = root / "runs" / "retry_demo.toml"
     retry.write_text(run_toml_retry(python))
+    stdout = root / "runs" / f"{STDOUT_RUN}.toml"
+    stdout.write_text(run_toml_stdout(python))
     amendment = root / "runs" / "amendment-1.toml"
     amendment.write_text(AMENDMENT)
-    return drift, retry, amendment
+    return drift, retry, stdout, amendment
 
 
 class AmendOnTime(threading.Thread):

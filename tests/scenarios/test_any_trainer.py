@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.scenarios.conftest import Daemon, babysit, store_of
 
-TRAINER = Path(__file__).with_name("nanogpt_like.py")
+TRAINER = "babysit.demo.nanogpt_like"  # nanoGPT's printed lines, no babysit code
 PATTERNS = r'''
 [source]
 kind = "stdout"
@@ -21,7 +21,7 @@ regex = 'step (?P<step>\d+): train loss \S+, val loss (?P<val_loss>\S+)'
 
 def register_run(root: Path, name: str, *, source: str = PATTERNS, attempts: list[list[str]] | None = None,
                  extra: str = "") -> None:
-    cmd = [sys.executable, str(TRAINER)]
+    cmd = [sys.executable, "-m", TRAINER]
     profiles = "\n".join(f'[[attempts]]\nprofile = "p{i + 1}"\nargs = {json.dumps(a)}\n'
                          for i, a in enumerate(attempts or []))
     spec = root / f"{name}.toml"

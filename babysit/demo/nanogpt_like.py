@@ -1,6 +1,7 @@
-"""A torch-free trainer that prints nanoGPT's lines and nothing babysit-specific (no JSONL, no flags).
+"""A torch-free trainer that prints nanoGPT's lines and nothing babysit-specific (no JSONL, no flags):
+the demo's "your trainer, unchanged", babysat through `[source] kind = "stdout"` patterns alone.
 
-    python nanogpt_like.py [--iters N] [--eval-every K] [--nan-at N] [--sleep S] [--quiet-lines]
+    python -m babysit.demo.nanogpt_like [--iters N] [--eval-every K] [--nan-at N] [--sleep S]
 
 Prints `iter N: loss X, time Yms, mfu Z%` every iteration and `step N: train loss X, val loss Y` at
 each eval, like karpathy/nanoGPT's train.py; `--nan-at N` makes the loss NaN from iteration N on (the
