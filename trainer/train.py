@@ -126,6 +126,11 @@ def _restore_rng(states: dict[str, Any]) -> None:
 
 def _worker_init(_worker_id: int) -> None:
     torch.set_num_threads(1)  # workers render with numpy; torch threads there only oversubscribe
+    # A stop is the main process's to handle (checkpoint, exit 10): torchrun signals each rank's whole
+    # process group, and a worker killed first would crash the main process before it can save. The
+    # workers end with the main process (PyTorch's watchdog), or with SIGKILL after the grace.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _peak_rss_gib() -> float:
