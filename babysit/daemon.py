@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from babysit import registry as registry_mod
-from babysit import sources
+from babysit import sources, wake
 from babysit.errors import BabysitError, DaemonAlreadyRunning
 from babysit.executors import open_executor
 from babysit.notify import Channel, deliver_due
@@ -44,9 +44,9 @@ class Daemon:
         self.accelerated = accelerated
         self.exit_when_idle = exit_when_idle
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
-        # Real time: a tick every 5 s is enough (exits come from watcher threads at once, control
-        # requests are answered within a tick, guards and polls read the log themselves); each job
-        # run costs the daemon CPU (bench/README.md).
+        # Real time: a tick every 5 s is enough (exits come from watcher threads at once, a control
+        # request wakes the tick at once through babysit.wake, guards and polls read the log
+        # themselves); each job run costs the daemon CPU (bench/README.md).
         self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
@@ -142,6 +142,12 @@ class Daemon:
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.stop_event.set())
+        # a control request was queued (babysit.wake): run the tick now, off the signal handler's frame
+        signal.signal(wake.WAKE_SIGNAL, lambda *_: threading.Thread(target=self._wake_tick, daemon=True).start())
+
+    def _wake_tick(self) -> None:
+        with contextlib.suppress(Exception):  # not started yet, or shutting down: the tick interval covers it
+            self.scheduler.modify_job("tick", next_run_time=datetime.now(timezone.utc))
 
     def idle(self) -> bool:
         """Nothing running, pending or retrying, and every queued message delivered."""

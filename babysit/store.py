@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from babysit import wake
 from babysit.errors import StateError
 
 SCHEMA_VERSION = 1
@@ -436,9 +437,13 @@ class Store:
         return self._query("PRAGMA data_version")[0][0]
 
     def request(self, run: str, action: str, requested_by: str, now: float) -> int:
+        """Queue a control request, then wake the daemon (committed first: a wake finds it, and a daemon
+        that is not up finds it when it starts)."""
         with self.tx() as db:
-            return db.execute("INSERT INTO control (run, action, requested_by, requested_at) VALUES (?, ?, ?, ?)",
-                              (run, action, requested_by, now)).lastrowid
+            request_id = db.execute("INSERT INTO control (run, action, requested_by, requested_at) "
+                                    "VALUES (?, ?, ?, ?)", (run, action, requested_by, now)).lastrowid
+        wake.wake(self.path.parent)
+        return request_id
 
     def pending_requests(self) -> list[Row]:
         rows = self._query("SELECT * FROM control WHERE handled_at IS NULL ORDER BY id")
