@@ -340,7 +340,7 @@ def tail_in_chunks(log: Path, chunks: list[bytes], **limits: int) -> tuple[list[
     return got, state
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # examples: the profile (tests/conftest.py)
 @given(records=valid_records, cuts=st.lists(st.integers(0, 4000), max_size=12))
 def test_incremental_reads_of_any_chunking_equal_the_whole_file_read(
     tmp_path_factory: pytest.TempPathFactory, records: list[dict[str, object]], cuts: list[int]
@@ -354,7 +354,7 @@ def test_incremental_reads_of_any_chunking_equal_the_whole_file_read(
     assert len(whole) == len(records) and state.offset == len(data)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # examples: the profile (tests/conftest.py)
 @given(
     pieces=st.lists(st.one_of(
         st.builds(lambda r: (json.dumps(r) + "\n").encode(), valid_records.map(lambda rs: rs[0] if rs else {})),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import once_per_session
 from tests.reliability.harness import Daemons, check_invariants, make_workspace, run_trial
 
 
@@ -20,17 +21,21 @@ def daemons(tmp_path: Path) -> Iterator[Daemons]:
 
 @pytest.fixture(scope="session")
 def baseline_verdict(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The r_prereg FINAL verdict of a daemon never interrupted (and its invariants, as a control)."""
+    """The r_prereg FINAL verdict of a daemon never interrupted (and its invariants, as a control); built
+    once per session, whichever xdist worker needs it first."""
     import json
     import random
 
-    root = tmp_path_factory.mktemp("baseline")
-    make_workspace(root, runs=("r_prereg",))
-    d = Daemons(root)
-    try:
-        trial = run_trial(root, d, random.Random(0), kills=0)
-        assert trial.violations == [], trial.violations
-        assert check_invariants(root, None, runs=("r_prereg",)) == []
-        return json.loads((root / ".babysit" / "verdicts" / "r_prereg.json").read_text())
-    finally:
-        d.cleanup()
+    def build() -> dict:
+        root = tmp_path_factory.mktemp("baseline")
+        make_workspace(root, runs=("r_prereg",))
+        d = Daemons(root)
+        try:
+            trial = run_trial(root, d, random.Random(0), kills=0)
+            assert trial.violations == [], trial.violations
+            assert check_invariants(root, None, runs=("r_prereg",)) == []
+            return json.loads((root / ".babysit" / "verdicts" / "r_prereg.json").read_text())
+        finally:
+            d.cleanup()
+
+    return once_per_session(tmp_path_factory, "reliability-baseline-verdict", build)

@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import shared_dir
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One generated-demos cache for the whole session: generation runs once per corpus."""
-    return tmp_path_factory.mktemp("trainer-cache")
+    """One generated-demos cache for the whole session, shared by its xdist workers (the trainer writes
+    the cache atomically): generation runs about once per corpus."""
+    return shared_dir(tmp_path_factory, "trainer-cache")
 
 
 def trainer_env(data_cache: Path) -> dict[str, str]:

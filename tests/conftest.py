@@ -1,0 +1,76 @@
+"""Settings for the whole test session: hypothesis profiles, and what several pytest-xdist workers share.
+
+The README's test command runs under pytest-xdist (`-n 3`): each worker is its own process with its own
+`tmp_path_factory` base directory. `shared_dir` is the one directory all workers of a session see, and
+`once_per_session` builds an expensive artefact there once, under a file lock, whichever worker asks
+first (without xdist both are simply the session's own).
+
+Hypothesis: the `dev` profile (the default) keeps property tests quick; CI loads `ci`
+(`BABYSIT_HYPOTHESIS_PROFILE=ci`, set by `.ci/run`) for many more examples. Neither has a deadline: a
+shared, loaded CPU makes per-example time limits flaky, and no test asserts speed through them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+from hypothesis import settings
+
+# torch's OpenMP threads spin while they wait for work. With more trainer processes than cores (xdist
+# workers, DDP ranks, daemons' runs side by side) the spinning eats the CPU the others need: three tiny
+# trainers on 2 cores took 100 s each instead of 20 s. Idle threads that sleep change no result, only
+# the waiting. Every subprocess a test starts (daemons, shims, trainers, torchrun) inherits this.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+settings.register_profile("dev", max_examples=40, deadline=None)
+settings.register_profile("ci", max_examples=250, deadline=None)
+settings.load_profile(os.environ.get("BABYSIT_HYPOTHESIS_PROFILE", "dev"))
+
+
+_TERMINAL_VARS = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell each worker the terminal variables this session really started with. GNU
+    readline (imported by pytest) exports COLUMNS=80 LINES=24 into the C environment the workers inherit,
+    and every `{**os.environ}` a test hands a subprocess would then pin rich's width at 80 columns."""
+    node.workerinput["babysit_terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_VARS}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    started_with = getattr(config, "workerinput", {}).get("babysit_terminal_env")
+    if started_with is not None:  # an xdist worker: the controller's own values, or none
+        for key, value in started_with.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """`name` under the directory every xdist worker of this session shares (created if missing)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # .../pytest-N/popen-gwK -> .../pytest-N, one per session
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[], Any]) -> Any:
+    """`build()`'s JSON-able result, computed by the first worker that asks and read back by the others.
+    A build that raises caches nothing: the next worker tries again (and fails the same way)."""
+    cached = shared_dir(tmp_path_factory, "once") / f"{name}.json"
+    with FileLock(str(cached) + ".lock"):
+        if cached.exists():
+            return json.loads(cached.read_text())
+        value = build()
+        cached.write_text(json.dumps(value))
+        return value
