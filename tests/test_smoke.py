@@ -130,7 +130,8 @@ def test_drop_eval_is_the_only_door_and_its_output_has_no_place_for_eval_values(
 
 def test_smoke_killed_at_its_timeout_leaves_no_process_and_is_not_selectable(tmp_path, cache):
     spec = write_run(tmp_path, attempts='[[attempts]]\nprofile = "long"\nargs = ["--batch-size", "8"]\n')
-    res = babysit("smoke", str(spec), "--steps", "1000000", "--timeout-s", "4", "--registry",
+    # 12 s: the trainer must get past importing torch and write its log before the kill, on a loaded CPU too
+    res = babysit("smoke", str(spec), "--steps", "1000000", "--timeout-s", "12", "--registry",
                   str(tmp_path / "babysit.toml"), "--smoke-dir", str(tmp_path / "smoke"), cwd=tmp_path, cache=cache)
     assert res.returncode == 1, res.stdout + res.stderr
     record = json.loads((tmp_path / "hardware_profile.json").read_text())
