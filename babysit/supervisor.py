@@ -32,7 +32,7 @@ log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
-UNREADABLE_MIN_LINES = 20  # lines of output without one record before log-unreadable (or half the stall limit)
+UNREADABLE_MIN_LINES = 20  # lines of output without one record before log-unreadable (or the stall limit of output)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
@@ -87,6 +87,7 @@ class RunSupervisor:
         self.pump = sources.SourcePump(spec, ctx.state_dir, facts.get("source"))
         self.pumped: sources.PumpResult | None = None
         self.last_output_wall: float | None = None
+        self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -222,6 +223,7 @@ class RunSupervisor:
         self.recent.clear()
         self.latest_shown.clear()
         self.last_record_wall = self.ctx.now()
+        self.first_output_wall = None
         self._set("running", attempt=attempt.n)
         self.launch_msg = self._launch_message(self.attempt, note)
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
@@ -376,12 +378,16 @@ class RunSupervisor:
     def read_log(self) -> int:
         """Read new log records; returns how many. Stores the offset so a restart reads on from here."""
         pumped = self.pumped = self.pump.pump(self.ctx.now())
+        grew = pumped.output_grew
         for _ in range(8):  # a backlog (a long stdout after a restart): read on, a bounded number of times
             if not pumped.backlog:
                 break
-            pumped = self.pump.pump(self.ctx.now())
-        if pumped.output_grew:
+            pumped = self.pumped = self.pump.pump(self.ctx.now())
+            grew = grew or pumped.output_grew
+        if grew:
             self.last_output_wall = self.ctx.now()
+            if self.first_output_wall is None:
+                self.first_output_wall = self.last_output_wall
         read = logtail.read_new(self.records_log, self.tail)
         if read.missing:
             if pumped.output_grew or pumped.lines_seen:
@@ -582,10 +588,14 @@ class RunSupervisor:
             evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
         if not self.spec.source.copies and not evidence.lines_seen:
             return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
-        started = attempt.started_at or self.ctx.now()
-        startup_over = (self.ctx.now() - started) * 60 / self.ctx.scale >= self.spec.guards.stall_minutes * 30
-        if (evidence.lines_seen or 0) < UNREADABLE_MIN_LINES and not startup_over:
-            return  # a few start-up lines (imports, compile) before the first step are normal
+        # A few lines (imports, a banner) before the first record are normal, and a healthy source may stay
+        # quiet for up to the stall limit (a trainer that logs or flushes every few minutes), its first
+        # record included: few lines say nothing until the run's output has been there that long.
+        first = self.first_output_wall
+        waited = first is not None and \
+            (self.ctx.now() - first) * 60 / self.ctx.scale >= self.spec.guards.stall_minutes * 60
+        if (evidence.lines_seen or 0) < UNREADABLE_MIN_LINES and not waited:
+            return
         message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
         if message:
             self._incident("log-unreadable", message, {"lines_seen": evidence.lines_seen,
