@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ from hypothesis import settings
 # trainers on 2 cores took 100 s each instead of 20 s. Idle threads that sleep change no result, only
 # the waiting. Every subprocess a test starts (daemons, shims, trainers, torchrun) inherits this.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# pytest started as a background job of a script (`cmd &`, nohup, some CI runners) begins with SIGINT
+# ignored, and every process a test starts would inherit that: tests that stop a trainer or a watcher
+# with SIGINT / Ctrl-C then fail. A handler (not SIG_IGN) is reset to the default in children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile("dev", max_examples=40, deadline=None)
 settings.register_profile("ci", max_examples=250, deadline=None)
@@ -62,6 +69,13 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     path = base / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _trainer_cache_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Trainers the tests start (through daemons too) cache their generated demos in this session's
+    shared directory, not in the user's ~/.cache (unless BABYSIT_TRAINER_CACHE says where)."""
+    os.environ.setdefault("BABYSIT_TRAINER_CACHE", str(shared_dir(tmp_path_factory, "trainer-cache")))
 
 
 def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[], Any]) -> Any:
