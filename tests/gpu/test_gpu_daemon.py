@@ -8,32 +8,22 @@ Each test prints one `H200:` line for docs/guards.md.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.cuda import foreign, require_cuda
 from tests.scenarios.conftest import Daemon, babysit, store_of, tiny_run, wait_for
 
 pytestmark = pytest.mark.gpu
 
-HOLD = ("import sys, time, torch; x = torch.empty(int(sys.argv[1]) * 2**30, dtype=torch.uint8, device='cuda'); "
-        "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(float(sys.argv[2]))")
-
 
 @pytest.fixture(scope="module", autouse=True)
 def cuda() -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch.cuda is not available")
+    require_cuda()
 
-
-def foreign(gib: int = 2, seconds: float = 120) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(gib), str(seconds)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
-    return proc
 
 
 def register(root: Path, spec: Path) -> None:

@@ -18,19 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.cuda import foreign, require_cuda
 from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
 
 pytestmark = pytest.mark.gpu
 
-HOLD = ("import sys, time, torch; x = torch.empty(int(sys.argv[1]) * 2**30, dtype=torch.uint8, device='cuda'); "
-        "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(float(sys.argv[2]))")
-
 
 @pytest.fixture(scope="module", autouse=True)
 def cuda() -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch.cuda is not available")
+    require_cuda()
 
 
 def gpu_run(root: Path, name: str, *, extra: str = "", steps: int = 100000, args: tuple[str, ...] = ()) -> Path:
@@ -110,8 +106,7 @@ def test_a_foreign_process_stop_checkpoints(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
     wait_for(lambda: (store.run_state("stop_foreign")[1].get("step") or 0) >= 30, 300, "GPU progress")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, "2", "120"], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    holder = foreign(2, 120)
     t0 = time.time()
     try:
         assert daemon.wait(timeout=300) == 0, daemon.output()
