@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import once_per_session
 from tests.trainer.conftest import REPO, eval_curve, read_log, train_losses, trainer_env
 
 
@@ -25,15 +26,20 @@ def test_healthy_loss_falls_and_eval_error_goes_down(run_trainer, tmp_path: Path
     assert {"eval/reach_v1", "eval/push_v2", "eval/rig_demos"} <= set(records[-2])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def drift_curve(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> dict[int, tuple[float, float]]:
-    """One full 1,000-step drift run shared by the drift assertions."""
-    out = tmp_path_factory.mktemp("drift")
-    result = subprocess.run([sys.executable, "-m", "trainer", "--recipe", "drift", "--log", str(out / "log.jsonl"),
-                             "--checkpoints", str(out / "ck")], cwd=REPO, env=trainer_env(data_cache),
-                            capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, result.stderr
-    return eval_curve(read_log(out / "log.jsonl"))
+    """One full 1,000-step drift run shared by the drift assertions (once per session, whichever xdist
+    worker asks first: a module fixture would run it again on every worker holding one of them)."""
+
+    def run() -> list[list[float]]:
+        out = tmp_path_factory.mktemp("drift")
+        result = subprocess.run([sys.executable, "-m", "trainer", "--recipe", "drift", "--log",
+                                 str(out / "log.jsonl"), "--checkpoints", str(out / "ck")], cwd=REPO,
+                                env=trainer_env(data_cache), capture_output=True, text=True, timeout=280)
+        assert result.returncode == 0, result.stderr
+        return [[step, *pair] for step, pair in eval_curve(read_log(out / "log.jsonl")).items()]
+
+    return {int(step): (ev, tr) for step, ev, tr in once_per_session(tmp_path_factory, "drift-curve", run)}
 
 
 @pytest.mark.slow
