@@ -210,9 +210,16 @@ def dumps(registry: Registry) -> str:
 
 def _usable_path(ref: str) -> bool:
     """A name over NAME_MAX or a path over PATH_MAX fails every file call (ENAMETOOLONG), a NUL every
-    call: refused when the registry is read, by field, not met later as a traceback."""
+    call, `~nosuchuser` the expansion: refused when the registry is read, by field, not met later as a
+    traceback."""
     raw = os.fsencode(ref)
-    return b"\0" not in raw and len(raw) < 4096 and all(len(part) <= 255 for part in raw.split(b"/"))
+    if b"\0" in raw or len(raw) >= 4096 or any(len(part) > 255 for part in raw.split(b"/")):
+        return False
+    try:
+        Path(ref).expanduser()
+    except RuntimeError:  # "Could not determine home directory"
+        return False
+    return True
 
 
 def _under(base: Path, ref: str) -> Path:
@@ -237,7 +244,8 @@ def _daemon(t: tomlfile.Table | None) -> DaemonSettings:
         guard_interval_seconds=t.number("guard_interval_seconds", defaults.guard_interval_seconds, positive=True),
     )
     if not _usable_path(settings.state_dir):
-        raise SpecError(t.file, t.key("state_dir"), "a path the OS can open (each name at most 255 bytes)",
+        raise SpecError(t.file, t.key("state_dir"), "a path the OS can open (names of at most 255 bytes, "
+                        "a ~user that exists)",
                         settings.state_dir)
     for i, uid in enumerate(settings.abort_allow_list):
         if not SLACK_USER_ID.fullmatch(uid):
@@ -250,7 +258,8 @@ def _daemon(t: tomlfile.Table | None) -> DaemonSettings:
 def _run(t: tomlfile.Table) -> RunEntry:
     entry = RunEntry(
         name=t.str("name", check=RUN_NAME.fullmatch, expected="a run name matching [a-z0-9_.-]{1,64}"),
-        spec=t.str("spec", check=bool, expected="a non-empty path to the run's TOML"),
+        spec=t.str("spec", check=lambda v: bool(v) and _usable_path(v),
+                   expected="a non-empty path to the run's TOML"),
         registered_at=t.str("registered_at", check=_valid_timestamp,
                             expected='a UTC time string like "2026-08-17T18:41:02Z"'),
         prereg_sha256=t.str("prereg_sha256", None, check=SHA256_HEX.fullmatch,

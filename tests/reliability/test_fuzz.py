@@ -164,6 +164,8 @@ def test_an_amendment_with_a_wrong_value_records_or_exits_2_naming_the_field(reg
        which=st.booleans())
 @example(daemon_key="state_dir", run_key="name", value="x" * 5000, which=True)  # once ENAMETOOLONG from status
 @example(daemon_key="state_dir", run_key="spec", value="x" * 5000, which=False)  # and from reading the run's spec
+@example(daemon_key="state_dir", run_key="spec", value="~0", which=True)  # no user "0": expanduser raised
+@example(daemon_key="state_dir", run_key="spec", value="~0/run.toml", which=False)
 def test_a_hand_edited_babysit_toml_is_refused_by_field_never_with_a_traceback(daemon_key: str, run_key: str,
                                                                              value: Any, which: bool) -> None:
     data: dict[str, Any] = {"daemon": {"state_dir": ".babysit", "abort_allow_list": ["U024BE7LH"]},
