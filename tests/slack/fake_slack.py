@@ -1,7 +1,9 @@
 """A local stand-in for Slack's Web API: a real HTTP server on 127.0.0.1, an ephemeral port, a thread.
 
 It speaks what babysit uses — auth.test, chat.postMessage/update/postEphemeral, conversations.history
-/replies (with message metadata), the three-step file upload, and response_url posts — records every
+/replies (with message metadata), the three-step file upload (each completion recorded as a post of
+the file in `shares`), files.info, apps.connections.open (the URL of a tests/slack/fake_socket.py
+server, under the app-level token), and response_url posts — records every
 request with its parsed body, and injects faults on demand: 5xx for the next N calls or for T seconds,
 429 with Retry-After, slow answers, and connection resets before or AFTER the call took effect (the
 case that makes a naive retry post twice).
@@ -46,8 +48,12 @@ class Faults:
 
 
 class FakeSlack:
-    def __init__(self, token: str = "xoxb-test-token") -> None:
+    def __init__(self, token: str = "xoxb-test-token", app_token: str = "xapp-test-token") -> None:
         self.token = token
+        self.app_token = app_token  # apps.connections.open answers to this one only, as Slack does
+        self.socket_mode: Any = None  # a started FakeSocketMode; None: apps.connections.open fails
+        self.shares: list[dict[str, Any]] = []  # each files.completeUploadExternal into a channel or thread
+        self.file_ids: set[str] = set()  # every id files.getUploadURLExternal handed out
         self.calls: list[Call] = []
         self.messages: list[dict[str, Any]] = []  # every accepted post, with channel, ts, thread_ts, metadata
         self.uploads: dict[str, bytes] = {}
@@ -124,7 +130,8 @@ class FakeSlack:
 
     # -- the API -----------------------------------------------------------------------------------------
     def answer(self, method: str, body: dict[str, Any], auth: str | None) -> dict[str, Any]:
-        if method not in ("response", "upload") and auth != f"Bearer {self.token}":
+        expected = self.app_token if method == "apps.connections.open" else self.token
+        if method not in ("response", "upload") and auth != f"Bearer {expected}":
             return {"ok": False, "error": "invalid_auth"}
         handler = getattr(self, "_" + method.replace(".", "_"), None)
         if handler is None:
@@ -171,11 +178,34 @@ class FakeSlack:
 
     def _files_getUploadURLExternal(self, body: dict[str, Any]) -> dict[str, Any]:
         file_id = f"F{next(self._files):05d}"
+        self.file_ids.add(file_id)
         return {"ok": True, "upload_url": f"{self.base}/upload/{file_id}", "file_id": file_id}
 
     def _files_completeUploadExternal(self, body: dict[str, Any]) -> dict[str, Any]:
         files = json.loads(body.get("files") or "[]")
+        channel = body.get("channel_id") or body.get("channels")
+        for f in files:  # every completion is one more post of the file: calling it twice shows twice
+            if channel:
+                self.shares.append({"file": f["id"], "channel": channel, "thread_ts": body.get("thread_ts"),
+                                    "comment": body.get("initial_comment"), "title": f.get("title"),
+                                    "ts": f"{int(time.time())}.{next(self._ts):06d}"})
         return {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+
+    def _files_info(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Where a file is shared, in Slack's shape: shares.public[channel] = [{ts, thread_ts}]."""
+        file_id = body.get("file")
+        if file_id not in self.file_ids:
+            return {"ok": False, "error": "file_not_found"}
+        public: dict[str, list[dict[str, Any]]] = {}
+        for s in self.shares:
+            if s["file"] == file_id:
+                public.setdefault(s["channel"], []).append({"ts": s["ts"], "thread_ts": s["thread_ts"]})
+        return {"ok": True, "file": {"id": file_id, "channels": sorted(public), "shares": {"public": public}}}
+
+    def _apps_connections_open(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.socket_mode is None:
+            return {"ok": False, "error": "internal_error"}
+        return {"ok": True, "url": self.socket_mode.open_url()}
 
 
 def _parse(raw: bytes, content_type: str) -> dict[str, Any]:
