@@ -1,0 +1,275 @@
+"""What a campaign does when a run's FINAL verdict lands, and what an owner's decision does.
+
+`on_final_verdict` is the daemon's one hook (called after the verdict is saved and queued): it reads
+the grid frozen at register, records the verdict and the suspect moves in the campaign's history,
+banks the checkpoints (copied, sha256 manifest, verified by reading the copies back), writes the
+proposed runs (never launches them), draws the saga chart and queues the campaign post and the owner
+call. Every step is keyed, so a restarted daemon redoing it records and posts nothing twice.
+
+`decide` is what a button click does after the bot checked the signature and the allow-list: the
+first decision wins (the store's atomic update), `launch`/`extend` register the proposal (the same
+single-delta rule as `babysit register`) so the daemon launches it, `hold` launches nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from babysit.campaign import grid as grid_mod
+from babysit.campaign import propose
+from babysit.campaign.spec import Campaign, load_campaign, parse_grid
+from babysit.core.errors import BabysitError, BadInput
+from babysit.core.tomlfile import Table, load
+from babysit.store import OwnerCall, Store
+
+log = structlog.get_logger("babysit.campaign")
+
+MANIFEST = "manifest.json"
+CHUNK = 1 << 20
+
+
+class BankError(BabysitError):
+    """The checkpoints could not be banked (none, unreadable, a copy that does not verify)."""
+
+
+def on_final_verdict(ctx: Any, spec: Any, verdict: Mapping[str, Any]) -> None:
+    """The campaign's actions for this FINAL verdict; nothing for a run outside any campaign."""
+    store: Store = ctx.store
+    joined = store.campaign_run(spec.name)
+    if joined is None or verdict.get("status") != "FINAL":
+        return
+    row = store.campaign(joined["campaign"])
+    if row is None:
+        return
+    campaign = load_campaign(row["file"])
+    grid = parse_grid(Table(json.loads(joined["grid"]), f"the grid frozen for {spec.name}", "campaign.grid"))
+    label = str(verdict.get("label"))
+    plan = grid_mod.plan(spec.name, label, grid, verdict.get("interpretation"))
+    now = ctx.now()
+    key = f"{campaign.name}:{spec.name}:final"
+    store.add_campaign_event(campaign.name, spec.name, "verdict",
+                             {"label": label, "delta": verdict.get("delta"), "sentence": plan.sentence}, now,
+                             dedupe_key=f"{key}:verdict")
+    for suspect, status in plan.moves:
+        store.add_campaign_event(campaign.name, spec.name, "suspect",
+                                 {"suspect": suspect, "status": status, "run": spec.name, "label": label}, now,
+                                 dedupe_key=f"{key}:suspect:{suspect}")
+    bank = _bank_step(store, campaign, spec, plan, key, now) if plan.bank_to else None
+    proposals = _proposal_step(store, campaign, spec, plan, key, now)
+    chart, chart_error = _saga_step(ctx, campaign)
+    moved = [e.body for e in store.campaign_events(campaign.name, "suspect")]
+    suspects = [{"name": s.name, "status": s.status, "by_run": s.by_run, "by_label": s.by_label}
+                for s in grid_mod.suspect_table(campaign, moved)]
+    channel = campaign.channel or spec.notify.channel or ctx.default_channel
+    store.enqueue(spec.name, "campaign", {
+        "run": spec.name, "campaign": campaign.name, "label": label, "sentence": plan.sentence,
+        "moves": [list(m) for m in plan.moves], "bank": bank, "proposals": proposals, "suspects": suspects,
+        "chart_path": str(chart) if chart else None, "chart_error": chart_error, "channel": channel,
+    }, now, dedupe_key=f"{key}:post")
+    if plan.question:
+        options = tuple(o for o in plan.options if o == grid_mod.HOLD or o in proposals)
+        call = store.open_owner_call(campaign.name, spec.name, plan.question, options,
+                                     {"label": label, "proposals": proposals}, now, dedupe_key=f"{key}:call")
+        store.add_campaign_event(campaign.name, spec.name, "owner-call",
+                                 {"call": call.id, "question": plan.question, "options": list(options)}, now,
+                                 dedupe_key=f"{key}:call")
+        store.enqueue(spec.name, "owner-call", {
+            "run": spec.name, "campaign": campaign.name, "call_id": call.id, "label": label,
+            "question": plan.question, "options": list(options), "proposals": proposals, "channel": channel,
+            "owners": list(campaign.owners)}, now, dedupe_key=f"{key}:call-post")
+
+
+def bank(source: Path, dest: Path, *, run: str, label: str, now: float) -> dict[str, Any]:
+    """Copy every file under `source` to `dest` with a manifest of sha256s, then read the copies back
+    and check them: only a verified bank is moved into place (a folder beside `dest` until then)."""
+    source, dest = Path(source), Path(dest)
+    found = verify(dest)
+    if found is not None and found.get("verified") and found.get("run") == run:
+        return found  # banked before (a daemon redoing the step)
+    if dest.exists():
+        raise BankError(f"cannot bank {run} to {dest}: it exists and holds no verified manifest of this run",
+                        hint="choose another [campaign.grid.LABEL].bank folder, or move the old one away")
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else []
+    if not files:
+        raise BankError(f"no checkpoints to bank in {source}", hint="did the trainer save any (--save-every)?")
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    entries = []
+    for f in files:
+        rel = f.relative_to(source).as_posix()
+        out = partial / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        digest, size = _copy_hashing(f, out)
+        entries.append({"path": rel, "bytes": size, "sha256": digest})
+    manifest = {"run": run, "label": label, "source": str(source), "banked_at": now, "files": entries}
+    problems = _check(partial, entries)
+    if problems:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise BankError(f"banking {run}: the copies do not verify: {'; '.join(problems)}")
+    manifest["verified"] = True
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, dest)
+    return manifest
+
+
+def verify(dest: Path) -> dict[str, Any] | None:
+    """The bank's manifest with `verified` re-checked against the files now (None: no manifest)."""
+    path = Path(dest) / MANIFEST
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text())
+    problems = _check(Path(dest), manifest.get("files") or [])
+    return {**manifest, "verified": not problems, "problems": problems}
+
+
+def decide(registry_path: Path, store: Store, call: OwnerCall, decision: str, by: str, now: float) -> str:
+    """Carry out an owner's decision (already recorded by the caller); returns what was done, in words."""
+    campaign = call.campaign
+    if decision == grid_mod.HOLD:
+        result = "held: nothing launched"
+    else:
+        path = (call.body.get("proposals") or {}).get(decision)
+        if not path:
+            raise BadInput(f"owner call #{call.id} offers no '{decision}'")
+        name = launch_file(registry_path, Path(path))
+        result = f"registered {name} ({Path(path).name}): the daemon launches it"
+    store.set_owner_call_result(call.id, result)
+    store.add_campaign_event(campaign, call.run, "decision",
+                             {"call": call.id, "decision": decision, "by": by, "result": result}, now,
+                             dedupe_key=f"{campaign}:decision:{call.id}")
+    return result
+
+
+def launch_file(registry_path: Path, path: Path) -> str:
+    """Register a proposed run.toml (fixture, single-delta rule, prereg frozen), as `babysit register` does."""
+    from babysit import registry
+    from babysit.campaign import join
+    from babysit.commands.register import keep_frozen_copy
+    from babysit.core.spec import load_spec
+
+    spec = load_spec(path)
+    if spec.prereg is not None and spec.prereg.fixture is not None:
+        from babysit.reading import check_fixture
+
+        check_fixture(spec.prereg)
+    joining = join.prepare(spec, registry_path, str(path))
+    stamp = registry.utc_timestamp(datetime.now(timezone.utc))
+    sha = spec.prereg.sha256 if spec.prereg else None
+
+    def change(reg: registry.Registry) -> tuple[registry.Registry, str]:
+        return registry.with_run(reg, registry.RunEntry(spec.name, reg.spec_ref(spec.spec_file), stamp, sha))
+
+    registry.update(registry_path, change)
+    state_dir = registry.load(registry_path).state_dir
+    if spec.prereg is not None:
+        keep_frozen_copy(state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, stamp)
+    if joining is not None:
+        join.record(joining, spec, state_dir)
+    return spec.name
+
+
+# -- steps of on_final_verdict -------------------------------------------------------------------------
+def _bank_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
+               now: float) -> dict[str, Any]:
+    dest = (campaign.file.parent / str(plan.bank_to)).resolve()
+    try:
+        manifest = bank(Path(spec.checkpoints), dest, run=spec.name, label=plan.label, now=now)
+        body = {"ok": True, "dest": str(dest), "files": len(manifest["files"]),
+                "bytes": sum(f["bytes"] for f in manifest["files"]), "manifest": str(dest / MANIFEST)}
+    except (BankError, OSError) as exc:
+        body = {"ok": False, "dest": str(dest), "error": getattr(exc, "message", None) or str(exc)}
+        log.error("checkpoints not banked", run=spec.name, error=body["error"])
+    store.add_campaign_event(campaign.name, spec.name, "banked" if body["ok"] else "bank-failed", body, now,
+                             dedupe_key=f"{key}:bank")
+    return body
+
+
+def _proposal_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
+                   now: float) -> dict[str, str]:
+    """Write the proposed run.tomls (launch: the next single-delta run; extend: this run to N steps)."""
+    out: dict[str, str] = {}
+    table = load(spec.spec_file)
+    if plan.propose is not None:
+        name = grid_mod.proposal_name(campaign.name, plan.propose)
+        out[grid_mod.LAUNCH] = str(_write(campaign, spec, table, name, plan.propose.suspect, plan,
+                                          dict(plan.propose.set), plan.propose.drop, None))
+    if plan.extend_to is not None:
+        name = grid_mod.extension_name(spec.name, plan.extend_to)
+        suspect = getattr(spec.campaign, "suspect", None)
+        out[grid_mod.EXTEND] = str(_write(campaign, spec, table, name, suspect, plan,
+                                          {"--steps": str(plan.extend_to)}, (), plan.extend_to))
+    for kind, path in out.items():
+        store.add_campaign_event(campaign.name, spec.name, "proposed", {"kind": kind, "path": path}, now,
+                                 dedupe_key=f"{key}:proposed:{kind}")
+    return out
+
+
+def _write(campaign: Campaign, spec: Any, table: dict[str, Any], name: str, suspect: str | None,
+           plan: grid_mod.Plan, set_flags: dict[str, str], drop: tuple[str, ...], read_step: int | None) -> Path:
+    import tomli_w
+
+    at = campaign.proposals / f"{name}.toml"
+    derived = propose.derive(table, name=name, parent=spec.name, suspect=suspect, campaign_file=campaign.file,
+                             at=at, set_flags=set_flags, drop=drop, read_step=read_step)
+    propose.rebase_paths(derived, Path(spec.spec_file).parent, at.parent)
+    why = "extend" if read_step else f"next single-delta run, suspect {suspect}"
+    text = propose.HEADER.format(run=spec.name, label=plan.label, why=why) + "\n" + tomli_w.dumps(derived)
+    at.parent.mkdir(parents=True, exist_ok=True)
+    if not at.exists():  # written once: an owner may have edited it since
+        tmp = at.with_name(f".{at.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, at)
+    return at
+
+
+def _saga_step(ctx: Any, campaign: Campaign) -> tuple[Path | None, str | None]:
+    """The saga chart, best effort: a chart that cannot be drawn never costs the campaign's actions."""
+    try:
+        from babysit.campaign.history import view_of
+        from babysit.campaign.saga import render_saga
+
+        view = view_of(campaign, ctx.store, curves=True)
+        return render_saga(view, Path(ctx.state_dir) / "campaigns" / f"{campaign.name}.png"), None
+    except Exception as exc:  # best effort by design
+        log.error("saga chart not drawn", campaign=campaign.name, exc_info=exc)
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _copy_hashing(src: Path, dst: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return h.hexdigest(), size
+
+
+def _check(root: Path, entries: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for e in entries:
+        path = root / e["path"]
+        if not path.is_file():
+            problems.append(f"{e['path']}: missing")
+            continue
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        if h.hexdigest() != e["sha256"]:
+            problems.append(f"{e['path']}: sha256 {h.hexdigest()[:12]}… ≠ manifest {e['sha256'][:12]}…")
+    return problems
+

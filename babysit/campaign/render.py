@@ -1,0 +1,114 @@
+"""What a campaign says: the post after a FINAL verdict, the suspect table, `campaign show`. Pure.
+
+Each function returns (text, blocks): `text` is the whole message (console, notifications), `blocks`
+how Slack shows it; bot/messages.py wraps them as its `Rendered`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from babysit.core.blocks import code, context, header, section
+
+ICON = {"live": "🔴", "convicted": "⚖️", "exonerated": "✅", "untested": "⚪"}
+
+
+def suspect_lines(suspects: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line a suspect: status, and which run's verdict set it (or "declared")."""
+    width = max((len(str(s["name"])) for s in suspects), default=8)
+    out = []
+    for s in suspects:
+        why = f"by {s['by_run']} ({s['by_label']})" if s.get("by_run") else "declared"
+        icon = ICON.get(str(s["status"]), "·")
+        out.append(f"{icon} {str(s['name']).ljust(width)}  {str(s['status']).ljust(10)}  {why}")
+    return out
+
+
+def run_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for r in runs:
+        read = "no read yet" if r.get("label") is None else (
+            f"{r['label']} Δ {r['delta']:+.4f}" if r.get("delta") is not None else str(r["label"]))
+        status = f" ({r['status']})" if r.get("status") and r.get("status") != "FINAL" else ""
+        parent = f" ← {r['parent']}" if r.get("parent") else " (baseline)"
+        tests = f" tests {r['suspect']}" if r.get("suspect") else ""
+        scale = f" · own units ×{r['scale']:.4g}" if r.get("scale") else ""
+        out.append(f"• {r['name']}{parent}{tests} [{r['state']}]: {read}{status}{scale}\n    changed: {r['changed']}")
+    return out
+
+
+def decision_lines(decisions: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for d in decisions:
+        if d.get("decision"):
+            when = _utc(d.get("decided_at"))
+            out.append(f"• call #{d['call']} ({d['run']}): {d['decision']} by {d['decided_by']} at {when}"
+                       + (f" — {d['result']}" if d.get("result") else ""))
+        else:
+            out.append(f"• call #{d['call']} ({d['run']}): OPEN — {d['question']} [{' / '.join(d['options'])}]")
+    return out
+
+
+def show_text(view: Mapping[str, Any]) -> str:
+    """`babysit campaign show NAME`: the suspect table, the runs, the banked references, the decision log."""
+    lines = [f"campaign {view['campaign']}: {view['question']}", "", "suspects:"]
+    lines += ["  " + line for line in suspect_lines(view["suspects"])]
+    if view["banked"]:
+        lines += ["", "banked references: " + ", ".join(f"{b['name']} {b['delta']:+.4f}" for b in view["banked"])]
+    lines += ["", "runs:"] + (["  " + line for line in run_lines(view["runs"])] or ["  none yet"])
+    lines += ["", "decisions:"] + (["  " + line for line in decision_lines(view["decisions"])] or ["  none yet"])
+    return "\n".join(lines)
+
+
+def campaign_post(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """After a FINAL verdict: the grid's sentence, what moved, what was banked and proposed, the table."""
+    head = f"🧭 {p['campaign']}: {p['run']} FINAL {p['label']} — {p['sentence']}"
+    done = []
+    for suspect, status in p.get("moves") or ():
+        done.append(f"suspect {suspect} → {status}")
+    bank = p.get("bank")
+    if bank:
+        done.append(f"banked {bank['files']} file(s), {bank['bytes']} bytes to {bank['dest']} (manifest sha256 "
+                    "verified)" if bank.get("ok") else f"NOT banked: {bank.get('error')}")
+    for kind, path in (p.get("proposals") or {}).items():
+        done.append(f"proposed ({kind}): {path} — not launched; an owner call follows")
+    table = "\n".join(suspect_lines(p.get("suspects") or ()))
+    text = "\n".join([head, *(f"  {d}" for d in done), "suspects:", table])
+    if p.get("chart_path"):
+        text += f"\nsaga chart: {p['chart_path']}"
+    elif p.get("chart_error"):
+        text += f"\nsaga chart: not drawn ({p['chart_error']})"
+    blocks = [header(f"🧭 {p['campaign']}: {p['run']} → {p['label']}"), section(f"*grid:* {p['sentence']}")]
+    if done:
+        blocks.append(section("\n".join(f"• {d}" for d in done)))
+    blocks.append(section("*suspects:*\n" + code(table)))
+    blocks.append(context(f"`/babysit campaign {p['campaign']}` shows the table · docs/campaigns.md"))
+    return text, blocks
+
+
+def table_reply(view: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """`/babysit campaign NAME` in Slack."""
+    text = show_text(view)
+    table = "\n".join(suspect_lines(view["suspects"]))
+    runs = "\n".join(run_lines(view["runs"])) or "none yet"
+    decisions = "\n".join(decision_lines(view["decisions"])) or "none yet"
+    blocks = [header(f"🧭 campaign {view['campaign']}"), section(f"*question:* {view['question']}"),
+              section("*suspects:*\n" + code(table)), section("*runs:*\n" + runs),
+              section("*decisions:*\n" + decisions)]
+    return text, blocks
+
+
+def campaigns_reply(names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
+    if not names:
+        text = "No campaign is registered: `babysit campaign register CAMPAIGN.toml` on the babysat host adds one."
+    else:
+        text = "Campaigns: " + ", ".join(f"`{n}`" for n in names) + " — `/babysit campaign NAME` shows one."
+    return text, [section(text)]
+
+
+def _utc(at: float | None) -> str:
+    if at is None:
+        return "—"
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,81 @@
+"""`babysit campaign register FILE` and `babysit campaign show NAME [--json]` (docs/campaigns.md).
+
+`register` records the campaign (its suspects, banked references and the hash of what it declared) in
+the state, then registers the runs it lists, in order, each through `babysit register` (so each is held
+to the single-delta rule and its grid frozen). `show` prints the suspect table, each run with its delta,
+label and what it changed, and the decision log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from babysit.cli import add_registry_option
+
+    p = sub.add_parser("campaign", help="campaigns: suspects, single-delta runs, owner calls (docs/campaigns.md)",
+                       description="A campaign is a saga of single-delta runs testing suspects, each with a "
+                                   "pre-registered interpretation grid. See docs/campaigns.md.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    reg = verbs.add_parser("register", help="record a campaign.toml and register the runs it lists")
+    reg.add_argument("file", metavar="CAMPAIGN.toml")
+    reg.add_argument("--accelerated", action="store_true", help="passed on to each run's register (demos, tests)")
+    add_registry_option(reg)
+    reg.set_defaults(func=run_register)
+    show = verbs.add_parser("show", help="the suspect table, the runs, the decisions")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--chart", type=Path, default=None, metavar="PNG", help="also draw the saga chart here")
+    add_registry_option(show)
+    show.set_defaults(func=run_show)
+
+
+def run_register(args: argparse.Namespace) -> int:
+    from babysit import registry
+    from babysit.campaign.spec import load_campaign
+    from babysit.cli import main as cli_main
+    from babysit.store import Store
+
+    campaign = load_campaign(Path(args.file), display=args.file)
+    path = registry.resolve_registry_path(args.registry)
+    reg = registry.load(path)
+    store = Store.in_dir(reg.state_dir)
+    try:
+        now = time.time()
+        store.save_campaign(campaign.name, str(campaign.file), campaign.sha256, now)
+        store.add_campaign_event(campaign.name, None, "registered", {"sha256": campaign.sha256,
+                                 "suspects": {s.name: s.status for s in campaign.suspects},
+                                 "banked": campaign.references}, now,
+                                 dedupe_key=f"{campaign.name}:registered:{campaign.sha256}")
+    finally:
+        store.close()
+    print(f"campaign {campaign.name} recorded in {reg.state_dir}: {len(campaign.suspects)} suspect(s), "
+          f"{len(campaign.banked)} banked run(s), sha256 {campaign.sha256[:16]}…")
+    for spec in campaign.runs:
+        print(f"$ babysit register {spec}" + (" --accelerated" if args.accelerated else ""))
+        code = cli_main(["register", str(spec), "--registry", str(path), *(["--accelerated"] if args.accelerated
+                                                                            else [])])
+        if code:
+            return code
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from babysit import registry
+    from babysit.campaign import history
+    from babysit.campaign.render import show_text
+
+    path = registry.resolve_registry_path(args.registry)
+    view = history.collect(path, args.name, curves=args.chart is not None)
+    data = view.to_json()
+    if args.chart is not None:
+        from babysit.campaign.saga import render_saga
+
+        data["chart"] = str(render_saga(view, args.chart))
+    print(json.dumps(data, indent=1) if args.json else show_text(data) +
+          (f"\n\nsaga chart: {data['chart']}" if args.chart is not None else ""))
+    return 0

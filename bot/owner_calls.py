@@ -1,0 +1,198 @@
+"""Owner calls in Slack: a proposed run or an escalation, answered with a button (launch / extend / hold).
+
+The click is an interactivity request: in HTTP mode Bolt checks its signature and its 5-minute replay
+window before any listener runs (401 otherwise, recorded here as a refused click); the listener then
+checks the clicker against the campaign's `owners` (else `[daemon].abort_allow_list`), and the store
+takes the FIRST decision only (a replayed or second click is refused and recorded). Nothing launches
+without an accepted click: `launch` and `extend` register the proposed run.toml, and the daemon
+launches what is registered. Every click, accepted or refused, is a row of `owner_call_clicks`.
+
+The payload Slack sends (`block_actions`): `actions[0].action_id` one of the three ids below,
+`actions[0].value` the owner call's id (decimal), `user.id` the clicker, `response_url` where the
+answer goes (the message is replaced with the decision).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+import structlog
+
+from babysit.campaign import actions
+from babysit.campaign import render as crender
+from babysit.campaign.grid import EXTEND, HOLD, LAUNCH
+from babysit.campaign.history import view_of
+from babysit.campaign.spec import load_campaign
+from babysit.core.blocks import actions as actions_block
+from babysit.core.blocks import context, header, plain, section
+from babysit.core.errors import BabysitError
+from babysit.core.render import Rendered
+from bot.predicates import user_of
+
+log = structlog.get_logger("babysit.bot")
+
+LAUNCH_ACTION_ID = "babysit_owner_call_launch"
+EXTEND_ACTION_ID = "babysit_owner_call_extend"
+HOLD_ACTION_ID = "babysit_owner_call_hold"
+ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
+DECISION_OF = {v: k for k, v in ACTION_IDS.items()}
+REPLAY_WINDOW_S = 300  # Bolt's: a request timestamp older than this is refused as a replay
+
+
+# -- rendering (pure) ----------------------------------------------------------------------------------
+def render_call(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The owner-call post: the question, the proposals, one button an option."""
+    owners = " ".join(f"<@{u}>" for u in p.get("owners") or ())
+    head = f"🙋 owner call #{p['call_id']} — {p['campaign']}: {p['run']} FINAL {p['label']}"
+    lines = [head, f"question: {p['question']}"]
+    for kind, path in (p.get("proposals") or {}).items():
+        lines.append(f"{kind}: {path} (written, not launched)")
+    lines.append("answer: " + " / ".join(p.get("options") or ()) + " — only the campaign's owners can; nothing "
+                 "launches without it")
+    buttons = []
+    for option in p.get("options") or ():
+        button: dict[str, Any] = {"type": "button", "action_id": ACTION_IDS[option], "value": str(p["call_id"]),
+                                  "text": plain({LAUNCH: "Launch the proposal", EXTEND: "Extend the run",
+                                                 HOLD: "Hold"}[option])}
+        if option == LAUNCH:
+            button["style"] = "primary"
+        if option in (LAUNCH, EXTEND):
+            button["confirm"] = {"title": plain("Launch a run?"), "confirm": plain("Launch it"),
+                                 "deny": plain("Cancel"),
+                                 "text": {"type": "mrkdwn", "text": f"Register {option} of *{p['run']}*: the "
+                                          "daemon launches it and it spends GPU-hours."}}
+        buttons.append(button)
+    blocks = [header(head[:150]), section(f"*question:* {p['question']}" + (f"\n{owners}" if owners else ""))]
+    proposals = [f"• *{k}*: `{v}`" for k, v in (p.get("proposals") or {}).items()]
+    if proposals:
+        blocks.append(section("*written, not launched:*\n" + "\n".join(proposals)))
+    blocks.append(actions_block(*buttons, block_id=f"babysit_owner_call_{p['call_id']}"))
+    blocks.append(context("Only the campaign's owners can answer; the decision, who and when go to the "
+                          "campaign's history (docs/campaigns.md)."))
+    return "\n".join(lines), blocks
+
+
+def decided_text(call_id: int, decision: str, user: str, result: str) -> str:
+    return f"🙋 owner call #{call_id}: *{decision}* chosen by <@{user}> — {result}"
+
+
+# -- the click -----------------------------------------------------------------------------------------
+def clicked(cfg: Any, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
+    """An owner-call button click whose signature Bolt verified."""
+    from bot.handlers import answer, opened
+    from bot.messages import reply
+
+    ack()
+    decision, value = _clicked(body)
+    user = user_of(body) or "?"
+    now = time.time()
+    with opened(cfg) as (reg, store):
+        call = store.owner_call(int(value)) if value and value.isdigit() else None
+        if call is None:
+            store.add_click(None, user, decision, "refused", f"no owner call {value!r}", now)
+            respond(**answer(reply(f"No owner call #{value} is open here: nothing was done.")))
+            return
+        row = store.campaign(call.campaign)
+        owners = load_campaign(row["file"]).owners if row else ()
+        allowed = owners or reg.daemon.abort_allow_list
+        refusal = None
+        if user not in set(allowed):
+            refusal = "not on the allow-list"
+        elif decision not in call.options:
+            refusal = f"'{decision}' is not an option of this call"
+        elif not store.decide_owner_call(call.id, str(decision), f"slack:{user}", now):
+            done = store.owner_call(call.id)
+            refusal = f"already decided: {done.decision} by {done.decided_by}" if done else "already decided"
+        if refusal is not None:
+            store.add_click(call.id, user, decision, "refused", refusal, now)
+            store.add_campaign_event(call.campaign, call.run, "click-refused",
+                                     {"call": call.id, "user": user, "action": decision, "reason": refusal}, now)
+            log.warning("owner call click refused", call=call.id, user=user, action=decision, reason=refusal)
+            who = "owners listed in the campaign's `owners` (else `[daemon].abort_allow_list`)"
+            text = (f"<@{user}>, you cannot answer owner call #{call.id}: only {who} can. Nothing was done."
+                    if refusal == "not on the allow-list" else f"Owner call #{call.id}: {refusal}. Nothing was done.")
+            respond(**answer(reply(text)))
+            return
+        store.add_click(call.id, user, decision, "accepted", "", now)
+        try:
+            result = actions.decide(cfg.registry_path, store, call, str(decision), f"slack:{user}", now)
+        except BabysitError as exc:
+            result = f"FAILED: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+            store.set_owner_call_result(call.id, result)
+            store.add_campaign_event(call.campaign, call.run, "decision",
+                                     {"call": call.id, "decision": decision, "by": f"slack:{user}",
+                                      "result": result}, now, dedupe_key=f"{call.campaign}:decision:{call.id}")
+    log.warning("owner call decided", call=call.id, user=user, decision=decision, result=result)
+    respond(**answer(reply(decided_text(call.id, str(decision), user, result)), in_channel=True, replace=True))
+
+
+def campaign_reply(cfg: Any, name: str | None) -> Any:
+    """`/babysit campaign [NAME]`: the list of campaigns, or one's suspect table, runs and decisions."""
+    from bot.handlers import opened
+
+    with opened(cfg) as (_, store):
+        if not name:
+            return Rendered(*crender.campaigns_reply([c["name"] for c in store.campaigns()]))
+        row = store.campaign(name)
+        if row is None:
+            known = [c["name"] for c in store.campaigns()]
+            text = f"No campaign named `{name}`." + (f" Known: {', '.join(known)}." if known else
+                                                      " `babysit campaign register CAMPAIGN.toml` adds one.")
+            return Rendered(text, [section(text)])
+        view = view_of(load_campaign(row["file"]), store).to_json()
+    return Rendered(*crender.table_reply(view))
+
+
+# -- registration --------------------------------------------------------------------------------------
+def register(app: Any, cfg: Any) -> None:
+    """The three button listeners, and a record of every owner-call click Bolt refused (401)."""
+    for action_id in ACTION_IDS.values():
+        app.action(action_id)(lambda ack, body, respond: clicked(cfg, body, ack, respond))
+    dispatch = app.dispatch
+
+    def recording_dispatch(req: Any) -> Any:
+        resp = dispatch(req)
+        if resp.status == 401:
+            record_unverified(cfg, req.raw_body, req.headers)
+        return resp
+
+    app.dispatch = recording_dispatch
+
+
+def record_unverified(cfg: Any, raw_body: str, headers: Mapping[str, Any], now: float | None = None) -> None:
+    """A refused request that claims to be an owner-call click: recorded (its claims unverified)."""
+    from bot.handlers import opened
+
+    now = time.time() if now is None else now
+    try:
+        payload = json.loads(parse_qs(raw_body or "").get("payload", ["{}"])[0])
+    except (ValueError, TypeError):
+        return
+    if not isinstance(payload, dict):
+        return
+    decision, value = _clicked(payload)
+    if decision is None:
+        return  # not an owner-call click: Bolt logs it
+    stamp = (headers.get("x-slack-request-timestamp") or ["0"])[0]
+    stale = not str(stamp).isdigit() or abs(now - int(stamp)) > REPLAY_WINDOW_S
+    reason = ("request timestamp outside the 5-minute window (a replay?)" if stale
+              else "signature does not verify (forged?)")
+    user = user_of(payload)
+    try:
+        with opened(cfg) as (_, store):
+            call_id = int(value) if value and str(value).isdigit() else None
+            store.add_click(call_id, f"unverified:{user}", decision, "refused", reason, now)
+    except BabysitError as exc:
+        log.error("refused click not recorded", error=exc.message)
+    log.warning("owner call click refused (401)", claimed_user=user, action=decision, reason=reason)
+
+
+def _clicked(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    for action in body.get("actions") or ():
+        if isinstance(action, Mapping) and action.get("action_id") in DECISION_OF:
+            return DECISION_OF[action["action_id"]], str(action.get("value") or "")
+    return None, None
