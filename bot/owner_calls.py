@@ -24,56 +24,21 @@ import structlog
 
 from babysit.campaign import actions
 from babysit.campaign import render as crender
-from babysit.campaign.grid import EXTEND, HOLD, LAUNCH
 from babysit.campaign.history import view_of
 from babysit.campaign.spec import load_campaign
-from babysit.core.blocks import actions as actions_block
-from babysit.core.blocks import context, header, plain, section
+from babysit.core.blocks import section
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
 from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
 
-LAUNCH_ACTION_ID = "babysit_owner_call_launch"
-EXTEND_ACTION_ID = "babysit_owner_call_extend"
-HOLD_ACTION_ID = "babysit_owner_call_hold"
-ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
+# The action ids a Socket Mode client or a test sends (the buttons are drawn by babysit/campaign/render.py).
+LAUNCH_ACTION_ID, EXTEND_ACTION_ID, HOLD_ACTION_ID = crender.LAUNCH_ACTION_ID, crender.EXTEND_ACTION_ID, \
+    crender.HOLD_ACTION_ID
+ACTION_IDS = crender.ACTION_IDS
 DECISION_OF = {v: k for k, v in ACTION_IDS.items()}
 REPLAY_WINDOW_S = 300  # Bolt's: a request timestamp older than this is refused as a replay
-
-
-# -- rendering (pure) ----------------------------------------------------------------------------------
-def render_call(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """The owner-call post: the question, the proposals, one button an option."""
-    owners = " ".join(f"<@{u}>" for u in p.get("owners") or ())
-    head = f"🙋 owner call #{p['call_id']} — {p['campaign']}: {p['run']} FINAL {p['label']}"
-    lines = [head, f"question: {p['question']}"]
-    for kind, path in (p.get("proposals") or {}).items():
-        lines.append(f"{kind}: {path} (written, not launched)")
-    lines.append("answer: " + " / ".join(p.get("options") or ()) + " — only the campaign's owners can; nothing "
-                 "launches without it")
-    buttons = []
-    for option in p.get("options") or ():
-        button: dict[str, Any] = {"type": "button", "action_id": ACTION_IDS[option], "value": str(p["call_id"]),
-                                  "text": plain({LAUNCH: "Launch the proposal", EXTEND: "Extend the run",
-                                                 HOLD: "Hold"}[option])}
-        if option == LAUNCH:
-            button["style"] = "primary"
-        if option in (LAUNCH, EXTEND):
-            button["confirm"] = {"title": plain("Launch a run?"), "confirm": plain("Launch it"),
-                                 "deny": plain("Cancel"),
-                                 "text": {"type": "mrkdwn", "text": f"Register {option} of *{p['run']}*: the "
-                                          "daemon launches it and it spends GPU-hours."}}
-        buttons.append(button)
-    blocks = [header(head[:150]), section(f"*question:* {p['question']}" + (f"\n{owners}" if owners else ""))]
-    proposals = [f"• *{k}*: `{v}`" for k, v in (p.get("proposals") or {}).items()]
-    if proposals:
-        blocks.append(section("*written, not launched:*\n" + "\n".join(proposals)))
-    blocks.append(actions_block(*buttons, block_id=f"babysit_owner_call_{p['call_id']}"))
-    blocks.append(context("Only the campaign's owners can answer; the decision, who and when go to the "
-                          "campaign's history (docs/campaigns.md)."))
-    return "\n".join(lines), blocks
 
 
 def decided_text(call_id: int, decision: str, user: str, result: str) -> str:

@@ -10,8 +10,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from babysit.core.blocks import code, context, header, section
+from babysit.campaign.grid import EXTEND, HOLD, LAUNCH
+from babysit.core.blocks import actions as actions_block
+from babysit.core.blocks import code, context, header, plain, section
 
+LAUNCH_ACTION_ID = "babysit_owner_call_launch"  # bot/owner_calls.py answers them
+EXTEND_ACTION_ID = "babysit_owner_call_extend"
+HOLD_ACTION_ID = "babysit_owner_call_hold"
+ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
 ICON = {"live": "🔴", "convicted": "⚖️", "exonerated": "✅", "untested": "⚪"}
 
 
@@ -112,3 +118,35 @@ def _utc(at: float | None) -> str:
     if at is None:
         return "—"
     return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def render_call(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The owner-call post: the question, the proposals, one button an option."""
+    owners = " ".join(f"<@{u}>" for u in p.get("owners") or ())
+    head = f"🙋 owner call #{p['call_id']} — {p['campaign']}: {p['run']} FINAL {p['label']}"
+    lines = [head, f"question: {p['question']}"]
+    for kind, path in (p.get("proposals") or {}).items():
+        lines.append(f"{kind}: {path} (written, not launched)")
+    lines.append("answer: " + " / ".join(p.get("options") or ()) + " — only the campaign's owners can; nothing "
+                 "launches without it")
+    buttons = []
+    for option in p.get("options") or ():
+        button: dict[str, Any] = {"type": "button", "action_id": ACTION_IDS[option], "value": str(p["call_id"]),
+                                  "text": plain({LAUNCH: "Launch the proposal", EXTEND: "Extend the run",
+                                                 HOLD: "Hold"}[option])}
+        if option == LAUNCH:
+            button["style"] = "primary"
+        if option in (LAUNCH, EXTEND):
+            button["confirm"] = {"title": plain("Launch a run?"), "confirm": plain("Launch it"),
+                                 "deny": plain("Cancel"),
+                                 "text": {"type": "mrkdwn", "text": f"Register {option} of *{p['run']}*: the "
+                                          "daemon launches it and it spends GPU-hours."}}
+        buttons.append(button)
+    blocks = [header(head[:150]), section(f"*question:* {p['question']}" + (f"\n{owners}" if owners else ""))]
+    proposals = [f"• *{k}*: `{v}`" for k, v in (p.get("proposals") or {}).items()]
+    if proposals:
+        blocks.append(section("*written, not launched:*\n" + "\n".join(proposals)))
+    blocks.append(actions_block(*buttons, block_id=f"babysit_owner_call_{p['call_id']}"))
+    blocks.append(context("Only the campaign's owners can answer; the decision, who and when go to the "
+                          "campaign's history (docs/campaigns.md)."))
+    return "\n".join(lines), blocks
