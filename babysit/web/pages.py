@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -157,7 +157,7 @@ def _verdict_section(d: RunDetail) -> str:
     if d.has_chart_png:
         out.append(f'<img class="verdict-chart" alt="the FINAL verdict chart" '
                    f'src="{esc(run_href(d.row.run))}/verdict.png">')
-    out.append(f'<details open><summary>verdict JSON</summary><pre class="json">'
+    out.append(f'<details id="verdict-json"><summary>verdict JSON</summary><pre class="json">'
                f"{esc(json.dumps(v, indent=2, ensure_ascii=False))}</pre></details></section>")
     return "".join(out)
 
@@ -215,7 +215,7 @@ def _prereg_section(d: RunDetail) -> str:
                "</td></tr>"
                f"<tr><th>current sha256</th><td><code>{esc(info['prereg_sha256_current'] or NONE)}</code></td></tr>"
                f"<tr><th>registered at</th><td>{esc(info['registered_at'])}</td></tr></table>")
-    out.append("<details><summary>[prereg] as canonical JSON</summary><pre class=\"json\">"
+    out.append("<details id=\"prereg-json\"><summary>[prereg] as canonical JSON</summary><pre class=\"json\">"
                f"{esc(json.dumps(info['prereg'], indent=2, sort_keys=True, ensure_ascii=False))}</pre></details>")
     chain = info.get("amendments") or []
     if not chain:
@@ -248,7 +248,3 @@ def not_found(what: str, footer: str) -> str:
 def error_fragment(message: str) -> str:
     return f'<p class="error">{esc(message)}</p>'
 
-
-def facts_of(row: RunRow) -> Mapping[str, Any]:
-    """The row as JSON (`/api/runs`: the `babysit status --json` shape)."""
-    return row.to_dict()

@@ -34,7 +34,7 @@ def test_every_run_series_is_exported_and_parses(site_root: Path) -> None:
     assert value(got["babysit_run_gpu_hours_cap"], run=RUN) == 2.0
     assert 0 < value(got["babysit_run_gpu_hours"], run=RUN) < 0.1
     assert value(got["babysit_run_incidents"], run=RUN, kind="diverged") == 1  # a counter: *_total
-    assert [s.name for s in got["babysit_run_incidents"]][0] == "babysit_run_incidents_total"
+    assert next(s.name for s in got["babysit_run_incidents"]) == "babysit_run_incidents_total"
     assert value(got["babysit_run_verdict"], run=RUN, status="FINAL", label="SAME-DRIFT") == 1.0
     assert value(got["babysit_run_last_poll_age_seconds"], run=RUN) > 0
     assert value(got["babysit_run_state"], run=HOSTILE, state="failed") == 1.0  # label values escaped, parsed back
