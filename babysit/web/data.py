@@ -10,6 +10,7 @@ store remembers but the registry no longer lists are shown too, from the store a
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Mapping
@@ -243,6 +244,35 @@ class Site:
                 cached = self._series[name] = (prereg.sha256, reading.SeriesCache(prereg), threading.Lock())
         with cached[2]:  # one reader at a time moves a cache's offset
             return cached[1].update(log)
+
+    # -- campaigns (docs/campaigns.md) -----------------------------------------------------------------
+    def campaign_names(self) -> list[str]:
+        store = self._store()
+        try:
+            return [c["name"] for c in store.campaigns()] if store is not None else []
+        except sqlite3.OperationalError:  # a state database from before campaigns: none
+            return []
+
+    def campaign(self, name: str) -> tuple[Any | None, str | None]:
+        """(the campaign's view with its runs' curves, None) or (None, why not)."""
+        from babysit.campaign.history import view_of
+        from babysit.campaign.spec import load_campaign
+
+        store = self._store()
+        row = store.campaign(name) if store is not None and name in self.campaign_names() else None
+        if row is None:
+            return None, None
+        try:
+            return view_of(load_campaign(row["file"]), store, curves=True), None
+        except BabysitError as exc:
+            return None, f"campaign {name!r}: {exc.message}"
+
+    def saga_png(self, name: str) -> Path | None:
+        """The saga chart the daemon drew (state/campaigns/NAME.png), for a campaign the store knows."""
+        if "/" in name or name.startswith(".") or name not in self.campaign_names():
+            return None
+        path = self.state_dir / "campaigns" / f"{name}.png"
+        return path if path.is_file() else None
 
     # -- /metrics --------------------------------------------------------------------------------------
     def incident_counts(self) -> dict[str, dict[str, int]]:

@@ -37,6 +37,10 @@ def run_href(name: str) -> str:
     return "/run/" + quote(name, safe="")
 
 
+def campaign_href(name: str) -> str:
+    return "/campaign/" + quote(name, safe="")
+
+
 def utc(at: float | None) -> str:
     return NONE if at is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
 
@@ -69,11 +73,15 @@ def verdict_html(row: RunRow, text: str) -> str:
     return f'<span class="badge {kind}">{esc(v.status)}</span>{esc(rest)}'
 
 
-def runs_fragment(rows: Sequence[RunRow], now: float) -> str:
-    """What the runs page streams: the table and when it was read."""
+def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] = ()) -> str:
+    """What the runs page streams: the campaigns (when there are), the table and when it was read."""
+    above = ""
+    if campaigns:
+        links = ", ".join(f'<a href="{esc(campaign_href(n))}">{esc(n)}</a>' for n in campaigns)
+        above = f'<p class="campaigns">campaigns: {links}</p>'
     if not rows:
-        return ("<h1>Runs</h1><p class=\"empty\">no runs registered yet; <code>babysit register RUN.toml</code> "
-                "adds one</p>" + _as_of(now))
+        return (f"<h1>Runs</h1>{above}<p class=\"empty\">no runs registered yet; <code>babysit register RUN.toml"
+                "</code> adds one</p>" + _as_of(now))
     head = "".join(f'<th class="{css}">{esc(HEADERS[col])}</th>' for col, css in COLUMNS)
     body = []
     for row in rows:
@@ -93,12 +101,12 @@ def runs_fragment(rows: Sequence[RunRow], now: float) -> str:
             tds.append(f'<td class="{css}">{inner}</td>')
         step = "" if row.step is None else f' data-step="{row.step}"'
         body.append(f'<tr data-run="{esc(row.run)}"{step}>{"".join(tds)}</tr>')
-    return (f"<h1>Runs <small>{len(rows)}</small></h1><table id=\"runs\"><thead><tr>{head}</tr></thead>"
+    return (f"<h1>Runs <small>{len(rows)}</small></h1>{above}<table id=\"runs\"><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>" + _as_of(now))
 
 
-def runs_page(rows: Sequence[RunRow], now: float, footer: str) -> str:
-    return layout("runs", runs_fragment(rows, now), stream="/events?page=runs", footer=footer)
+def runs_page(rows: Sequence[RunRow], now: float, footer: str, campaigns: Sequence[str] = ()) -> str:
+    return layout("runs", runs_fragment(rows, now, campaigns), stream="/events?page=runs", footer=footer)
 
 
 def _as_of(now: float) -> str:

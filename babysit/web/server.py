@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from babysit.core.errors import BadInput
-from babysit.web import metrics, pages
+from babysit.web import campaign_page, metrics, pages
 from babysit.web.data import Site
 
 TOKEN_ENV = "BABYSIT_WEB_TOKEN"
@@ -140,7 +140,7 @@ def build_app(site: Site, settings: Settings) -> Any:
     async def runs(_: Any) -> Any:
         now = time.time()
         rows = await off_loop(site.rows, now)
-        return html(pages.runs_page(rows, now, footer))
+        return html(pages.runs_page(rows, now, footer, await off_loop(site.campaign_names)))
 
     async def run(request: Any) -> Any:
         name, now = request.match_info["name"], time.time()
@@ -155,18 +155,36 @@ def build_app(site: Site, settings: Settings) -> Any:
             raise web.HTTPNotFound(text="no FINAL verdict chart for this run\n")
         return web.FileResponse(path, headers={"Content-Type": "image/png"})
 
+    async def campaign(request: Any) -> Any:
+        name = request.match_info["name"]
+        view, note = await off_loop(site.campaign, name)
+        if view is None:
+            return html(pages.not_found(note or f"no campaign named {name!r} in the state database", footer), 404)
+        png = await off_loop(site.saga_png, name)
+        return html(campaign_page.campaign_page(view, png is not None, footer))
+
+    async def saga_png(request: Any) -> Any:
+        path = await off_loop(site.saga_png, request.match_info["name"])
+        if path is None:
+            raise web.HTTPNotFound(text="no saga chart drawn for this campaign yet\n")
+        return web.FileResponse(path, headers={"Content-Type": "image/png"})
+
     def fragment(page: str, name: str | None) -> str:
         now = time.time()
         if page == "runs":
-            return pages.runs_fragment(site.rows(now), now)
+            return pages.runs_fragment(site.rows(now), now, site.campaign_names())
+        if page == "campaign":
+            view, note = site.campaign(name or "")
+            return campaign_page.campaign_fragment(view, site.saga_png(name or "") is not None, now) \
+                if view is not None else pages.error_fragment(note or f"no campaign named {name!r}")
         detail = site.run(name or "", now)
         return pages.run_fragment(detail, now) if detail is not None else pages.error_fragment(
             f"run {name!r} is no longer in the registry or the state database")
 
     async def events(request: Any) -> Any:
         page, name = request.query.get("page", "runs"), request.query.get("run")
-        if page not in ("runs", "run") or (page == "run" and not name):
-            raise web.HTTPBadRequest(text="expected ?page=runs or ?page=run&run=NAME\n")
+        if page not in ("runs", "run", "campaign") or (page != "runs" and not name):
+            raise web.HTTPBadRequest(text="expected ?page=runs, ?page=run&run=NAME or ?page=campaign&run=NAME\n")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
@@ -234,6 +252,7 @@ def build_app(site: Site, settings: Settings) -> Any:
         web.get("/", runs), web.get("/metrics", scrape), web.get("/events", events), web.get("/api/runs", api_runs),
         web.get("/healthz", healthz), web.get("/favicon.ico", favicon), web.get("/static/{file}", static),
         web.get(r"/run/{name:.+}/verdict.png", verdict_png), web.get(r"/run/{name:.+}", run),
+        web.get(r"/campaign/{name:.+}/saga.png", saga_png), web.get(r"/campaign/{name:.+}", campaign),
     ])
     return app
 
