@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from babysit.watch import Watcher
@@ -31,6 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
     p.add_argument("--no-view", action="store_true",
                    help="no live table and no progress lines: only messages and warnings")
+    p.add_argument("--web", type=int, metavar="PORT",
+                   help="also serve the read-only web page and /metrics on PORT (docs/web.md); its failure is "
+                        "logged and never stops babysitting")
+    p.add_argument("--web-bind", default="127.0.0.1", metavar="ADDR",
+                   help="with --web: the address (default 127.0.0.1; another needs BABYSIT_WEB_TOKEN)")
     add_registry_option(p)
     p.set_defaults(func=run)
 
@@ -43,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
     path = registry.resolve_registry_path(args.registry)
     reg = registry.load(path)
+    web_settings = None
+    if args.web is not None:  # a bind without its token is bad input (exit 2) before anything starts
+        from babysit.web.server import settings_for
+
+        web_settings = settings_for(args.web_bind, args.web)
     watcher = None if args.no_view else _start_view(path, reg.state_dir, args.accelerated)
     # With the live table up, console lines (messages, warnings) go through the stream that prints
     # above it; without it, stdout and stderr as always. daemon.log gets everything either way.
@@ -57,12 +67,35 @@ def run(args: argparse.Namespace) -> int:
             from bot.app import start_in_background
 
             start_in_background(path, http_port=args.bot_http)
-        code = daemon.run()
+        web = _start_web(path, web_settings, out) if web_settings is not None else None
+        try:
+            code = daemon.run()
+        finally:
+            if web is not None:
+                web.stop()
         ok = True
         return code
     finally:
         if watcher is not None:
             watcher.stop(erase=not ok)  # refused (another daemon holds the state): no table left behind
+
+
+def _start_web(path: Path, settings: Any, out: Any) -> Any:
+    """The web server in a thread of the daemon; any failure to start it is a warning, never a stop."""
+    import structlog
+
+    log = structlog.get_logger("babysit.web")
+    try:
+        from babysit.web.server import WebServer
+
+        server = WebServer(path, settings).start()
+    except Exception as exc:  # a port in use, aiohttp missing: babysitting goes on without the page
+        log.warning("web server not started; babysitting goes on without it", port=settings.port,
+                    error=f"{type(exc).__name__}: {exc}", hint="pick another --web PORT; docs/web.md")
+        return None
+    log.info("web page up", url=server.url, read_only=True)
+    print(f"babysit web: serving {server.url} (read-only)", file=out or sys.stdout, flush=True)
+    return server
 
 
 def _start_view(path: Path, state_dir: Path, accelerated: bool) -> Watcher:
