@@ -74,3 +74,20 @@ def test_no_state_database_yet_is_not_created_by_looking(tmp_path: Path) -> None
     site = Site(tmp_path / "babysit.toml")
     assert pages.runs_fragment(site.rows(), time.time()).count("no runs registered yet") == 1
     assert not (tmp_path / ".babysit").exists()
+
+
+def test_the_batched_store_reads_equal_the_per_run_ones(site_root: Path) -> None:
+    """The page reads every run at once (Store.latest_*); each must say what the per-run read says."""
+    from babysit.store import Store
+
+    store = Store.in_dir(site_root / ".babysit")
+    try:
+        store.save_verdict(RUN, {"run": RUN, "status": "PROVISIONAL", "at_step": 160}, time.time(), final=False)
+        for name in (RUN, HOSTILE):
+            assert store.latest_verdicts().get(name) == store.latest_verdict(name)  # the FINAL one wins
+            assert store.latest_polls().get(name) == next(iter(store.polls(name, 1)), None)
+            assert store.latest_incidents().get(name) == next(iter(store.incidents(name, 1)), None)
+        assert store.latest_verdicts()[RUN].kind == "FINAL"
+        assert store.incident_counts() == {RUN: {"diverged": 1, "retrying": 1}, HOSTILE: {"crashed": 1}}
+    finally:
+        store.close()
