@@ -15,8 +15,8 @@ slack_sdk's own tests replay):
   fake re-sends every type, which is stricter: a late ack shows up as a second delivery.
 * `disconnect(reason)` sends `{"type": "disconnect", "reason": …}` (`refresh_requested`, `warning`,
   `link_disabled`), sends nothing more on that connection and closes it `close_after_s` later;
-  `drop()` cuts the TCP connection without a close frame (a proxy or a network gone).
-* `lose_next_ack()`: the next ack is lost in flight and its connection dropped, so the envelope is
+  `drop()` cuts the TCP connection without a close frame, with a FIN or (`reset=True`) an RST.
+* `lose_next_ack()`: the next ack is lost in flight and its connection reset, so the envelope is
   re-sent on the app's next connection: the case that duplicates a command in a naive bot.
 
 Everything is recorded (connections, deliveries, acks) for the tests to assert on.
@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -164,9 +166,10 @@ class FakeSocketMode:
         """Ask the app to reconnect, as Slack does before it recycles a connection."""
         self._call(self._disconnect(reason))
 
-    def drop(self) -> None:
-        """Cut every live connection at the TCP level: no close frame, no goodbye."""
-        self._call(self._drop())
+    def drop(self, *, reset: bool = False) -> None:
+        """Cut every live connection at the TCP level, no close frame: a FIN (a proxy or a server gone),
+        or with `reset` an RST (a network or a load balancer that forgot the connection)."""
+        self._call(self._drop(reset))
 
     def lose_next_ack(self) -> None:
         with self.lock:
@@ -219,6 +222,9 @@ class FakeSocketMode:
         self._server.close(close_connections=False)
         await self._drop()
         await self._server.wait_closed()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()  # envelopes still waiting for a connection: nobody will take them now
 
     def _check_ticket(self, connection: Any, request: Any) -> Any:
         from http import HTTPStatus
@@ -263,7 +269,7 @@ class FakeSocketMode:
         with self.lock:
             if self._lose_acks:
                 self._lose_acks -= 1
-                link.ws.transport.abort()  # the ack never arrives, and the connection is gone with it
+                self._reset(link)  # the ack never arrives, and the connection is gone with it
                 return
             late = envelope is None or time.monotonic() - envelope.sent_at > self.ack_timeout_s
             self.acks.append(Ack(envelope_id, message.get("payload"), link.number, late))
@@ -324,6 +330,14 @@ class FakeSocketMode:
                 continue
             self._loop.call_later(self.close_after_s, lambda ws=link.ws: self._loop.create_task(ws.close(1000)))
 
-    async def _drop(self) -> None:
+    async def _drop(self, reset: bool = False) -> None:
         for link in self.open_links():
-            link.ws.transport.abort()
+            if reset:
+                self._reset(link)
+            else:
+                link.ws.transport.abort()
+
+    def _reset(self, link: Link) -> None:
+        sock = link.ws.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        link.ws.transport.abort()
