@@ -21,13 +21,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="A campaign is a saga of single-delta runs testing suspects, each with a "
                                    "pre-registered interpretation grid. See docs/campaigns.md.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    reg = verbs.add_parser("register", help="record a campaign.toml and register the runs it lists")
-    reg.add_argument("file", metavar="CAMPAIGN.toml")
+    reg = verbs.add_parser("register", help="record a campaign.toml and register the runs it lists",
+                           description="Record CAMPAIGN.toml (suspects, banked references) in the state, then "
+                                       "register the runs it lists, each held to the single-delta rule.")
+    reg.add_argument("file", metavar="CAMPAIGN.toml", help="the campaign's file (docs/campaigns.md)")
     reg.add_argument("--accelerated", action="store_true", help="passed on to each run's register (demos, tests)")
     add_registry_option(reg)
     reg.set_defaults(func=run_register)
-    show = verbs.add_parser("show", help="the suspect table, the runs, the decisions")
-    show.add_argument("name", metavar="NAME")
+    show = verbs.add_parser("show", help="the suspect table, the runs, the decisions",
+                            description="Print campaign NAME: the suspect table, each run with its delta, label "
+                                        "and what it changed, the banked references and the decision log.")
+    show.add_argument("name", metavar="NAME", help="the campaign's [campaign].name")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--chart", type=Path, default=None, metavar="PNG", help="also draw the saga chart here")
     add_registry_option(show)
