@@ -20,8 +20,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from babysit.spec import Prereg
-from babysit.verdict import FINAL, PROVISIONAL, Verdict, decimal_of, fmt_bound, fmt_delta
+from babysit.core.fmt import fmt_delta
+from babysit.core.spec import Prereg
+from babysit.core.verdict import FINAL, PROVISIONAL, Verdict, decimal_of, fmt_bound
 
 Series = Sequence[tuple[int, float]]
 Point = tuple[int, float]

@@ -11,10 +11,11 @@ import argparse
 import importlib
 import sys
 
-from babysit.errors import EXIT_BAD_INPUT, BabysitError
+from babysit.core.errors import EXIT_BAD_INPUT, BabysitError
 
 REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml); before or after the command"
-COMMANDS = ("register", "up", "status", "verdict", "amend", "prereg", "abort", "smoke", "bot", "probe", "demo")
+COMMANDS = ("register", "up", "status", "verdict", "amend", "prereg", "abort", "smoke", "bot", "probe", "demo", "web",
+            "campaign")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,14 @@
 """`babysit up`: one daemon per state directory, on APScheduler, babysitting every registered run.
 
-Jobs (all UTC, coalesced, one instance each): `tick` reads logs, handles control requests and new
-registrations; `guards` runs the live checks on the guard interval; `sample` feeds the GPU probe's
-utilization average; `deliver` drains the outbox; one `poll:<run>` date job per run posts polls on
-the declared cadence. Exits are seen the instant they happen by a watcher thread per attempt.
+Event-driven: the daemon sleeps until something happens. One interval job, `guards`, runs the live
+checks on the guard interval (and the backstops: new registrations, a request whose wake was lost, an
+exit not seen). Everything else comes when it is due: a control request (`babysit abort`, `/babysit
+abort`, poll now) wakes the main thread at once through SIGUSR1 (`babysit.wake`); an exit wakes the one
+exit-watcher thread (`babysit.exitwatch`); a queued message wakes the delivery thread
+(`babysit.delivery`); polls, SIGKILLs after a stop's grace period and GPU re-reads are date jobs keyed by
+run (`timers.SchedulerTimers`). Two timers exist only while they have work: the GPU sampler's thread
+(utilization, 1 s; `babysit.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s)
+while a run whose records babysit stamps with its read time is ([source] stdout or csv).
 SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
 """
 
@@ -14,8 +19,8 @@ import fcntl
 import os
 import signal
 import threading
-import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +28,31 @@ import structlog
 
 from babysit import registry as registry_mod
 from babysit import sources, wake
-from babysit.errors import BabysitError, DaemonAlreadyRunning
-from babysit.executors import open_executor
-from babysit.notify import Channel, deliver_due
+from babysit.clock import SYSTEM, Clock
+from babysit.core.errors import BabysitError, DaemonAlreadyRunning
+from babysit.core.spec import check_cadence, load_spec
+from babysit.delivery import DeliveryWorker
+from babysit.executors import Executor, open_executor
+from babysit.exitwatch import ExitWatcher
+from babysit.notify import Channel
 from babysit.probes.gpu import GpuProbe
-from babysit.spec import check_cadence, load_spec
+from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.sampler import Sampler
 from babysit.store import Store
 from babysit.supervisor import DaemonContext, RunSupervisor
+from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 log = structlog.get_logger("babysit.daemon")
 
 
 class Daemon:
+    """The daemon. Its collaborators are injected: tests drive it in process with a fake clock, a fake
+    executor, a host probe and timers of their own (tests/test_daemon_inprocess.py)."""
+
     def __init__(self, registry_path: Path, *, gpu_probe: GpuProbe, channel: Channel, accelerated: bool = False,
-                 exit_when_idle: bool = False, tick_seconds: float | None = None) -> None:
+                 exit_when_idle: bool = False, tick_seconds: float | None = None, clock: Clock = SYSTEM,
+                 host_probe: HostProbe | None = None, executors: Mapping[str, Executor] | None = None,
+                 timers: Timers | None = None) -> None:
         self.registry_path = Path(registry_path).resolve()
         self.registry = registry_mod.load(self.registry_path)
         self.state_dir = self.registry.state_dir
@@ -44,18 +60,26 @@ class Daemon:
         self.accelerated = accelerated
         self.exit_when_idle = exit_when_idle
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
-        # Real time: a tick every 5 s is enough (exits come from watcher threads at once, a control
-        # request wakes the tick at once through babysit.wake, guards and polls read the log
-        # themselves); each job run costs the daemon CPU (bench/README.md).
+        # The read interval of runs stamped at read time (docs/your-trainer.md); every other log is read
+        # by the guard round, polls, exits and requests: each wake-up costs the daemon CPU (bench/README.md).
         self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
         self.store = Store.in_dir(self.state_dir)
+        self.exits = ExitWatcher()
+        self._own_timers = timers is None  # the scheduler's, once run() starts it
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,
-                                 executors={}, scale=self.scale, default_channel=self.registry.daemon.channel,
-                                 schedule_poll=self._schedule_poll)
+                                 executors=dict(executors or {}), scale=self.scale,
+                                 default_channel=self.registry.daemon.channel, clock=clock,
+                                 host_probe=host_probe or ProcHostProbe(), timers=timers or ThreadTimers(),
+                                 exits=self.exits)
+        self.delivery = DeliveryWorker(self.store, channel)
+        self.sampler = Sampler(gpu_probe.sample)  # runs only while a run with GPUs is active
         self.supervisors: dict[str, RunSupervisor] = {}
         self.stop_event = threading.Event()
+        self._wakeup = threading.Event()  # set by SIGUSR1 (a control request), SIGINT and SIGTERM
+        self._jobs_lock = threading.Lock()
+        self._control_lock = threading.Lock()  # requests and registrations: the main thread or the guard round
         self._lock_file: Any = None
         self.scheduler: Any = None
         self._broken_specs: dict[str, str] = {}
@@ -85,69 +109,112 @@ class Daemon:
         return self.ctx.executors[name]
 
     def run(self) -> int:
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        self.acquire()
-        self._install_signals()
-        self.scheduler = BackgroundScheduler(
-            timezone=timezone.utc,
-            # a job that missed its time (the machine slept) runs once, late, rather than being dropped
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
-        )
-        self.scheduler.add_job(self.tick, "interval", seconds=self.tick_seconds, id="tick")
-        self.scheduler.add_job(self.guards, "interval", seconds=max(self.guard_seconds, self.tick_seconds),
-                               id="guards")
-        # Delivery runs the moment a message is queued (the store wakes it) and on an interval for
-        # retries after a Slack failure.
-        self.scheduler.add_job(self.deliver, "interval", seconds=0.5 if self.accelerated else 60.0, id="deliver")
-        self.store.on_enqueue = self._wake_delivery
-        log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
-                 accelerated=self.accelerated)
-        self.reconcile_registry()
-        self.scheduler.start()
+        """Start, then sleep in the main thread until a signal: a wake handles control requests here."""
+        self.start()
         try:
-            # The main thread only waits for a signal (and, with --exit-when-idle, for the end):
-            # every wake-up costs the daemon CPU it owes its runs.
-            while not self.stop_event.wait(0.5 if self.exit_when_idle else 5.0):
+            while not self.stop_event.is_set():
+                # no timeout unless the daemon exits when idle: every wake-up costs CPU owed to the runs
+                if self._wakeup.wait(0.5 if self.exit_when_idle else None):
+                    self._wakeup.clear()
+                    if not self.stop_event.is_set():
+                        self._on_wake()
                 if self.exit_when_idle and self.idle():
                     break
         finally:
             self.shutdown()
         return 0
 
-    def _wake_delivery(self) -> None:
-        with contextlib.suppress(Exception):  # not started yet, or shutting down: the interval covers it
-            self.scheduler.modify_job("deliver", next_run_time=datetime.now(timezone.utc))
+    def start(self) -> None:
+        """Take the state directory, start the scheduler, the delivery thread and every run (in process
+        for benches: `run()` is start + the main thread's wait)."""
+        from apscheduler.schedulers.background import BackgroundScheduler
 
-    def _ensure_sampling(self) -> None:
-        """One cheap utilization read (~1 µs) a second per watched GPU, only once a run has GPUs: a poll's
-        util is the average of its whole window, not the last fraction of a second."""
-        if self.scheduler is not None and self.scheduler.get_job("sample") is None:
-            self.scheduler.add_job(self.ctx.gpu_probe.sample, "interval", seconds=1.0, id="sample")
+        self._install_signals()  # before the lock: whoever finds the lock held may signal at once
+        self.acquire()
+        self.scheduler = BackgroundScheduler(
+            timezone=timezone.utc,
+            # a job that missed its time (the machine slept) runs once, late, rather than being dropped
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
+        )
+        if self._own_timers:
+            self.ctx.timers = SchedulerTimers(self.scheduler)
+        self.scheduler.add_job(self.guards, "interval", seconds=self.guard_seconds, id="guards")
+        self.store.on_enqueue = self.delivery.wake
+        log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
+                 accelerated=self.accelerated)
+        self._control()  # every registered run started; requests queued while no daemon was up
+        self._sync_jobs()
+        self.delivery.start()
+        self.scheduler.start()
+
+    def _on_wake(self) -> None:
+        """SIGUSR1: a control request (or a registration) is waiting: act on it now, on this thread."""
+        try:
+            self._control()
+            self._sync_jobs()
+        except Exception:
+            log.exception("handling a wake failed")
+
+    def _control(self) -> bool:
+        """New registrations, then control requests, one caller at a time (the main thread on a wake, the
+        guard round as the backstop): a request is never handled twice, a run never supervised twice.
+        True when another process wrote to the store since the last look."""
+        with self._control_lock:
+            self.reconcile_registry()  # one stat while the registry is unchanged
+            return self.handle_requests()
+
+    def _sync_jobs(self) -> None:
+        """Interval jobs only while they have work: an idle daemon wakes for its guard round alone."""
+        if self.scheduler is None:
+            return
+        active = [s for s in list(self.supervisors.values())  # a running attempt's run is active: no query
+                  if (s.attempt is not None and s.attempt.status == "running") or s.is_active()]
+        with self._jobs_lock:  # the main thread (a wake) and the guard round may both sync
+            if any(s.spec.gpus for s in active):  # one cheap utilization read (~1 µs) a second per watched GPU
+                self.sampler.start()
+            else:
+                self.sampler.stop()
+            self._keep_job("read", any(s.spec.source.copies for s in active), self.read_logs, self.tick_seconds)
+
+    def _keep_job(self, job_id: str, wanted: bool, fn: Callable[[], None], seconds: float) -> None:
+        have = self.scheduler.get_job(job_id) is not None
+        if wanted and not have:
+            self.scheduler.add_job(fn, "interval", seconds=seconds, id=job_id)
+        elif have and not wanted:
+            with contextlib.suppress(Exception):
+                self.scheduler.remove_job(job_id)
 
     def shutdown(self) -> None:
         if self.scheduler is not None:
             with contextlib.suppress(Exception):
                 self.scheduler.shutdown(wait=True)
-        with contextlib.suppress(Exception):
-            self.deliver()
+        self.delivery.close()
+        self.sampler.stop()
+        self.exits.close()
+        if isinstance(self.ctx.timers, ThreadTimers):
+            self.ctx.timers.close()
+        self.deliver()
         self.ctx.gpu_probe.close()
         log.info("daemon down: runs keep running; `babysit up` re-adopts them")
         self.store.close()
         if self._lock_file is not None:
             self._lock_file.close()
 
+    def deliver(self) -> int:
+        """One delivery pass on the caller's thread (the daemon's last, at shutdown)."""
+        return self.delivery.deliver()
+
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self.stop_event.set())
-        # a control request was queued (babysit.wake): run the tick now, off the signal handler's frame
-        signal.signal(wake.WAKE_SIGNAL, lambda *_: threading.Thread(target=self._wake_tick, daemon=True).start())
 
-    def _wake_tick(self) -> None:
-        with contextlib.suppress(Exception):  # not started yet, or shutting down: the tick interval covers it
-            self.scheduler.modify_job("tick", next_run_time=datetime.now(timezone.utc))
+        def stop(*_: object) -> None:
+            self.stop_event.set()
+            self._wakeup.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop)
+        signal.signal(wake.WAKE_SIGNAL, lambda *_: self._wakeup.set())  # a control request: run() acts on it
 
     def idle(self) -> bool:
         """Nothing running, pending or retrying, and every queued message delivered."""
@@ -188,12 +255,10 @@ class Daemon:
                     log.error("run spec refused; not babysitting it", run=entry.name, error=message,
                               hint=getattr(exc, "hint", None), exc_info=None if isinstance(exc, BabysitError) else exc)
                     self.store.enqueue(entry.name, "text", {"run": entry.name, "text":
-                                       f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, time.time(),
+                                       f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, self.ctx.now(),
                                        dedupe_key=f"{entry.name}:spec-refused:{message}")
                 continue
             self.executor(spec.executor)
-            if spec.gpus:
-                self._ensure_sampling()
             try:
                 supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
             except Exception as exc:  # its stored state is unreadable: the other runs still start
@@ -211,64 +276,47 @@ class Daemon:
                 supervisor.internal_error("starting", exc)
 
     # -- jobs -------------------------------------------------------------------------------------------
-    def tick(self) -> None:
-        self.reconcile_registry()
-        self.handle_requests()
+    def guards(self) -> None:
+        """The guard round: every running run checked on one observation each; then the backstops for what
+        events bring (a registration, a request or a message another process wrote, an exit not seen)."""
+        if self._control():
+            self.delivery.wake()  # another process wrote: a message it queued goes out now
         for supervisor in list(self.supervisors.values()):
+            try:
+                with supervisor.lock:
+                    running = supervisor.attempt is not None and supervisor.attempt.status == "running"
+                    if running and not self.exits.is_watching(supervisor.run):
+                        supervisor.check_exit()  # no descriptor watched for it (Slurm), or its handling failed
+                if running:
+                    supervisor.guard()
+            except Exception as exc:
+                _run_failed(supervisor, "checking its guards", exc)
+        self._sync_jobs()
+
+    def read_logs(self) -> None:
+        """The read interval of runs whose records babysit stamps with the time it reads them ([source]
+        stdout, csv): a step's time is known to within it (docs/your-trainer.md)."""
+        for supervisor in list(self.supervisors.values()):
+            if not supervisor.spec.source.copies:
+                continue
             try:
                 with supervisor.lock:
                     if supervisor.attempt is not None and supervisor.attempt.status == "running":
                         supervisor.read_log()
-                        supervisor.check_exit()
             except Exception as exc:
                 _run_failed(supervisor, "reading its log", exc)
 
-    def guards(self) -> None:
-        for supervisor in list(self.supervisors.values()):
-            try:
-                supervisor.guard(stall_seconds=supervisor.spec.guards.stall_minutes * self.scale)
-            except Exception as exc:
-                _run_failed(supervisor, "checking its guards", exc)
-
-    def deliver(self) -> None:
-        try:
-            deliver_due(self.store, self.channel, time.time)
-        except Exception:
-            log.exception("delivery failed")
-        # A message waiting for its retry (Slack said 429 or 503) is delivered at its time, not at
-        # the next interval: the job reschedules itself to the earliest pending next_try_at.
-        due = self.store.next_due_at()
-        if due is not None and self.scheduler is not None:
-            with contextlib.suppress(Exception):
-                self.scheduler.modify_job("deliver", next_run_time=datetime.fromtimestamp(
-                    max(due, time.time() + 0.25), timezone.utc))
-
-    def _schedule_poll(self, run: str, when: float) -> None:
-        if self.scheduler is None:
-            return
-        self.scheduler.add_job(self._poll_job, "date", run_date=datetime.fromtimestamp(when, timezone.utc),
-                               args=[run], id=f"poll:{run}", replace_existing=True)
-
-    def _poll_job(self, run: str) -> None:
-        supervisor = self.supervisors.get(run)
-        if supervisor is not None:
-            try:
-                supervisor.poll()
-            except Exception as exc:
-                _run_failed(supervisor, "polling it", exc)
-
-    def handle_requests(self) -> None:
-        """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed within a tick.
-
-        Requests come from other processes (the CLI, the bot); SQLite's data_version says whether any
-        other connection wrote since the last look, so an idle tick costs no query."""
+    def handle_requests(self) -> bool:
+        """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed when the
+        requester's wake arrives (and by the guard round, should a wake be lost). True when another process
+        wrote to the store since the last look (SQLite's data_version): without that, no query is made."""
         version = self.store.data_version()
         if version == self._seen_data_version:
-            return
+            return False
         self._seen_data_version = version
         for req in self.store.pending_requests():
             supervisor = self.supervisors.get(req.run)
-            now = time.time()
+            now = self.ctx.now()
             if supervisor is None:
                 self.store.finish_request(req.id, f"no run named {req.run} is babysat", now)
                 continue
@@ -277,6 +325,7 @@ class Daemon:
             except Exception as exc:  # answered, so the asker is not left waiting; the others go on
                 _run_failed(supervisor, f"handling a {req.kind} request", exc)
                 self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
+        return True
 
     def _handle_request(self, req: Any, supervisor: RunSupervisor, now: float) -> None:
         """One control request; answers it (finish_request) with what was done."""

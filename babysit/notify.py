@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from babysit.errors import BabysitError, PermanentDeliveryError, TransientDeliveryError
+from babysit.core.errors import BabysitError, PermanentDeliveryError, TransientDeliveryError
 from babysit.faults import crash_point
 from babysit.logtail import tail_bytes
 from babysit.store import OutboxMessage, Store
@@ -131,7 +131,7 @@ class ConsoleChannel:
 def _render_text(m: OutboxMessage) -> str:
     """The message's text; a payload the renderer cannot take still goes out, as its raw kind and
     payload, rather than blocking its run's queue forever."""
-    from bot.messages import render
+    from babysit.core.render import render
 
     try:
         return render(m.kind, m.payload).text
@@ -239,7 +239,7 @@ def backoff(tries: int) -> float:
 def open_channel(state_dir: Path, stream: Any = None) -> Channel:
     """Slack when SLACK_BOT_TOKEN is set, else the console channel."""
     if os.environ.get("SLACK_BOT_TOKEN"):
-        from bot.slack_channel import SlackChannel
+        from babysit.slack.channel import SlackChannel
 
         return SlackChannel.from_env(state_dir)
     return ConsoleChannel(state_dir, stream)

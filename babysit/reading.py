@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from babysit import sources
-from babysit.amendment import AmendmentRecord, from_store
-from babysit.errors import BadInput, FixtureMismatch, PreregTampered
+from babysit.core.amendment import AmendmentRecord, parse_amendment
+from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
+from babysit.core.fmt import fmt_delta
+from babysit.core.spec import Prereg, RunSpec
+from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
 from babysit.logtail import TailState
-from babysit.spec import Prereg, RunSpec
-from babysit.store import Store
-from babysit.verdict import FixtureResult, Verdict, evaluate, fixture_result, fmt_delta
+from babysit.store import Amendment, Store
 
 TAMPER_INCIDENT = "prereg-tampered"
 Series = tuple[tuple[int, float], ...]
@@ -57,7 +58,8 @@ def require_prereg(spec: RunSpec) -> Prereg:
 
 def read_series(log: Path, prereg: Prereg) -> tuple[Series, Series, int]:
     """(metric series, train-metric series, garbage lines) of a whole log; a missing log is empty."""
-    from babysit.logtail import metric_series, read_all
+    from babysit.core.records import metric_series
+    from babysit.logtail import read_all
 
     try:
         records, garbage = read_all(log)
@@ -278,9 +280,16 @@ def write_verdict_files(spec: RunSpec, verdict_json: Mapping[str, Any], store: S
 def load_registered(registry_path: Path, name: str) -> tuple[Any, Any, RunSpec]:
     """(Registry, RunEntry, RunSpec) of a registered run; UnknownRun names close matches."""
     from babysit import registry
-    from babysit.spec import load_spec
+    from babysit.core.spec import load_spec
 
     reg = registry.load(registry_path)
     entry = reg.get(name)
     spec_path = reg.spec_path(entry)
     return reg, entry, load_spec(spec_path, display=str(spec_path))
+
+
+def from_store(stored: Amendment) -> AmendmentRecord:
+    """A stored amendment back to a record; its text was validated when it was recorded."""
+    spec = parse_amendment(stored.text, f"amendment {stored.n} of run '{stored.run}'")
+    return AmendmentRecord(n=stored.n, spec=spec, declared_at=stored.declared_at,
+                           data_seen_through_step=stored.data_seen_through_step, sha256=stored.sha256)

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import tomli_w
 
-from babysit import tomlfile
-from babysit.errors import RegistryError, SpecError, UnknownRun
+from babysit.core import tomlfile
+from babysit.core.errors import RegistryError, SpecError, UnknownRun
 from babysit.faults import crash_point
 
 T = TypeVar("T")

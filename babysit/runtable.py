@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.guards import hours
+from babysit.core.fmt import fmt_duration, hours
 from babysit.runview import RunRow
 
 NONE = "—"
@@ -20,18 +20,6 @@ _RIGHT = {"STEP", "S/STEP", "ETA", "GPU", "GPU-H", "LAST POLL"}
 _STATE_STYLE = {"running": "green", "stopping": "yellow", "retrying": "yellow", "finished": "cyan",
                 "failed": "bold red", "stopped": "magenta", "refused": "bold red"}
 
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return NONE
-    seconds = round(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m:02d}m"
-    if m:
-        return f"{m}m{s:02d}s"
-    return f"{s}s"
 
 
 def _ago(at: float | None, now: float) -> str:

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from babysit import logtail, registry, sources
-from babysit.errors import BabysitError
-from babysit.snapshot import steps_from_argv
-from babysit.spec import RunSpec, load_spec
+from babysit.core.errors import BabysitError
+from babysit.core.records import LogRecord, seconds_per_step
+from babysit.core.snapshot import steps_from_argv
+from babysit.core.spec import RunSpec, load_spec
 from babysit.store import Attempt, Row, Store
 
 ENDED = ("finished", "failed", "stopped")  # run states no daemon acts on again
@@ -111,7 +112,7 @@ def target_step(read_step: int | None, end_step: int | None, step: int | None) -
     return end_step
 
 
-def declared_end(records: Sequence[logtail.LogRecord]) -> int | None:
+def declared_end(records: Sequence[LogRecord]) -> int | None:
     """The last step a record declares (`total_steps`, or `max_steps`: what the HF and Lightning
     integrations write), the newest declaration winning; None when no record says."""
     for record in reversed(records):
@@ -132,7 +133,7 @@ def eta_seconds(step: int | None, target: int | None, seconds_per_step: float | 
 
 def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Sequence[Attempt],
               poll: Row | None, incident: Row | None, verdict: Row | None, gpu_seconds: float,
-              spec: RunSpec | None, records: Sequence[logtail.LogRecord] | None, note: str | None = None) -> RunRow:
+              spec: RunSpec | None, records: Sequence[LogRecord] | None, note: str | None = None) -> RunRow:
     """One run's row. `records` are the newest records of its log (None: the log could not be read);
     `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read."""
     last = attempts[-1] if attempts else None
@@ -148,7 +149,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
         mine = [r for r in records if since is None or r.ts >= since]  # never the previous attempt's pace
         if mine or not live:  # a live attempt's progress is its own records, not an older attempt's
             step, last_ts, source = records[-1].step, records[-1].ts, "log"
-        sps = logtail.seconds_per_step(mine) if len(mine) >= 2 else None
+        sps = seconds_per_step(mine) if len(mine) >= 2 else None
     this_poll = poll if poll is not None and last is not None and poll.attempt == last.n else None
     if this_poll is not None and records is None:  # the log is out of reach here (a Slurm job's filesystem)
         sps = this_poll.body.get("seconds_per_step")

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from babysit.smoke import ProfileEvidence
-from babysit.spec import RunSpec
+from babysit.core.smoke import ProfileEvidence
+from babysit.core.spec import RunSpec
 
 SCHEMA_VERSION = 1
 GIB = 2**30

@@ -8,7 +8,6 @@ while the daemon writes. All SQL lives here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -20,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from babysit import wake
-from babysit.errors import StateError
+from babysit.core.amendment import amendment_sha256
+from babysit.core.errors import StateError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LIVE = ("launching", "running")
 
 _MIGRATIONS: dict[int, str] = {
@@ -65,6 +65,24 @@ _MIGRATIONS: dict[int, str] = {
     CREATE TABLE control (
         id INTEGER PRIMARY KEY, run TEXT NOT NULL, action TEXT NOT NULL, requested_by TEXT NOT NULL,
         requested_at REAL NOT NULL, handled_at REAL, result TEXT);
+    """,
+    2: """
+    CREATE TABLE campaigns (
+        name TEXT PRIMARY KEY, file TEXT NOT NULL, sha256 TEXT NOT NULL, registered_at REAL NOT NULL);
+    CREATE TABLE campaign_runs (
+        run TEXT PRIMARY KEY, campaign TEXT NOT NULL, spec TEXT NOT NULL, parent TEXT, suspect TEXT,
+        delta TEXT NOT NULL, grid TEXT NOT NULL, grid_sha256 TEXT NOT NULL, added_at REAL NOT NULL);
+    CREATE TABLE campaign_events (
+        id INTEGER PRIMARY KEY, campaign TEXT NOT NULL, run TEXT, at REAL NOT NULL, kind TEXT NOT NULL,
+        body TEXT NOT NULL, dedupe_key TEXT UNIQUE);
+    CREATE INDEX campaign_events_campaign ON campaign_events (campaign, id);
+    CREATE TABLE owner_calls (
+        id INTEGER PRIMARY KEY, campaign TEXT NOT NULL, run TEXT NOT NULL, question TEXT NOT NULL,
+        options TEXT NOT NULL, body TEXT NOT NULL, created_at REAL NOT NULL, dedupe_key TEXT UNIQUE,
+        decision TEXT, decided_by TEXT, decided_at REAL, result TEXT);
+    CREATE TABLE owner_call_clicks (
+        id INTEGER PRIMARY KEY, call_id INTEGER, at REAL NOT NULL, user TEXT, action TEXT,
+        outcome TEXT NOT NULL, reason TEXT NOT NULL);
     """,
 }
 
@@ -124,6 +142,23 @@ class Amendment:
     sha256: str
     prev_sha256: str | None
     data_seen_through_step: int | None
+
+
+@dataclass(frozen=True)
+class OwnerCall:
+    """A question put to a campaign's owners with buttons; `decision` is None until one is clicked."""
+
+    id: int
+    campaign: str
+    run: str
+    question: str
+    options: tuple[str, ...]
+    body: dict[str, Any]
+    created_at: float
+    decision: str | None
+    decided_by: str | None
+    decided_at: float | None
+    result: str | None
 
 
 @dataclass(frozen=True)
@@ -458,9 +493,134 @@ class Store:
         rows = self._query("SELECT result FROM control WHERE id=?", (request_id,))
         return rows[0]["result"] if rows else None
 
+    # -- every run at once (the web page and /metrics: one query each, not one a run) ---------------------
+    def latest_polls(self) -> dict[str, Row]:
+        rows = self._query("SELECT * FROM polls WHERE id IN (SELECT MAX(id) FROM polls GROUP BY run)")
+        return {r["run"]: Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["snapshot"]), r["attempt"])
+                for r in rows}
 
-def amendment_sha256(text: str, prev_sha256: str | None) -> str:
-    return hashlib.sha256(((prev_sha256 or "") + "\n" + text).encode("utf-8")).hexdigest()
+    def latest_incidents(self) -> dict[str, Row]:
+        rows = self._query("SELECT * FROM incidents WHERE id IN (SELECT MAX(id) FROM incidents GROUP BY run)")
+        return {r["run"]: Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["detail"]), r["attempt"])
+                for r in rows}
+
+    def latest_verdicts(self) -> dict[str, Row]:
+        """Each run's `latest_verdict`: its FINAL one, else its newest read."""
+        rows = self._query("SELECT * FROM verdicts v WHERE id = (SELECT id FROM verdicts WHERE run = v.run"
+                           " ORDER BY final DESC, id DESC LIMIT 1)")
+        return {r["run"]: _verdict(r) for r in rows}
+
+    def incident_counts(self) -> dict[str, dict[str, int]]:
+        """run -> incident kind -> how many were recorded."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self._query("SELECT run, kind, COUNT(*) AS n FROM incidents GROUP BY run, kind"):
+            out.setdefault(r["run"], {})[r["kind"]] = r["n"]
+        return out
+
+    def outbox_summary(self) -> dict[str, Any]:
+        """Messages by status, the oldest pending one's creation time, and the newest delivery error."""
+        counts = {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")}
+        oldest = self._query("SELECT MIN(created_at) AS t FROM outbox WHERE status='pending'")[0]["t"]
+        last = self._query("SELECT id, run, error FROM outbox WHERE error IS NOT NULL ORDER BY id DESC LIMIT 1")
+        return {"counts": counts, "oldest_pending_at": oldest,
+                "last_error": last[0]["error"] if last else None, "last_error_run": last[0]["run"] if last else None}
+
+    # -- campaigns (docs/campaigns.md) ------------------------------------------------------------------
+    def save_campaign(self, name: str, file: str, sha256: str, now: float) -> None:
+        """Record a campaign (its file and the hash of what it declared); the first registration time stays."""
+        with self.tx() as db:
+            db.execute("INSERT INTO campaigns (name, file, sha256, registered_at) VALUES (?, ?, ?, ?)"
+                       " ON CONFLICT (name) DO UPDATE SET file=excluded.file, sha256=excluded.sha256",
+                       (name, file, sha256, now))
+
+    def campaign(self, name: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM campaigns WHERE name=?", (name,))
+        return dict(rows[0]) if rows else None
+
+    def campaigns(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT * FROM campaigns ORDER BY registered_at, name")]
+
+    def add_campaign_run(self, run: str, campaign: str, spec: str, parent: str | None, suspect: str | None,
+                         delta: dict[str, Any], grid: str, grid_sha256: str, now: float) -> dict[str, Any]:
+        """A run joins a campaign with its delta and its grid, frozen: a second call returns the first record."""
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO campaign_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run, campaign, spec, parent, suspect, json.dumps(delta), grid, grid_sha256, now))
+        found = self.campaign_run(run)
+        assert found is not None
+        return found
+
+    def campaign_run(self, run: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM campaign_runs WHERE run=?", (run,))
+        return _campaign_run(rows[0]) if rows else None
+
+    def campaign_runs(self, campaign: str) -> list[dict[str, Any]]:
+        return [_campaign_run(r) for r in
+                self._query("SELECT * FROM campaign_runs WHERE campaign=? ORDER BY added_at, run", (campaign,))]
+
+    def add_campaign_event(self, campaign: str, run: str | None, kind: str, body: dict[str, Any], now: float,
+                           dedupe_key: str | None = None) -> int:
+        """Append to a campaign's history; the same `dedupe_key` twice (a redone step) appends once."""
+        with self.tx() as db:
+            if dedupe_key is not None:
+                row = db.execute("SELECT id FROM campaign_events WHERE dedupe_key=?", (dedupe_key,)).fetchone()
+                if row:
+                    return row[0]
+            return db.execute("INSERT INTO campaign_events (campaign, run, at, kind, body, dedupe_key)"
+                              " VALUES (?, ?, ?, ?, ?, ?)",
+                              (campaign, run, now, kind, json.dumps(body), dedupe_key)).lastrowid
+
+    def campaign_events(self, campaign: str, kind: str | None = None) -> list[Row]:
+        sql, args = "SELECT * FROM campaign_events WHERE campaign=? ORDER BY id", (campaign,)
+        if kind is not None:
+            sql, args = "SELECT * FROM campaign_events WHERE campaign=? AND kind=? ORDER BY id", (campaign, kind)
+        return [Row(r["id"], r["run"] or "", r["at"], r["kind"], json.loads(r["body"])) for r in self._query(sql, args)]
+
+    def has_campaign_event(self, dedupe_key: str) -> bool:
+        return bool(self._query("SELECT 1 FROM campaign_events WHERE dedupe_key=?", (dedupe_key,)))
+
+    def open_owner_call(self, campaign: str, run: str, question: str, options: tuple[str, ...],
+                        body: dict[str, Any], now: float, dedupe_key: str) -> OwnerCall:
+        """Record an owner call before it is posted; the same key twice returns the first."""
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO owner_calls (campaign, run, question, options, body, created_at,"
+                       " dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (campaign, run, question, json.dumps(list(options)), json.dumps(body), now, dedupe_key))
+        return _owner_call(self._query("SELECT * FROM owner_calls WHERE dedupe_key=?", (dedupe_key,))[0])
+
+    def owner_call(self, call_id: int) -> OwnerCall | None:
+        rows = self._query("SELECT * FROM owner_calls WHERE id=?", (call_id,))
+        return _owner_call(rows[0]) if rows else None
+
+    def owner_calls(self, campaign: str) -> list[OwnerCall]:
+        return [_owner_call(r) for r in self._query("SELECT * FROM owner_calls WHERE campaign=? ORDER BY id",
+                                                    (campaign,))]
+
+    def decide_owner_call(self, call_id: int, decision: str, by: str, now: float) -> bool:
+        """The first decision wins, atomically: False when the call was already decided (or is unknown)."""
+        with self.tx() as db:
+            return db.execute("UPDATE owner_calls SET decision=?, decided_by=?, decided_at=? WHERE id=?"
+                              " AND decision IS NULL", (decision, by, now, call_id)).rowcount == 1
+
+    def set_owner_call_result(self, call_id: int, result: str) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE owner_calls SET result=? WHERE id=?", (result[:500], call_id))
+
+    def add_click(self, call_id: int | None, user: str | None, action: str | None, outcome: str, reason: str,
+                  now: float) -> int:
+        """Every owner-call click, accepted or refused (forged, replayed, not allowed, already decided)."""
+        with self.tx() as db:
+            return db.execute("INSERT INTO owner_call_clicks (call_id, at, user, action, outcome, reason)"
+                              " VALUES (?, ?, ?, ?, ?, ?)",
+                              (call_id, now, (user or "")[:64] or None, (action or "")[:64] or None, outcome,
+                               reason[:300])).lastrowid
+
+    def clicks(self, call_id: int | None = None) -> list[dict[str, Any]]:
+        if call_id is None:
+            return [dict(r) for r in self._query("SELECT * FROM owner_call_clicks ORDER BY id")]
+        return [dict(r) for r in self._query("SELECT * FROM owner_call_clicks WHERE call_id=? ORDER BY id",
+                                             (call_id,))]
+
 
 
 def _statements(script: str) -> list[str]:
@@ -485,3 +645,13 @@ def _message(r: sqlite3.Row) -> OutboxMessage:
 
 def _verdict(r: sqlite3.Row) -> Row:
     return Row(r["id"], r["run"], r["computed_at"], r["status"], json.loads(r["body"]), r["at_step"])
+
+
+def _campaign_run(r: sqlite3.Row) -> dict[str, Any]:
+    return {**dict(r), "delta": json.loads(r["delta"])}
+
+
+def _owner_call(r: sqlite3.Row) -> OwnerCall:
+    return OwnerCall(id=r["id"], campaign=r["campaign"], run=r["run"], question=r["question"],
+                     options=tuple(json.loads(r["options"])), body=json.loads(r["body"]), created_at=r["created_at"],
+                     decision=r["decision"], decided_by=r["decided_by"], decided_at=r["decided_at"], result=r["result"])

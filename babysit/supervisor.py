@@ -13,20 +13,29 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from babysit import classify, guards, logtail, retry, smoke, snapshot, sources
-from babysit.errors import BabysitError, PreregTampered
+from babysit import logtail, sources
+from babysit.campaign.hook import after_final_verdict
+from babysit.clock import SYSTEM, Clock
+from babysit.core import classify, guards, retry, smoke, snapshot
+from babysit.core.errors import BabysitError, PreregTampered
+from babysit.core.observation import Observation, observe
+from babysit.core.readings import GpuView, HostReading
+from babysit.core.records import LogRecord, ProgressPoint
+from babysit.core.spec import RunSpec
 from babysit.executors import Executor
+from babysit.exitwatch import ExitWatcher
 from babysit.faults import crash_point
-from babysit.probes.gpu import GUARD_WINDOW, GpuProbe, GpuView
-from babysit.probes.host import HostReading, read_host
-from babysit.spec import RunSpec
+from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
+from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.store import Attempt, Store
+from babysit.timers import ThreadTimers, Timers
 
 log = structlog.get_logger("babysit.supervisor")
 
@@ -39,7 +48,8 @@ GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled a
 
 @dataclass
 class DaemonContext:
-    """What every supervisor shares: the store, probes, clock scale, and where things go."""
+    """What every supervisor shares, injected: the store, the executors, the clock, the probes, the timers
+    its later actions go through and the one thread that watches every attempt's exit."""
 
     store: Store
     state_dir: Path
@@ -47,10 +57,13 @@ class DaemonContext:
     executors: dict[str, Executor]
     scale: float  # seconds per declared minute: 60, or 1 when --accelerated
     default_channel: str | None = None
-    schedule_poll: Any = None  # callable(run, when_epoch) set by the daemon
+    clock: Clock = SYSTEM
+    host_probe: HostProbe = field(default_factory=ProcHostProbe)
+    timers: Timers = field(default_factory=ThreadTimers)  # the daemon's: APScheduler date jobs
+    exits: ExitWatcher = field(default_factory=ExitWatcher)
 
     def now(self) -> float:
-        return time.time()
+        return self.clock.time()
 
 
 class RunSupervisor:
@@ -63,8 +76,8 @@ class RunSupervisor:
         self.lock = threading.RLock()
         self.attempt: Attempt | None = None
         self.launch_msg: int | None = None
-        self.points: deque[logtail.ProgressPoint] = deque(maxlen=256)
-        self.recent: deque[logtail.LogRecord] = deque(maxlen=16)
+        self.points: deque[ProgressPoint] = deque(maxlen=256)
+        self.recent: deque[LogRecord] = deque(maxlen=16)
         self.last_record_wall: float | None = None
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
@@ -77,7 +90,7 @@ class RunSupervisor:
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
-        self.watcher: threading.Thread | None = None
+        self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
         self.last_provisional_post = 0.0
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
@@ -171,7 +184,7 @@ class RunSupervisor:
     # -- launch -----------------------------------------------------------------------------------------
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
         # A scheduler (Slurm) picks the GPUs on a node the daemon cannot see: no launch check from here.
-        gpus = () if getattr(self.executor, "allocates_gpus", False) else self.spec.gpus
+        gpus = () if self.executor.allocates_gpus else self.spec.gpus
         # this read also opens the attempt's poll window: the first poll averages from launch
         view = self.ctx.gpu_probe.read(gpus, window=self.poll_window) if gpus else None
         refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen))
@@ -206,9 +219,7 @@ class RunSupervisor:
                     "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
         for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
             env.pop(secret, None)  # the trainer has no business with the bot's credentials
-        if self.spec.executor == "local":
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so CUDA's indices are NVML's, which the guards read
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.spec.gpus)
+        env.update(self.executor.launch_env(self.spec.gpus))  # local: CUDA numbers GPUs as NVML does
         if self.spec.log is not None:
             self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
@@ -242,18 +253,40 @@ class RunSupervisor:
 
     # -- watching ---------------------------------------------------------------------------------------
     def _watch(self) -> None:
+        """Hand the attempt's end to the daemon's one exit watcher (a descriptor that turns readable at the
+        exit), or, where the executor has none (Slurm), ask for it every `exit_poll_seconds`."""
         attempt = self.attempt
         assert attempt is not None
+        n = attempt.n
+        fd = self.executor.exit_fd(attempt)
+        if fd is not None:
+            self.ctx.exits.watch(self.run, fd, lambda: self._later(f"exit:{self.run}:{n}", 0.0,
+                                                                   lambda: self.on_exit(n), "handling its exit"))
+            return
 
-        def wait() -> None:
-            self.executor.wait(attempt, None)
-            self.on_exit(attempt.n)
+        def ask() -> None:
+            self.check_exit()
+            current = self.attempt
+            if current is not None and current.n == n and current.status == "running":
+                self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
 
-        self.watcher = threading.Thread(target=wait, name=f"watch:{self.run}:{attempt.n}", daemon=True)
-        self.watcher.start()
+        self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
+
+    def _later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None:
+        """`fn` on the daemon's timers in `delay` real seconds: an error is this run's (logged, or an
+        internal-error incident), never the timer thread's."""
+        def run() -> None:
+            try:
+                fn()
+            except BabysitError as exc:
+                log.error(f"{where} failed", run=self.run, error=exc.message, exc_info=exc)
+            except Exception as exc:
+                self.internal_error(where, exc)
+
+        self.ctx.timers.call_at(key, self.ctx.now() + delay, run)
 
     def check_exit(self) -> None:
-        """A backstop to the watcher thread (and the way exits are seen for schedulers)."""
+        """A backstop to the exit watcher (and the way exits are seen for schedulers)."""
         attempt = self.attempt
         if attempt is not None and attempt.status == "running":
             attempt = self.attempt = self._sync_start(attempt)
@@ -266,10 +299,9 @@ class RunSupervisor:
         An executor with `start_time(attempt)` (Slurm) says the real StartTime once the job left the
         queue, None while it waits; while it waits started_at follows the clock (GPU-seconds stay ~0).
         """
-        start_time = getattr(self.executor, "start_time", None)
-        if start_time is None or attempt.status != "running":
+        if attempt.status != "running":
             return attempt
-        real = start_time(attempt)
+        real = self.executor.start_time(attempt)
         if real is None:
             real = self.ctx.now()
             if attempt.started_at is not None and real - attempt.started_at < 5:
@@ -360,7 +392,14 @@ class RunSupervisor:
             return
         final = {"completed": "finished", "stopped": "stopped"}.get(attempt.outcome or "", "failed")
         self._set(final, ended=attempt.outcome, end_reason=decision.reason)
+        self._forget()
         log.info("run over", run=self.run, status=final, reason=decision.reason)
+
+    def _forget(self) -> None:
+        """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
+        for key in (f"poll:{self.run}", f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}"):
+            self.ctx.timers.cancel(key)
+        self.ctx.gpu_probe.close_window(self.poll_window)
 
     def _history(self) -> list[retry.PastAttempt]:
         out = []
@@ -397,7 +436,7 @@ class RunSupervisor:
         new_eval = False
         metric = self.spec.prereg.metric if self.spec.prereg else None
         for record in read.records:
-            self.points.append(logtail.ProgressPoint(record.step, record.ts))
+            self.points.append(ProgressPoint(record.step, record.ts))
             self.recent.append(record)
             self._note_record(record)
             evals = {k: v for k, v in record.metrics.items() if k.startswith("eval")}
@@ -422,7 +461,7 @@ class RunSupervisor:
                                      step=self.points[-1].step if self.points else None,
                                      last_record_at=self.last_record_wall)
 
-    def _note_record(self, record: logtail.LogRecord) -> None:
+    def _note_record(self, record: LogRecord) -> None:
         """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
         metric = self.spec.prereg.metric if self.spec.prereg else None
         numbers = {k: v for k, v in record.fields.items() if isinstance(v, float)}  # logtail keeps NaN/inf here
@@ -533,6 +572,7 @@ class RunSupervisor:
                                   "precision": self.spec.prereg.precision if self.spec.prereg else 4,
                                   "channel": self.spec.notify.channel or self.ctx.default_channel},
                       key=key, thread=False)
+        after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """Record an exception met while handling this run: the traceback to the daemon log, an
@@ -572,6 +612,7 @@ class RunSupervisor:
             if self.ctx.store.attempts(self.run)[-1].n == n and self.is_active():
                 self._set("failed", ended=self.attempt.outcome,
                           end_reason=f"internal error after attempt {n}'s exit: {error}")
+                self._forget()
                 log.error("run over after an internal error", run=self.run, attempt=n, error=error)
         except Exception:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
@@ -633,43 +674,79 @@ class RunSupervisor:
 
     def _schedule_next_poll(self) -> None:
         attempt = self.attempt
-        if attempt is None or attempt.started_at is None or self.ctx.schedule_poll is None:
+        if attempt is None or attempt.started_at is None:
             return
-        polls = [p for p in self.ctx.store.polls(self.run, limit=1) if p.attempt == attempt.n]
-        if polls:
-            when = polls[0].at + self.spec.poll.every_minutes * self.ctx.scale
+        newest = self._newest_poll_at(attempt.n)
+        if newest is not None:
+            when = newest + self.spec.poll.every_minutes * self.ctx.scale
         else:
             when = attempt.started_at + self.spec.poll.first_after_minutes * self.ctx.scale
-        self.ctx.schedule_poll(self.run, max(when, self.ctx.now()))
+        self._later(f"poll:{self.run}", max(0.0, when - self.ctx.now()), self.poll, "polling it")
 
-    def snapshot(self, kind: str) -> snapshot.Snapshot:
+    def _newest_poll_at(self, n: int) -> float | None:
+        """When attempt n was last polled (None: never); read from the store once, then kept as polls go."""
+        if self.newest_poll is None or self.newest_poll[0] != n:
+            newest = self.ctx.store.polls(self.run, limit=1)
+            self.newest_poll = (n, newest[0].at if newest and newest[0].attempt == n else None)
+        return self.newest_poll[1]
+
+    def observe(self, window: str = GUARD_WINDOW) -> Observation:
+        """One look at the running attempt: the log read on, then the host, the GPUs (closing `window`'s
+        utilization average) and the GPU-hours, each read once; guards and polls decide on the result."""
         attempt = self.attempt
         assert attempt is not None
+        t0 = time.perf_counter()
+        self.read_log()
         now = self.ctx.now()
-        view: GpuView | None = self._gpu_view(window=self.poll_window)
-        root = self.executor.root_pid(attempt)
-        host = read_host(root) if self.spec.executor == "local" else None
-        run_pids = self._run_pids(host) | frozenset(self.run_pids_seen) if host is not None else None
+        host = self.ctx.host_probe.read(self.executor.root_pid(attempt)) if self.executor.runs_here else None
+        run_pids = self._run_pids(host)
+        t1 = time.perf_counter()
+        view = self._gpu_view(window)
+        t2 = time.perf_counter()
+        if t2 - t0 > 0.25:  # a check must cost its run nothing: say where the time went
+            log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
         since_record = self._quiet_seconds(now)
         since_launch = None if attempt.started_at is None else now - attempt.started_at
         per_s = 60 / self.ctx.scale  # declared seconds per real second (60 when --accelerated)
         prereg = self.spec.prereg
+        return observe(
+            run=self.run, attempt=attempt.n, at=now, points=tuple(self.points),
+            read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt), gpus=self.spec.gpus,
+            gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600, view=view, host=host,
+            run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
+            seconds_since_last_record=None if since_record is None else since_record * per_s,
+            seconds_since_launch=None if since_launch is None else since_launch * per_s,
+            data_wait_frac=self._data_wait_frac(), nonfinite=self.nonfinite)
+
+    def snapshot(self, kind: str, obs: Observation | None = None) -> snapshot.Snapshot:
+        """The poll's snapshot of an observation (a fresh one through the poll window when none is given):
+        the same step, pace, projection, GPUs, host and pids the guards decide on."""
+        obs = obs if obs is not None else self.observe(self.poll_window)
         return snapshot.build_snapshot(
-            run=self.run, attempt=attempt.n, at=now, kind=kind, points=tuple(self.points),
-            read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt),
-            gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600,
-            gpu_hours_cap=self.spec.guards.gpu_hours_cap,
-            n_gpus=len(self.spec.gpus), view=view, host=host, gpus=self.spec.gpus,
+            run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, points=obs.points, step=obs.step,
+            seconds_per_step=obs.seconds_per_step, read_step=obs.read_step, end_step=obs.end_step,
+            gpu_hours_used=obs.gpu_hours_used, gpu_hours_cap=self.spec.guards.gpu_hours_cap, n_gpus=len(obs.gpus),
+            view=obs.view, host=obs.host, gpus=obs.gpus,
+            run_pids=(obs.run_pids | obs.past_run_pids) if obs.host is not None else None,
             latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.provisional,
             starvation_util_pct=self.spec.poll.starvation_util_pct,
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
-            note=self.executor.status_note(attempt), run_pids=run_pids,
-            seconds_since_last_record=None if since_record is None else since_record * per_s,
-            seconds_since_launch=None if since_launch is None else since_launch * per_s,
-            stall_seconds=self.spec.guards.stall_minutes * 60, log_path=str(self.records_log),
-            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()},
-            data_wait_frac=self._data_wait_frac(),
-        )
+            seconds_since_last_record=obs.seconds_since_last_record,
+            stall_seconds=self.spec.guards.stall_minutes * 60,
+            note=self.executor.status_note(self.attempt) if self.attempt is not None else None,
+            log_path=str(self.records_log), seconds_since_launch=obs.seconds_since_launch,
+            data_wait_frac=obs.data_wait_frac,
+            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()})
+
+    def _live_facts(self, obs: Observation) -> guards.LiveFacts:
+        """The guards' facts from the check's one observation (a poll snapshots the same kind of record)."""
+        return guards.LiveFacts(
+            gpus=obs.gpus, view=obs.view, run_pids=obs.run_pids, gpu_hours_used=obs.gpu_hours_used,
+            gpu_hours_projected_at_end=obs.gpu_hours_projected,
+            seconds_since_last_record=obs.seconds_since_last_record, process_alive=True,
+            available_ram_bytes=obs.host.available_ram_bytes if obs.host is not None else None,
+            already_warned=frozenset(self.warned), past_run_pids=obs.past_run_pids,
+            sightings=dict(self.sightings), nonfinite=obs.nonfinite)
 
     def _gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
         """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe
@@ -677,8 +754,9 @@ class RunSupervisor:
         `window`: whose utilization average this read closes (the guards' or the polls')."""
         if not self.spec.gpus:
             return None
-        remote = getattr(self.executor, "gpu_probe", None)
-        probe = remote(self.attempt) if remote is not None and self.attempt is not None else self.ctx.gpu_probe
+        probe = self.ctx.gpu_probe
+        if self.attempt is not None:
+            probe = self.executor.gpu_probe(self.attempt, probe)
         return probe.read(self.spec.gpus, window=window)
 
     def poll(self, kind: str | None = None) -> None:
@@ -686,13 +764,12 @@ class RunSupervisor:
             attempt = self.attempt
             if attempt is None or attempt.status != "running":
                 return
-            self.read_log()
-            kind = kind or ("first" if not [p for p in self.ctx.store.polls(self.run, 5) if p.attempt == attempt.n]
-                            else "periodic")
+            kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
             snap = self.snapshot(kind)
             data = snap.to_dict()
             self.ctx.store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
                                        payload={"run": self.run})
+            self.newest_poll = (attempt.n, snap.at)
             self._check_readable(attempt)
             if "input-starvation" in snap.flags:
                 wait = snap.data_wait_frac or 0.0
@@ -704,51 +781,23 @@ class RunSupervisor:
             if kind != "on-demand":
                 self._schedule_next_poll()
 
-    def guard(self, *, stall_seconds: float) -> None:
-        """The live check: foreign GPU processes, GPU-hour cap, stalls, host memory."""
+    def guard(self) -> None:
+        """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory."""
         with self.lock:
             attempt = self.attempt
             if attempt is None or attempt.status != "running" or self.stopping:
                 return
-            t0 = time.perf_counter()
-            self.read_log()
-            now = self.ctx.now()
-            root = self.executor.root_pid(attempt)
-            host = read_host(root) if self.spec.executor == "local" else None
-            run_pids = self._run_pids(host)
-            t1 = time.perf_counter()
-            view = self._gpu_view()
-            t2 = time.perf_counter()
-            if t2 - t0 > 0.25:  # the guard must cost its run nothing: say where the time went
-                log.info("guard check slow", run=self.run, log_and_host_s=round(t1 - t0, 3),
-                         gpu_read_s=round(t2 - t1, 3))
-            used = self.ctx.store.gpu_seconds(self.run, now) / 3600
-            prereg = self.spec.prereg
-            sps = logtail.seconds_per_step(list(self.points))
-            steps_left = None
-            end = self._end_step(attempt) or (prereg.read_step if prereg else None)
-            if end is not None and self.points:
-                steps_left = max(0, end - self.points[-1].step)
-            projected = snapshot.project_gpu_hours(used, sps, steps_left, len(self.spec.gpus))
-            since = self._quiet_seconds(now)
-            past = frozenset(self.run_pids_seen)
-            if view is not None and view.available:
+            obs = self.observe(GUARD_WINDOW)
+            if obs.view is not None and obs.view.available:
                 self.sightings = guards.track_sightings(
-                    self.sightings, guards.foreign_holders(view, self.spec.gpus, run_pids | past))
-            facts = guards.LiveFacts(
-                gpus=self.spec.gpus, view=view, run_pids=run_pids,
-                gpu_hours_used=used, gpu_hours_projected_at_end=projected,
-                seconds_since_last_record=None if since is None else since * 60 / self.ctx.scale,
-                process_alive=True, available_ram_bytes=host.available_ram_bytes if host else None,
-                already_warned=frozenset(self.warned), past_run_pids=past, sightings=dict(self.sightings),
-                nonfinite=self.nonfinite)
-            actions = guards.live(self.spec.guards, facts)
+                    self.sightings, guards.foreign_holders(obs.view, self.spec.gpus, obs.run_pids | obs.past_run_pids))
+            actions = guards.live(self.spec.guards, self._live_facts(obs))
             if any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None:
                 return  # it has already exited with its own code: that is its outcome, never a guard stop
             for action in actions:
-                self._act(action, attempt, host)
+                self._act(action, attempt, obs.host)
 
-    def _act(self, action: guards.Action, attempt: Attempt, host: Any) -> None:
+    def _act(self, action: guards.Action, attempt: Attempt, host: HostReading | None) -> None:
         detail = dict(action.detail)
         key = action.key or action.incident
         if action.kind == "confirm":
@@ -778,14 +827,9 @@ class RunSupervisor:
 
         def recheck() -> None:
             self.recheck_pending = False
-            try:
-                self.guard(stall_seconds=self.spec.guards.stall_minutes * self.ctx.scale)
-            except Exception:
-                log.exception("guard re-check failed", run=self.run)
+            self.guard()
 
-        timer = threading.Timer(min(RECHECK_SECONDS, self.ctx.scale / 2), recheck)
-        timer.daemon = True
-        timer.start()
+        self._later(f"recheck:{self.run}", min(RECHECK_SECONDS, self.ctx.scale / 2), recheck, "re-checking its guards")
 
     def _note_attempt(self, attempt: Attempt, **facts: Any) -> None:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
@@ -802,15 +846,15 @@ class RunSupervisor:
             self._set("stopping", stop={"attempt": attempt.n, "reason": reason, "at": self.ctx.now(),
                                         "signal": self.spec.stop_signal})
         grace = self.spec.guards.stop_grace_seconds
-        sig = signal.Signals[self.spec.stop_signal]
 
-        def stop() -> None:
-            self.executor.stop(attempt, sig)
-            if not self.executor.wait(attempt, grace):
+        def kill_if_alive() -> None:
+            if not self.executor.wait(attempt, 0):
                 log.warning("grace period over: SIGKILL", run=self.run, attempt=attempt.n, grace_s=grace)
                 self.executor.kill(attempt)
 
-        threading.Thread(target=stop, name=f"stop:{self.run}", daemon=True).start()
+        # the SIGKILL is scheduled first, so a stop that fails (scancel refused) still ends in one
+        self._later(f"kill:{self.run}", grace, kill_if_alive, "killing it after the grace period")
+        self.executor.stop(attempt, signal.Signals[self.spec.stop_signal])  # at once, on the asker's thread
         return True
 
 

@@ -21,7 +21,7 @@ from typing import Protocol, TextIO
 
 import structlog
 
-from babysit.errors import BabysitError
+from babysit.core.errors import BabysitError
 from babysit.runtable import change_line, live_table
 from babysit.runview import Reader, RunRow
 

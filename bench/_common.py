@@ -131,6 +131,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
+def cpu_seconds_precise(pid: int) -> float:
+    """CPU time of every living thread of the process, in ns resolution (/proc/PID/task/*/schedstat).
+
+    /proc/PID/stat counts in clock ticks (10 ms): a daemon that spends 30 ms in a minute reads as 0.00,
+    0.01, 0.02 or 0.03 s. schedstat's first field is the thread's time on the CPU in nanoseconds; a
+    thread that has ended is not counted (the daemon's threads live as long as it does). Falls back
+    to `cpu_seconds` where schedstat is missing.
+    """
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+        for tid in tids:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return cpu_seconds(pid)
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -221,22 +240,24 @@ class Daemon:
 
 
 def kill_runs(root: Path) -> int:
-    """SIGKILL the process group of every attempt recorded in the workspace's store; how many."""
-    from babysit.store import Store
+    """SIGKILL the process group of every attempt recorded in the workspace's store; how many.
+
+    Raw SQL, not babysit's Store: a store written by the code before (`--before`) is read as it is."""
+    import sqlite3
 
     db = root / ".babysit" / "state.db"
     if not db.exists():
         return 0
-    store = Store(db)
-    killed = 0
+    con = sqlite3.connect(db, timeout=30)
     try:
-        for attempt in store.all_attempts():
-            if attempt.pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(attempt.pid, signal.SIGKILL)
-                    killed += 1
+        pids = [pid for (pid,) in con.execute("SELECT pid FROM attempts WHERE pid IS NOT NULL")]
     finally:
-        store.close()
+        con.close()
+    killed = 0
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
     return killed
 
 
@@ -248,6 +269,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: floa
             return value
         time.sleep(step)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+# -- the code before ---------------------------------------------------------------------------------
+
+def run_before(before: str, script: str, argv: Sequence[str]) -> list[dict[str, Any]]:
+    """Run BEFORE/bench/SCRIPT — an export of the code before a change (bench/export_before.sh) — with
+    BEFORE first on PYTHONPATH, so its daemon, shims and benches are that code; its JSON `results`
+    (or the whole JSON as one result), each tagged `code: before`."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="babysit-before-")) / "before.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (before, os.environ.get("PYTHONPATH")) if x)}
+    subprocess.run([sys.executable, str(Path(before) / "bench" / script), *argv, "--json", str(out)], env=env,
+                   check=True, stdout=subprocess.DEVNULL, cwd=before)
+    data = json.loads(out.read_text())
+    return [{**r, "code": "before"} for r in data.get("results", [data])]
 
 
 # -- output -----------------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, write_log
 
 from babysit import logtail, reading
-from babysit.spec import load_spec
+from babysit.core.records import metric_series
+from babysit.core.spec import load_spec
+from babysit.core.verdict import evaluate
 from babysit.store import Store
-from babysit.verdict import evaluate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +65,8 @@ bands = [{{label = "SAME", max = 0.05}}, {{label = "DRIFT", min = 0.05}}]
         records, _ = logtail.read_all(log)
         t_read = time.perf_counter() - t0
         t0 = time.perf_counter()
-        series = logtail.metric_series(records, "eval_loss")
-        train = logtail.metric_series(records, "train_loss")
+        series = metric_series(records, "eval_loss")
+        train = metric_series(records, "train_loss")
         verdict = evaluate(spec.prereg, (), series, train_series=train)
         t_eval = time.perf_counter() - t0
         del records

@@ -1,8 +1,9 @@
 """The Slack bot on slack_bolt: `/verdict`, `/babysit …` and the abort button, over HTTP or Socket Mode.
 
 `build_app` wires listeners to bot/handlers.py; `App.dispatch` needs no HTTP, so the transports are
-thin: bot/http.py for `--http PORT`, Bolt's SocketModeHandler for `--socket` (outbound websocket
-only — the right default for a GPU box behind a firewall). `start_in_background` is what
+thin: bot/http.py for `--http PORT`, bot/socket_mode.py for `--socket` (Bolt's SocketModeHandler,
+each envelope handled once; outbound websocket only — the right default for a GPU box behind a
+firewall). `start_in_background` is what
 `babysit up --bot` calls to host the bot inside the daemon; `babysit bot` runs it alone against
 the same registry and state. The daemon itself never imports this module's dependencies.
 """
@@ -10,14 +11,15 @@ the same registry and state. The daemon itself never imports this module's depen
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from babysit.errors import BadInput
-from bot import handlers
+from babysit.core.errors import BadInput
+from bot import handlers, owner_calls
 from bot.handlers import BotConfig
 from bot.messages import ABORT_ACTION_ID
 from bot.predicates import parse_babysit, parse_verdict
@@ -32,7 +34,7 @@ def build_app(cfg: BotConfig, *, socket_mode: bool = False, client: Any = None) 
     """A Bolt App on babysit's client factory (so BABYSIT_SLACK_API_URL applies) with every listener."""
     from slack_bolt import App
 
-    from bot.client import TOKEN_ENV, web_client
+    from babysit.slack.client import TOKEN_ENV, web_client
 
     if not os.environ.get(TOKEN_ENV):
         raise BadInput(f"{TOKEN_ENV} is not set: the bot needs the app's bot token (xoxb-…)",
@@ -61,6 +63,8 @@ def register(app: Any, cfg: BotConfig) -> None:
     def abort_clicked(ack: Any, body: dict[str, Any], respond: Any) -> None:
         handlers.abort_confirmed(cfg, body, ack, respond)
 
+    owner_calls.register(app, cfg)  # launch / extend / hold on a campaign's owner call (docs/campaigns.md)
+
 
 @dataclass
 class RunningBot:
@@ -74,8 +78,13 @@ class RunningBot:
         self._stop()
 
 
-def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0") -> RunningBot:
-    """Start serving in background threads and return at once."""
+def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0",
+          keep_trying: bool = False) -> RunningBot:
+    """Start serving in background threads and return at once.
+
+    Socket Mode: `keep_trying` (the daemon's bot) keeps trying to connect while Slack is unreachable;
+    without it (`babysit bot`, run by a person) a failed first connection is an error that says why.
+    """
     if http_port is not None:
         from bot.http import make_server, serve_in_thread
 
@@ -89,21 +98,24 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
         raise BadInput(f"{APP_TOKEN_ENV} is not set: Socket Mode needs the app-level token (xapp-…)",
                        hint="create one with the connections:write scope (Basic Information → App-Level "
                             "Tokens), or serve HTTP with --http PORT")
-    from slack_bolt.adapter.socket_mode import SocketModeHandler
+    from bot.socket_mode import connect_in_background, connect_now, socket_handler
 
-    handler = SocketModeHandler(build_app(cfg, socket_mode=True), app_token)
-    handler.connect()
-    log.info("slack bot connected", mode="socket")
-    return RunningBot("socket", None, handler.close)
+    stop = threading.Event()
+    handler = socket_handler(build_app(cfg, socket_mode=True), app_token, stop)
+    if keep_trying:
+        connect_in_background(handler, stop)
+    else:
+        connect_now(handler)
+    return RunningBot("socket", None, lambda: (stop.set(), handler.close()))
 
 
 def start_in_background(registry_path: Path, http_port: int | None = None) -> RunningBot | None:
     """For `babysit up --bot [--bot-http PORT]`: the bot inside the daemon. A bot that cannot start is
     logged and skipped — the daemon babysits on without it (messages still go out through the outbox)."""
-    from babysit.errors import BabysitError
+    from babysit.core.errors import BabysitError
 
     try:
-        return start(BotConfig(Path(registry_path)), http_port=http_port)
+        return start(BotConfig(Path(registry_path)), http_port=http_port, keep_trying=True)
     except BabysitError as exc:
         log.error("slack bot not started", error=exc.message, hint=exc.hint)
     except Exception as exc:  # a Socket Mode connection refused at startup must not take the daemon down

@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from babysit.probes.gpu import GpuView
-from bot.messages import fmt_gib
+from babysit.core.fmt import fmt_gib
+from babysit.core.readings import GpuView
 
 if TYPE_CHECKING:
     from babysit.store import Store

@@ -19,10 +19,10 @@ from typing import Any
 import structlog
 
 from babysit import registry as registry_mod
-from babysit.errors import BabysitError
+from babysit.core.errors import BabysitError
+from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.store import Store
 from bot import messages as msg
-from bot.messages import Rendered
 from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
 
 log = structlog.get_logger("babysit.bot")
@@ -199,15 +199,23 @@ def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
     try:
         client.files_upload_v2(channel=body.get("channel_id"), file=str(path), filename=path.name,
                                title=f"{cmd.run} verdict chart",
-                               initial_comment=msg.chart_comment(str(cmd.run), verdict))
+                               initial_comment=chart_comment(str(cmd.run), verdict))
     except SlackApiError as exc:
         respond(**answer(msg.slack_refused("upload the chart", str(exc.response.get("error")))))
         return
     respond(**answer(msg.chart_uploaded(str(cmd.run))))
 
 
+def campaign(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond,
+             client: Any) -> None:
+    from bot.owner_calls import campaign_reply
+
+    ack(**answer(campaign_reply(cfg, cmd.run)))
+
+
 BABYSIT: dict[str, Callable[..., None]] = {
     "help": help_, "status": status, "runs": runs, "poll": poll, "abort": abort, "gpus": gpus, "chart": chart,
+    "campaign": campaign,
 }
 
 
@@ -226,4 +234,4 @@ def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, res
             reason = exc.message + (f" — {exc.hint}" if exc.hint else "")
             respond(**answer(msg.verdict_unavailable(str(cmd.run), reason)))
             return
-    respond(**answer(msg.verdict_card(v, precision), in_channel=wants_post(cmd)))
+    respond(**answer(verdict_card(v, precision), in_channel=wants_post(cmd)))

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-OUTBOX_EVENT = "babysit_outbox"
-READ_ONLY = frozenset({"status", "runs", "poll", "chart", "gpus", "help"})  # poll asks, never changes a run
+READ_ONLY = frozenset({"status", "runs", "poll", "chart", "gpus", "help", "campaign"})  # poll asks, never changes a run
 SUBCOMMANDS = READ_ONLY | {"abort"}
 
 
@@ -68,22 +67,3 @@ def action_value(body: Mapping[str, Any], action_id: str) -> str | None:
     return None
 
 
-def is_outbox_post(message: Mapping[str, Any], outbox_id: int) -> bool:
-    """Is this Slack message the post of outbox message `outbox_id`? (its metadata says so)"""
-    meta = message.get("metadata") or {}
-    payload = meta.get("event_payload") or {}
-    return meta.get("event_type") == OUTBOX_EVENT and str(payload.get("id")) == str(outbox_id)
-
-
-def split_ref(ref: str | None) -> tuple[str, str] | None:
-    """A Slack remote_ref is "CHANNEL:TS"; anything else (a console ref, None) is not a Slack post."""
-    if not ref or ref.count(":") != 1:
-        return None
-    channel, ts = ref.split(":")
-    if not channel or ts.count(".") != 1 or not ts.replace(".", "").isdigit():  # Slack ts: "1712345678.000100"
-        return None
-    return channel, ts
-
-
-def make_ref(channel: str, ts: str) -> str:
-    return f"{channel}:{ts}"

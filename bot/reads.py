@@ -18,8 +18,8 @@ from babysit.store import Store
 
 def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str, Any], int]:
     """(the verdict JSON of docs/verdicts.md, precision)."""
+    from babysit.core.spec import load_spec
     from babysit.reading import read_registered_verdict, require_prereg
-    from babysit.spec import load_spec
 
     spec = load_spec(reg.spec_path(entry))
     prereg = require_prereg(spec)
@@ -33,8 +33,8 @@ def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str
 def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict[str, Any]]:
     """The FINAL verdict's chart when it exists, else one drawn now from the log as it stands."""
     from babysit.chart import render_chart
+    from babysit.core.spec import load_spec
     from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
-    from babysit.spec import load_spec
 
     final = store.final_verdict(entry.name)
     stored = reg.state_dir / "verdicts" / f"{entry.name}.png"  # where the daemon draws the FINAL chart

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.amendment import load_amendment, what_if
 from babysit.chart import render_chart
+from babysit.core.amendment import load_amendment, what_if
+from babysit.core.spec import load_spec
+from babysit.core.verdict import evaluate
 from babysit.reading import read_series
-from babysit.spec import load_spec
-from babysit.verdict import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +46,7 @@ def test_chart_with_no_data_at_all(tmp_path: Path, seed):
 
 
 def test_importing_the_cli_and_chart_does_not_import_matplotlib():
-    code = "import sys, babysit.chart, babysit.commands.verdict, babysit.verdict; print('matplotlib' in sys.modules)"
+    code = "import sys, babysit.chart, babysit.commands.verdict, babysit.core.verdict; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

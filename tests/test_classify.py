@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from babysit.classify import classify_exit, parse_size
-from babysit.logtail import LogRecord
-from babysit.spec import ClassifyRule
+from babysit.core.classify import classify_exit, parse_size
+from babysit.core.records import LogRecord
+from babysit.core.spec import ClassifyRule
 
 GIB = 2**30
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from babysit.core.spec import RunSpec, load_spec
 from babysit.sources import stdout
 from babysit.sources.records import Item
-from babysit.spec import RunSpec, load_spec
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "your-trainer.md"
 BLOCKS = re.findall(r"^```toml\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)

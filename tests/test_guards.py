@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from babysit.guards import Action, LiveFacts, foreign_holders, hours, live, low_util_flag, prelaunch, track_sightings
-from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
-from babysit.spec import GuardsSpec
+from babysit.core.fmt import hours
+from babysit.core.guards import (
+    Action,
+    LiveFacts,
+    foreign_holders,
+    live,
+    low_util_flag,
+    prelaunch,
+    track_sightings,
+)
+from babysit.core.readings import GpuProcess, GpuReading, GpuView
+from babysit.core.spec import GuardsSpec
 
 GIB = 2**30
 POLICY = GpuProcess(4242, "policy_server", 61 * GIB)

@@ -11,16 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from babysit.logtail import (
-    LogRecord,
-    ProgressPoint,
-    TailState,
-    metric_series,
-    read_all,
-    read_new,
-    read_recent,
-    seconds_per_step,
-)
+from babysit.core.records import LogRecord, ProgressPoint, metric_series, seconds_per_step
+from babysit.logtail import TailState, read_all, read_new, read_recent
 
 
 def line(step: int, ts: float, **metrics: object) -> bytes:

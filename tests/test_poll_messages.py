@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from babysit.logtail import ProgressPoint
-from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
-from babysit.probes.host import HostReading
-from babysit.snapshot import FLAGS, build_snapshot
-from bot.messages import flag_line, render
+from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
+from babysit.core.records import ProgressPoint
+from babysit.core.render import flag_line, render
+from babysit.core.snapshot import FLAGS, build_snapshot
 
 GIB = 2**30
 POINTS = tuple(ProgressPoint(s, 1000.0 + 0.05 * s) for s in range(0, 101, 10))

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from babysit.errors import BadInput
-from babysit.guards import LiveFacts, foreign_holders, live, prelaunch
+from babysit.core.errors import BadInput
+from babysit.core.guards import LiveFacts, foreign_holders, live, prelaunch
+from babysit.core.spec import GuardsSpec
 from babysit.probes.gpu import FileGpuProbe, NullGpuProbe, NvmlGpuProbe, open_gpu_probe
 from babysit.probes.host import (
     available_ram_bytes,
@@ -25,7 +26,6 @@ from babysit.probes.host import (
     process_tree,
     read_host,
 )
-from babysit.spec import GuardsSpec
 
 # parent -> child -> grandchild; the grandchild holds ~64 MiB and writes its pid to argv[1]
 GRANDCHILD = "import os, sys, time; b = b'x' * (64 * 2**20); open(sys.argv[1], 'w').write(str(os.getpid())); " \

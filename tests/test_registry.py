@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from babysit import registry
-from babysit.errors import EXIT_BAD_INPUT, RegistryError, SpecError, UnknownRun
+from babysit.core.errors import EXIT_BAD_INPUT, RegistryError, SpecError, UnknownRun
 from babysit.registry import DaemonSettings, Registry, RunEntry, load, resolve_registry_path, update, with_run
 
 SHA_A = "a" * 64

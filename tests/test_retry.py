@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.retry import PastAttempt, build_argv, next_attempt
-from babysit.spec import AttemptProfile, RetrySpec, RunSpec
+from babysit.core.retry import PastAttempt, build_argv, next_attempt
+from babysit.core.spec import AttemptProfile, RetrySpec, RunSpec
 
 SPEC = RunSpec(
     name="grasp_disc",

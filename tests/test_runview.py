@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit import logtail
+from babysit.core.records import LogRecord
+from babysit.core.spec import RunSpec, load_spec
 from babysit.runtable import change_line, status_table
 from babysit.runview import RunRow, build_row, collect, target_step
-from babysit.spec import RunSpec, load_spec
 from babysit.store import Attempt, Row, Store
 
 T0 = 1_800_000_000.0
@@ -49,8 +49,8 @@ def attempt(n: int = 1, *, started_at: float = T0, ended_at: float | None = None
                    exit_signal=None, outcome=outcome, detail={})
 
 
-def records(steps: range, *, t0: float, dt: float) -> tuple[logtail.LogRecord, ...]:
-    return tuple(logtail.LogRecord(step=s, ts=t0 + i * dt) for i, s in enumerate(steps))
+def records(steps: range, *, t0: float, dt: float) -> tuple[LogRecord, ...]:
+    return tuple(LogRecord(step=s, ts=t0 + i * dt) for i, s in enumerate(steps))
 
 
 def row(spec: RunSpec | None, **kw: object) -> RunRow:
@@ -77,7 +77,7 @@ def test_the_eta_counts_to_the_read_step_then_to_the_commands_end() -> None:
 
 
 def test_a_record_that_declares_the_last_step_sets_the_target_over_the_commands_flags() -> None:
-    said = (logtail.LogRecord(step=10, ts=T0, metrics={"total_steps": 5000.0}), logtail.LogRecord(step=11, ts=T0 + 1))
+    said = (LogRecord(step=10, ts=T0, metrics={"total_steps": 5000.0}), LogRecord(step=11, ts=T0 + 1))
     r = row(None, records=said)
     assert (r.step, r.target_step) == (11, 5000), "the HF/Lightning integrations' total_steps beats --steps 2000"
     assert row(None, records=records(range(1, 3), t0=T0, dt=1.0)).target_step == 2000

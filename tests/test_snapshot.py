@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from babysit.logtail import ProgressPoint
-from babysit.probes.gpu import GpuProcess, GpuReading, GpuView
-from babysit.probes.host import HostReading
-from babysit.snapshot import build_snapshot, project_gpu_hours, steps_from_argv
+from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
+from babysit.core.records import ProgressPoint
+from babysit.core.snapshot import build_snapshot, project_gpu_hours, steps_from_argv
 
 GIB = 2**30
 POINTS = tuple(ProgressPoint(s, 1000.0 + 30.0 * s) for s in range(0, 101, 10))  # 30 s/step, at step 100

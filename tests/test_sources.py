@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from babysit import cli
-from babysit.errors import SpecError
-from babysit.logtail import metric_series, read_all, seconds_per_step
+from babysit.core.errors import SpecError
+from babysit.core.records import metric_series, seconds_per_step
+from babysit.core.spec import RunSpec, load_spec
+from babysit.logtail import read_all
 from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.lines import Cursor, read_lines
-from babysit.spec import RunSpec, load_spec
 
 RUN = """
 [run]

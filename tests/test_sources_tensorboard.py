@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy
 import pytest
 
-from babysit.logtail import metric_series, read_all, seconds_per_step
+from babysit.core.records import metric_series, seconds_per_step
+from babysit.core.spec import RunSpec, load_spec
+from babysit.logtail import read_all
 from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.tensorboard import event_files
-from babysit.spec import RunSpec, load_spec
 
 tensorboard = pytest.importorskip("torch.utils.tensorboard", reason="needs torch and tensorboard (the dev extra)")
 SummaryWriter = tensorboard.SummaryWriter
@@ -172,7 +173,7 @@ def test_without_the_tensorboard_package_the_error_names_the_extra(tmp_path: Pat
         import sys
         sys.modules["tensorboard"] = None  # as if not installed: importing it raises ImportError
         import babysit.sources as sources
-        from babysit.spec import load_spec
+        from babysit.core.spec import load_spec
         assert "tensorboard" not in [m for m in sys.modules if sys.modules[m] is not None]
         spec = load_spec({str(tmp_path / "run.toml")!r})
         result = sources.SourcePump(spec, {str(tmp_path / "sd")!r}).pump(now=1.0)

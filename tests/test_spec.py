@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit import expr
-from babysit.errors import SpecError
-from babysit.spec import (
+from babysit.core import expr
+from babysit.core.errors import SpecError
+from babysit.core.spec import (
     GuardsSpec,
     PollSpec,
     RetrySpec,
@@ -266,8 +266,8 @@ def test_no_key_babysit_reads_is_a_near_miss_of_a_required_key_of_its_table(
     import re
     from collections import defaultdict
 
-    from babysit import tomlfile
-    from babysit.amendment import load_amendment
+    from babysit.core import tomlfile
+    from babysit.core.amendment import load_amendment
     from babysit.registry import load
 
     keys: dict[str, set[str]] = defaultdict(set)

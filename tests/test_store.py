@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit.errors import StateError
-from babysit.store import SCHEMA_VERSION, Store, amendment_sha256
+from babysit.core.amendment import amendment_sha256
+from babysit.core.errors import StateError
+from babysit.store import SCHEMA_VERSION, Store
 
 
 @pytest.fixture

@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+
+from babysit import reading
+from babysit.core.amendment import AmendmentSpec, check_against, last_metric_step, load_amendment, utc_now_iso
+from babysit.core.errors import BabysitError, BadInput
+from babysit.core.records import metric_series
+from babysit.core.spec import RunSpec
+from babysit.logtail import read_all
+from babysit.sources import records_path
+from babysit.store import Amendment, Store
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,12 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) -> tuple[Any, Any]:
+def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) -> tuple[Amendment, RunSpec]:
     """Check the freeze, parse FILE, record it; returns (store.Amendment, RunSpec)."""
-    from babysit import reading
-    from babysit.amendment import load_amendment, record_amendment
-    from babysit.store import Store
-
     reg, entry, spec = reading.load_registered(registry_path, name)
     reading.check_frozen(spec, entry.prereg_sha256)
     amendment = load_amendment(file, str(file))
@@ -55,3 +59,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"  note: declared after the baseline eval (step {spec.prereg.baseline_step}) was in the log; "
               "the record says so")
     return 0
+
+
+def record_amendment(store: Store, run_spec: RunSpec, spec: AmendmentSpec, now: datetime) -> Amendment:
+    """Append `spec` to the run's chain, recording what `metric` data the log held at this moment.
+
+    Refused (exit 1) once data at or after `read_step` exists: an amendment written after the read can
+    no longer be told apart from fitting the rule to the answer. The caller checks the prereg hash.
+    """
+    prereg = run_spec.prereg
+    if prereg is None:
+        raise BadInput(f"run '{run_spec.name}' has no [prereg]: there is no verdict to amend",
+                       hint="amendments change how a pre-registered verdict is read; add [prereg] under a new name")
+    check_against(spec, prereg)
+    log = records_path(run_spec, store.path.parent)
+    try:
+        records, _garbage = read_all(log)
+    except FileNotFoundError:
+        records = []
+    seen = last_metric_step(metric_series(records, prereg.metric))
+    if seen is not None and seen >= prereg.read_step:
+        raise BabysitError(
+            f"amendment refused: the log already holds {prereg.metric} data through step {seen}, at or after "
+            f"read_step {prereg.read_step} ({log})",
+            hint="an amendment must be declared before the data it touches; report the read under the frozen "
+                 "rules, or try it offline as a what-if: babysit verdict RUN.toml --log PATH --amendment FILE",
+        )
+    return store.add_amendment(run_spec.name, spec.title, spec.text, utc_now_iso(now), seen)

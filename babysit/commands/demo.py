@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "the end: polls, a divergence stopped live and retried, an amendment declared "
                                    "on time, and a FINAL pre-registered verdict with its chart.")
     p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
-    p.add_argument("--only", choices=("drift", "retry", "stdout"), default=None, help="run just one of the demo runs")
+    p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign"), default=None,
+                   help="run just one of the demo runs (campaign: drift_disc and its single-delta run)")
     p.set_defaults(func=run)
 
 
@@ -39,11 +40,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"babysit demo — workspace {root}\n")
     wanted = [("drift", drift), ("retry", retry_toml), ("stdout", stdout_toml)]
     for key, spec in wanted:
-        if args.only in (None, key):
+        if args.only in (None, key) or (args.only == "campaign" and key == "drift"):
             print(f"$ babysit register {spec.relative_to(root)} --accelerated")
             code = cli_main(["register", str(spec), "--accelerated", "--registry", str(reg)])
             if code:
                 return code
+    if args.only in (None, "campaign"):  # drift_disc's single-delta child (docs/campaigns.md)
+        print(f"$ babysit campaign register {(root / 'runs' / 'campaign.toml').relative_to(root)} --accelerated")
+        code = cli_main(["campaign", "register", str(root / "runs" / "campaign.toml"), "--accelerated",
+                         "--registry", str(reg)])
+        if code:
+            return code
     print("\n$ babysit up --accelerated --exit-when-idle   (declared minutes run as seconds)\n")
     state_dir = registry.load(reg).state_dir
     logs.configure(state_dir, console=False)
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                       footer="babysit demo · the daemon's view of its runs")
     watcher.start()
     amend = None
-    if args.only in (None, "drift"):
+    if args.only in (None, "drift", "campaign"):
         log = root / "outputs" / runner.DRIFT_RUN / "train_log.jsonl"
 
         def declare() -> int:
@@ -91,5 +98,10 @@ def run(args: argparse.Namespace) -> int:
               f"Δ {verdict['delta']:+.4f})")
         print(f"  verdict chart   {verdict_json.with_suffix('.png')}")
         print(f"\nre-derive it yourself:  babysit verdict {runner.DRIFT_RUN} --registry {reg}")
+    saga = state_dir / "campaigns" / f"{runner.CAMPAIGN}.png"
+    if saga.exists():
+        print(f"\n$ babysit campaign show {runner.CAMPAIGN}   (saga chart: {saga}; "
+              f"proposals: {root / 'runs' / 'proposals'})")
+        cli_main(["campaign", "show", runner.CAMPAIGN, "--registry", str(reg)])
     return 0
 

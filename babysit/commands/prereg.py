@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
     """Recompute each record's sha256 from its text and the previous record's hash; flag every break."""
-    from babysit.store import amendment_sha256
+    from babysit.core.amendment import amendment_sha256
 
     out = []
     prev: str | None = None

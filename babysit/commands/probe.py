@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from babysit.errors import BadInput
+    from babysit.core.errors import BadInput
     from babysit.probes.gpu import open_gpu_probe
     from babysit.probes.host import process_tree, read_host
     from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, gpu_record

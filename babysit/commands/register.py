@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from babysit import wake
+
 APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
            "keeps the spec it read; restart it to apply them now (the runs keep running across a restart)")
 
@@ -33,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from babysit import registry
-    from babysit.spec import check_cadence, load_spec
+    from babysit.campaign import join as campaign_join
+    from babysit.core.spec import check_cadence, load_spec
 
     spec = load_spec(Path(args.spec), display=args.spec)
     check_cadence(spec, args.accelerated)
@@ -50,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
               f"{result.expected_label})")
     _warn_about_the_log(spec, args.spec)
     path = registry.resolve_registry_path(args.registry)
+    joining = campaign_join.prepare(spec, path, args.spec)  # a campaign run: its delta shown, >1 refused (exit 2)
+    for line in joining.lines() if joining else ():
+        print(line)
     now = registry.utc_timestamp(datetime.now(timezone.utc))
     sha = spec.prereg.sha256 if spec.prereg else None
 
@@ -62,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
     state_dir = registry.load(path).state_dir
     if spec.prereg is not None:
         keep_frozen_copy(state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, now)
+    if joining is not None:
+        campaign_join.record(joining, spec, state_dir)
     changed = _changes_since_last_register(state_dir, spec, now, first=outcome == "added")
+    wake.wake(state_dir)  # a running daemon picks the run up now, not at its next guard round
     if sha:
         frozen = f"; prereg sha256 {sha[:16]}… " + ("still frozen" if changed else "frozen")
     else:
@@ -80,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _warn_about_the_log(spec: Any, shown: str) -> None:
     from babysit import logcheck
-    from babysit.retry import build_argv
+    from babysit.core.retry import build_argv
 
     if spec.log is None:  # records come from a [source] other than a JSONL log: nothing to compare
         return
@@ -92,8 +101,8 @@ def _warn_about_the_log(spec: Any, shown: str) -> None:
 def _changes_since_last_register(state_dir: Path, spec: Any, now: str, *, first: bool) -> tuple[Any, ...]:
     """The fields that differ from the spec kept at the last register (none the first time), and keep
     this one. [prereg] is left out: the registry refuses any change to it before we get here."""
-    from babysit.specdiff import changes
-    from babysit.tomlfile import load
+    from babysit.core.specdiff import changes
+    from babysit.core.tomlfile import load
 
     table = json.loads(json.dumps(load(spec.spec_file), default=str))
     kept = state_dir / "specs" / f"{spec.name}.json"

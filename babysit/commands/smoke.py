@@ -1,6 +1,6 @@
 """`babysit smoke RUN.toml`: try the run's profiles for N steps, keep the first that fits (docs/smoke.md).
 
-The thin shell around `babysit/smoke.py` (pure evidence and selection) and `babysit/smoke_record.py`
+The thin shell around `babysit/core/smoke.py` (pure evidence and selection) and `babysit/smoke_record.py`
 (the record): it applies the exclusive-GPU guard, starts each smoke run through the local executor's
 shim (argv only, its own process group, stdout/stderr/exit.json files; SIGKILL to the group at the
 timeout or on Ctrl-C, so nothing outlives it), samples NVML and RSS while it runs, asks a subprocess
@@ -56,11 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from babysit import registry
-    from babysit.errors import BadInput
+    from babysit.core.errors import BadInput
+    from babysit.core.smoke import candidates, select_profile
+    from babysit.core.spec import load_spec
     from babysit.probes.gpu import open_gpu_probe
-    from babysit.smoke import candidates, select_profile
     from babysit.smoke_record import build_record, validate
-    from babysit.spec import load_spec
 
     spec = load_spec(Path(args.spec), display=args.spec)
     steps = args.steps if args.steps is not None else spec.smoke.steps
@@ -124,8 +124,8 @@ def _guard(spec: Any, probe: Any, own_pids: set[int], profile: str) -> Any:
     A previous smoke run's pid can linger in NVML's list for a moment after it exited: wait for those
     (up to 15 s), never for anyone else's.
     """
-    from babysit import guards
-    from babysit.errors import LaunchRefused
+    from babysit.core import guards
+    from babysit.core.errors import LaunchRefused
 
     if probe is None:
         return None
@@ -182,7 +182,7 @@ class _Sampler:
             self.dev_peak = max(self.dev_peak or 0, sum(used))
 
     def result(self) -> Any:
-        from babysit.smoke import Sampled
+        from babysit.core.smoke import Sampled
 
         return Sampled(self.samples, self.proc_peak, self.dev_peak, self.rss_peak)
 
@@ -194,9 +194,9 @@ def _run_one(spec: Any, profile: Any, i: int, steps: int, smoke_dir: Path, args:
     import shutil
 
     from babysit import logtail
-    from babysit.classify import classify_exit
+    from babysit.core.classify import classify_exit
+    from babysit.core.smoke import drop_eval, profile_evidence, rlimit_prefix, smoke_argv, smoke_env, train_evidence
     from babysit.executors.local import LocalExecutor
-    from babysit.smoke import drop_eval, profile_evidence, rlimit_prefix, smoke_argv, smoke_env, train_evidence
     from babysit.store import Attempt
 
     label = f"smoke-{i}"
@@ -292,7 +292,7 @@ def _framework(spec: Any) -> tuple[str | None, list[dict[str, Any]] | None, str 
     import json
     import subprocess
 
-    from babysit.smoke import smoke_env
+    from babysit.core.smoke import smoke_env
 
     first = spec.command[0]
     python = first if Path(first).name.startswith("python") else sys.executable

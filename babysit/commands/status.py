@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     reg = registry.load(registry.resolve_registry_path(args.registry))
     names = [reg.get(args.run).name] if args.run else list(reg.names)
     if args.watch:
-        from babysit.errors import BadInput
+        from babysit.core.errors import BadInput
         from babysit.watch import watch
 
         if args.json:

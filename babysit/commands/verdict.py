@@ -42,12 +42,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from babysit import reading, sources
-    from babysit.amendment import check_against, load_amendment, what_if
-    from babysit.errors import BadInput, PreregTampered
+    from babysit.core.amendment import check_against, load_amendment, what_if
+    from babysit.core.errors import BadInput, PreregTampered
+    from babysit.core.spec import load_spec
+    from babysit.core.verdict import FINAL, evaluate
     from babysit.registry import resolve_registry_path
-    from babysit.spec import load_spec
     from babysit.store import Store
-    from babysit.verdict import FINAL, evaluate
 
     offline = Path(args.target).is_file() or args.target.endswith(".toml")
     final_dir: Path | None = None  # where the daemon keeps the FINAL verdict's files (registered runs)
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path | None, of_record: bool) -> Path:
     """Where this read's chart goes; a what-if never writes over the FINAL verdict's files."""
-    from babysit.errors import BadInput
+    from babysit.core.errors import BadInput
 
     if args.chart:
         chart = Path(args.chart)
@@ -141,7 +141,8 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
 def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
          offline: bool, comparators: dict[str, Any] | None = None) -> str:
     """The human-readable verdict; PROVISIONAL is a banner and prefixes the label, so it cannot be missed."""
-    from babysit.verdict import AMBIGUOUS_BY_INSTRUMENT, PROVISIONAL, fmt_bound, fmt_delta
+    from babysit.core.fmt import fmt_delta
+    from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, PROVISIONAL, fmt_bound
 
     p = prereg.precision
     lines: list[str] = []
@@ -194,7 +195,7 @@ def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage:
 
 def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str | None) -> int:
     from babysit import reading
-    from babysit.verdict import fmt_delta
+    from babysit.core.fmt import fmt_delta
 
     result = reading.run_fixture(prereg)
     p = prereg.precision
@@ -214,7 +215,7 @@ def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str |
 
 def _comparators(items: list[str], prereg: Any) -> dict[str, Any]:
     from babysit import reading
-    from babysit.errors import BadInput
+    from babysit.core.errors import BadInput
 
     out: dict[str, Any] = {}
     for item in items:
@@ -229,7 +230,7 @@ def _comparators(items: list[str], prereg: Any) -> dict[str, Any]:
 
 
 def _comparator_delta(series: Any, prereg: Any) -> float | None:
-    from babysit.verdict import decimal_of
+    from babysit.core.verdict import decimal_of
 
     values = dict(series)
     if prereg.baseline_step not in values or prereg.read_step not in values:

@@ -14,6 +14,8 @@ from pathlib import Path
 from babysit import logtail
 
 DRIFT_RUN = "drift_disc"
+CAMPAIGN = "drift_saga"
+AUG_RUN = "drift_aug"  # the campaign's single-delta run: drift_disc with --image-augment 0.5
 RETRY_RUN = "retry_demo"
 STDOUT_RUN = "nanogpt_stdout"
 AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250 (docs/demo.md)
@@ -75,6 +77,61 @@ AMBIGUOUS-BY-INSTRUMENT = "The raw and the scale-adjusted rules disagree: no con
 log = "../fixtures/healthy_train_log.jsonl"
 expect_delta = {{FIXTURE_DELTA}}
 expect_label = "HEALTHY"
+
+[campaign]                   # the baseline run of the campaign drift_saga (docs/campaigns.md)
+file = "campaign.toml"
+[campaign.grid.AMBIGUOUS-BY-INSTRUMENT]
+owner_call = "the raw and scaled rules disagree: check the instrument before reading the single-delta runs"
+'''
+
+
+CAMPAIGN_TOML = f'''# A campaign: why does the drift recipe climb after step 500? (docs/campaigns.md)
+[campaign]
+name = "{CAMPAIGN}"
+question = "Why does the drift recipe's eval error climb after step 500?"
+runs = ["{AUG_RUN}.toml"]    # registered by `babysit campaign register` (drift_disc, its parent, first)
+
+[[suspects]]
+name = "no-augment"
+status = "live"
+factors = ["--image-augment"]
+note = "the drift recipe trains without image augmentation"
+[[suspects]]
+name = "lr"
+factors = ["--lr", "--lr-scale"]
+[[suspects]]
+name = "label-noise"
+note = "10 % noisy labels in a 32-episode corpus"
+
+[[banked]]                   # the deltas every run of the campaign is read against (docs/demo.md)
+name = "drift_ref"
+delta = {{DRIFT_REF}}
+note = "the drift recipe, Δ(500→1000) on CPU, seed 0"
+[[banked]]
+name = "healthy_ref"
+delta = {{HEALTHY_REF}}
+'''
+
+
+def run_toml_aug(drift_text: str) -> str:
+    """drift_disc with ONE delta, the suspect no-augment's flag, and a grid for what each label does."""
+    text = drift_text.replace(f'name = "{DRIFT_RUN}"', f'name = "{AUG_RUN}"', 1)
+    text = text.replace('"--save-every", "500"]', '"--save-every", "500", "--image-augment", "0.5"]', 1)
+    head = text.partition("[campaign]")[0]
+    return head + f'''[campaign]                   # a single-delta run of drift_saga: drift_disc, one flag changed
+file = "campaign.toml"
+parent = "{DRIFT_RUN}"
+suspect = "no-augment"
+[campaign.grid.HEALTHY]
+suspects = {{ no-augment = "convicted" }}
+say = "With augmentation the eval error stops climbing: the missing augmentation is CONVICTED."
+bank = "banked/{{name}}"     # load-bearing: the first non-drifting checkpoints of the recipe
+propose = {{ suspect = "lr", set = {{ "--lr-scale" = "0.5" }} }}
+[campaign.grid.SAME-DRIFT]
+suspects = {{ no-augment = "exonerated", lr = "live", label-noise = "live" }}
+propose = {{ suspect = "lr", set = {{ "--lr-scale" = "0.5" }} }}
+[campaign.grid.AMBIGUOUS]
+owner_call = "some climb: extend to 1500 vs the next single-delta run"
 '''
 
 
@@ -181,6 +238,11 @@ def write_runs(root: Path, refs: dict[str, float]) -> tuple[Path, Path, Path, Pa
     stdout.write_text(run_toml_stdout(python))
     amendment = root / "runs" / "amendment-1.toml"
     amendment.write_text(AMENDMENT)
+    (root / "runs" / f"{AUG_RUN}.toml").write_text(run_toml_aug(text))
+    campaign = CAMPAIGN_TOML
+    for key, value in refs.items():
+        campaign = campaign.replace("{" + key + "}", f"{value:.4f}")
+    (root / "runs" / "campaign.toml").write_text(campaign)
     return drift, retry, stdout, amendment
 
 

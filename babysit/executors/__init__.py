@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from babysit.probes.gpu import GpuProbe
 from babysit.store import Attempt
 
 
@@ -27,7 +29,26 @@ class ExitInfo:
 
 
 class Executor(Protocol):
+    """Everything the supervisor asks an executor, so it never asks which executor it has."""
+
     name: str
+    allocates_gpus: bool  # a scheduler picks the GPUs on a node the daemon cannot see: no launch check here
+    runs_here: bool  # the attempt's processes are on this machine: the host probe reads its tree
+    exit_poll_seconds: float  # how often exit_info is asked for an attempt without an exit_fd
+
+    def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
+        """Environment the trainer needs from this executor (local: CUDA_VISIBLE_DEVICES in NVML order)."""
+
+    def exit_fd(self, attempt: Attempt) -> int | None:
+        """A descriptor (the caller's to close) that turns readable when the attempt ends, so one thread
+        watches every run (`babysit.exitwatch`); None: ask `exit_info` every `exit_poll_seconds`."""
+
+    def start_time(self, attempt: Attempt) -> float | None:
+        """When the attempt really started: a queued job (Slurm) says None until it leaves the queue,
+        and costs no GPU-time until then; a local process started at launch."""
+
+    def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
+        """Where the attempt's GPUs are read: the daemon's probe, or one beside a remote job."""
 
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
         """Start the attempt; the store already says `launching`."""

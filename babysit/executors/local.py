@@ -17,10 +17,13 @@ import signal as signals
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from babysit import exitwatch
 from babysit.executors import ExitInfo, Launched
 from babysit.logtail import tail_bytes
+from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import CREATE_TIME_TOLERANCE_S, descendants, process_create_time, sigkill
 from babysit.store import Attempt
 
@@ -33,9 +36,13 @@ def tail_lines(path: Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
 
 class LocalExecutor:
     name = "local"
+    allocates_gpus = False
+    runs_here = True
+    exit_poll_seconds = 1.0  # only where pidfds are missing (not Linux 5.3+): the shim's lock is asked
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}  # attempts this daemon started: reaped on exit
+        self._own: dict[int, frozenset[int]] = {}  # attempt id -> the shim's and its trainer's pids, once known
 
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
         adir = Path(attempt.attempt_dir)
@@ -56,6 +63,11 @@ class LocalExecutor:
         deadline = time.monotonic() + 30
         while not (adir / "shim.json").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
+        # The shim's own start time, as `find` reads it after a restart: one start, however long Python took to
+        # come up (a second on a loaded machine), so GPU-seconds are the same whether or not the daemon restarted.
+        info = _read_json(adir / "shim.json")
+        if info is not None:
+            started = float(info["started_at"])
         return Launched(started_at=started, pid=proc.pid, pid_create_time=process_create_time(proc.pid))
 
     def find(self, attempt: Attempt) -> Launched | None:
@@ -75,6 +87,33 @@ class LocalExecutor:
             return None
         pid = int(info["pid"])
         return Launched(started_at=float(info["started_at"]), pid=pid, pid_create_time=process_create_time(pid))
+
+    def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
+        """CUDA numbers the GPUs as NVML does (PCI bus order), which is what the guards read."""
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+
+    def exit_fd(self, attempt: Attempt) -> int | None:
+        """A pidfd of the attempt's shim, readable the instant it exits (it holds the alive lock until
+        then, and writes exit.json before). A shim already gone, or a pid that is a stranger's now,
+        gives a descriptor that is readable at once: the exit is there to be read."""
+        if attempt.pid is None or not exitwatch.supported():
+            return None
+        try:
+            fd = os.pidfd_open(attempt.pid)
+        except ProcessLookupError:
+            return os.eventfd(1, os.EFD_CLOEXEC)
+        except OSError:  # pidfds refused (a seccomp filter): ask the lock instead
+            return None
+        if not self._is_ours(attempt):
+            os.close(fd)
+            return os.eventfd(1, os.EFD_CLOEXEC)
+        return fd
+
+    def start_time(self, attempt: Attempt) -> float | None:
+        return attempt.started_at  # a local process starts when it is launched: no queue
+
+    def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
+        return default
 
     def _alive(self, attempt: Attempt) -> bool:
         lock = Path(attempt.attempt_dir) / "alive.lock"
@@ -156,14 +195,22 @@ class LocalExecutor:
         return None
 
     def own_pids(self, attempt: Attempt) -> frozenset[int]:
-        """The shim and the trainer it started (shim.json, exit.json), alive or not."""
+        """The shim and the trainer it started (shim.json, exit.json), alive or not. Kept once the trainer's
+        pid is known: every check asks, and the files say nothing new after that."""
+        known = self._own.get(attempt.id)
+        if known is not None:
+            return known
         adir = Path(attempt.attempt_dir)
         pids = {attempt.pid} if attempt.pid is not None else set()
+        child = False
         for name in ("shim.json", "exit.json"):
             info = _read_json(adir / name) or {}
             for key in ("pid", "child_pid"):
                 if isinstance(info.get(key), int):
                     pids.add(info[key])
+                    child = child or key == "child_pid"
+        if child:
+            self._own[attempt.id] = frozenset(pids)
         return frozenset(pids)
 
     def _is_ours(self, attempt: Attempt) -> bool:

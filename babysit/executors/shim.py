@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from babysit.core.spec import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
-from babysit.spec import STOP_SIGNALS
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -58,7 +58,8 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, leader.forward)
     lock = open(attempt_dir / "alive.lock", "a+")  # noqa: SIM115 - held for the shim's whole life
     fcntl.flock(lock, fcntl.LOCK_EX)
-    write_json_atomic(attempt_dir / "shim.json", {"pid": os.getpid(), "started_at": time.time()})
+    started_at = time.time()  # the attempt's one start time: the daemon bills GPU-seconds from it, before and
+    write_json_atomic(attempt_dir / "shim.json", {"pid": os.getpid(), "started_at": started_at})  # after a restart
     out = open(attempt_dir / "stdout.log", "ab")  # noqa: SIM115
     err = open(attempt_dir / "stderr.log", "ab")  # noqa: SIM115
     try:
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
         return 127
     leader.started(child.pid)
     write_json_atomic(attempt_dir / "shim.json",
-                      {"pid": os.getpid(), "child_pid": child.pid, "started_at": time.time()})
+                      {"pid": os.getpid(), "child_pid": child.pid, "started_at": started_at})
     code = _wait_reaping(leader)
     child.returncode = code  # reaped here, not by Popen
     left = _sweep()

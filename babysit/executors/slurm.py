@@ -29,16 +29,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from babysit.errors import BabysitError
+from babysit.core.errors import BabysitError
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.executors.local import tail_lines
+from babysit.probes.gpu import GpuProbe
+from babysit.probes.remote import SidecarGpuProbe
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.slurm")
@@ -94,17 +97,19 @@ def _slurm(argv: list[str], *, timeout: float = COMMAND_TIMEOUT_S, check: bool =
 class SlurmExecutor:
     name = "slurm"
     allocates_gpus = True  # Slurm picks the GPUs: the login node's view of GPUs is no launch check
+    runs_here = False  # the job's processes live on compute nodes: the probe sidecar reads them
 
     def __init__(self, state_dir: object = None, *, poll_seconds: float | None = None) -> None:
         self.state_dir = Path(str(state_dir)) if state_dir is not None else None
         self.poll_seconds = poll_seconds or float(os.environ.get(POLL_ENV) or 5.0)
+        self.exit_poll_seconds = self.poll_seconds  # no descriptor turns readable at a job's end: ask
         self._lock = threading.Lock()
         self._cache: dict[str, st.JobState] = {}
         self._jobcomp: tuple[str, str | None] | None = None  # (JobCompType, JobCompLoc), read once
 
     # -- launch -----------------------------------------------------------------------------------------
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
-        from babysit.spec import load_spec  # the [slurm] table; the attempt row carries only argv and counts
+        from babysit.core.spec import load_spec  # the [slurm] table; the attempt row carries only argv and counts
 
         adir = Path(attempt.attempt_dir)
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -265,6 +270,12 @@ class SlurmExecutor:
         except OSError:
             return None
 
+    def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
+        return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the GPUs it allocates
+
+    def exit_fd(self, attempt: Attempt) -> int | None:
+        return None
+
     def start_time(self, attempt: Attempt) -> float | None:
         """The job's real StartTime once it left PENDING; None while it waits (it costs nothing yet)."""
         state = self.job_state(attempt)
@@ -341,10 +352,8 @@ class SlurmExecutor:
     def root_pid(self, attempt: Attempt) -> int | None:
         return None  # the job's processes live on compute nodes; the sidecar sees them
 
-    def gpu_probe(self, attempt: Attempt) -> object:
-        """The job's GPUs as the probe sidecar saw them (`probes.remote.SidecarGpuProbe`)."""
-        from babysit.probes.remote import SidecarGpuProbe
-
+    def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
+        """The job's GPUs as the probe sidecar saw them: the daemon's node cannot see them."""
         return SidecarGpuProbe(Path(attempt.attempt_dir), stale_after=max(60.0, 6 * _probe_interval()))
 
     def own_pids(self, attempt: Attempt) -> frozenset[int]:
@@ -363,7 +372,7 @@ def _probe_interval() -> float:
 
 
 def _default_slurm() -> object:
-    from babysit.spec import SlurmSpec
+    from babysit.core.spec import SlurmSpec
 
     return SlurmSpec()
 

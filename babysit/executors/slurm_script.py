@@ -27,7 +27,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.spec import STOP_SIGNALS, SlurmSpec
+from babysit.core.spec import STOP_SIGNALS, SlurmSpec
 
 DEFAULT_RDZV_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

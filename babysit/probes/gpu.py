@@ -26,49 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from babysit.errors import BadInput
+from babysit.core.errors import BadInput
+from babysit.core.readings import GpuProcess, GpuReading, GpuView
 from babysit.probes.host import process_state
 
 SAMPLE_BUFFER = 256  # nvmlSample_t slots for one nvmlDeviceGetSamples call (the driver keeps fewer)
 NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
 
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    name: str
-    used_memory_bytes: int | None
-    visible: bool = True  # False: no such pid here — exited since NVML listed it, or another PID namespace
-    zombie: bool = False  # it has exited and waits to be reaped: never a holder
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    index: int
-    name: str
-    uuid: str
-    util_pct: float | None  # mean over the window's samples since its last read(); None: not measured
-    util_samples: int
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    processes: tuple[GpuProcess, ...]
-    faults: tuple[str, ...]  # "xid 79", "ecc uncorrectable volatile 2", "device lost"
-    processes_known: bool = True  # False: listing failed; `processes == ()` then means "not measured"
-    errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
-    util_min_pct: float | None = None  # the lowest sample of the window
-
-
-@dataclass(frozen=True)
-class GpuView:
-    available: bool
-    reason: str | None
-    gpus: tuple[GpuReading, ...] = ()
-
-    def gpu(self, index: int) -> GpuReading | None:
-        for reading in self.gpus:
-            if reading.index == index:
-                return reading
-        return None
 
 
 GUARD_WINDOW = "guard"
@@ -77,6 +41,8 @@ GUARD_WINDOW = "guard"
 class GpuProbe(Protocol):
     def sample(self) -> None: ...
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView: ...
+    def close_window(self, window: str) -> None:
+        """Forget a reader's window (a run that ended), so samples stop feeding it."""
     def close(self) -> None: ...
 
 
@@ -391,17 +357,29 @@ class FileGpuProbe:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._parsed: tuple[tuple[int, int, int, int], Any] | None = None  # (the file's stat, its JSON)
 
     def sample(self) -> None:
+        return None
+
+    def close_window(self, window: str) -> None:
         return None
 
     def close(self) -> None:
         return None
 
+    def _data(self) -> Any:
+        """The file's JSON, parsed again only when the file changed (a guard round reads it once per run)."""
+        st = self.path.stat()
+        key = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+        if self._parsed is None or self._parsed[0] != key:
+            self._parsed = (key, json.loads(self.path.read_text(encoding="utf-8")))
+        return self._parsed[1]
+
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         fix = f"fix the simulated GPU file {self.path} or change BABYSIT_GPU_PROBE"
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = self._data()
             if not data.get("available", True):
                 return GpuView(False, str(data.get("reason") or f"simulated: no GPU visible — {fix}"), ())
             gpus = tuple(_file_gpu(g) for g in data.get("gpus", []))
@@ -416,6 +394,9 @@ class NullGpuProbe:
     """BABYSIT_GPU_PROBE=none: GPUs are never read; a run that asks for GPUs is refused, not waved through."""
 
     def sample(self) -> None:
+        return None
+
+    def close_window(self, window: str) -> None:
         return None
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 A trainer is rarely one process: torchrun spawns a worker per GPU, each worker spawns dataloader
 workers. Everything the guards ask about "the run" (its RSS, whether a GPU holder is the run's own,
 whether a pid seen before a daemon restart is still the same process) is answered over the tree
-rooted at the launched pid, as it is *now*.
+rooted at the launched pid, as it is *now*. The tree is walked down from its root through /proc
+(`probes.proctree`), never found by scanning every process on the machine.
 """
 
 from __future__ import annotations
@@ -11,43 +12,55 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import psutil
+
+from babysit.core.readings import HostReading
+from babysit.probes import proctree
 
 CREATE_TIME_TOLERANCE_S = 0.01  # psutil derives create_time from clock ticks (1/100 s on Linux)
 
 
-@dataclass(frozen=True)
-class HostReading:
-    """One look at the host. `run_*` are None when there is no run or it could not be read.
+class HostProbe(Protocol):
+    """What the supervisor asks about the host (injected: tests pass a fake)."""
 
-    run_rss_bytes sums RSS over the tree, so pages shared by forked dataloader workers are counted
-    once per process: an upper bound, which is the safe side for a memory-pressure warning.
-    run_cpu_pct sums psutil's per-process CPU percent (100 = one core) since the previous read_host
-    of the same processes; None on the first read, because a first look cannot measure a rate.
-    """
-
-    available_ram_bytes: int
-    total_ram_bytes: int
-    run_rss_bytes: int | None
-    run_cpu_pct: float | None
-    run_pids: frozenset[int]
+    def read(self, root_pid: int | None) -> HostReading: ...
 
 
-# psutil.Process objects kept between read_host calls so cpu_percent() measures since the last read.
-# Keyed by (pid, create_time) so a recycled pid never inherits another process's counters.
-_seen: dict[tuple[int, float], psutil.Process] = {}
+class ProcHostProbe:
+    """The real host probe: `read_host`."""
+
+    def read(self, root_pid: int | None) -> HostReading:
+        return read_host(root_pid)
 
 
 def available_ram_bytes() -> int:
     """What the kernel says can be allocated without swapping (MemAvailable), not MemFree."""
-    return int(psutil.virtual_memory().available)
+    return _ram()[0]
+
+
+def _ram() -> tuple[int, int]:
+    """(available, total) bytes: one read of /proc/meminfo (psutil's virtual_memory parses it all, 6x slower)."""
+    got = proctree.meminfo()
+    if got is None:
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+    return got
+
+
+def _tree(root_pid: int) -> dict[int, proctree.Stat] | None:
+    """The root's living tree with each member's stat fields; None where /proc cannot tell (not Linux)."""
+    if _CHILDREN_LISTED:
+        return proctree.walk_tree(root_pid)
+    return proctree.scan_tree(root_pid)
 
 
 def process_tree(root_pid: int) -> frozenset[int]:
     """The root and all its descendants alive now; empty when the root is gone or a zombie."""
+    tree = _tree(root_pid)
+    if tree is not None:
+        return frozenset(tree)
     try:
         root = psutil.Process(root_pid)
         if root.status() == psutil.STATUS_ZOMBIE:
@@ -66,22 +79,43 @@ def process_tree(root_pid: int) -> frozenset[int]:
 
 
 def process_create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+    """When `pid` started, in epoch seconds as psutil counts it (boot time + its start ticks), from one
+    read of its stat line: the executor asks this at every check of a run ("still our shim?"), and
+    psutil's Process() costs several reads more. None when no such process exists."""
+    if not _PROCFS:
+        try:
+            return psutil.Process(pid).create_time()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            return None
+    fields = proctree.stat(pid)
+    if fields is None:
         return None
+    return int(fields[proctree.STARTTIME]) / _CLK_TCK + _boot_time()
+
+
+def _boot_time() -> float:
+    """/proc/stat's btime, read again at most every BOOT_TIME_TTL_S (NTP can move it, as it moves psutil's)."""
+    global _btime
+    now = time.monotonic()
+    if _btime is None or now - _btime[0] > BOOT_TIME_TTL_S:
+        _btime = (now, float(psutil.boot_time()))
+    return _btime[1]
 
 
 def descendants(root_pid: int) -> list[psutil.Process]:
-    """The root's descendants now, whatever their process group or session.
+    """The root's living descendants now, whatever their process group or session.
 
     torchrun starts each rank in a session of its own: a signal to the root's group misses them, a
-    walk of the tree does not. Empty when the root is gone.
+    walk of the tree does not. Empty when the root is gone. Each is a psutil.Process, so `sigkill`
+    re-checks it is the same process before signalling it.
     """
-    try:
-        return psutil.Process(root_pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
+    out = []
+    for pid in sorted(process_tree(root_pid) - {root_pid}):
+        try:
+            out.append(psutil.Process(pid))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
 
 
 def sigkill(procs: list[psutil.Process], wait_s: float = 0.0) -> int:
@@ -163,30 +197,25 @@ def process_state(pid: int) -> tuple[str | None, bool]:
 def read_host(root_pid: int | None) -> HostReading:
     """RAM, and the run's tree with its RSS and CPU.
 
-    On Linux the tree comes from ONE pass over /proc/*/stat (which also holds every figure needed:
-    ppid, state, CPU time, start time, RSS), shared by every run read within SCAN_MAX_AGE_S: psutil's
-    children(recursive=True) rescans all of /proc per run and then re-reads each member 4-5 times,
-    which at 1,000 runs is ~1,000 full scans per guard round. Elsewhere psutil does it.
+    The tree is walked down from the root (`proctree.walk_tree`: two small reads per member, however
+    many processes the machine runs); each member's stat line, read on the way, holds its RSS and CPU
+    time, so nothing is read twice. CPU is a rate since the previous read of the same process.
     """
-    vm = psutil.virtual_memory()
-    if root_pid is None:
-        return HostReading(int(vm.available), int(vm.total), None, None, frozenset())
-    with _scan_lock:
-        scan = _proc_scan()
-        if scan is None:
-            return _read_host_psutil(root_pid, vm)
-        at, table = scan
-        pids = _tree(table, root_pid)
-        if not pids:
-            return HostReading(int(vm.available), int(vm.total), None, None, frozenset())
-        rss = 0
-        cpu = 0.0
-        cpu_known = False
-        for pid in pids:
-            fields = table[pid]
-            key = (pid, int(fields[19]))  # starttime: a recycled pid never inherits another's counters
-            cpu_s = (int(fields[11]) + int(fields[12])) / _CLK_TCK
-            rss += int(fields[21]) * _PAGE
+    available, total = _ram()
+    tree = _tree(root_pid) if root_pid is not None else {}
+    if tree is None:  # no procfs here: psutil finds the tree
+        return _read_host_psutil(root_pid, available, total)
+    if not tree:
+        return HostReading(available, total, None, None, frozenset())
+    at = time.monotonic()
+    rss = 0
+    cpu = 0.0
+    cpu_known = False
+    with _cpu_lock:
+        for pid, fields in tree.items():
+            key = (pid, int(fields[proctree.STARTTIME]))  # a recycled pid never inherits another's counters
+            cpu_s = (int(fields[proctree.UTIME]) + int(fields[proctree.STIME])) / _CLK_TCK
+            rss += int(fields[proctree.RSS]) * _PAGE
             prev = _cpu_seen.get(key)
             if prev is None:
                 _cpu_seen[key] = (cpu_s, at, None)  # a first look cannot measure a rate
@@ -198,81 +227,37 @@ def read_host(root_pid: int | None) -> HostReading:
             if pct is not None:
                 cpu += pct
                 cpu_known = True
-        if len(_cpu_seen) > 4096:  # dead runs' entries
-            for key in [k for k in _cpu_seen if k[0] not in table]:
+        if len(_cpu_seen) > _CPU_SEEN_MAX:  # ended runs' processes: forget what was not read for a while
+            for key in [k for k, v in _cpu_seen.items() if at - v[1] > _CPU_SEEN_AGE_S]:
                 del _cpu_seen[key]
     return HostReading(
-        available_ram_bytes=int(vm.available),
-        total_ram_bytes=int(vm.total),
+        available_ram_bytes=available,
+        total_ram_bytes=total,
         run_rss_bytes=rss,
         run_cpu_pct=round(cpu, 1) if cpu_known else None,
-        run_pids=pids,
+        run_pids=frozenset(tree),
     )
 
 
-SCAN_MAX_AGE_S = 0.2  # runs read within this share one /proc pass; a new CUDA holder takes longer to appear
+_CHILDREN_LISTED = proctree.children_supported()
+_PROCFS = os.path.exists("/proc/self/stat")
+BOOT_TIME_TTL_S = 10.0
+_btime: tuple[float, float] | None = None  # (monotonic when read, btime)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_scan_lock = threading.Lock()
-_scan: tuple[float, dict[int, list[bytes]]] | None = None
-_cpu_seen: dict[tuple[int, int], tuple[float, float, float | None]] = {}
+_CPU_SEEN_MAX = 4096
+_CPU_SEEN_AGE_S = 600.0
+_cpu_lock = threading.Lock()
+_cpu_seen: dict[tuple[int, int], tuple[float, float, float | None]] = {}  # (pid, start) -> (cpu s, at, pct)
+
+# psutil.Process objects kept between reads so cpu_percent() measures since the last read (no procfs).
+_seen: dict[tuple[int, float], psutil.Process] = {}
 
 
-def _proc_scan() -> tuple[float, dict[int, list[bytes]]] | None:
-    """(monotonic time, pid -> stat fields from field 3 on) of every process; None without /proc."""
-    global _scan
-    now = time.monotonic()
-    if _scan is not None and now - _scan[0] <= SCAN_MAX_AGE_S:
-        return _scan
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    table: dict[int, list[bytes]] = {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-        except OSError:
-            continue  # gone since listdir
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        fields = data[data.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces and parens
-        if len(fields) > 21:
-            table[int(name)] = fields
-    if not table:
-        return None  # /proc exists but is not procfs
-    _scan = (now, table)
-    return _scan
-
-
-def _tree(table: dict[int, list[bytes]], root: int) -> frozenset[int]:
-    """The root and its living descendants in one scan; empty when the root is gone or a zombie."""
-    fields = table.get(root)
-    if fields is None or fields[0] == b"Z":
-        return frozenset()
-    children: dict[int, list[int]] = {}
-    for pid, f in table.items():
-        children.setdefault(int(f[1]), []).append(pid)
-    out = {root}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in out and table[child][0] != b"Z":
-                out.add(child)
-                todo.append(child)
-    return frozenset(out)
-
-
-def _read_host_psutil(root_pid: int, vm: Any) -> HostReading:
+def _read_host_psutil(root_pid: int, available: int, total: int) -> HostReading:
     pids = process_tree(root_pid)
     if not pids:
-        return HostReading(int(vm.available), int(vm.total), None, None, frozenset())
+        return HostReading(available, total, None, None, frozenset())
     rss = 0
     cpu = 0.0
     cpu_known = False
@@ -295,12 +280,12 @@ def _read_host_psutil(root_pid: int, vm: Any) -> HostReading:
             continue
     for key in [k for k in _seen if k[0] in pids and k not in alive]:
         del _seen[key]
-    if len(_seen) > 4096:  # dead runs' entries: forget the ones not in this tree
+    if len(_seen) > _CPU_SEEN_MAX:  # dead runs' entries: forget the ones not in this tree
         for key in [k for k in _seen if k not in alive]:
             del _seen[key]
     return HostReading(
-        available_ram_bytes=int(vm.available),
-        total_ram_bytes=int(vm.total),
+        available_ram_bytes=available,
+        total_ram_bytes=total,
         run_rss_bytes=rss if alive else None,
         run_cpu_pct=round(cpu, 1) if cpu_known else None,
         run_pids=pids,

@@ -27,8 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from babysit.core.readings import GpuProcess, GpuReading, GpuView
 from babysit.logtail import tail_bytes
-from babysit.probes.gpu import GUARD_WINDOW, GpuProcess, GpuReading, GpuView
+from babysit.probes.gpu import GUARD_WINDOW
 
 RECORD_VERSION = 1
 
@@ -165,6 +166,9 @@ class SidecarGpuProbe:
 
     def sample(self) -> None:
         return None  # the sidecar samples; reading a file needs no clock here
+
+    def close_window(self, window: str) -> None:
+        return None
 
     def close(self) -> None:
         return None

@@ -5,7 +5,7 @@ names the file everything downstream reads. Importing this package imports no fr
 tensorboard extra is imported only by a pump that reads TensorBoard.
 """
 
-from babysit.sources.config import KINDS, SourcePattern, SourceSpec
+from babysit.core.source_spec import KINDS, SourcePattern, SourceSpec
 from babysit.sources.evidence import Evidence, jsonl_evidence, unreadable
 from babysit.sources.pump import PumpResult, SourcePump, records_path, run_dir
 from babysit.sources.tensorboard import TensorBoardMissing, require

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from babysit.core.source_spec import RESERVED, SourceSpec
 from babysit.sources import lines as ln
-from babysit.sources.config import RESERVED, SourceSpec
 from babysit.sources.records import Item
 from babysit.sources.stdout import number
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.sources.config import SourceSpec
+from babysit.core.source_spec import SourceSpec
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from babysit.core.source_spec import SourceSpec
 from babysit.sources import csvfile, records, stdout
-from babysit.sources.config import SourceSpec
 from babysit.sources.evidence import Evidence
 from babysit.sources.tensorboard import TensorBoardReader
 
 if TYPE_CHECKING:
-    from babysit.spec import RunSpec
+    from babysit.core.spec import RunSpec
 
 STATE_VERSION = 1
 RECORDS_FILE = "records.jsonl"

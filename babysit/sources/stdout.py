@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from babysit.core.source_spec import RESERVED, STEP_GROUP, SourceSpec
 from babysit.sources import lines as ln
-from babysit.sources.config import RESERVED, STEP_GROUP, SourceSpec
 from babysit.sources.records import Item
 
 STREAMS = ("stdout.log", "stderr.log")

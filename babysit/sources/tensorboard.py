@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysit.errors import BadInput
-from babysit.sources.config import RESERVED, SourceSpec
+from babysit.core.errors import BadInput
+from babysit.core.source_spec import RESERVED, SourceSpec
 from babysit.sources.records import Item
 
 EXTRA_HINT = "pip install 'babysit[tensorboard]'  (the official tensorboard package reads the event files)"

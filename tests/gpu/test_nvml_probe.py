@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from babysit.guards import foreign_holders, prelaunch
+from babysit.core.guards import foreign_holders, prelaunch
+from babysit.core.spec import GuardsSpec
 from babysit.probes.gpu import NvmlGpuProbe
 from babysit.probes.host import process_tree
-from babysit.spec import GuardsSpec
 
 pytestmark = pytest.mark.gpu
 GPU_INDEX = int(os.environ.get("BABYSIT_TEST_GPU", "0"))

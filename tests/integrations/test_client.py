@@ -15,9 +15,10 @@ import pytest
 
 import babysit
 from babysit import client
-from babysit.classify import classify_exit
 from babysit.client import JsonlWriter
-from babysit.logtail import metric_series, read_all
+from babysit.core.classify import classify_exit
+from babysit.core.records import metric_series
+from babysit.logtail import read_all
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,11 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[huggingface]')")
 pytest.importorskip("accelerate", reason="HF Trainer needs accelerate (pip install '.[huggingface]')")
 
-from babysit.classify import classify_exit
+from babysit.core.classify import classify_exit
+from babysit.core.records import metric_series, seconds_per_step
 from babysit.integrations import Diverged
 from babysit.integrations.huggingface import BabysitCallback
-from babysit.logtail import metric_series, read_all, seconds_per_step
+from babysit.logtail import read_all
 from tests.integrations.hf_tiny import tiny_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,10 +17,11 @@ pytest.importorskip("lightning", reason="lightning is not installed (pip install
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 
-from babysit.classify import classify_exit
+from babysit.core.classify import classify_exit
+from babysit.core.records import metric_series
 from babysit.integrations import Diverged
 from babysit.integrations.lightning import BabysitLogger
-from babysit.logtail import metric_series, read_all
+from babysit.logtail import read_all
 from tests.integrations.lightning_tiny import TinyData, TinyRegression, cli_main, trainer_kwargs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 
 from babysit.notify import deliver_due
+from babysit.slack.channel import SlackChannel
+from babysit.slack.client import web_client
 from babysit.store import Store
-from bot.client import web_client
-from bot.slack_channel import SlackChannel
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from babysit import logtail
 from babysit.cli import main
+from babysit.core.records import LogRecord, metric_series, seconds_per_step
 
 FUZZ = settings(max_examples=int(os.environ.get("BABYSIT_FUZZ_EXAMPLES", "60")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -227,7 +228,7 @@ def test_the_log_reader_never_raises_never_stalls_and_reads_a_bounded_window(lin
         path = Path(tmp) / "train_log.jsonl"
         path.write_bytes(b"")
         state = logtail.TailState()
-        records: list[logtail.LogRecord] = []
+        records: list[LogRecord] = []
         window = 512
         for cut in [*sorted(c % (len(content) + 1) for c in cuts), len(content)]:  # the trainer appends in bursts
             with open(path, "r+b") as f:
@@ -243,6 +244,6 @@ def test_the_log_reader_never_raises_never_stalls_and_reads_a_bounded_window(lin
         for r in records:
             assert isinstance(r.step, int) and math.isfinite(r.ts)
             assert all(math.isfinite(v) for v in r.metrics.values())
-        sps = logtail.seconds_per_step(records)
+        sps = seconds_per_step(records)
         assert sps is None or (sps > 0 and math.isfinite(sps))
-        logtail.metric_series(records, "train_loss")
+        metric_series(records, "train_loss")

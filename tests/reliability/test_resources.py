@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from babysit import registry
-from babysit.errors import StateError
+from babysit.core.errors import StateError
 from babysit.notify import ConsoleChannel, deliver_due
 from babysit.store import Store
 from tests.reliability.harness import Daemons

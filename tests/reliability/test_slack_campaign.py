@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from babysit.notify import deliver_due
+from babysit.slack.channel import SlackChannel
+from babysit.slack.client import web_client
 from babysit.store import Store
-from bot.client import web_client
-from bot.slack_channel import SlackChannel
 from tests.slack.fake_slack import FakeSlack
 
 TOKEN = "xoxb-reliability-token"

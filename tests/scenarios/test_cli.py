@@ -261,7 +261,7 @@ def test_abort_of_a_run_that_already_ended_answers_at_once_from_the_store(tmp_pa
 
 def test_a_value_not_known_is_spelt_the_same_in_the_cli_card_and_the_slack_card(tmp_path: Path) -> None:
     """No `train Δ ?` in Slack beside `n/a` in the console: one spelling, "—"."""
-    from bot.messages import verdict_card
+    from babysit.core.render import verdict_card
 
     fixture_log(tmp_path)
     spec = tiny_run(tmp_path, "spelt", steps=10, extra=PREREG_FIXTURE.format(delta=0.05))  # no train_metric

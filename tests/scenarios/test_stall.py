@@ -8,8 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from babysit.core.render import render
 from babysit.supervisor import _py_spy_dump
-from bot.messages import render
 from tests.scenarios.conftest import PY, Daemon, babysit, store_of
 
 

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 import pytest
 
 from babysit import registry
-from babysit.spec import load_spec
+from babysit.core.spec import load_spec
 from babysit.store import Store
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from bot.messages import render
+from babysit.core.render import render
+from babysit.slack.refs import is_outbox_post, split_ref
 from bot.predicates import (
     action_value,
     close_names,
-    is_outbox_post,
     may_abort,
     parse_babysit,
     parse_verdict,
-    split_ref,
     user_of,
     wants_post,
 )

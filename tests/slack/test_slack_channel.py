@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from babysit.notify import Delivery, deliver_due
+from babysit.slack.channel import SlackChannel
+from babysit.slack.client import web_client
 from babysit.store import Store
-from bot.client import web_client
-from bot.slack_channel import SlackChannel
 from tests.slack.conftest import PNG, TOKEN
 from tests.slack.fake_slack import FakeSlack
 

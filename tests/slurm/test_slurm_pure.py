@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.classify import classify_exit
+from babysit.core.classify import classify_exit
+from babysit.core.spec import SlurmSpec
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.probes.remote import SidecarGpuProbe, choose_gpus, view_from_records
-from babysit.spec import SlurmSpec
 
 NASTY = ["python", "-c", "print('$HOME `id` $(whoami); rm -rf / && echo \"x\" | cat > /tmp/p *')", "a b", "", "'"]
 

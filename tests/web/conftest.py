@@ -56,7 +56,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    # bypass_csp: Playwright's waits evaluate strings, which the page's CSP forbids; with the CSP off, an
+    # unescaped <script> in a run's name WOULD run, so the escaping is what the tests see (the CSP header
+    # itself is pinned in test_server.py)
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True)
     tab = context.new_page()
     tab.errors = []  # type: ignore[attr-defined]
     tab.on("pageerror", lambda e: tab.errors.append(str(e)))

@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from babysit.guards import GIB, low_util_flag
-from babysit.logtail import seconds_per_step as _seconds_per_step
+from babysit.core.fmt import GIB
+from babysit.core.guards import low_util_flag
+from babysit.core.observation import past_cap, project_gpu_hours, steps_left
+from babysit.core.records import seconds_per_step as _seconds_per_step
 
 if TYPE_CHECKING:
-    from babysit.probes.gpu import GpuView
-    from babysit.probes.host import HostReading
+    from babysit.core.readings import GpuView, HostReading
 
 KINDS = ("first", "periodic", "on-demand", "final")
 FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",
@@ -79,14 +80,6 @@ class Snapshot:
         }
 
 
-def project_gpu_hours(used_hours: float, seconds_per_step: float | None, steps_left: int | None,
-                      n_gpus: int) -> float | None:
-    """GPU-hours at the end if the pace holds: used + s/step x steps left x GPUs. None: no pace or no end."""
-    if seconds_per_step is None or steps_left is None:
-        return None
-    return used_hours + seconds_per_step * max(0, steps_left) * n_gpus / 3600
-
-
 def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> bool:
     """Whether a poll prints `name`: the declared [poll].show, else the prereg metric, every loss and
     every eval/validation metric (any naming: eval_loss, val_loss, eval/accuracy)."""
@@ -143,10 +136,8 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
         eta = max(0, target - step) * seconds_per_step
     elif target is not None and step is not None and step >= target:
         eta = 0.0
-    horizon = end_step if end_step is not None else read_step
     n = len(gpus) if n_gpus is None else n_gpus
-    projected = project_gpu_hours(gpu_hours_used, seconds_per_step,
-                                  None if horizon is None or step is None else horizon - step, n)
+    projected = project_gpu_hours(gpu_hours_used, seconds_per_step, steps_left(step, end_step, read_step), n)
     if run_pids is None and host is not None:
         run_pids = host.run_pids
 
@@ -167,7 +158,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
         starting = (seconds_since_launch is not None and stall_seconds is not None
                     and seconds_since_launch < stall_seconds / 2)
         flags.append("waiting-for-first-record" if starting else "no-log-records-yet")
-    if projected is not None and gpu_hours_cap is not None and projected > gpu_hours_cap:
+    if past_cap(projected, gpu_hours_cap):
         flags.append("gpu-hours-projection")
     return Snapshot(
         run=run, attempt=attempt, at=at, kind=kind, step=step,

@@ -13,7 +13,7 @@ import urllib.error
 from collections.abc import Mapping
 from typing import Any
 
-from babysit.errors import PermanentDeliveryError, TransientDeliveryError
+from babysit.core.errors import PermanentDeliveryError, TransientDeliveryError
 
 TRANSIENT_CODES = frozenset({
     "ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable", "request_timeout",

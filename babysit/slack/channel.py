@@ -2,10 +2,11 @@
 
 Where each message goes: a launch post to the run's channel; polls, incidents and provisional reads
 threaded under it; `header` edits the launch post in place (chat.update); the FINAL verdict goes to
-the channel itself, then its chart is uploaded (files_upload_v2) into the channel and into the launch
-thread. Every post carries the outbox id in its metadata (event_type "babysit_outbox").
+the channel itself, then its chart is uploaded into the channel and into the launch thread (the three
+steps of files_upload_v2, each journalled: babysit/slack/upload.py). Every post carries the outbox id
+in its metadata (event_type "babysit_outbox").
 
-Exactly once, across crashes: see bot/journal.py. A post whose `begin` is journalled but not its
+Exactly once, across crashes: see babysit/slack/journal.py. A post whose `begin` is journalled but not its
 `done` (or an outbox message with tries > 0, i.e. an earlier try may have reached Slack before the
 connection broke) is first looked up with conversations.history / conversations.replies from
 `created_at - LOOKUP_SKEW_S`, matching the metadata, and its ts reused. If the lookup itself is
@@ -14,7 +15,7 @@ name's ID from the first post, so only a channel's very first post can be affect
 channel IDs to avoid even that), babysit posts anyway: a duplicate is better than a lost message.
 
 Errors become Transient (429 with its Retry-After, 5xx, network) or Permanent (invalid_auth,
-channel_not_found, not_in_channel, …) in bot/slack_errors.py; their texts never carry a token.
+channel_not_found, not_in_channel, …) in babysit/slack/errors.py; their texts never carry a token.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from typing import Any
 
 import structlog
 
-from babysit.errors import PermanentDeliveryError
+from babysit.core.errors import PermanentDeliveryError
+from babysit.core.render import chart_comment, render
 from babysit.notify import Delivery
+from babysit.slack.errors import NETWORK_ERRORS, delivery_error
+from babysit.slack.journal import Journal
+from babysit.slack.refs import OUTBOX_EVENT, is_outbox_post, make_ref, split_ref
+from babysit.slack.upload import upload_once
 from babysit.store import OutboxMessage, Store
-from bot.journal import Journal
-from bot.messages import chart_comment, render
-from bot.predicates import OUTBOX_EVENT, is_outbox_post, make_ref, split_ref
-from bot.slack_errors import NETWORK_ERRORS, delivery_error
 
 log = structlog.get_logger("babysit.slack")
 
@@ -55,7 +57,7 @@ class SlackChannel:
     def from_env(cls, state_dir: Path) -> SlackChannel:
         """SLACK_BOT_TOKEN and BABYSIT_SLACK_API_URL from the environment; the default channel from
         BABYSIT_SLACK_CHANNEL, else `[daemon].channel` of the registry whose state this is."""
-        from bot.client import web_client
+        from babysit.slack.client import web_client
 
         return cls(web_client(), state_dir, default_channel=_default_channel(Path(state_dir)),
                    store=Store.in_dir(state_dir))
@@ -72,7 +74,7 @@ class SlackChannel:
             m = delivery.message
             if m.kind == "launch":
                 self.journal.done(f"launch:{m.run}", ref)
-            if m.kind == "verdict" and m.payload.get("chart_path"):
+            if m.kind in ("verdict", "campaign") and m.payload.get("chart_path"):  # campaign: the saga chart
                 method = "files_upload_v2"
                 self._upload_charts(m, ref)
             return ref
@@ -168,22 +170,16 @@ class SlackChannel:
         if launch is not None:
             targets.append(("thread", launch[0], launch[1]))
         comment = chart_comment(m.run, m.payload.get("verdict"))
-        for where, channel, thread_ts in targets:
-            key = f"chart:{m.id}:{where}"
-            if self.journal.ref(key) is not None:
-                continue
-            self.journal.begin(key)  # an upload cannot be looked up cheaply: a crash here may upload twice
-            resp = self.client.files_upload_v2(channel=channel, thread_ts=thread_ts, file=str(path),
-                                               filename=path.name, title=f"{m.run} verdict chart",
-                                               initial_comment=comment)
-            self.journal.done(key, str((resp.get("file") or {}).get("id", "uploaded")))
+        for where, channel, thread_ts in targets:  # each step journalled: shared exactly once (upload.py)
+            upload_once(self.client, self.journal, f"chart:{m.id}:{where}", path, channel=channel,
+                        thread_ts=thread_ts, title=f"{m.run} verdict chart", comment=comment)
 
 
 def _default_channel(state_dir: Path) -> str | None:
     if os.environ.get(CHANNEL_ENV):
         return os.environ[CHANNEL_ENV]
     from babysit import registry
-    from babysit.errors import BabysitError
+    from babysit.core.errors import BabysitError
 
     try:
         reg = registry.load(registry.resolve_registry_path(None))

@@ -3,7 +3,7 @@
 The outbox marks a message sent only after Slack accepted it; a daemon killed between the two would
 post it again. So before each Slack side effect the channel appends `begin KEY` here (fsynced), and
 after it `done KEY REF`. On the next try: `done` → reuse REF, no call; `begin` without `done` → the
-call may have landed, so look for it in Slack first (bot/slack_channel.py). Append-only JSON lines:
+call may have landed, so look for it in Slack first (babysit/slack/channel.py). Append-only JSON lines:
 a torn last line (killed mid-write) is skipped, which at worst costs one lookup.
 """
 

@@ -1,7 +1,7 @@
 """The one Slack Web API client factory: every call babysit makes to Slack goes through a client made here.
 
 Tokens come only from the environment and are handed to slack_sdk, never formatted into a message:
-the error texts built in `bot/slack_errors.py` carry Slack's error code and the method name only.
+the error texts built in `babysit/slack/errors.py` carry Slack's error code and the method name only.
 `BABYSIT_SLACK_API_URL` points the client elsewhere (the tests' local server).
 """
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from babysit.spec import ClassifyRule
+from babysit.core.spec import ClassifyRule
 
 TAIL_LINES = 20
 EXIT_STOPPED, EXIT_DIVERGED, EXIT_OOM = 10, 11, 12  # trainer/exitcodes.py

@@ -26,12 +26,12 @@ from fractions import Fraction
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from babysit import expr
-from babysit.errors import SpecError
-from babysit.spec import AMBIGUOUS_BY_INSTRUMENT, Prereg
+from babysit.core import expr
+from babysit.core.errors import SpecError
+from babysit.core.spec import AMBIGUOUS_BY_INSTRUMENT, Prereg
 
 if TYPE_CHECKING:
-    from babysit.amendment import AmendmentRecord
+    from babysit.core.amendment import AmendmentRecord
 
 FINAL = "FINAL"
 PROVISIONAL = "PROVISIONAL"
@@ -247,9 +247,6 @@ def exact_value(e: expr.Expr, references: Mapping[str, float]) -> Fraction:
     """Evaluate a bound or a scale as an exact rational over the decimals written."""
     return _exact(e.tree, references)
 
-
-def fmt_delta(value: float | Fraction | None, precision: int) -> str:
-    return "—" if value is None else f"{float(value):+.{precision}f}"  # "—": babysit's one spelling of "not known"
 
 
 def shown_bound(value: Fraction, precision: int, side: str) -> tuple[Fraction, int]:

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from babysit.spec import GuardsSpec
+from babysit.core.fmt import GIB, gib, hours
+from babysit.core.observation import past_cap
+from babysit.core.spec import GuardsSpec
 
 if TYPE_CHECKING:
-    from babysit.probes.gpu import GpuView
+    from babysit.core.readings import GpuView
 
-GIB = 2**30
 WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
 
 
@@ -92,20 +93,6 @@ class LiveFacts:
 CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
 CONFIRM_READS_INVISIBLE = 3  # a pid with no process here: gone (an exit NVML lags on) or another namespace
 
-
-def gib(n: int | float) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
-def hours(x: float) -> str:
-    """GPU-hours to enough digits to tell used from cap: 0.0061, 0.42, 3.14, 12.3."""
-    if x == 0:
-        return "0"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    if abs(x) >= 1:
-        return f"{x:.2f}"
-    return f"{x:.2g}"
 
 
 def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:
@@ -310,7 +297,7 @@ def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     if used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR:  # 80 %, without 0.8 * 12 = 9.600000000000001
         out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {hours(used)} passed 80 % of the cap {hours(cap)}",
                           detail, key="gpu-hours-80"))
-    if projected is not None and projected > cap:
+    if past_cap(projected, cap):
         out.append(Action("warn", "gpu-hours-cap", f"GPU-hours projected to the end {hours(projected)} exceed the cap "
                           f"{hours(cap)} (used {hours(used)}): the run will be stopped at the cap", detail,
                           key="gpu-hours-projection"))

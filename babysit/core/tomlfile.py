@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from babysit.errors import SpecError, UnknownKey
+from babysit.core.errors import SpecError, UnknownKey
 
 if sys.version_info >= (3, 11):
     import tomllib

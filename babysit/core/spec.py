@@ -15,10 +15,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit import expr
-from babysit.errors import SpecError
-from babysit.sources.config import SourceSpec, needs_run_log, parse_source
-from babysit.tomlfile import Table, load
+from babysit.core import expr
+from babysit.core.errors import SpecError
+from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
+from babysit.core.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled")
@@ -156,6 +156,7 @@ class RunSpec:
     slurm: SlurmSpec | None = None
     smoke: SmokeSpec = SmokeSpec()
     source: SourceSpec = field(default_factory=SourceSpec)  # [source]: where records come from
+    campaign: Any = None  # [campaign]: a campaign run's babysit.campaign.spec.RunLink (docs/campaigns.md)
 
     def profile_for(self, attempt: int) -> AttemptProfile:
         """Attempt k (1-based) uses attempts[min(k, len) - 1]; no [[attempts]] means one plain profile."""
@@ -195,6 +196,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     run.finish()
     source = parse_source(top.table("source"), workdir=workdir, name=name, log=log)
     log = source.path if source.kind == "jsonl" else log  # jsonl: [source].path may name the log instead
+    link, campaign = _campaign(top.table("campaign"), base)
 
     spec = RunSpec(
         name=name,
@@ -214,13 +216,18 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         attempts=tuple(_profile(t) for t in top.tables("attempts")),
         classify=tuple(_classify(t) for t in top.tables("classify")),
         machinery_knobs=_machinery(top.table("machinery")),
-        prereg=_prereg(top.table("prereg"), base),
+        prereg=_prereg(top.table("prereg"), base, campaign),
+        campaign=link,
         notify=_notify(top.table("notify")),
         slurm=_slurm(top.table("slurm")),
         smoke=_smoke(top.table("smoke")),
         source=source,
     )
     top.finish()
+    if link is not None and spec.prereg is not None:
+        from babysit.campaign.spec import check_labels
+
+        check_labels(link, spec.prereg.labels, shown)
     if executor == "slurm" and spec.slurm is None:
         spec = _replace(spec, slurm=SlurmSpec())
     return spec
@@ -404,7 +411,17 @@ def _bound(t: Table, key: str) -> expr.Expr | None:
         raise t.error(key, f"a number or arithmetic over numbers and reference names ({exc})", value)
 
 
-def _prereg(t: Table | None, base: Path) -> Prereg | None:
+def _campaign(t: Table | None, base: Path) -> tuple[Any, Any]:
+    """[campaign]: the run's link and its campaign (whose banked deltas become references)."""
+    if t is None:
+        return None, None
+    from babysit.campaign.spec import load_campaign, parse_link
+
+    link = parse_link(t, base)
+    return link, load_campaign(link.file)
+
+
+def _prereg(t: Table | None, base: Path, campaign: Any = None) -> Prereg | None:
     if t is None:
         return None
     raw = t.data
@@ -427,6 +444,10 @@ def _prereg(t: Table | None, base: Path) -> Prereg | None:
                 raise refs_table.error(ref, "a reference name usable in a bound (letters, digits, _)", ref)
             references[ref] = refs_table.number(ref)
         refs_table.finish()
+    if campaign is not None:  # a campaign's banked deltas are references by name, frozen in the hash
+        from babysit.campaign.spec import merged_references
+
+        references = merged_references(references, campaign, t.file)
 
     bands: list[Band] = []
     for bt in t.tables("bands"):
@@ -478,7 +499,7 @@ def _prereg(t: Table | None, base: Path) -> Prereg | None:
         ft.finish()
     t.finish()
     try:
-        canonical = canonical_prereg(raw)
+        canonical = canonical_prereg({**raw, "references": references} if campaign is not None else raw)
     except ValueError:
         raise SpecError(t.file, t.path, "finite numbers only", "<nan or inf>")
     return Prereg(

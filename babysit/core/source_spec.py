@@ -18,8 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.errors import SpecError
-from babysit.tomlfile import Table
+from babysit.core.errors import SpecError
+from babysit.core.tomlfile import Table
 
 KINDS = ("jsonl", "stdout", "tensorboard", "csv")
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so

@@ -1,24 +1,25 @@
 """Amendments (docs/verdicts.md, Amendments): declared before the data they touch, appended, never edits of the prereg.
 
 An amendment file adds a rule (today: the original bounds × `scale`) and says how the rules combine
-(today: `agree`, i.e. AMBIGUOUS-BY-INSTRUMENT when they disagree). Parsing is pure; `record_amendment`
-is the one place that reads the log and writes the store, because the record must say what data had
-been seen when the amendment was declared ("declared with eval data seen only through step 250").
+(today: `agree`, i.e. AMBIGUOUS-BY-INSTRUMENT when they disagree). Everything here is pure;
+`record_amendment` (babysit/commands/amend.py) is the one place that reads the log and writes the
+store, because the record must say what data had been seen when the amendment was declared
+("declared with eval data seen only through step 250").
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
 
-from babysit import expr, tomlfile
-from babysit.errors import BabysitError, BadInput, SpecError
-from babysit.spec import Prereg, RunSpec
-from babysit.store import Amendment, Store, amendment_sha256
-from babysit.verdict import exact_value
+from babysit.core import expr, tomlfile
+from babysit.core.errors import SpecError
+from babysit.core.spec import Prereg
+from babysit.core.verdict import exact_value
 
 COMBINE_MODES = ("agree",)
 
@@ -95,12 +96,6 @@ def check_against(spec: AmendmentSpec, prereg: Prereg) -> Fraction:
     return scale_value(spec, prereg.references)
 
 
-def from_store(stored: Amendment) -> AmendmentRecord:
-    """A stored amendment back to a record; its text was validated when it was recorded."""
-    spec = parse_amendment(stored.text, f"amendment {stored.n} of run '{stored.run}'")
-    return AmendmentRecord(n=stored.n, spec=spec, declared_at=stored.declared_at,
-                           data_seen_through_step=stored.data_seen_through_step, sha256=stored.sha256)
-
 
 def what_if(spec: AmendmentSpec, n: int) -> AmendmentRecord:
     """An offline amendment: numbered after the recorded ones, marked not provenance-checked."""
@@ -118,36 +113,6 @@ def utc_now_iso(now: datetime) -> str:
     return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def record_amendment(store: Store, run_spec: RunSpec, spec: AmendmentSpec, now: datetime) -> Amendment:
-    """Append `spec` to the run's chain, recording what `metric` data the log held at this moment.
-
-    Refused (exit 1) once data at or after `read_step` exists: an amendment written after the read can
-    no longer be told apart from fitting the rule to the answer. The caller checks the prereg hash.
-    """
-    from babysit.logtail import metric_series, read_all
-
-    prereg = run_spec.prereg
-    if prereg is None:
-        raise BadInput(f"run '{run_spec.name}' has no [prereg]: there is no verdict to amend",
-                       hint="amendments change how a pre-registered verdict is read; add [prereg] under a new name")
-    check_against(spec, prereg)
-    from babysit.sources import records_path
-
-    log = records_path(run_spec, store.path.parent)
-    try:
-        records, _garbage = read_all(log)
-    except FileNotFoundError:
-        records = []
-    seen = last_metric_step(metric_series(records, prereg.metric))
-    if seen is not None and seen >= prereg.read_step:
-        raise BabysitError(
-            f"amendment refused: the log already holds {prereg.metric} data through step {seen}, at or after "
-            f"read_step {prereg.read_step} ({log})",
-            hint="an amendment must be declared before the data it touches; report the read under the frozen "
-                 "rules, or try it offline as a what-if: babysit verdict RUN.toml --log PATH --amendment FILE",
-        )
-    return store.add_amendment(run_spec.name, spec.title, spec.text, utc_now_iso(now), seen)
-
 
 def _positive_scale(scale: expr.Expr, references: Mapping[str, float], display: str) -> Fraction:
     try:
@@ -158,3 +123,7 @@ def _positive_scale(scale: expr.Expr, references: Mapping[str, float], display: 
         raise SpecError(display, "scale", "a positive scale (bounds × scale must keep the bands' order)",
                         scale.source)
     return value
+
+
+def amendment_sha256(text: str, prev_sha256: str | None) -> str:
+    return hashlib.sha256(((prev_sha256 or "") + "\n" + text).encode("utf-8")).hexdigest()

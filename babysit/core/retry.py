@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.spec import AttemptProfile, RunSpec
+from babysit.core.spec import AttemptProfile, RunSpec
 
 _INT = re.compile(r"[+-]?\d+")
 

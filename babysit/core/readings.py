@@ -1,0 +1,64 @@
+"""What the probes read, as frozen values: a GPU view and a host reading.
+
+The probes (babysit/probes/) produce these; the guards and the poll snapshot decide on them. They
+live in the core so that the decisions never import a probe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_memory_bytes: int | None
+    visible: bool = True  # False: no such pid here — exited since NVML listed it, or another PID namespace
+    zombie: bool = False  # it has exited and waits to be reaped: never a holder
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    name: str
+    uuid: str
+    util_pct: float | None  # mean over the window's samples since its last read(); None: not measured
+    util_samples: int
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    processes: tuple[GpuProcess, ...]
+    faults: tuple[str, ...]  # "xid 79", "ecc uncorrectable volatile 2", "device lost"
+    processes_known: bool = True  # False: listing failed; `processes == ()` then means "not measured"
+    errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
+    util_min_pct: float | None = None  # the lowest sample of the window
+
+
+@dataclass(frozen=True)
+class GpuView:
+    available: bool
+    reason: str | None
+    gpus: tuple[GpuReading, ...] = ()
+
+    def gpu(self, index: int) -> GpuReading | None:
+        for reading in self.gpus:
+            if reading.index == index:
+                return reading
+        return None
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """One look at the host. `run_*` are None when there is no run or it could not be read.
+
+    run_rss_bytes sums RSS over the tree, so pages shared by forked dataloader workers are counted
+    once per process: an upper bound, which is the safe side for a memory-pressure warning.
+    run_cpu_pct sums psutil's per-process CPU percent (100 = one core) since the previous read_host
+    of the same processes; None on the first read, because a first look cannot measure a rate.
+    """
+
+    available_ram_bytes: int
+    total_ram_bytes: int
+    run_rss_bytes: int | None
+    run_cpu_pct: float | None
+    run_pids: frozenset[int]

@@ -1,0 +1,350 @@
+"""Every message babysit posts about a run, rendered from the plain event payloads in the outbox.
+
+One module, so the console channel and the Slack channel say the same thing the same way (the slash
+commands' replies live in bot/messages.py and reuse these lines). `render(kind, payload)` gives the
+plain text (the console, and Slack's notification fallback) and, where Slack shows more, Block Kit
+blocks. Pure: no I/O, no Slack imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from babysit.core.blocks import code, context, divider, header, section
+from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise, hours
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """`text` is the whole message in plain text (console, notifications, screen readers); `blocks` is how
+    Slack shows it. Both say the same thing, so a client that drops blocks loses nothing."""
+
+    text: str
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
+    renderer = _RENDERERS.get(kind)
+    if renderer is None:
+        text = f"[{kind}] {payload}"
+        return Rendered(text, [section(text)])
+    return renderer(payload)
+
+
+
+
+def snapshot_line(s: Mapping[str, Any]) -> str:
+    """The live header: step, s/step, ETA, GPU-hours, util, provisional read."""
+    parts = [f"step {s.get('step') if s.get('step') is not None else '—'}"]
+    if s.get("seconds_per_step") is not None:
+        parts.append(f"{s['seconds_per_step']:.3g} s/step")
+    if s.get("eta_seconds") is not None:
+        parts.append(f"ETA {fmt_duration(s['eta_seconds'])}")
+    cap = s.get("gpu_hours_cap")
+    if s.get("gpu_hours_used") is not None and s.get("gpus"):  # a CPU run costs no GPU-hours: say nothing
+        used = hours(s["gpu_hours_used"])
+        parts.append(f"GPU-h {used}/{hours(cap)}" if cap else f"GPU-h {used}")
+    measured = [g for g in s.get("gpus") or () if g.get("util_pct") is not None]
+    if measured:
+        parts.append("util " + "/".join(f"{g['util_pct']:.0f}%" for g in measured) + _util_window(measured))
+    if s.get("gpu_note"):
+        parts.append(s["gpu_note"])
+    if s.get("available_ram_bytes") is not None:
+        parts.append(f"free RAM {fmt_gib(s['available_ram_bytes'])}")
+    prov = s.get("provisional")
+    if prov:
+        parts.append(_read_phrase(prov))
+    return " · ".join(parts)
+
+
+def _num(v: float) -> str:
+    """A metric as a poll shows it: 4 significant digits; NaN and inf say so."""
+    return f"{v:.4g}"
+
+
+def _util_window(gpus: list[Mapping[str, Any]]) -> str:
+    """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window."""
+    lows = [g["util_min_pct"] for g in gpus if g.get("util_min_pct") is not None]
+    samples = min(int(g.get("util_samples") or 0) for g in gpus)
+    parts = ([f"min {'/'.join(f'{u:.0f}%' for u in lows)}"] if lows else []) + [f"{samples} samples"]
+    return f" ({', '.join(parts)})"
+
+
+def _read_phrase(v: Mapping[str, Any]) -> str:
+    status = v.get("status")
+    if status == "NO-READ":
+        reason = v.get("reason")
+        return f"no read yet ({reason.split(' (')[0]})" if reason else "read: NO-READ"
+    delta = fmt_delta(v.get("delta"), v.get("precision", 4))
+    if status == "PROVISIONAL":
+        return f"PROVISIONAL read @{v.get('at_step')}: Δ {delta} → {v.get('label')} (not a verdict)"
+    return f"FINAL: Δ {delta} → {v.get('label')}"
+
+
+def _launch(p: Mapping[str, Any]) -> Rendered:
+    head = f"🚀 {p['run']} — attempt {p['attempt']}/{p.get('max_attempts', '?')} launched"
+    lines = [head, f"profile: {p.get('profile')}  ·  executor: {p.get('executor')}  ·  "
+             + (f"GPUs {p['gpus']}" if p.get("gpus") else "CPU run")]
+    if p.get("selected_by"):
+        lines.append(f"profile selected by: {p['selected_by']}")
+    if p.get("note"):
+        lines.append(p["note"])
+    lines.append("$ " + " ".join(p.get("argv", [])))
+    if p.get("question"):
+        lines.append(f"question: {p['question']}  (read at step {p.get('read_step')})")
+    blocks = [header(head), section("\n".join(lines[1:lines.index("$ " + " ".join(p.get("argv", [])))])),
+              section(code("$ " + " ".join(p.get("argv", []))))]
+    if p.get("question"):
+        blocks.append(context(f"*question:* {p['question']}  ·  read at step {p.get('read_step')}"))
+    return Rendered("\n".join(lines), blocks)
+
+
+def _header(p: Mapping[str, Any]) -> Rendered:
+    """The launch post edited in place: what was launched, then the live line under it.
+
+    chat.update replaces the whole post, so the launch content (payload "launch", filled in by the
+    Slack channel from the launch message) is rendered again above the live line.
+    """
+    live = snapshot_line(p["snapshot"])
+    text = f"{p['run']} attempt {p['attempt']}: {live}"
+    if not p.get("launch"):
+        return Rendered(text, [section(f"*live:* {live}")])
+    base = _launch(p["launch"])
+    return Rendered(base.text + "\n" + text, [*base.blocks, divider(), section(f"*live:* {live}")])
+
+
+def _poll(p: Mapping[str, Any]) -> Rendered:
+    s = p["snapshot"]
+    title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.get("kind"), "poll")
+    lines = [f"📊 {s['run']} {title}: " + snapshot_line(s)]
+    for flag in s.get("flags") or ():
+        lines.append(flag_line(flag, s))
+    if s.get("shown_metrics"):
+        lines.append("latest: " + " · ".join(f"{k}={_num(v)} @{step}"
+                                             for k, (step, v) in list(s["shown_metrics"].items())[:8]))
+    elif s.get("latest_eval"):
+        evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
+        lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
+    return Rendered("\n".join(lines), [section("\n".join(lines))])
+
+
+def flag_line(flag: str, s: Mapping[str, Any]) -> str:
+    """A poll flag in words, with the figures behind it; ⚠️ only where something needs a look."""
+    text = _FLAG_TEXT.get(flag)
+    if text is None:
+        return f"⚠️ {flag}"
+    line = text(s)
+    return line if flag in _CALM_FLAGS else f"⚠️ {line}"
+
+
+def _mean_util(s: Mapping[str, Any]) -> str:
+    utils = [g["util_pct"] for g in s.get("gpus") or () if g.get("util_pct") is not None]
+    return f"{sum(utils) / len(utils):.0f} %" if utils else MISSING
+
+
+def _since(seconds: float | None) -> str:
+    return MISSING if seconds is None else fmt_duration(seconds)
+
+
+_CALM_FLAGS = {"waiting-for-first-record"}
+_FLAG_TEXT: dict[str, Any] = {
+    "input-starvation": lambda s: (
+        f"input starvation: GPU util {_mean_util(s)} while the trainer waits on its input "
+        f"{(s.get('data_wait_frac') or 0):.0%} of each step — raise --num-workers / prefetch, or speed up "
+        "storage, before letting it ride"),
+    "gpu-util-low": lambda s: (
+        f"GPU util low ({_mean_util(s)})"
+        + (f"; the trainer waits on its input only {s['data_wait_frac']:.1%} of each step, so not input starvation"
+           if s.get("data_wait_frac") is not None else "")
+        + " — possible causes: small batches or kernel-launch overhead (raise the batch, CUDA graphs, "
+          "torch.compile), host-device syncs (.item(), logging), a slow collective, or the input pipeline"),
+    "host-memory-pressure": lambda s: f"host memory pressure: free RAM {fmt_gib(s.get('available_ram_bytes'))} "
+                                      "under the guard's floor",
+    "gpu-unseen": lambda s: "no GPU visible to babysit: GPU guards cannot see this run's GPUs"
+                            + (f" ({s['gpu_note']})" if s.get("gpu_note") else ""),
+    "gpu-held": lambda s: "another process holds the run's GPU: " + "; ".join(
+        f"GPU {g.get('index')}: pid {h.get('pid')} ({h.get('name')})"
+        for g in s.get("gpus") or () for h in g.get("held_by_foreign") or ()),
+    "gpu-fault": lambda s: "GPU fault: " + "; ".join(
+        f"GPU {g.get('index')}: {', '.join(g.get('faults') or ())}" for g in s.get("gpus") or () if g.get("faults")),
+    "stalled?": lambda s: f"no new log record for {_since(s.get('seconds_since_last_record'))} — the stall guard "
+                          f"stops the run at {_since(s.get('stall_seconds'))}",
+    "waiting-for-first-record": lambda s: (
+        f"waiting for the first record in {s.get('log_path') or 'the log'} "
+        f"({_since(s.get('seconds_since_launch'))} since launch; start-up is normal)"),
+    "no-log-records-yet": lambda s: (
+        f"no record in {s.get('log_path') or 'the log'} yet, {_since(s.get('seconds_since_launch'))} after launch "
+        f"— is the trainer writing there? (the stall guard stops the run at {_since(s.get('stall_seconds'))})"),
+    "gpu-hours-projection": lambda s: (
+        f"GPU-hours projected to the end {hours(s['gpu_hours_projected'])} exceed the cap "
+        f"{hours(s['gpu_hours_cap'])}: the run will be stopped at the cap"
+        if s.get("gpu_hours_projected") is not None and s.get("gpu_hours_cap") is not None
+        else "GPU-hours projected past the cap"),
+}
+
+
+def _incident(p: Mapping[str, Any]) -> Rendered:
+    mention = " ".join(f"<@{u}>" for u in p.get("mention") or ())
+    lines = [f"🚨 {p['run']} attempt {p.get('attempt')}: {p['incident']} — {p['message']}"]
+    if mention:
+        lines[0] += f"  {mention}"
+    blocks = [section(f"🚨 *{p['run']}* attempt {p.get('attempt')}: *{p['incident']}* — {p['message']}"
+                      + (f"\n{mention}" if mention else ""))]
+    tail = (p.get("detail") or {}).get("stderr_tail")
+    if tail:
+        lines.append("last stderr lines:")
+        lines.extend("  " + line for line in tail.splitlines()[-8:])
+        blocks.append(section("last stderr lines:\n" + code("\n".join(tail.splitlines()[-8:]))))
+    for head, body in _stall_evidence(p.get("detail") or {}):
+        lines.append(head)
+        lines.extend("  " + line for line in body)
+        blocks.append(section(head + ("\n" + code("\n".join(body)) if body else "")))
+    return Rendered("\n".join(lines), blocks)
+
+
+STACK_LINES = 14  # of the dump shown in the channel; the whole dump is in the incident's record
+
+
+def _stall_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """A stall's log path, and its py-spy dump, or why there is none: (heading, lines) each."""
+    out: list[tuple[str, list[str]]] = []
+    if detail.get("log"):
+        out.append((f"log babysit reads (no new record there): {detail['log']}", []))
+    stacks = detail.get("stacks")
+    if not isinstance(stacks, Mapping):
+        return out
+    dumps = [(pid, text) for pid, text in stacks.items() if pid != "note" and isinstance(text, str)]
+    dumps.sort(key=lambda d: "babysit.executors.shim" in d[1])  # the trainer's stack, not babysit's shim's
+    if dumps:
+        pid, text = dumps[0]
+        shown = [line for line in text.strip().splitlines() if line.strip()][:STACK_LINES]
+        out.append((f"py-spy dump of pid {pid} ({len(dumps)} process(es) dumped):", shown))
+    if stacks.get("note"):
+        out.append((f"⚠️ {stacks['note']}", []))
+    return out
+
+
+def _ended(p: Mapping[str, Any]) -> Rendered:
+    icon = {"completed": "✅", "stopped": "⏹"}.get(p.get("outcome"), "❌")
+    text = f"{icon} {p['run']} attempt {p['attempt']} ended: {p.get('outcome')} — {p.get('summary', '')}"
+    return Rendered(text, [section(text)])
+
+
+def _provisional(p: Mapping[str, Any]) -> Rendered:
+    v = p["verdict"]
+    text = f"🔎 {v['run']}: " + _read_phrase({**v, "precision": p.get("precision", 4)})
+    return Rendered(text, verdict_blocks(v, p.get("precision", 4)))
+
+
+def verdict_text(v: Mapping[str, Any], precision: int = 4) -> str:
+    status = v.get("status")
+    lines = []
+    if status == "PROVISIONAL":
+        lines.append(f"⏳ PROVISIONAL — read as of step {v.get('at_step')}, before read step {v.get('read_step')}:"
+                     " NOT a verdict")
+    if status == "NO-READ":
+        lines.append(f"∅ {v['run']}: NO-READ — {v.get('reason', '')}")
+        return "\n".join(lines)
+    lines.append(f"⚖️ {v['run']}: {v.get('label')}  ({status})")
+    lines.append(f"{v.get('metric')}: {v.get('baseline')} @{v.get('baseline_step')} → {v.get('read')} "
+                 f"@{v.get('at_step')}  Δ {fmt_delta(v.get('delta'), precision)}")
+    for rule in v.get("rules") or ():
+        bounds = ", ".join(
+            f"{label} " + " & ".join(f"{'≤' if k == 'max' else '≥'} {b:+.{precision}f}" for k, b in bs.items())
+            for label, bs in rule.get("bounds", {}).items()
+        )
+        scale = f" (×{rule['scale']:.4g})" if rule.get("scale") else ""
+        lines.append(f"  rule {rule['name']}{scale}: {bounds} → {rule.get('label')}")
+    if v.get("interpretation"):
+        lines.append(f"means: {v['interpretation']}")
+    corr = v.get("corroboration") or {}
+    if corr:
+        lines.append(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}, "
+                     f"monotone rise {fmt_rise(corr.get('monotone_rise'))}")
+    return "\n".join(lines)
+
+
+def _verdict(p: Mapping[str, Any]) -> Rendered:
+    text = verdict_text(p["verdict"], p.get("precision", 4))
+    if p.get("chart_path"):
+        text += f"\nchart: {p['chart_path']}"
+    elif p.get("chart_error"):  # the verdict stands without its chart
+        text += f"\nchart: not drawn ({p['chart_error']})"
+    return Rendered(text, verdict_blocks(p["verdict"], p.get("precision", 4)))
+
+
+def verdict_card(v: Mapping[str, Any], precision: int = 4) -> Rendered:
+    """`/verdict RUN`: the same card the daemon posts."""
+    return Rendered(verdict_text(v, precision), verdict_blocks(v, precision))
+
+
+def verdict_blocks(v: Mapping[str, Any], precision: int = 4) -> list[dict[str, Any]]:
+    """Label, delta, each rule's bands, interpretation, status. A PROVISIONAL read is fenced top and
+    bottom, so nobody screenshots it as the answer."""
+    status = v.get("status")
+    if status == "NO-READ":
+        return [header(f"∅ NO-READ — {v.get('run')}"),
+                section(f"No verdict can be read yet: {v.get('reason') or 'a needed eval is missing'}")]
+    blocks: list[dict[str, Any]] = []
+    if status == "PROVISIONAL":
+        blocks += [header(f"⏳ PROVISIONAL — NOT A VERDICT — {v.get('run')}"),
+                   section(f":warning: *PROVISIONAL* read as of step {v.get('at_step')}, before the pre-registered "
+                           f"read step {v.get('read_step')}. The label can still change: do not act on it.")]
+    else:
+        blocks.append(header(f"⚖️ {status} VERDICT — {v.get('run')}: {v.get('label')}"))
+    blocks.append(section(f"*label:* {v.get('label')}{' (provisional)' if status == 'PROVISIONAL' else ''}"
+                          f"   *status:* {status}\n*{v.get('metric')}:* {v.get('baseline')} @{v.get('baseline_step')}"
+                          f" → {v.get('read')} @{v.get('at_step')}   *Δ {fmt_delta(v.get('delta'), precision)}*"))
+    rules = [line.strip() for line in verdict_text(v, precision).splitlines() if line.startswith("  rule ")]
+    if rules:
+        blocks.append(section("*pre-registered rules:*\n" + "\n".join(f"• {r}" for r in rules)))
+    if v.get("interpretation"):
+        blocks.append(section(f"*means:* {v['interpretation']}"))
+    corr = v.get("corroboration") or {}
+    if corr:
+        blocks.append(context(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}"
+                              f", monotone rise {fmt_rise(corr.get('monotone_rise'))}"))
+    if status == "PROVISIONAL":
+        blocks.append(context(f"⏳ PROVISIONAL — the verdict is read at step {v.get('read_step')}, not before"))
+    return blocks
+
+
+def _amendment(p: Mapping[str, Any]) -> Rendered:
+    text = (f"📝 {p['run']}: amendment {p['n']} declared — {p['title']} "
+            f"(data seen through step {p.get('data_seen_through_step')}; sha256 {p['sha256'][:12]}…)")
+    return Rendered(text, [section(text)])
+
+
+def _text(p: Mapping[str, Any]) -> Rendered:
+    text = str(p.get("text", ""))
+    return Rendered(text, [section(text)])
+
+
+_RENDERERS = {
+    "launch": _launch,
+    "header": _header,
+    "poll": _poll,
+    "incident": _incident,
+    "ended": _ended,
+    "provisional": _provisional,
+    "verdict": _verdict,
+    "amendment": _amendment,
+    "text": _text,
+    "campaign": lambda p: Rendered(*_campaign_render().campaign_post(p)),  # docs/campaigns.md
+    "owner-call": lambda p: Rendered(*_campaign_render().render_call(p)),
+}
+
+
+def _campaign_render() -> Any:
+    import babysit.campaign.render as words  # pure (tests/test_layering.py); lazy: it builds on this module
+
+    return words
+
+
+def chart_comment(run: str, v: Mapping[str, Any] | None) -> str:
+    if not v:
+        return f"📈 {run}"
+    prov = " — PROVISIONAL, NOT A VERDICT" if v.get("status") == "PROVISIONAL" else ""
+    return f"📈 {run}: {v.get('label')} ({v.get('status')}){prov}"

@@ -1,0 +1,165 @@
+"""A supervisor driven in process: a fake clock, a fake executor and host probe, timers the test fires, and
+real parts elsewhere (the store, the spec, the log, a FileGpuProbe). Declared hours pass in a blink, and
+each check is seen to read the host, the GPUs and the hours once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from babysit.core.spec import load_spec
+from babysit.probes.gpu import FileGpuProbe
+from babysit.store import Store
+from babysit.supervisor import DaemonContext, RunSupervisor
+from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+
+GIB = 2**30
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, guards: str = "", gpus: str = "[0]") -> None:
+        self.root = tmp_path
+        self.clock = FakeClock()
+        self.host = FakeHostProbe()
+        self.timers = ManualTimers(self.clock)
+        self.executor = FakeExecutor(self.clock, self.host)
+        self.gpu_file = tmp_path / "gpus.json"
+        self.set_gpu_processes([])
+        spec_file = tmp_path / "r.toml"
+        spec_file.write_text(f"""[run]
+name = "r"
+command = ["python", "train.py", "--steps", "1000"]
+log = "log.jsonl"
+gpus = {gpus}
+
+[guards]
+min_free_host_ram_gib = 1
+stop_grace_seconds = 30
+{guards}
+
+[poll]
+first_after_minutes = 5
+every_minutes = 30
+""")
+        state = tmp_path / ".babysit"
+        self.store = Store.in_dir(state)
+        self.ctx = DaemonContext(store=self.store, state_dir=state, gpu_probe=FileGpuProbe(self.gpu_file),
+                                 executors={"local": self.executor}, scale=60.0, clock=self.clock,
+                                 host_probe=self.host, timers=self.timers)
+        self.sup = RunSupervisor(self.ctx, load_spec(spec_file), None)
+        self.step = 0
+
+    def set_gpu_processes(self, processes: list[dict]) -> None:
+        self.gpu_file.write_text(json.dumps({"gpus": [
+            {"index": 0, "util_pct": 95, "util_samples": 5, "memory_used_bytes": 10 * GIB,
+             "memory_total_bytes": 141 * GIB, "processes": processes}]}))
+
+    def log(self, records: int, seconds_per_step: float) -> None:
+        """`records` records, one step each, `seconds_per_step` apart, ending now on the fake clock."""
+        with open(self.root / "log.jsonl", "a") as f:
+            for i in range(records):
+                self.step += 1
+                ts = self.clock.now - (records - 1 - i) * seconds_per_step
+                f.write(json.dumps({"step": self.step, "ts": ts, "train_loss": 1.0}) + "\n")
+
+    def incidents(self) -> list[str]:
+        return [i.kind for i in self.store.incidents("r")]
+
+
+@pytest.fixture
+def rig(tmp_path: Path):
+    made: list[Rig] = []
+
+    def make(**kw: str) -> Rig:
+        made.append(Rig(tmp_path, **kw))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.store.close()
+
+
+def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(rig) -> None:
+    r = rig()
+    r.sup.start()
+    (run, n, argv, env) = r.executor.launches[0]
+    assert (run, n, argv[-2:]) == ("r", 1, ["--steps", "1000"])
+    assert env["BABYSIT_RUN"] == "r" and env["CUDA_VISIBLE_DEVICES"] == "0"  # the executor's launch_env
+    assert r.timers.when("poll:r") == r.clock.now + 5 * 60
+    r.timers.advance(299)
+    assert r.store.polls("r", 5) == []
+    r.log(20, seconds_per_step=2.0)
+    r.timers.advance(1)
+    (poll,) = r.store.polls("r", 5)
+    assert poll.kind == "first" and poll.body["step"] == 20
+    assert poll.body["seconds_per_step"] == pytest.approx(2.0)
+    assert poll.body["eta_seconds"] == pytest.approx(980 * 2.0)
+    assert r.timers.when("poll:r") == pytest.approx(poll.at + 30 * 60)
+
+
+def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the_projection(rig) -> None:
+    r = rig(guards="gpu_hours_cap = 0.5")
+    r.sup.start()
+    r.timers.advance(60)
+    r.log(10, seconds_per_step=2.0)  # 990 steps left at 2 s: 0.55 GPU-h more, past the 0.5 cap
+    reads = r.host.reads
+    r.sup.guard()
+    assert r.host.reads == reads + 1
+    (warning,) = [i for i in r.store.incidents("r") if i.kind == "gpu-hours-cap"]
+    r.sup.poll()
+    assert r.host.reads == reads + 2
+    (poll,) = r.store.polls("r", 5)
+    assert "gpu-hours-projection" in poll.body["flags"]
+    assert round(poll.body["gpu_hours_projected"], 4) == warning.body["gpu_hours_projected"]
+
+
+def test_the_cap_stops_the_run_now_and_sigkills_it_after_the_grace_period(rig) -> None:
+    r = rig(guards="gpu_hours_cap = 0.05")  # 180 GPU-seconds
+    r.sup.start()
+    proc = r.executor.process("r", 1)
+    proc.obeys_stop = False  # it ignores SIGTERM: only the SIGKILL after the grace period ends it
+    r.timers.advance(100)
+    r.sup.guard()
+    assert proc.signals == []
+    r.timers.advance(100)
+    r.sup.guard()
+    assert proc.signals == [signal.SIGTERM]  # sent within the guard check, not by a thread later
+    assert "gpu-hours-cap" in r.incidents()
+    assert r.timers.when("kill:r") == pytest.approx(r.clock.now + 30)
+    r.timers.advance(29)
+    assert r.executor.kills == []
+    r.timers.advance(2)
+    assert r.executor.kills == [1] and proc.signal == signal.SIGKILL
+    (attempt,) = r.store.attempts("r")
+    assert attempt.status == "ended" and attempt.detail.get("stopped_by") == "gpu-hours-cap"
+    assert r.store.run_state("r")[0] == "stopped"
+    assert r.timers.when("poll:r") is None and r.timers.when("exit-check:r") is None  # nothing left scheduled
+
+
+def test_a_foreign_gpu_holder_is_read_again_on_a_timer_then_stops_the_run(rig) -> None:
+    r = rig()
+    r.sup.start()
+    r.timers.advance(60)
+    r.set_gpu_processes([{"pid": os.getpid(), "name": "policy_server", "used_memory_bytes": GIB}])
+    r.sup.guard()
+    proc = r.executor.process("r", 1)
+    assert proc.signals == [] and r.timers.when("recheck:r") == pytest.approx(r.clock.now + 2)
+    r.timers.advance(2)
+    assert proc.signals == [signal.SIGTERM]
+    assert "gpu-held" in r.incidents()
+
+
+def test_an_exit_is_asked_for_on_a_timer_and_ends_the_run_with_nothing_left_scheduled(rig) -> None:
+    r = rig()
+    r.sup.start()
+    r.log(5, seconds_per_step=1.0)
+    r.executor.end("r", 1, exit_code=0)
+    r.timers.advance(1)
+    (attempt,) = r.store.attempts("r")
+    assert (attempt.status, attempt.outcome) == ("ended", "completed")
+    assert r.store.run_state("r")[0] == "finished"
+    assert not r.timers.pending
