@@ -6,14 +6,11 @@ and a tampered prereg can never produce a verdict, only a `prereg-tampered` inci
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from babysit import sources
+from babysit import atomic, sources
 from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
@@ -207,18 +204,7 @@ def check_fixture(prereg: Prereg) -> FixtureResult:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> Path:
     """Temp file in the same directory, then rename: a reader sees the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic.write_json_atomic(path, data, indent=2)
 
 
 class VerdictFiles(NamedTuple):

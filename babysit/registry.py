@@ -13,7 +13,6 @@ import difflib
 import fcntl
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import tomli_w
 
+from babysit.atomic import temp_prefix, write_atomic
 from babysit.core import tomlfile
 from babysit.core.errors import RegistryError, SpecError, UnknownRun
 from babysit.faults import crash_point
@@ -302,12 +302,8 @@ def _run_dict(r: RunEntry) -> dict[str, Any]:
     return out
 
 
-def _temp_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
 def _remove_stale_temps(path: Path) -> None:
-    prefix = _temp_prefix(path)
+    prefix = temp_prefix(path)
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(path.parent):
             if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
@@ -317,30 +313,14 @@ def _remove_stale_temps(path: Path) -> None:
 
 def _write(path: Path, registry: Registry) -> None:
     """Temp file in the same directory, fsync, rename over, fsync the directory."""
-    data = dumps(registry).encode("utf-8")
-    directory = path.parent
     try:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+
+    def before_replace(tmp: Path) -> None:
         crash_point("registry-before-replace")
         if _before_replace is not None:
             _before_replace(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+
+    write_atomic(path, dumps(registry), mode=mode, before_replace=before_replace)

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from babysit.atomic import write_atomic
 from babysit.campaign import grid as grid_mod
 from babysit.campaign import propose
 from babysit.campaign.spec import Campaign, load_campaign, parse_grid
@@ -226,9 +227,7 @@ def _write(campaign: Campaign, spec: Any, table: dict[str, Any], name: str, susp
     text = propose.HEADER.format(run=spec.name, label=plan.label, why=why) + "\n" + tomli_w.dumps(derived)
     at.parent.mkdir(parents=True, exist_ok=True)
     if not at.exists():  # written once: an owner may have edited it since
-        tmp = at.with_name(f".{at.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, at)
+        write_atomic(at, text, mode=0o644)
     return at
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from babysit import wake
+from babysit.atomic import write_json_atomic
 
 APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
            "keeps the spec it read; restart it to apply them now (the runs keep running across a restart)")
@@ -132,10 +132,4 @@ def _write_json(path: Path, body: dict[str, Any]) -> None:
     """Atomically (temp file, fsync, rename), 0600 in a 0700 folder: the state records who ran what."""
     path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state directory
     path.parent.mkdir(exist_ok=True, mode=0o700)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(body, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, body)

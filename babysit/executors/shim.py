@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -30,19 +29,11 @@ import sys
 import time
 from pathlib import Path
 
+from babysit.atomic import write_json_atomic
 from babysit.core.spec import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
 
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main(argv: list[str]) -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import structlog
 
+from babysit.atomic import write_atomic
 from babysit.core.errors import BabysitError
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script
@@ -132,7 +133,7 @@ class SlurmExecutor:
             raise SlurmError(f"{attempt.run}: cannot write the batch script: {exc}",
                              hint="fix run.toml ([run].env or [slurm])") from exc
         path = adir / "job.sbatch"
-        _write_atomic(path, text)
+        write_atomic(path, text)
         name = script.job_name(attempt.run, attempt.n, token)
         scope = script.stop_scope(request.slurm, request.n_gpus)  # how this script expects to be stopped
         _write_json(adir / "submit.json", {"token": token, "job_name": name, "at": time.time(), "stop_scope": scope})
@@ -395,17 +396,8 @@ def _last_seen(adir: Path) -> st.JobState | None:
         return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _write_json(path: Path, data: dict) -> None:
-    _write_atomic(path, json.dumps(data, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, sort_keys=True) + "\n")
 
 
 def _read_json(path: Path) -> dict | None:
