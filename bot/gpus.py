@@ -7,7 +7,6 @@ including processes babysit cannot see (another PID namespace), which are said t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -43,7 +42,7 @@ def read_gpus(owners: Mapping[int, str], probe_spec: str | None = None) -> tuple
     """Read every GPU now; returns (lines, None) or ([], why it could not be read)."""
     from babysit.probes.gpu import open_gpu_probe
 
-    probe = open_gpu_probe(probe_spec or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
+    probe = open_gpu_probe(probe_spec)
     try:
         probe.sample()
         view = probe.read([])

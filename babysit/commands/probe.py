@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     host = socket.gethostname().split(".")[0]
     out = args.out.replace("{host}", host)
     job_id = args.job_id or os.environ.get("SLURM_JOB_ID") or None
-    probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
+    probe = open_gpu_probe(args.gpu_probe)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

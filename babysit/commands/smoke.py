@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("--rlimit-as-gib is a CPU test knob: CUDA reserves far more address space than memory, "
                        f"so it would fail every profile of a GPU run (run.gpus = {list(spec.gpus)})")
     out = Path(args.out) if args.out else spec.spec_file.parent / "hardware_profile.json"
-    probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml") if spec.gpus else None
+    probe = open_gpu_probe(args.gpu_probe) if spec.gpus else None
     smoke_dir = _smoke_dir(args.smoke_dir, spec.name)
     tried: list[Any] = []
     own_pids: set[int] = set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     ok = False
     try:
         logs.configure(reg.state_dir, stream=out)
-        probe = open_gpu_probe(args.gpu_probe or os.environ.get("BABYSIT_GPU_PROBE") or "nvml")
+        probe = open_gpu_probe(args.gpu_probe)
         daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out),
                         accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
         if args.bot:

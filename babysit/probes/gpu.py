@@ -20,6 +20,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -407,9 +408,13 @@ class NullGpuProbe:
                               "or declare gpus = [] for a CPU run", ())
 
 
-def open_gpu_probe(spec: str | None) -> GpuProbe:
-    """"nvml" (default, also None or "") | "file:PATH" | "none"."""
-    text = (spec or "nvml").strip()
+GPU_PROBE_ENV = "BABYSIT_GPU_PROBE"
+
+
+def open_gpu_probe(spec: str | None = None) -> GpuProbe:
+    """The one place the GPU probe is chosen: `spec` (a --gpu-probe flag), else $BABYSIT_GPU_PROBE, else
+    NVML. "nvml" | "file:PATH" (simulated GPUs, for tests) | "none"."""
+    text = (spec or os.environ.get(GPU_PROBE_ENV) or "nvml").strip()
     if text == "nvml":
         return NvmlGpuProbe()
     if text == "none":
