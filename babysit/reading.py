@@ -10,13 +10,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from babysit import atomic, sources
+from babysit import atomic, registry, sources
+from babysit.chart import render_chart
 from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
-from babysit.core.spec import Prereg, RunSpec
+from babysit.core.records import metric_series
+from babysit.core.spec import Prereg, RunSpec, load_spec
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
-from babysit.logtail import TailState
+from babysit.logtail import TailState, read_all, read_new
 from babysit.store import Amendment, Store
 
 TAMPER_INCIDENT = "prereg-tampered"
@@ -55,8 +57,6 @@ def require_prereg(spec: RunSpec) -> Prereg:
 
 def read_series(log: Path, prereg: Prereg) -> tuple[Series, Series, int]:
     """(metric series, train-metric series, garbage lines) of a whole log; a missing log is empty."""
-    from babysit.core.records import metric_series
-    from babysit.logtail import read_all
 
     try:
         records, garbage = read_all(log)
@@ -95,7 +95,6 @@ class SeriesCache:
         self._recent: dict[int, float] = {}  # the last TRAIN_WINDOW train values, by step
 
     def update(self, log: Path) -> tuple[Series, Series]:
-        from babysit.logtail import read_new
 
         while True:
             got = read_new(log, self.state)
@@ -236,7 +235,6 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
     the JSON's at_step, so the daemon can pass just the body it already has.
     """
     try:
-        from babysit.chart import render_chart
 
         prereg = require_prereg(spec)
         series, train, _ = read_series(records_log(spec, store), prereg)
@@ -265,8 +263,6 @@ def write_verdict_files(spec: RunSpec, verdict_json: Mapping[str, Any], store: S
 
 def load_registered(registry_path: Path, name: str) -> tuple[Any, Any, RunSpec]:
     """(Registry, RunEntry, RunSpec) of a registered run; UnknownRun names close matches."""
-    from babysit import registry
-    from babysit.core.spec import load_spec
 
     reg = registry.load(registry_path)
     entry = reg.get(name)

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from babysit import logtail, sources
+from babysit import logtail, reading, sources
 from babysit.campaign.hook import after_final_verdict
 from babysit.clock import SYSTEM, Clock
 from babysit.core import classify, guards, retry, smoke, snapshot
@@ -149,7 +149,6 @@ class RunSupervisor:
         """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
         incident is recorded once per hash pair whoever sees it first (this daemon or `babysit verdict`),
         and the daemon posts it once."""
-        from babysit import reading
 
         try:
             reading.check_frozen(self.spec, self.frozen_sha)
@@ -496,7 +495,6 @@ class RunSupervisor:
         `full` from the whole log as a finished file (its unterminated last line counts)."""
         if self.spec.prereg is None:
             return
-        from babysit import reading
 
         if self.series_cache is None:
             self.series_cache = reading.SeriesCache(self.spec.prereg)
@@ -546,7 +544,6 @@ class RunSupervisor:
         """The FINAL verdict: its JSON written, then saved, then posted; the chart is drawn best effort
         before the post (so Slack can attach it) and its failure is an incident, never the verdict's.
         Idempotent: a daemon killed after saving posts the saved verdict on restart, once."""
-        from babysit import reading
 
         key = f"{self.run}:verdict"
         out = self.ctx.state_dir / "verdicts"

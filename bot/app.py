@@ -18,11 +18,14 @@ from typing import Any
 
 import structlog
 
-from babysit.core.errors import BadInput
+from babysit.core.errors import BabysitError, BadInput
+from babysit.slack.client import TOKEN_ENV, web_client
 from bot import handlers, owner_calls
 from bot.handlers import BotConfig
+from bot.http import make_server, serve_in_thread
 from bot.messages import ABORT_ACTION_ID
 from bot.predicates import parse_babysit, parse_verdict
+from bot.socket_mode import connect_in_background, connect_now, socket_handler
 
 log = structlog.get_logger("babysit.bot")
 
@@ -34,7 +37,6 @@ def build_app(cfg: BotConfig, *, socket_mode: bool = False, client: Any = None) 
     """A Bolt App on babysit's client factory (so BABYSIT_SLACK_API_URL applies) with every listener."""
     from slack_bolt import App
 
-    from babysit.slack.client import TOKEN_ENV, web_client
 
     if not os.environ.get(TOKEN_ENV):
         raise BadInput(f"{TOKEN_ENV} is not set: the bot needs the app's bot token (xoxb-…)",
@@ -86,7 +88,6 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
     without it (`babysit bot`, run by a person) a failed first connection is an error that says why.
     """
     if http_port is not None:
-        from bot.http import make_server, serve_in_thread
 
         server = make_server(build_app(cfg), host, http_port)
         serve_in_thread(server)
@@ -98,7 +99,6 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
         raise BadInput(f"{APP_TOKEN_ENV} is not set: Socket Mode needs the app-level token (xapp-…)",
                        hint="create one with the connections:write scope (Basic Information → App-Level "
                             "Tokens), or serve HTTP with --http PORT")
-    from bot.socket_mode import connect_in_background, connect_now, socket_handler
 
     stop = threading.Event()
     handler = socket_handler(build_app(cfg, socket_mode=True), app_token, stop)
@@ -112,7 +112,6 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
 def start_in_background(registry_path: Path, http_port: int | None = None) -> RunningBot | None:
     """For `babysit up --bot [--bot-http PORT]`: the bot inside the daemon. A bot that cannot start is
     logged and skipped — the daemon babysits on without it (messages still go out through the outbox)."""
-    from babysit.core.errors import BabysitError
 
     try:
         return start(BotConfig(Path(registry_path)), http_port=http_port, keep_trying=True)

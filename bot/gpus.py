@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
+from babysit.probes.gpu import open_gpu_probe
+from babysit.probes.host import process_tree
 
 if TYPE_CHECKING:
     from babysit.store import Store
@@ -40,7 +42,6 @@ def gpu_lines(view: GpuView, owners: Mapping[int, str]) -> list[str]:
 
 def read_gpus(owners: Mapping[int, str], probe_spec: str | None = None) -> tuple[list[str], str | None]:
     """Read every GPU now; returns (lines, None) or ([], why it could not be read)."""
-    from babysit.probes.gpu import open_gpu_probe
 
     probe = open_gpu_probe(probe_spec)
     try:
@@ -55,7 +56,6 @@ def read_gpus(owners: Mapping[int, str], probe_spec: str | None = None) -> tuple
 
 def run_owners(store: Store) -> dict[int, str]:
     """pid → run for every process in the tree of a live attempt."""
-    from babysit.probes.host import process_tree
 
     owners: dict[int, str] = {}
     for attempt in store.live_attempts():

@@ -29,6 +29,8 @@ from babysit.campaign.spec import load_campaign
 from babysit.core.blocks import section
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
+from bot.handlers import answer, opened
+from bot.messages import reply
 from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
@@ -48,8 +50,6 @@ def decided_text(call_id: int, decision: str, user: str, result: str) -> str:
 # -- the click -----------------------------------------------------------------------------------------
 def clicked(cfg: Any, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
     """An owner-call button click whose signature Bolt verified."""
-    from bot.handlers import answer, opened
-    from bot.messages import reply
 
     ack()
     decision, value = _clicked(body)
@@ -97,7 +97,6 @@ def clicked(cfg: Any, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
 
 def campaign_reply(cfg: Any, name: str | None) -> Any:
     """`/babysit campaign [NAME]`: the list of campaigns, or one's suspect table, runs and decisions."""
-    from bot.handlers import opened
 
     with opened(cfg) as (_, store):
         if not name:
@@ -130,7 +129,6 @@ def register(app: Any, cfg: Any) -> None:
 
 def record_unverified(cfg: Any, raw_body: str, headers: Mapping[str, Any], now: float | None = None) -> None:
     """A refused request that claims to be an owner-call click: recorded (its claims unverified)."""
-    from bot.handlers import opened
 
     now = time.time() if now is None else now
     try:

@@ -12,14 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from babysit.chart import render_chart
+from babysit.core.spec import load_spec
+from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
 from babysit.registry import Registry, RunEntry
 from babysit.store import Store
 
 
 def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str, Any], int]:
     """(the verdict JSON of docs/verdicts.md, precision)."""
-    from babysit.core.spec import load_spec
-    from babysit.reading import read_registered_verdict, require_prereg
 
     spec = load_spec(reg.spec_path(entry))
     prereg = require_prereg(spec)
@@ -32,9 +33,6 @@ def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str
 
 def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict[str, Any]]:
     """The FINAL verdict's chart when it exists, else one drawn now from the log as it stands."""
-    from babysit.chart import render_chart
-    from babysit.core.spec import load_spec
-    from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
 
     final = store.final_verdict(entry.name)
     stored = reg.state_dir / "verdicts" / f"{entry.name}.png"  # where the daemon draws the FINAL chart

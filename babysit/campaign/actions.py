@@ -24,12 +24,18 @@ from typing import Any
 
 import structlog
 
+from babysit import registry
 from babysit.atomic import write_atomic
 from babysit.campaign import grid as grid_mod
-from babysit.campaign import propose
+from babysit.campaign import join, propose
+from babysit.campaign.history import view_of
+from babysit.campaign.saga import render_saga
 from babysit.campaign.spec import Campaign, load_campaign, parse_grid
+from babysit.commands.register import keep_frozen_copy
 from babysit.core.errors import BabysitError, BadInput
+from babysit.core.spec import load_spec
 from babysit.core.tomlfile import Table, load
+from babysit.reading import check_fixture
 from babysit.store import OwnerCall, Store
 
 log = structlog.get_logger("babysit.campaign")
@@ -153,14 +159,9 @@ def decide(registry_path: Path, store: Store, call: OwnerCall, decision: str, by
 
 def launch_file(registry_path: Path, path: Path) -> str:
     """Register a proposed run.toml (fixture, single-delta rule, prereg frozen), as `babysit register` does."""
-    from babysit import registry
-    from babysit.campaign import join
-    from babysit.commands.register import keep_frozen_copy
-    from babysit.core.spec import load_spec
 
     spec = load_spec(path)
     if spec.prereg is not None and spec.prereg.fixture is not None:
-        from babysit.reading import check_fixture
 
         check_fixture(spec.prereg)
     joining = join.prepare(spec, registry_path, str(path))
@@ -234,8 +235,6 @@ def _write(campaign: Campaign, spec: Any, table: dict[str, Any], name: str, susp
 def _saga_step(ctx: Any, campaign: Campaign) -> tuple[Path | None, str | None]:
     """The saga chart, best effort: a chart that cannot be drawn never costs the campaign's actions."""
     try:
-        from babysit.campaign.history import view_of
-        from babysit.campaign.saga import render_saga
 
         view = view_of(campaign, ctx.store, curves=True)
         return render_saga(view, Path(ctx.state_dir) / "campaigns" / f"{campaign.name}.png"), None

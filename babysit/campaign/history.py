@@ -17,6 +17,8 @@ from babysit.campaign import grid as grid_mod
 from babysit.campaign.spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
+from babysit.core.verdict import build_rules
+from babysit.reading import read_series, records_log
 from babysit.store import OwnerCall, Row, Store
 
 
@@ -104,7 +106,6 @@ def _run_view(joined: dict[str, Any], store: Store, state: str, curves: bool) ->
         return base
     from dataclasses import replace
 
-    from babysit.reading import read_series, records_log
 
     series, _, _ = read_series(records_log(spec, store), spec.prereg)
     values = dict(series)
@@ -124,7 +125,6 @@ def _spec(path: Path) -> RunSpec | None:
 
 
 def _bands(spec: RunSpec) -> tuple[tuple[str, float | None, float | None], ...]:
-    from babysit.core.verdict import build_rules
 
     assert spec.prereg is not None
     (original, *_) = build_rules(spec.prereg)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from babysit.core import retry
 from babysit.core.classify import ExitClass
 from babysit.core.errors import BadInput
 from babysit.core.records import LogRecord
@@ -167,7 +168,6 @@ def smoke_argv(spec: RunSpec, profile: AttemptProfile, steps: int, log: Path, ch
     The run's log must appear in the argv (as "PATH" or "--flag=PATH"): a smoke run that wrote into
     the real log would corrupt the run it is sizing, so an unredirectable command is refused.
     """
-    from babysit.core import retry
 
     def label_of(items: Sequence[str]) -> tuple[str, ...]:  # {attempt} names the smoke, not attempt 1
         return tuple(a.replace("{attempt}", label) for a in items)

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from babysit.campaign.spec import check_labels, load_campaign, merged_references, parse_link
 from babysit.core import expr
 from babysit.core.errors import SpecError
 from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
@@ -225,7 +226,6 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     )
     top.finish()
     if link is not None and spec.prereg is not None:
-        from babysit.campaign.spec import check_labels
 
         check_labels(link, spec.prereg.labels, shown)
     if executor == "slurm" and spec.slurm is None:
@@ -415,7 +415,6 @@ def _campaign(t: Table | None, base: Path) -> tuple[Any, Any]:
     """[campaign]: the run's link and its campaign (whose banked deltas become references)."""
     if t is None:
         return None, None
-    from babysit.campaign.spec import load_campaign, parse_link
 
     link = parse_link(t, base)
     return link, load_campaign(link.file)
@@ -445,7 +444,6 @@ def _prereg(t: Table | None, base: Path, campaign: Any = None) -> Prereg | None:
             references[ref] = refs_table.number(ref)
         refs_table.finish()
     if campaign is not None:  # a campaign's banked deltas are references by name, frozen in the hash
-        from babysit.campaign.spec import merged_references
 
         references = merged_references(references, campaign, t.file)
 

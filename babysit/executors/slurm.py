@@ -37,6 +37,7 @@ import structlog
 
 from babysit.atomic import write_atomic
 from babysit.core.errors import BabysitError
+from babysit.core.spec import SlurmSpec, load_spec
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
@@ -110,7 +111,6 @@ class SlurmExecutor:
 
     # -- launch -----------------------------------------------------------------------------------------
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
-        from babysit.core.spec import load_spec  # the [slurm] table; the attempt row carries only argv and counts
 
         adir = Path(attempt.attempt_dir)
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -373,7 +373,6 @@ def _probe_interval() -> float:
 
 
 def _default_slurm() -> object:
-    from babysit.core.spec import SlurmSpec
 
     return SlurmSpec()
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from babysit.core.spec import STOP_SIGNALS, SlurmSpec
+from babysit.executors.slurm_state import gpus_from_gres
 
 DEFAULT_RDZV_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -67,7 +68,6 @@ def gres(slurm: SlurmSpec, n_gpus: int) -> str | None:
 
 def requested_gpus(slurm: SlurmSpec, n_gpus: int) -> int:
     """GPUs the job asks for in all: nodes × per-node count (from gres when it names one)."""
-    from babysit.executors.slurm_state import gpus_from_gres
 
     per_node = gpus_from_gres(slurm.gres) if slurm.gres is not None else gpus_per_node(slurm, n_gpus)
     return slurm.nodes * (per_node or 0)

@@ -27,9 +27,11 @@ from typing import Any
 
 import structlog
 
-from babysit.core.errors import PermanentDeliveryError
+from babysit import registry
+from babysit.core.errors import BabysitError, PermanentDeliveryError
 from babysit.core.render import chart_comment, render
 from babysit.notify import Delivery
+from babysit.slack.client import web_client
 from babysit.slack.errors import NETWORK_ERRORS, delivery_error
 from babysit.slack.journal import Journal
 from babysit.slack.refs import OUTBOX_EVENT, is_outbox_post, make_ref, split_ref
@@ -57,7 +59,6 @@ class SlackChannel:
     def from_env(cls, state_dir: Path) -> SlackChannel:
         """SLACK_BOT_TOKEN and BABYSIT_SLACK_API_URL from the environment; the default channel from
         BABYSIT_SLACK_CHANNEL, else `[daemon].channel` of the registry whose state this is."""
-        from babysit.slack.client import web_client
 
         return cls(web_client(), state_dir, default_channel=_default_channel(Path(state_dir)),
                    store=Store.in_dir(state_dir))
@@ -178,8 +179,6 @@ class SlackChannel:
 def _default_channel(state_dir: Path) -> str | None:
     if os.environ.get(CHANNEL_ENV):
         return os.environ[CHANNEL_ENV]
-    from babysit import registry
-    from babysit.core.errors import BabysitError
 
     try:
         reg = registry.load(registry.resolve_registry_path(None))

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from babysit import logtail, reading, registry, runview, sources
+from babysit.campaign.history import view_of
+from babysit.campaign.spec import load_campaign
 from babysit.commands import prereg as prereg_command
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
@@ -255,8 +257,6 @@ class Site:
 
     def campaign(self, name: str) -> tuple[Any | None, str | None]:
         """(the campaign's view with its runs' curves, None) or (None, why not)."""
-        from babysit.campaign.history import view_of
-        from babysit.campaign.spec import load_campaign
 
         store = self._store()
         row = store.campaign(name) if store is not None and name in self.campaign_names() else None
