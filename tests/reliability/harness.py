@@ -225,6 +225,9 @@ def run_trial(root: Path, daemons: Daemons, rng: random.Random, *, crash_at: str
             trial.violations.append(f"final daemon exited {rc}")
     except subprocess.TimeoutExpired:
         trial.violations.append(f"final daemon not idle after {final_timeout}s")
+        dump = subprocess.run(["py-spy", "dump", "--pid", str(final.pid)], capture_output=True, text=True, timeout=60)
+        (root / "final-daemon-stacks.txt").write_text(dump.stdout + dump.stderr)  # where it hung, for the report
+        trial.violations.append(f"its threads: {root / 'final-daemon-stacks.txt'}")
         final.send_signal(signal.SIGKILL)
         final.wait(10)
     trial.seconds = round(time.monotonic() - t0, 1)
