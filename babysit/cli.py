@@ -40,6 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type for an interval flag (--interval, --refresh): a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def add_registry_option(parser: argparse.ArgumentParser) -> None:
     """`--registry PATH` on a command that reads the registry; the global one works too."""
     parser.add_argument("--registry", metavar="PATH", default=argparse.SUPPRESS, help=REGISTRY_HELP)

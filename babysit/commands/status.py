@@ -10,7 +10,7 @@ from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
+    from babysit.cli import add_registry_option, positive_seconds
 
     p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident (--watch: live)",
                        description="What every registered run is doing (or RUN alone), read from the state "
@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", action="store_true",
                    help="keep the table up, refreshed from the state database (a terminal: redrawn in place; "
                         "otherwise a line per run when it changes); Ctrl-C ends it")
-    p.add_argument("--interval", type=_positive, default=2.0, metavar="S", help="with --watch: seconds between looks")
+    p.add_argument("--interval", type=positive_seconds, default=2.0, metavar="S",
+                   help="with --watch: seconds between looks")
     add_registry_option(p)
     p.set_defaults(func=run)
 
@@ -67,11 +68,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value

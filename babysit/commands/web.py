@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
+    from babysit.cli import add_registry_option, positive_seconds
 
     p = sub.add_parser("web", help="serve a read-only web page of runs, curves and verdicts, and /metrics",
                        description="Serve the runs table (refreshing itself), a page a run (its curve against the "
@@ -16,7 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: any free port, printed)")
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                    help="address to listen on (default 127.0.0.1; another needs BABYSIT_WEB_TOKEN)")
-    p.add_argument("--refresh", type=_positive, default=2.0, metavar="S",
+    p.add_argument("--refresh", type=positive_seconds, default=2.0, metavar="S",
                    help="seconds between re-reads of a page a browser is watching (default 2)")
     add_registry_option(p)
     p.set_defaults(func=run)
@@ -45,11 +45,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
