@@ -14,6 +14,7 @@ writes).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -193,8 +194,8 @@ class Reader:
     def __init__(self, registry_path: Path) -> None:
         self.registry_path = Path(registry_path)
         self.registry = registry.load(self.registry_path)
-        self._registry_seen = _stat(self.registry_path)
-        self._specs: dict[Path, tuple[Any, RunSpec | None, str | None]] = {}
+        self._registry_seen = file_id(self.registry_path)
+        self._specs = SpecCache()
         self._store: Store | None = None
 
     @property
@@ -230,7 +231,7 @@ class Reader:
         return out
 
     def _reload_registry(self) -> None:
-        seen = _stat(self.registry_path)
+        seen = file_id(self.registry_path)
         if seen != self._registry_seen:
             try:
                 self.registry = registry.load(self.registry_path)
@@ -247,16 +248,7 @@ class Reader:
         return self._store
 
     def _spec(self, path: Path) -> tuple[RunSpec | None, str | None]:
-        seen = _stat(path)
-        cached = self._specs.get(path)
-        if cached is not None and cached[0] == seen:
-            return cached[1], cached[2]
-        try:
-            spec, note = load_spec(path), None
-        except BabysitError as exc:  # edited into something invalid: the store still says what ran
-            spec, note = None, f"run.toml unreadable: {exc.message}"
-        self._specs[path] = (seen, spec, note)
-        return spec, note
+        return self._specs.get(path)
 
 
 def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
@@ -268,9 +260,34 @@ def collect(registry_path: Path, names: Sequence[str] | None = None, now: float 
         reader.close()
 
 
-def _stat(path: Path) -> tuple[int, int, int] | None:
+def file_id(path: Path) -> tuple[int, int, int] | None:
+    """What says a file changed: mtime, size, inode (None: it is not there)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class SpecCache:
+    """run.toml files parsed once and again only when they change; thread-safe (the web page's readers).
+
+    A file edited into something invalid gives (None, note): the store still says what ran."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._specs: dict[Path, tuple[Any, RunSpec | None, str | None]] = {}
+
+    def get(self, path: Path) -> tuple[RunSpec | None, str | None]:
+        seen = file_id(path)
+        with self._lock:
+            hit = self._specs.get(path)
+        if hit is not None and hit[0] == seen:
+            return hit[1], hit[2]
+        try:
+            spec, note = load_spec(path), None
+        except BabysitError as exc:
+            spec, note = None, f"run.toml unreadable: {exc.message}"
+        with self._lock:
+            self._specs[path] = (seen, spec, note)
+        return spec, note

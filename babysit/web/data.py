@@ -9,7 +9,6 @@ store remembers but the registry no longer lists are shown too, from the store a
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -24,9 +23,9 @@ from babysit.campaign.spec import load_campaign
 from babysit.commands import prereg as prereg_command
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec import RunSpec
 from babysit.core.verdict import evaluate
-from babysit.runview import RunRow
+from babysit.runview import RunRow, SpecCache, file_id
 from babysit.store import Attempt, Row, Store
 from babysit.web import svg
 
@@ -82,7 +81,7 @@ class Site:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._registry: tuple[Any, registry.Registry] | None = None
-        self._specs: dict[Path, tuple[Any, RunSpec | None, str | None]] = {}
+        self._specs = SpecCache()
         self._tails: dict[Path, tuple[Any, tuple[LogRecord, ...] | None]] = {}
         self._series: dict[str, tuple[str, reading.SeriesCache, threading.Lock]] = {}
         self._rows: dict[str, tuple[Any, RunRow]] = {}
@@ -108,18 +107,7 @@ class Site:
         return self.registry().state_dir
 
     def spec(self, path: Path) -> tuple[RunSpec | None, str | None]:
-        seen = file_id(path)
-        with self._lock:
-            hit = self._specs.get(path)
-        if hit is not None and hit[0] == seen:
-            return hit[1], hit[2]
-        try:
-            spec, note = load_spec(path), None
-        except BabysitError as exc:  # edited into something invalid: the store still says what ran
-            spec, note = None, f"run.toml unreadable: {exc.message}"
-        with self._lock:
-            self._specs[path] = (seen, spec, note)
-        return spec, note
+        return self._specs.get(path)
 
     def tail(self, log: Path) -> tuple[LogRecord, ...] | None:
         """The newest records of a log (what `babysit status` reads), re-read only when the log changed."""
@@ -344,14 +332,6 @@ def _prereg_info(registry_path: Path, name: str) -> tuple[dict[str, Any] | None,
         return None, "no [prereg]: this run is babysat but has no verdict"
     return info, None
 
-
-def file_id(path: Path) -> tuple[int, int, int] | None:
-    """What says a file changed: mtime, size, inode (None: it is not there)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def _train_chart(log: Path) -> svg.CurveChart | None:
