@@ -281,30 +281,38 @@ class Daemon:
         events bring (a registration, a request or a message another process wrote, an exit not seen)."""
         if self._control():
             self.delivery.wake()  # another process wrote: a message it queued goes out now
-        for supervisor in list(self.supervisors.values()):
-            try:
-                with supervisor.lock:
-                    running = supervisor.attempt is not None and supervisor.attempt.status == "running"
-                    if running and not self.exits.is_watching(supervisor.run):
-                        supervisor.check_exit()  # no descriptor watched for it (Slurm), or its handling failed
-                if running:
-                    supervisor.guard()
-            except Exception as exc:
-                _run_failed(supervisor, "checking its guards", exc)
+        try:
+            with self.store.deferred_facts():  # every run's log offsets in one commit at the end
+                for supervisor in list(self.supervisors.values()):
+                    try:
+                        with supervisor.lock:
+                            running = supervisor.attempt is not None and supervisor.attempt.status == "running"
+                            if running and not self.exits.is_watching(supervisor.run):
+                                supervisor.check_exit()  # no descriptor watched (Slurm), or its handling failed
+                        if running:
+                            supervisor.guard()
+                    except Exception as exc:
+                        _run_failed(supervisor, "checking its guards", exc)
+        except BabysitError as exc:  # the offsets' commit: the next round writes them again, whole
+            log.error("saving the runs' log offsets failed", error=exc.message)
         self._sync_jobs()
 
     def read_logs(self) -> None:
         """The read interval of runs whose records babysit stamps with the time it reads them ([source]
         stdout, csv): a step's time is known to within it (docs/your-trainer.md)."""
-        for supervisor in list(self.supervisors.values()):
-            if not supervisor.spec.source.copies:
-                continue
-            try:
-                with supervisor.lock:
-                    if supervisor.attempt is not None and supervisor.attempt.status == "running":
-                        supervisor.read_log()
-            except Exception as exc:
-                _run_failed(supervisor, "reading its log", exc)
+        try:
+            with self.store.deferred_facts():
+                for supervisor in list(self.supervisors.values()):
+                    if not supervisor.spec.source.copies:
+                        continue
+                    try:
+                        with supervisor.lock:
+                            if supervisor.attempt is not None and supervisor.attempt.status == "running":
+                                supervisor.read_log()
+                    except Exception as exc:
+                        _run_failed(supervisor, "reading its log", exc)
+        except BabysitError as exc:
+            log.error("saving the runs' log offsets failed", error=exc.message)
 
     def handle_requests(self) -> bool:
         """Control requests from `babysit abort`, `/babysit abort` and `/babysit poll`, executed when the

@@ -183,6 +183,8 @@ class Store:
         if fresh:  # owner-only from the first byte: the state says who ran what
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = threading.RLock()
+        self._batch_depth = 0  # > 0 while the lock's holder is inside batch()
+        self._local = threading.local()  # deferred_facts' pending merges, per thread
         self.on_enqueue: Callable[[], None] | None = None
         try:
             self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
@@ -205,8 +207,12 @@ class Store:
     # -- plumbing ---------------------------------------------------------------------------------------
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; committed before the caller acts on what it wrote."""
+        """One write transaction; committed before the caller acts on what it wrote. Inside `batch()`
+        it is a savepoint of the batch's transaction: all of it or none of it, committed with the batch."""
         with self._lock:
+            if self._batch_depth:
+                yield from self._savepoint()
+                return
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -227,6 +233,62 @@ class Store:
                         self._db.execute("ROLLBACK")
                     raise StateError(f"{self.path}: write failed: {exc}",
                                      hint="free space on the state directory's disk; babysit resumes") from exc
+
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("SAVEPOINT part")
+        try:
+            yield self._db
+        except BaseException as exc:
+            if self._db.in_transaction:  # a full disk may have rolled the whole batch back already
+                self._db.execute("ROLLBACK TO part")
+                self._db.execute("RELEASE part")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise StateError(f"{self.path}: write failed: {exc}",
+                                 hint="free space on the state directory's disk; babysit resumes") from exc
+            raise
+        self._db.execute("RELEASE part")
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write this thread makes inside, in one transaction committed at the end (each `tx()` a
+        savepoint of it): for a round of bookkeeping over many runs, where one commit replaces hundreds.
+        Other threads' writes wait for the end; never wrap a write that an irreversible action (a
+        signal, a post) must see committed first."""
+        with self._lock:
+            if self._batch_depth:
+                self._batch_depth += 1
+                try:
+                    yield
+                finally:
+                    self._batch_depth -= 1
+                return
+            with self.tx():
+                self._batch_depth = 1
+                try:
+                    yield
+                finally:
+                    self._batch_depth = 0
+
+    @contextmanager
+    def deferred_facts(self) -> Iterator[None]:
+        """`merge_run_facts` calls this thread makes inside are kept and written together, in one
+        transaction, at the end: a round's log offsets for every run cost one commit, not one each."""
+        if getattr(self._local, "facts", None) is not None:
+            yield
+            return
+        self._local.facts = {}
+        try:
+            yield
+        finally:
+            self.flush_deferred_facts()
+            self._local.facts = None
+
+    def flush_deferred_facts(self) -> None:
+        """Write the merges `deferred_facts` holds now (inside a `batch()`, as part of it)."""
+        pending = getattr(self._local, "facts", None)
+        if pending:
+            self._local.facts = {}
+            self._merge_facts(pending)
 
     def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -317,12 +379,23 @@ class Store:
     def set_run_state(self, run: str, status: str, now: float, **facts: Any) -> None:
         """Set the run's status and merge `facts` into what is known of it."""
         with self.tx() as db:
-            row = db.execute("SELECT facts FROM run_state WHERE run=?", (run,)).fetchone()
-            merged = {**(json.loads(row[0]) if row else {}), **facts}
-            db.execute(
-                "INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (run) DO UPDATE SET status=excluded.status, facts=excluded.facts,"
-                " updated_at=excluded.updated_at", (run, status, json.dumps(merged), now))
+            _merge_run_state(db, run, status, facts, now)
+
+    def merge_run_facts(self, run: str, now: float, **facts: Any) -> None:
+        """Merge `facts` into what is known of the run, its status left as it is (`pending` for a run
+        with no state yet). Inside `deferred_facts()` the merge waits for the end of that block."""
+        pending = getattr(self._local, "facts", None)
+        if pending is not None:
+            merged = pending.setdefault(run, [now, {}])
+            merged[0] = now
+            merged[1].update(facts)
+            return
+        self._merge_facts({run: [now, facts]})
+
+    def _merge_facts(self, facts_by_run: dict[str, list[Any]]) -> None:
+        with self.tx() as db:
+            for run, (now, facts) in facts_by_run.items():
+                _merge_run_state(db, run, None, facts, now)
 
     def run_states(self) -> dict[str, tuple[str, dict[str, Any]]]:
         return {r["run"]: (r["status"], json.loads(r["facts"])) for r in self._query("SELECT * FROM run_state")}
@@ -341,10 +414,10 @@ class Store:
         with self.tx() as db:
             poll_id = db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
                                  (run, attempt, at, kind, body)).lastrowid
-            for message_kind, message in (("poll", {**payload, "snapshot": snapshot}),
-                                          ("header", {**payload, "attempt": attempt, "snapshot": snapshot})):
+            for message_kind, head in (("poll", payload), ("header", {**payload, "attempt": attempt})):
                 db.execute("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
-                           " VALUES (?, ?, ?, ?, ?, ?)", (run, message_kind, json.dumps(message), thread_of, at, at))
+                           " VALUES (?, ?, ?, ?, ?, ?)", (run, message_kind, _with_snapshot(head, body), thread_of,
+                                                          at, at))
         if self.on_enqueue is not None:
             self.on_enqueue()
         return poll_id
@@ -655,3 +728,23 @@ def _owner_call(r: sqlite3.Row) -> OwnerCall:
     return OwnerCall(id=r["id"], campaign=r["campaign"], run=r["run"], question=r["question"],
                      options=tuple(json.loads(r["options"])), body=json.loads(r["body"]), created_at=r["created_at"],
                      decision=r["decision"], decided_by=r["decided_by"], decided_at=r["decided_at"], result=r["result"])
+
+
+def _merge_run_state(db: sqlite3.Connection, run: str, status: str | None, facts: dict[str, Any],
+                     now: float) -> None:
+    """Inside a write transaction: merge `facts` into the run's, setting its status unless None."""
+    row = db.execute("SELECT status, facts FROM run_state WHERE run=?", (run,)).fetchone()
+    merged = {**(json.loads(row[1]) if row else {}), **facts}
+    new_status = status if status is not None else (row[0] if row else "pending")
+    db.execute(
+        "INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (run) DO UPDATE SET status=excluded.status, facts=excluded.facts,"
+        " updated_at=excluded.updated_at", (run, new_status, json.dumps(merged), now))
+
+
+def _with_snapshot(head: dict[str, Any], snapshot_json: str) -> str:
+    """`json.dumps({**head, "snapshot": snapshot})` with the snapshot serialized once for all its rows."""
+    if "snapshot" in head:
+        head = {k: v for k, v in head.items() if k != "snapshot"}
+    text = json.dumps(head)
+    return f'{text[:-1]}{", " if head else ""}"snapshot": {snapshot_json}}}'

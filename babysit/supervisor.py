@@ -91,6 +91,7 @@ class RunSupervisor:
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
         self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
+        self.past_gpu_seconds: tuple[int, float] | None = None  # (live attempt, the other attempts' sum), cached
         self.last_provisional_post = 0.0
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
@@ -453,12 +454,13 @@ class RunSupervisor:
         return len(read.records)
 
     def _save_tail(self) -> None:
-        """The record log's offset and the source's own state in one write: a restart reads on from both."""
-        status, _ = self.ctx.store.run_state(self.run)
-        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), tail=self.tail.to_dict(),
-                                     source=dict(self.pump.state),
-                                     step=self.points[-1].step if self.points else None,
-                                     last_record_at=self.last_record_wall)
+        """The record log's offset and the source's own state in one write: a restart reads on from both.
+        A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
+        those records again, and the pump cuts its record log back first, so nothing is counted twice."""
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), tail=self.tail.to_dict(),
+                                       source=dict(self.pump.state),
+                                       step=self.points[-1].step if self.points else None,
+                                       last_record_at=self.last_record_wall)
 
     def _note_record(self, record: LogRecord) -> None:
         """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
@@ -709,11 +711,19 @@ class RunSupervisor:
         return observe(
             run=self.run, attempt=attempt.n, at=now, points=tuple(self.points),
             read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt), gpus=self.spec.gpus,
-            gpu_hours_used=self.ctx.store.gpu_seconds(self.run, now) / 3600, view=view, host=host,
+            gpu_hours_used=self._gpu_seconds(attempt, now) / 3600, view=view, host=host,
             run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
             seconds_since_last_record=None if since_record is None else since_record * per_s,
             seconds_since_launch=None if since_launch is None else since_launch * per_s,
             data_wait_frac=self._data_wait_frac(), nonfinite=self.nonfinite)
+
+    def _gpu_seconds(self, attempt: Attempt, now: float) -> float:
+        """GPU-seconds over every attempt: the ended ones' sum read from the store once per attempt
+        (it cannot change), the live one's counted up to `now`."""
+        if self.past_gpu_seconds is None or self.past_gpu_seconds[0] != attempt.n:
+            past = sum(a.gpu_seconds(now) for a in self.ctx.store.attempts(self.run) if a.n != attempt.n)
+            self.past_gpu_seconds = (attempt.n, past)
+        return self.past_gpu_seconds[1] + attempt.gpu_seconds(now)
 
     def snapshot(self, kind: str, obs: Observation | None = None) -> snapshot.Snapshot:
         """The poll's snapshot of an observation (a fresh one through the poll window when none is given):
@@ -762,10 +772,14 @@ class RunSupervisor:
             if attempt is None or attempt.status != "running":
                 return
             kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
-            snap = self.snapshot(kind)
-            data = snap.to_dict()
-            self.ctx.store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
-                                       payload={"run": self.run})
+            store = self.ctx.store
+            with store.deferred_facts():  # the log offsets this read moves, committed with the poll
+                snap = self.snapshot(kind)
+                data = snap.to_dict()
+                with store.batch():
+                    store.flush_deferred_facts()
+                    store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
+                                      payload={"run": self.run})
             self.newest_poll = (attempt.n, snap.at)
             self._check_readable(attempt)
             if "input-starvation" in snap.flags:

@@ -499,3 +499,19 @@ def test_the_line_reader_ends_lines_at_cr_skips_overlong_lines_and_notices_rewri
     path.write_bytes(b"new\n")  # rewritten in place, shorter
     again = read_lines(path, got.cursor)
     assert again.reset and again.lines == (b"new",) and again.grown == 4
+
+
+def test_captured_files_follow_new_attempt_directories(tmp_path: Path) -> None:
+    from babysit.sources.stdout import CapturedFiles
+
+    run_dir = tmp_path / "runs" / "r"
+    files = CapturedFiles(run_dir)
+    assert files() == []  # no run directory yet
+    (run_dir / "attempt-1").mkdir(parents=True)
+    assert [p.parent.name for p in files()] == ["attempt-1", "attempt-1"]
+    old = os.stat(run_dir).st_mtime_ns - 10_000_000_000
+    os.utime(run_dir, ns=(old, old))  # settled long ago: the listing is kept...
+    assert [p.parent.name for p in files()] == ["attempt-1", "attempt-1"]
+    (run_dir / "attempt-2").mkdir()  # ...until the directory changes
+    assert [p.name for p in files()] == ["stdout.log", "stderr.log"] * 2
+    assert files()[-1].parent.name == "attempt-2"

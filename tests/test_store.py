@@ -142,3 +142,50 @@ def test_a_poll_is_recorded_with_its_post_and_header_update_in_one_go(store: Sto
     post, header = store.messages("r")[1:]
     assert (post.kind, post.thread_of, post.payload["snapshot"]) == ("poll", launch, {"step": 7})
     assert (header.kind, header.payload["attempt"]) == ("header", 1)
+
+
+def _other_reader(tmp_path: Path) -> sqlite3.Connection:
+    """A second connection, as `babysit status` in another process would read the store."""
+    return sqlite3.connect(tmp_path / "state" / "state.db")
+
+
+def test_deferred_run_facts_land_in_one_commit_at_the_end_and_keep_the_status(tmp_path: Path, store: Store) -> None:
+    store.set_run_state("a", "running", 1.0, launched=True)
+    reader = _other_reader(tmp_path)
+    with store.deferred_facts():
+        store.merge_run_facts("a", 2.0, step=10)
+        store.merge_run_facts("b", 2.0, step=3)  # a run with no state yet stays pending
+        store.merge_run_facts("a", 3.0, step=20, tail={"offset": 99})
+        assert reader.execute("SELECT COUNT(*) FROM run_state").fetchone()[0] == 1  # nothing written yet
+        assert store.run_state("a") == ("running", {"launched": True})
+        store.set_run_state("a", "stopping", 2.5)  # a status set meanwhile is not overwritten by the flush
+    assert store.run_state("a") == ("stopping", {"launched": True, "step": 20, "tail": {"offset": 99}})
+    assert store.run_state("b") == ("pending", {"step": 3})
+    assert reader.execute("SELECT updated_at FROM run_state WHERE run='a'").fetchone()[0] == 3.0
+
+
+def test_outside_a_deferred_block_run_facts_are_written_at_once(tmp_path: Path, store: Store) -> None:
+    store.merge_run_facts("a", 1.0, step=5)
+    assert _other_reader(tmp_path).execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
+
+
+def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(tmp_path: Path, store: Store) -> None:
+    reader = _other_reader(tmp_path)
+    with store.batch():
+        store.add_poll("a", 1, 1.0, "first", {"step": 1})
+        with pytest.raises(ZeroDivisionError), store.tx() as db:  # one part fails: only it is undone
+            db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES ('a', 1, 2.0, 'x', '{}')")
+            raise ZeroDivisionError
+        store.add_poll("a", 1, 3.0, "periodic", {"step": 3})
+        assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 0  # not committed yet
+    assert [p.kind for p in store.polls("a")] == ["periodic", "first"]
+    assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 2
+
+
+def test_an_error_out_of_a_batch_undoes_all_of_it(store: Store) -> None:
+    with pytest.raises(RuntimeError), store.batch():
+        store.add_poll("a", 1, 1.0, "first", {})
+        raise RuntimeError("the round failed")
+    assert store.polls("a") == []
+    store.add_poll("a", 1, 2.0, "first", {})  # and the store is usable after it
+    assert len(store.polls("a")) == 1

@@ -29,10 +29,22 @@ class HostProbe(Protocol):
 
 
 class ProcHostProbe:
-    """The real host probe: `read_host`."""
+    """The real host probe: `read_host`, with the host's RAM (one reading for the whole machine) read
+    at most every RAM_TTL_S: a round over 1,000 runs reads /proc/meminfo once, not 1,000 times."""
+
+    RAM_TTL_S = 0.5
+
+    def __init__(self) -> None:
+        self._ram: tuple[float, tuple[int, int]] | None = None
+        self._lock = threading.Lock()
 
     def read(self, root_pid: int | None) -> HostReading:
-        return read_host(root_pid)
+        now = time.monotonic()
+        with self._lock:
+            if self._ram is None or now - self._ram[0] > self.RAM_TTL_S:
+                self._ram = (now, _ram())
+            ram = self._ram[1]
+        return read_host(root_pid, ram)
 
 
 def available_ram_bytes() -> int:
@@ -194,14 +206,14 @@ def process_state(pid: int) -> tuple[str | None, bool]:
     return process_name(pid), False
 
 
-def read_host(root_pid: int | None) -> HostReading:
+def read_host(root_pid: int | None, ram: tuple[int, int] | None = None) -> HostReading:
     """RAM, and the run's tree with its RSS and CPU.
 
     The tree is walked down from the root (`proctree.walk_tree`: two small reads per member, however
     many processes the machine runs); each member's stat line, read on the way, holds its RSS and CPU
     time, so nothing is read twice. CPU is a rate since the previous read of the same process.
     """
-    available, total = _ram()
+    available, total = ram if ram is not None else _ram()
     tree = _tree(root_pid) if root_pid is not None else {}
     if tree is None:  # no procfs here: psutil finds the tree
         return _read_host_psutil(root_pid, available, total)

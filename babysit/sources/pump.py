@@ -73,6 +73,7 @@ class SourcePump:
         self.records_path = records_path(spec, state_dir)
         self._watched = [] if spec.log is None or self.source.copies else [spec.log]
         self._tb = TensorBoardReader(self.source) if self.source.kind == "tensorboard" else None
+        self._captured = stdout.CapturedFiles(self.run_dir)
         self._state = self._reconcile(dict(state or {}))
 
     @property
@@ -89,8 +90,9 @@ class SourcePump:
         watched = list(self._watched)
         backlog = False
         kind = self.source.kind
+        captured = self._captured()
         if kind == "stdout":
-            got = stdout.read(self.source, self.run_dir, reader.get("cursors", {}))
+            got = stdout.read(self.source, self.run_dir, reader.get("cursors", {}), captured)
             items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
             reader, sample = {"cursors": got.cursors}, got.sample or sample
         elif kind == "csv":
@@ -109,7 +111,7 @@ class SourcePump:
         stamped = records.stamp(items, tuple(anchor) if anchor else None, now)
         written = records.append(self.records_path, stamped) if stamped else 0
         new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
-        sizes, grown = _grown(stdout.captured_files(self.run_dir) + watched, st.get("sizes", {}))
+        sizes, grown = _grown(captured + watched, st.get("sizes", {}))
         counted = kind != "jsonl"
         self._state = {
             "v": STATE_VERSION,

@@ -9,7 +9,9 @@ named group a metric parsed as a float, `nan`/`inf` included.
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +54,33 @@ def captured_files(run_dir: Path) -> list[Path]:
     return [d / name for d in attempt_dirs(run_dir) for name in STREAMS]
 
 
-def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, Any]]) -> StdoutRead:
-    """Read every captured file on from its cursor (keyed by its path under the run directory)."""
+COARSE_MTIME_NS = 2_000_000_000  # filesystems whose mtime ticks coarsely: trust a listing only after this
+
+
+class CapturedFiles:
+    """`captured_files` of one run directory, listed again only when the directory changed (its
+    mtime moves when an attempt directory is made): one stat a tick instead of a listing and a stat
+    per entry, at every check of every run."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._seen: tuple[int, list[Path]] | None = None
+
+    def __call__(self) -> list[Path]:
+        try:
+            mtime = os.stat(self.run_dir).st_mtime_ns
+        except (FileNotFoundError, NotADirectoryError):
+            self._seen = None
+            return []
+        if self._seen is None or self._seen[0] != mtime or time.time_ns() - mtime < COARSE_MTIME_NS:
+            self._seen = (mtime, captured_files(self.run_dir))  # a change inside the mtime's tick is seen
+        return self._seen[1]
+
+
+def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, Any]],
+         files: list[Path] | None = None) -> StdoutRead:
+    """Read every captured file on from its cursor (keyed by its path under the run directory).
+    `files`: the run's captured files when the caller has them listed already."""
     items: list[Item] = []
     problems: list[str] = []
     new_cursors: dict[str, dict[str, Any]] = {}
@@ -61,7 +88,7 @@ def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, A
     sample = None
     more = False
     compiled = matchers(source)
-    for path in captured_files(run_dir):
+    for path in captured_files(run_dir) if files is None else files:
         key = f"{path.parent.name}/{path.name}"
         got = ln.read_lines(path, ln.Cursor.from_dict(cursors.get(key)))
         new_cursors[key] = got.cursor.to_dict()
