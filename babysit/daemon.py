@@ -74,7 +74,8 @@ class Daemon:
                                  host_probe=host_probe or ProcHostProbe(), timers=timers or ThreadTimers(),
                                  exits=self.exits)
         self.delivery = DeliveryWorker(self.store, channel)
-        self.sampler = Sampler(gpu_probe.sample)  # runs only while a run with GPUs is active
+        # runs only while a run with GPUs is active
+        self.sampler = Sampler(gpu_probe.sample, self.registry.daemon.gpu_sample_seconds)
         self.supervisors: dict[str, RunSupervisor] = {}
         self.stop_event = threading.Event()
         self._wakeup = threading.Event()  # set by SIGUSR1 (a control request), SIGINT and SIGTERM

@@ -48,6 +48,7 @@ class DaemonSettings:
     channel: str | None = None  # default Slack channel; None: a run without [notify].channel has none
     abort_allow_list: tuple[str, ...] = ()  # Slack user IDs allowed to /babysit abort
     guard_interval_seconds: float = 30.0  # the live foreign-process / GPU-hours-cap check interval
+    gpu_sample_seconds: float = 2.0  # GPU utilization sampled this often while a run with GPUs is active
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,9 @@ def dumps(registry: Registry) -> str:
     daemon["abort_allow_list"] = list(d.abort_allow_list)
     interval = d.guard_interval_seconds
     daemon["guard_interval_seconds"] = int(interval) if float(interval).is_integer() else interval
+    if d.gpu_sample_seconds != DaemonSettings.gpu_sample_seconds:
+        sample = d.gpu_sample_seconds
+        daemon["gpu_sample_seconds"] = int(sample) if float(sample).is_integer() else sample
     doc: dict[str, Any] = {"daemon": daemon}
     if registry.runs:
         doc["runs"] = [_run_dict(r) for r in registry.runs]
@@ -242,6 +246,7 @@ def _daemon(t: tomlfile.Table | None) -> DaemonSettings:
             expected="a list of Slack user IDs (e.g. \"U024BE7LH\")",
         ),
         guard_interval_seconds=t.number("guard_interval_seconds", defaults.guard_interval_seconds, positive=True),
+        gpu_sample_seconds=t.number("gpu_sample_seconds", defaults.gpu_sample_seconds, positive=True),
     )
     if not _usable_path(settings.state_dir):
         raise SpecError(t.file, t.key("state_dir"), "a path the OS can open (names of at most 255 bytes, "

@@ -1,10 +1,14 @@
-"""GPU utilization sampled on a thread of its own, once a second, only while a run with GPUs is active.
+"""GPU utilization sampled on a thread of its own, every `[daemon].gpu_sample_seconds` (2 s unless set),
+only while a run with GPUs is active.
 
 A poll's utilization is the average of its whole window (`probes.gpu`), so the probe must be sampled
 often; one NVML read costs ~1 µs, but the same sample as an APScheduler interval job cost its thread,
 the scheduler's and the job machinery ~0.3 ms each time: most of a 4-run daemon's CPU (bench/README.md,
 Daemon overhead). Here a sample is one wake-up of one thread, on a monotonic schedule that does not
-drift (`next += interval`, as nvitop's collector does).
+drift (`next += interval`, as nvitop's collector does). Each reading is the driver's own average over
+its last sampling period, so a window's mean is an unbiased estimate at any interval; 2 s (nvitop's
+default refresh) gives a poll 150 samples in 5 minutes, and a 1-s sampler is the largest single cost of
+a daemon babysitting a few GPU runs (bench/README.md, Daemon overhead).
 """
 
 from __future__ import annotations

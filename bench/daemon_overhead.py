@@ -59,6 +59,10 @@ def sql(db: Path, query: str) -> list[tuple]:
     con = sqlite3.connect(db, timeout=30)
     try:
         return con.execute(query).fetchall()
+    except sqlite3.OperationalError as exc:  # the daemon has not made its tables yet
+        if "no such table" in str(exc):
+            return []
+        raise
     finally:
         con.close()
 

@@ -30,6 +30,7 @@ state_dir = "state"
 channel = "#ml-runs"
 abort_allow_list = ["U024BE7LH"]
 guard_interval_seconds = 15
+gpu_sample_seconds = 0.5
 
 [[runs]]
 name = "grasp_sft_v2_demosonly_1gpu_disc"
@@ -73,7 +74,7 @@ def test_a_missing_file_is_an_empty_registry_with_defaults(here: Path) -> None:
 
 def test_a_valid_file_loads_every_field(here: Path) -> None:
     reg = load(write(GOOD))
-    assert reg.daemon == DaemonSettings("state", "#ml-runs", ("U024BE7LH",), 15.0)
+    assert reg.daemon == DaemonSettings("state", "#ml-runs", ("U024BE7LH",), 15.0, 0.5)
     assert reg.names == ("grasp_sft_v2_demosonly_1gpu_disc", "plain.run-2")
     disc = reg.get("grasp_sft_v2_demosonly_1gpu_disc")
     assert disc == RunEntry("grasp_sft_v2_demosonly_1gpu_disc", "runs/disc.toml", WHEN, SHA_A)
@@ -96,8 +97,8 @@ def test_the_written_file_reads_back_equal_in_a_stable_order(here: Path) -> None
     ("[daemon\n", "babysit.toml: expected valid TOML, got <syntax error: "),
     ("colour = 1\n", "babysit.toml: colour: expected a known key (daemon, runs), got <unknown key>"),
     ("[daemon]\nchanel = '#x'\n",
-     "babysit.toml: daemon.chanel: expected a known key (abort_allow_list, channel, guard_interval_seconds, "
-     "state_dir), got <unknown key>"),
+     "babysit.toml: daemon.chanel: expected a known key (abort_allow_list, channel, gpu_sample_seconds, "
+     "guard_interval_seconds, state_dir), got <unknown key>"),
     (f"[[runs]]\nname = 'a'\nspec = 'a.toml'\nregistered_at = '{WHEN}'\nowner = 'me'\n",
      "babysit.toml: runs[0].owner: expected a known key (name, prereg_sha256, registered_at, spec), "
      "got <unknown key>"),
@@ -116,6 +117,8 @@ def test_the_written_file_reads_back_equal_in_a_stable_order(here: Path) -> None
      "babysit.toml: daemon.guard_interval_seconds: expected a positive number, got '30'"),
     ("[daemon]\nguard_interval_seconds = true\n",
      "babysit.toml: daemon.guard_interval_seconds: expected a positive number, got True"),
+    ("[daemon]\ngpu_sample_seconds = 0\n",
+     "babysit.toml: daemon.gpu_sample_seconds: expected a positive number, got 0"),
     ("runs = 3\n", "babysit.toml: runs: expected an array of tables ([[runs]]), got 3"),
     ("runs = [1]\n", "babysit.toml: runs[0]: expected a table, got 1"),
     (f"[[runs]]\nspec = 'a.toml'\nregistered_at = '{WHEN}'\n",

@@ -103,7 +103,10 @@ def _start_view(path: Path, state_dir: Path, accelerated: bool) -> Watcher:
 
     view = open_view(sys.stdout)
     live = sys.stdout.isatty()
-    interval = (1.0 if accelerated else 2.0) if live else (1.0 if accelerated else 60.0)
+    # not a terminal (nohup, a service's journal): a line per changed run at most every 5 minutes; each
+    # look reads every run's newest records, the largest cost of a daemon babysitting a few runs if it
+    # came every minute (bench/README.md, Daemon overhead); `status --watch` shows more, from elsewhere
+    interval = (1.0 if accelerated else 2.0) if live else (1.0 if accelerated else 300.0)
     footer = f"babysit up · {state_dir} · Ctrl-C stops the daemon, not the runs · log: {state_dir / 'daemon.log'}"
     watcher = Watcher(path, view, interval=interval, footer=footer)
     watcher.start()

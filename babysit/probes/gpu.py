@@ -5,7 +5,8 @@ the error, so a driver hiccup becomes a reading with `errors` and a None, never 
 daemon. A machine without a driver gives `GpuView(available=False, reason=...)`, and the reason ends
 with the fix: "not measured" must never read as "fine".
 
-Utilization is a *window average*: the daemon calls `sample()` every second and `read(indices, window)`
+Utilization is a *window average*: the daemon calls `sample()` every `[daemon].gpu_sample_seconds` (2 s
+unless set) and `read(indices, window)`
 at each guard check or poll; `util_pct` (and `util_min_pct`) cover every sample since the previous read
 of that GPU *in the same window*. Windows are independent: a run's polls read `poll:<run>`, which its
 prelaunch read opens, so a poll averages its whole interval however often the guards read. By default
