@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from babysit.core.errors import StateError
 
 SCHEMA_VERSION = 2
 LIVE = ("launching", "running")
+BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -187,8 +189,9 @@ class Store:
         self._local = threading.local()  # deferred_facts' pending merges, per thread
         self.on_enqueue: Callable[[], None] | None = None
         try:
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+                                       isolation_level=None)
+            _enable_wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
@@ -728,6 +731,23 @@ def _owner_call(r: sqlite3.Row) -> OwnerCall:
     return OwnerCall(id=r["id"], campaign=r["campaign"], run=r["run"], question=r["question"],
                      options=tuple(json.loads(r["options"])), body=json.loads(r["body"]), created_at=r["created_at"],
                      decision=r["decision"], decided_by=r["decided_by"], decided_at=r["decided_at"], result=r["result"])
+
+
+def _enable_wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting out another process doing the same: on a fresh file (`babysit status`
+    started beside a first `babysit up`) SQLite answers "database is locked" at once, without calling
+    the busy handler, while the other connection holds the lock the switch needs."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _merge_run_state(db: sqlite3.Connection, run: str, status: str | None, facts: dict[str, Any],

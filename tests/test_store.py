@@ -103,8 +103,10 @@ def test_control_requests_are_queued_and_finished(store: Store) -> None:
     assert store.pending_requests() == [] and store.request_result(rid) == "stopping"
 
 
-def test_processes_opening_a_fresh_store_at_once_migrate_it_once(tmp_path: Path) -> None:
-    """`babysit status` started beside a first `babysit up` must not both create the tables."""
+@pytest.mark.parametrize("attempt", range(3))
+def test_processes_opening_a_fresh_store_at_once_migrate_it_once(tmp_path: Path, attempt: int) -> None:
+    """`babysit status` started beside a first `babysit up` must not both create the tables, nor fail on
+    the switch to WAL (which SQLite refuses at once, busy timeout or not, while another makes it)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -114,13 +116,13 @@ def test_processes_opening_a_fresh_store_at_once_migrate_it_once(tmp_path: Path)
         start.wait(10)
         Store.in_dir(tmp_path / "fresh").close()
 
-    procs = [ctx.Process(target=opener) for _ in range(6)]
+    procs = [ctx.Process(target=opener) for _ in range(10)]
     for p in procs:
         p.start()
     start.set()
     for p in procs:
         p.join(30)
-    assert [p.exitcode for p in procs] == [0] * 6
+    assert [p.exitcode for p in procs] == [0] * 10
     assert Store.in_dir(tmp_path / "fresh").attempts("r") == []
 
 
