@@ -141,7 +141,7 @@ class RunSupervisor:
             if status in ("finished", "failed", "stopped"):
                 self._maybe_final_verdict()
                 return
-            if last is not None and last.status == "ended" and status in ("running", "retrying"):
+            if last is not None and last.status == "ended" and status in ("running", "retrying", "stopping"):
                 self._after_exit(last)  # the daemon died between recording the exit and deciding
                 return
             self._launch(1 if last is None else last.n + 1, resume=False, halvings=0, note=None)

@@ -163,3 +163,21 @@ def test_an_exit_is_asked_for_on_a_timer_and_ends_the_run_with_nothing_left_sche
     assert (attempt.status, attempt.outcome) == ("ended", "completed")
     assert r.store.run_state("r")[0] == "finished"
     assert not r.timers.pending
+
+
+def test_a_daemon_that_died_between_a_stopped_attempts_exit_and_its_decision_never_relaunches(
+        rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = rig()
+    r.sup.start()
+    r.timers.advance(60)
+    assert r.sup.request_stop("abort")  # the trainer checkpoints and exits on the SIGTERM
+    with monkeypatch.context() as m:  # the daemon dies right after recording the exit (crash point after-mark-ended)
+        m.setattr(RunSupervisor, "_after_exit", lambda self, attempt: None)
+        r.timers.advance(1)
+    (attempt,) = r.store.attempts("r")
+    assert attempt.status == "ended" and r.store.run_state("r")[0] == "stopping"
+    restarted = RunSupervisor(r.ctx, r.sup.spec, None)  # the next daemon
+    restarted.start()
+    assert [n for (_, n, _, _) in r.executor.launches] == [1]  # a stopped run is never launched again
+    assert r.store.run_state("r")[0] == "stopped"
+    assert len(r.store.attempts("r")) == 1
