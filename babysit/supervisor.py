@@ -174,11 +174,15 @@ class RunSupervisor:
                                         pid_create_time=found.pid_create_time, job_id=found.job_id)
             attempt = self.ctx.store.attempt(self.run, attempt.n)
         self.attempt = attempt
-        self.stopping = bool(self.ctx.store.run_state(self.run)[1].get("stop", {}).get("attempt") == attempt.n)
-        self._set("running", attempt=attempt.n)
+        stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
+        self.stopping = stop.get("attempt") == attempt.n
+        self._set("stopping" if self.stopping else "running", attempt=attempt.n)
         self.launch_msg = self._launch_message(attempt, note=None)
-        log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id)
+        log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id,
+                 stopping=self.stopping)
         self._watch()
+        if self.stopping:
+            self._resume_stop(attempt, stop)
         self._schedule_next_poll()
 
     # -- launch -----------------------------------------------------------------------------------------
@@ -854,8 +858,20 @@ class RunSupervisor:
             if attempt is None or attempt.status != "running" or self.stopping:
                 return False
             self.stopping = True
-            self._set("stopping", stop={"attempt": attempt.n, "reason": reason, "at": self.ctx.now(),
-                                        "signal": self.spec.stop_signal})
+            stop = {"attempt": attempt.n, "reason": reason, "at": self.ctx.now(), "signal": self.spec.stop_signal}
+            self._set("stopping", stop=stop)
+        self._send_stop(attempt, stop, self.spec.guards.stop_grace_seconds)
+        return True
+
+    def _send_stop(self, attempt: Attempt, stop: dict[str, Any], grace: float) -> None:
+        """The stop signal now, the SIGKILL after `grace` seconds; the store then says it was sent, so a
+        daemon that died before sending it sends it on adoption, and one that died after does not."""
+        # the SIGKILL is scheduled first, so a stop that fails (scancel refused) still ends in one
+        self._arm_kill(attempt, grace)
+        self.executor.stop(attempt, signal.Signals[stop.get("signal") or self.spec.stop_signal])  # the asker's thread
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), stop={**stop, "sent_at": self.ctx.now()})
+
+    def _arm_kill(self, attempt: Attempt, delay: float) -> None:
         grace = self.spec.guards.stop_grace_seconds
 
         def kill_if_alive() -> None:
@@ -863,10 +879,19 @@ class RunSupervisor:
                 log.warning("grace period over: SIGKILL", run=self.run, attempt=attempt.n, grace_s=grace)
                 self.executor.kill(attempt)
 
-        # the SIGKILL is scheduled first, so a stop that fails (scancel refused) still ends in one
-        self._later(f"kill:{self.run}", grace, kill_if_alive, "killing it after the grace period")
-        self.executor.stop(attempt, signal.Signals[self.spec.stop_signal])  # at once, on the asker's thread
-        return True
+        self._later(f"kill:{self.run}", delay, kill_if_alive, "killing it after the grace period")
+
+    def _resume_stop(self, attempt: Attempt, stop: dict[str, Any]) -> None:
+        """An adopted attempt a dead daemon was stopping: the signal it did not get to send (with a whole
+        grace period from now), or the SIGKILL it had scheduled (what is left of the grace period), so a
+        requested stop survives a restart."""
+        grace = self.spec.guards.stop_grace_seconds
+        if stop.get("sent_at") is None:
+            log.warning("sending the stop the last daemon did not", run=self.run, attempt=attempt.n,
+                        reason=stop.get("reason"))
+            self._send_stop(attempt, stop, grace)
+            return
+        self._arm_kill(attempt, max(0.0, float(stop["sent_at"]) + grace - self.ctx.now()))
 
 
 def _short_error(exc: BaseException) -> str:

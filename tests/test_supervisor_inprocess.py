@@ -4,6 +4,7 @@ each check is seen to read the host, the GPUs and the hours once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -181,3 +182,50 @@ def test_a_daemon_that_died_between_a_stopped_attempts_exit_and_its_decision_nev
     assert [n for (_, n, _, _) in r.executor.launches] == [1]  # a stopped run is never launched again
     assert r.store.run_state("r")[0] == "stopped"
     assert len(r.store.attempts("r")) == 1
+
+
+def _restarted(r: Rig) -> tuple[RunSupervisor, ManualTimers]:
+    """The next daemon over the same store and processes: its own timers (the dead one's died with it)."""
+    timers = ManualTimers(r.clock)
+    sup = RunSupervisor(dataclasses.replace(r.ctx, timers=timers), r.sup.spec, None)
+    sup.start()
+    return sup, timers
+
+
+def test_a_stop_the_dead_daemon_recorded_but_never_sent_is_sent_by_the_next_one(
+        rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = rig()
+    r.sup.start()
+    proc = r.executor.process("r", 1)
+    proc.obeys_stop = False
+    r.timers.advance(60)
+    with monkeypatch.context() as m:  # the daemon dies after recording the abort, before signalling
+        m.setattr(RunSupervisor, "_send_stop", lambda self, attempt, stop, grace: None)
+        assert r.sup.request_stop("abort")
+    assert proc.signals == [] and r.store.run_state("r")[0] == "stopping"
+    r.clock.now += 5
+    _, timers = _restarted(r)
+    assert proc.signals == [signal.SIGTERM]  # sent on adoption
+    assert r.store.run_state("r")[0] == "stopping"  # not "running" again
+    assert timers.when("kill:r") == pytest.approx(r.clock.now + 30)  # a whole grace period from the signal
+    timers.advance(31)
+    assert r.executor.kills == [1]
+    (attempt,) = r.store.attempts("r")
+    assert attempt.status == "ended" and attempt.detail.get("stopped_by") == "abort"
+    assert r.store.run_state("r")[0] == "stopped"
+
+
+def test_a_stop_already_sent_is_not_sent_again_and_its_sigkill_keeps_its_time(rig) -> None:
+    r = rig()
+    r.sup.start()
+    proc = r.executor.process("r", 1)
+    proc.obeys_stop = False
+    r.timers.advance(60)
+    assert r.sup.request_stop("abort")
+    assert proc.signals == [signal.SIGTERM]
+    r.clock.now += 10  # the daemon dies; the next one starts 10 s into the 30-s grace period
+    _, timers = _restarted(r)
+    assert proc.signals == [signal.SIGTERM]
+    assert timers.when("kill:r") == pytest.approx(r.clock.now + 20)
+    timers.advance(21)
+    assert r.executor.kills == [1] and r.store.run_state("r")[0] == "stopped"
