@@ -384,11 +384,12 @@ class Store:
         with self.tx() as db:
             _merge_run_state(db, run, status, facts, now)
 
-    def merge_run_facts(self, run: str, now: float, **facts: Any) -> None:
+    def merge_run_facts(self, run: str, now: float, *, at_once: bool = False, **facts: Any) -> None:
         """Merge `facts` into what is known of the run, its status left as it is (`pending` for a run
-        with no state yet). Inside `deferred_facts()` the merge waits for the end of that block."""
+        with no state yet). Inside `deferred_facts()` the merge waits for the end of that block, unless
+        `at_once` (a fact a restarted daemon must find, such as a stop signal having been sent)."""
         pending = getattr(self._local, "facts", None)
-        if pending is not None:
+        if pending is not None and not at_once:
             merged = pending.setdefault(run, [now, {}])
             merged[0] = now
             merged[1].update(facts)

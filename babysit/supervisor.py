@@ -869,7 +869,7 @@ class RunSupervisor:
         # the SIGKILL is scheduled first, so a stop that fails (scancel refused) still ends in one
         self._arm_kill(attempt, grace)
         self.executor.stop(attempt, signal.Signals[stop.get("signal") or self.spec.stop_signal])  # the asker's thread
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), stop={**stop, "sent_at": self.ctx.now()})
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, stop={**stop, "sent_at": self.ctx.now()})
 
     def _arm_kill(self, attempt: Attempt, delay: float) -> None:
         grace = self.spec.guards.stop_grace_seconds

@@ -171,6 +171,15 @@ def test_outside_a_deferred_block_run_facts_are_written_at_once(tmp_path: Path, 
     assert _other_reader(tmp_path).execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
 
 
+def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(tmp_path: Path, store: Store) -> None:
+    with store.deferred_facts():
+        store.merge_run_facts("a", 1.0, step=5)
+        store.merge_run_facts("a", 1.0, at_once=True, stop={"sent_at": 1.0})
+        seen = _other_reader(tmp_path).execute("SELECT facts FROM run_state").fetchone()[0]
+        assert seen == '{"stop": {"sent_at": 1.0}}'  # the stop now; the step with the block's end
+    assert store.run_state("a")[1] == {"stop": {"sent_at": 1.0}, "step": 5}
+
+
 def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(tmp_path: Path, store: Store) -> None:
     reader = _other_reader(tmp_path)
     with store.batch():
