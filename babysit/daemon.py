@@ -14,6 +14,7 @@ SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts the
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import os
@@ -42,6 +43,7 @@ from babysit.store import Store
 from babysit.supervisor import DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
+JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
 log = structlog.get_logger("babysit.daemon")
 
 
@@ -132,8 +134,12 @@ class Daemon:
 
         self._install_signals()  # before the lock: whoever finds the lock held may signal at once
         self.acquire()
+        # the workers' pool is the daemon's own, so shutdown() can wait for running jobs without holding
+        # the scheduler's lock (see shutdown)
+        self._job_pool = concurrent.futures.ThreadPoolExecutor(JOB_WORKERS, thread_name_prefix="babysit-job")
         self.scheduler = BackgroundScheduler(
             timezone=timezone.utc,
+            executors={"default": _pool_executor(self._job_pool)},
             # a job that missed its time (the machine slept) runs once, late, rather than being dropped
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
         )
@@ -187,8 +193,13 @@ class Daemon:
 
     def shutdown(self) -> None:
         if self.scheduler is not None:
+            # Not shutdown(wait=True): APScheduler waits for running jobs while holding its job-store
+            # lock, and a job that schedules or cancels anything then (a guard round's job sync, an exit's
+            # timers) waits for that lock: the daemon hung at exit. Stopped first, the scheduler takes
+            # such calls without blocking; then the jobs already started or queued finish here.
             with contextlib.suppress(Exception):
-                self.scheduler.shutdown(wait=True)
+                self.scheduler.shutdown(wait=False)
+            self._job_pool.shutdown(wait=True)
         self.delivery.close()
         self.sampler.stop()
         self.exits.close()
@@ -352,6 +363,18 @@ class Daemon:
             self.store.finish_request(req.id, "polled", now)
         else:
             self.store.finish_request(req.id, f"unknown action {req.kind}", now)
+
+
+def _pool_executor(pool: concurrent.futures.ThreadPoolExecutor) -> Any:
+    """APScheduler's pool executor over a pool the daemon holds (its own ThreadPoolExecutor makes one it
+    keeps private)."""
+    from apscheduler.executors.pool import BasePoolExecutor
+
+    class DaemonPoolExecutor(BasePoolExecutor):
+        def __init__(self) -> None:
+            super().__init__(pool)
+
+    return DaemonPoolExecutor()
 
 
 def _run_failed(supervisor: RunSupervisor, where: str, exc: Exception) -> None:
