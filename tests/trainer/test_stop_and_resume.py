@@ -19,7 +19,8 @@ def _wait_for_step(log: Path, step: int, proc: subprocess.Popen, timeout: float 
     while time.monotonic() < deadline:
         assert proc.poll() is None, "trainer ended before it could be signalled"
         if log.exists():
-            for line in log.read_text().splitlines():
+            # complete lines only: a read racing an append that crosses a page boundary sees part of a line
+            for line in log.read_text().split("\n")[:-1]:
                 if line.strip() and json.loads(line).get("step", 0) >= step and "train_loss" in line:
                     return
         time.sleep(0.005)

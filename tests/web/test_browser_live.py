@@ -90,7 +90,7 @@ class LiveDaemon:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("web-live")
-    for spec in (tiny_run(root, LIVE, steps=4000), tiny_run(root, RETRIED, extra=PREREG, attempts=ATTEMPTS)):
+    for spec in (tiny_run(root, LIVE, steps=1_000_000), tiny_run(root, RETRIED, extra=PREREG, attempts=ATTEMPTS)):
         res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
         assert res.returncode == 0, res.stderr
     daemon = LiveDaemon(root)
@@ -137,8 +137,9 @@ def test_a_metrics_scrape_parses_and_moves_as_the_run_advances(live: tuple[Path,
         status, _, body = fetch(url + "metrics")
         assert status == 200
         fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
-        assert any(s.labels == {"run": LIVE, "state": "running"} and s.value == 1.0
-                   for s in fams["babysit_run_state"].samples)
+        states = [s.labels["state"] for s in fams["babysit_run_state"].samples
+                  if s.labels["run"] == LIVE and s.value == 1.0]
+        assert states == ["running"], f"{LIVE} is {states} in /metrics"
         hits = [s.value for s in fams["babysit_run_step"].samples if s.labels["run"] == LIVE]
         return hits[0] if hits else None
 
