@@ -30,6 +30,10 @@ from hypothesis import settings
 # trainers on 2 cores took 100 s each instead of 20 s. Idle threads that sleep change no result, only
 # the waiting. Every subprocess a test starts (daemons, shims, trainers, torchrun) inherits this.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ...and one intra-op thread each: the test models are so small that a second thread halves nothing and
+# costs the shared cores its hand-offs (a 1,000-step tiny run: 9 CPU-s with one thread, 16-27 with two,
+# the same wall time). The reference trainer honours OMP_NUM_THREADS, as torch programs do.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # pytest started as a background job of a script (`cmd &`, nohup, some CI runners) begins with SIGINT
 # ignored, and every process a test starts would inherit that: tests that stop a trainer or a watcher

@@ -141,7 +141,8 @@ def run(cfg: RunConfig) -> int:
     recipe, t = cfg.recipe, cfg.recipe.train
     d = distributed.setup(t.device)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(d.world)))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if "OMP_NUM_THREADS" not in os.environ:  # the user's (or torchrun's) setting wins, as in every torch program
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     cuda = d.device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -23,7 +23,7 @@ def _wait_for_step(log: Path, step: int, proc: subprocess.Popen, timeout: float 
             for line in log.read_text().split("\n")[:-1]:
                 if line.strip() and json.loads(line).get("step", 0) >= step and "train_loss" in line:
                     return
-        time.sleep(0.005)
+        time.sleep(0.02)
     raise AssertionError(f"no train record for step {step} within {timeout} s")
 
 
