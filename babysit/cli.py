@@ -1,8 +1,8 @@
 """The `babysit` command line: `main(argv) -> int`; only `entry()` exits.
 
-Each subcommand lives in `babysit/commands/<name>.py` with `add_parser(subparsers)` and `run(args)`.
-Command modules import nothing heavy at import time, so `babysit --help` and `babysit status`
-answer at once (no torch, matplotlib or slack_bolt until a command needs them).
+Every command's arguments are declared in `babysit/commands/args.py`, which imports nothing but
+argparse, so `babysit --help` answers at once; `main` then imports the one command that runs,
+`babysit/commands/<name>.py`, and calls its `run(args)` (or the function its parser names).
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ import argparse
 import importlib
 import sys
 
+from babysit.commands.args import REGISTRY_HELP, add_commands
 from babysit.core.errors import EXIT_BAD_INPUT, BabysitError
-
-REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml); before or after the command"
-COMMANDS = ("register", "up", "status", "verdict", "amend", "prereg", "abort", "smoke", "bot", "probe", "demo", "web",
-            "campaign")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,33 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Global options go before or after the command (`babysit --registry X status` as git and kubectl
     # users type it). A command's own copy defaults to SUPPRESS, so it never overwrites the global value.
     parser.add_argument("--registry", metavar="PATH", default=None, help=REGISTRY_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"babysit.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"babysit.commands.{name}":
-                continue  # a command not in this build
-            raise
-        module.add_parser(sub)
+    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
     return parser
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type for an interval flag (--interval, --refresh): a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def add_registry_option(parser: argparse.ArgumentParser) -> None:
-    """`--registry PATH` on a command that reads the registry; the global one works too."""
-    parser.add_argument("--registry", metavar="PATH", default=argparse.SUPPRESS, help=REGISTRY_HELP)
-    parser.set_defaults(reads_registry=True)
 
 
 class _Version(argparse.Action):
@@ -80,15 +52,18 @@ def package_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    handler = getattr(args, "handler", None)
+    if handler is None:
         parser.print_help()
         return 0
     if args.registry is not None and not getattr(args, "reads_registry", False):
         print(f"ERROR: --registry: `babysit {args.command}` does not read a registry", file=sys.stderr)
         print(f"HINT: drop --registry; `babysit {args.command} --help` lists its options", file=sys.stderr)
         return EXIT_BAD_INPUT
+    module, function = handler
     try:
-        return int(args.func(args) or 0)
+        run = getattr(importlib.import_module(f"babysit.commands.{module}"), function)
+        return int(run(args) or 0)
     except BabysitError as exc:
         print(f"ERROR: {exc.message}", file=sys.stderr)
         if exc.hint:

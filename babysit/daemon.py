@@ -33,7 +33,9 @@ from babysit.clock import SYSTEM, Clock
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning
 from babysit.core.spec import check_cadence, load_spec
 from babysit.delivery import DeliveryWorker
-from babysit.executors import Executor, open_executor
+from babysit.executors import Executor
+from babysit.executors.local import LocalExecutor
+from babysit.executors.slurm import SlurmExecutor
 from babysit.exitwatch import ExitWatcher
 from babysit.notify import Channel
 from babysit.probes.gpu import GpuProbe
@@ -385,3 +387,12 @@ def _run_failed(supervisor: RunSupervisor, where: str, exc: Exception) -> None:
         log.error(f"{where} failed", run=supervisor.run, error=exc.message, exc_info=exc)
     else:
         supervisor.internal_error(where, exc)
+
+
+def open_executor(name: str, state_dir: Path) -> Executor:
+    """The executor a spec's `[run].executor` names."""
+    if name == "local":
+        return LocalExecutor()
+    if name == "slurm":
+        return SlurmExecutor(state_dir)
+    raise ValueError(f"unknown executor {name!r}")

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import structlog
 
 from babysit.core.errors import BabysitError, PermanentDeliveryError, TransientDeliveryError
+from babysit.core.render import render
 from babysit.faults import crash_point
 from babysit.logtail import tail_bytes
 from babysit.store import OutboxMessage, Store
@@ -131,8 +132,6 @@ class ConsoleChannel:
 def _render_text(m: OutboxMessage) -> str:
     """The message's text; a payload the renderer cannot take still goes out, as its raw kind and
     payload, rather than blocking its run's queue forever."""
-    from babysit.core.render import render
-
     try:
         return render(m.kind, m.payload).text
     except Exception as exc:
@@ -234,12 +233,3 @@ def deliver_due(store: Store, channel: Channel, now: Callable[[], float], limit:
 
 def backoff(tries: int) -> float:
     return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** min(tries, 16)))
-
-
-def open_channel(state_dir: Path, stream: Any = None) -> Channel:
-    """Slack when SLACK_BOT_TOKEN is set, else the console channel."""
-    if os.environ.get("SLACK_BOT_TOKEN"):
-        from babysit.slack.channel import SlackChannel
-
-        return SlackChannel.from_env(state_dir)
-    return ConsoleChannel(state_dir, stream)

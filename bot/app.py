@@ -21,7 +21,7 @@ import structlog
 from babysit.core.errors import BabysitError, BadInput
 from babysit.slack.client import TOKEN_ENV, web_client
 from bot import handlers, owner_calls
-from bot.handlers import BotConfig
+from bot.context import BotConfig
 from bot.http import make_server, serve_in_thread
 from bot.messages import ABORT_ACTION_ID
 from bot.predicates import parse_babysit, parse_verdict

@@ -8,15 +8,12 @@ including processes babysit cannot see (another PID namespace), which are said t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import process_tree
-
-if TYPE_CHECKING:
-    from babysit.store import Store
+from babysit.store import Store
 
 FOREIGN = "FOREIGN"
 

@@ -11,51 +11,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from babysit import registry as registry_mod
+from babysit import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.store import Store
 from bot import messages as msg
+from bot.context import BotConfig, opened
+from bot.gpus import read_gpus, run_owners
+from bot.messages import answer
+from bot.owner_calls import campaign_reply
 from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
+from bot.reads import chart_file, verdict_body
 
 log = structlog.get_logger("babysit.bot")
 
 Ack = Callable[..., Any]
 Respond = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class BotConfig:
-    registry_path: Path
-    request_wait_s: float = 10.0  # how long /babysit poll and abort wait for the daemon's answer
-    gpu_probe: str | None = None  # None: $BABYSIT_GPU_PROBE or nvml
-
-
-def answer(rendered: Rendered, *, in_channel: bool = False, replace: bool | None = None) -> dict[str, Any]:
-    """The kwargs for ack()/respond(): text is the fallback, blocks what Slack shows."""
-    out: dict[str, Any] = {"text": rendered.text, "blocks": rendered.blocks,
-                           "response_type": "in_channel" if in_channel else "ephemeral"}
-    if replace is not None:
-        out["replace_original"] = replace
-    return out
-
-
-@contextmanager
-def opened(cfg: BotConfig):  # type: ignore[no-untyped-def]
-    """The registry as it is now (new registrations show at once) and a store handle on its state."""
-    reg = registry_mod.load(cfg.registry_path)
-    store = Store.in_dir(reg.state_dir)
-    try:
-        yield reg, store
-    finally:
-        store.close()
 
 
 def known_run(reg: registry_mod.Registry, name: str | None, usage: str) -> Rendered | None:
@@ -103,8 +79,6 @@ def help_(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
 
 
 def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
-    from babysit import runview
-
     reg = registry_mod.load(cfg.registry_path)
     if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]")):
         ack(**answer(problem))
@@ -114,10 +88,9 @@ def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, resp
 
 
 def runs(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
-    from babysit.commands.status import collect
-
     reg = registry_mod.load(cfg.registry_path)
-    ack(**answer(msg.runs_message(collect(reg, list(reg.names)))))
+    rows = [row.to_dict() for row in runview.collect(reg.path, list(reg.names))]  # the `status --json` shape
+    ack(**answer(msg.runs_message(rows)))
 
 
 def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
@@ -172,8 +145,6 @@ def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: 
 
 
 def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
-    from bot.gpus import read_gpus, run_owners
-
     ack(**answer(msg.reply("🖥 Reading the GPUs…")))
     with opened(cfg) as (_, store):
         owners = run_owners(store)
@@ -182,9 +153,7 @@ def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
 
 
 def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
-    from slack_sdk.errors import SlackApiError
-
-    from bot.reads import chart_file
+    from slack_sdk.errors import SlackApiError  # lazy: slack_sdk is imported only where Slack answers
 
     with opened(cfg) as (reg, store):
         if problem := known_run(reg, cmd.run, "/babysit chart RUN"):
@@ -208,8 +177,6 @@ def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
 
 def campaign(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond,
              client: Any) -> None:
-    from bot.owner_calls import campaign_reply
-
     ack(**answer(campaign_reply(cfg, cmd.run)))
 
 
@@ -221,8 +188,6 @@ BABYSIT: dict[str, Callable[..., None]] = {
 
 # -- /verdict ------------------------------------------------------------------------------------------
 def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond) -> None:
-    from bot.reads import verdict_body
-
     with opened(cfg) as (reg, store):
         if problem := known_run(reg, cmd.run, "/verdict RUN [post]"):
             ack(**answer(problem))

@@ -32,6 +32,15 @@ HELP = """*babysit* — slash commands (everything but `abort` is read-only)
 • `/babysit help` — this"""
 
 
+def answer(rendered: Rendered, *, in_channel: bool = False, replace: bool | None = None) -> dict[str, Any]:
+    """The kwargs for ack()/respond(): text is the fallback, blocks what Slack shows."""
+    out: dict[str, Any] = {"text": rendered.text, "blocks": rendered.blocks,
+                           "response_type": "in_channel" if in_channel else "ephemeral"}
+    if replace is not None:
+        out["replace_original"] = replace
+    return out
+
+
 def reply(text: str, *extra_blocks: dict[str, Any]) -> Rendered:
     """A one-section answer (with optional extra blocks after it)."""
     return Rendered(text, [section(text), *extra_blocks])
@@ -132,8 +141,6 @@ def verdict_working(run: str) -> Rendered:
 
 def chart_working(run: str) -> Rendered:
     return reply(f"📈 Drawing the chart of `{run}`…")
-
-
 
 
 def chart_uploaded(run: str) -> Rendered:

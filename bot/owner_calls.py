@@ -29,8 +29,8 @@ from babysit.campaign.spec import load_campaign
 from babysit.core.blocks import section
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
-from bot.handlers import answer, opened
-from bot.messages import reply
+from bot.context import BotConfig, opened
+from bot.messages import answer, reply
 from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
@@ -48,7 +48,7 @@ def decided_text(call_id: int, decision: str, user: str, result: str) -> str:
 
 
 # -- the click -----------------------------------------------------------------------------------------
-def clicked(cfg: Any, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
+def clicked(cfg: BotConfig, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
     """An owner-call button click whose signature Bolt verified."""
 
     ack()
@@ -95,7 +95,7 @@ def clicked(cfg: Any, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
     respond(**answer(reply(decided_text(call.id, str(decision), user, result)), in_channel=True, replace=True))
 
 
-def campaign_reply(cfg: Any, name: str | None) -> Any:
+def campaign_reply(cfg: BotConfig, name: str | None) -> Any:
     """`/babysit campaign [NAME]`: the list of campaigns, or one's suspect table, runs and decisions."""
 
     with opened(cfg) as (_, store):
@@ -112,7 +112,7 @@ def campaign_reply(cfg: Any, name: str | None) -> Any:
 
 
 # -- registration --------------------------------------------------------------------------------------
-def register(app: Any, cfg: Any) -> None:
+def register(app: Any, cfg: BotConfig) -> None:
     """The three button listeners, and a record of every owner-call click Bolt refused (401)."""
     for action_id in ACTION_IDS.values():
         app.action(action_id)(lambda ack, body, respond: clicked(cfg, body, ack, respond))
@@ -127,7 +127,7 @@ def register(app: Any, cfg: Any) -> None:
     app.dispatch = recording_dispatch
 
 
-def record_unverified(cfg: Any, raw_body: str, headers: Mapping[str, Any], now: float | None = None) -> None:
+def record_unverified(cfg: BotConfig, raw_body: str, headers: Mapping[str, Any], now: float | None = None) -> None:
     """A refused request that claims to be an owner-call click: recorded (its claims unverified)."""
 
     now = time.time() if now is None else now

@@ -6,6 +6,8 @@ else — no store, probe, executor, Slack or third-party module. A campaign's pu
 single-delta rule, grid and words) live with the campaign in babysit/campaign/ and are held to the
 same rule; the core may use them. bot/ (the slash-command app) depends on
 babysit; babysit depends on bot only where the CLI starts the bot (`babysit bot`, `babysit up --bot`).
+babysit's and bot's own modules are imported at the top of a module, never inside a function: only
+heavy third-party modules (torch, matplotlib, slack_sdk, …) are imported lazily.
 """
 
 from __future__ import annotations
@@ -72,6 +74,48 @@ def test_babysit_never_imports_bot_except_where_the_cli_starts_it():
     assert not bad, "babysit must not depend on the Slack bot:\n" + "\n".join(bad)
 
 
+# Function-local imports of babysit's or bot's own modules, each with the reason it is not at the top.
+LOCAL_IMPORTS_ALLOWED = {
+    ("babysit/commands/status.py", "babysit.watch"):
+        "only `status --watch` needs it, and it imports structlog and rich (~0.2 s): `babysit status` stays fast",
+}
+
+
+def local_imports(path: Path) -> list[tuple[int, str]]:
+    """The babysit and bot modules `path` imports anywhere but its top level (inside a function, or
+    under `if TYPE_CHECKING:`, where a cycle usually hides); relative imports count as babysit's."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            top.add(id(node))
+        elif isinstance(node, (ast.Try, ast.If)) and not (isinstance(node, ast.If) and "TYPE_CHECKING" in
+                                                         ast.unparse(node.test)):
+            top |= {id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in top:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in ("babysit", "bot")]
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in ("babysit", "bot")):
+            found.append((node.lineno, "." * node.level + (node.module or "")))
+    return found
+
+
+def test_babysit_and_bot_import_their_own_modules_at_the_top():
+    """`babysit --help` stays fast because the parsers live apart from the commands
+    (babysit/commands/args.py), not because imports hide inside functions; a local import of a light
+    module only hides an import cycle or a slow module, which belongs fixed where it is."""
+    bad = []
+    for path in sorted([*(ROOT / "babysit").rglob("*.py"), *(ROOT / "bot").rglob("*.py")]):
+        rel = str(path.relative_to(ROOT))
+        bad += [f"{rel}:{line} imports {module} inside a function" for line, module in local_imports(path)
+                if (rel, module) not in LOCAL_IMPORTS_ALLOWED]
+    assert not bad, ("import babysit's and bot's modules at the top of the module (a cycle: move what both "
+                     "need to where it belongs; a heavy import: make it lazy there):\n" + "\n".join(bad))
+
+
 def test_the_checks_above_see_a_violation(tmp_path: Path):
     """The import walker finds function-local and TYPE_CHECKING imports (a checker that sees nothing
     would pass everything)."""
@@ -79,3 +123,4 @@ def test_the_checks_above_see_a_violation(tmp_path: Path):
     sample.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from babysit.store import Store\n"
                       "def f():\n    import bot.app\n")
     assert {m for _, m in imports(sample)} == {"typing", "babysit.store", "bot.app"}
+    assert local_imports(sample) == [(3, "babysit.store"), (5, "bot.app")]

@@ -5,28 +5,15 @@ from __future__ import annotations
 import argparse
 import getpass
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows",
-                       description="Ask the daemon to stop RUN gracefully: the run's stop signal ([run].stop_signal, "
-                                   "SIGTERM by default), [guards].stop_grace_seconds for the trainer to checkpoint, "
-                                   "then SIGKILL. No retry follows. A run that already ended is answered at once "
-                                   "from the state database (exit 0).")
-    p.add_argument("run", metavar="RUN", help="a registered run")
-    p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
-                   help="how long to wait for the daemon to take the request (default 10)")
-    add_registry_option(p)
-    p.set_defaults(func=run)
+from babysit import registry
+from babysit.registry import utc_timestamp
+from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from babysit.store import Store
-
     reg = registry.load(registry.resolve_registry_path(args.registry))
     reg.get(args.run)  # an unknown run: exit 2, the registered runs listed
     over = ended(reg.state_dir, args.run)
@@ -49,11 +36,6 @@ def run(args: argparse.Namespace) -> int:
 
 def ended(state_dir: Path, run: str) -> str | None:
     """'already finished (completed at …)' for a run no daemon will act on again, else None; read-only."""
-    from datetime import datetime, timezone
-
-    from babysit.registry import utc_timestamp
-    from babysit.store import Store
-
     db = state_dir / "state.db"
     if not db.exists():
         return None

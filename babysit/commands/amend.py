@@ -17,20 +17,9 @@ from babysit.core.errors import BabysitError, BadInput
 from babysit.core.records import metric_series
 from babysit.core.spec import RunSpec
 from babysit.logtail import read_all
+from babysit.registry import resolve_registry_path
 from babysit.sources import records_path
 from babysit.store import Amendment, Store
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("amend", help="append an amendment (e.g. a scale rule) to a run's pre-registration",
-                       description="Append FILE (title, rationale, scale, combine) to the run's amendment chain. "
-                                   "Nothing in the frozen [prereg] is edited; the amendment adds a rule.")
-    p.add_argument("run", metavar="NAME", help="a registered run")
-    p.add_argument("file", metavar="FILE", help="the amendment TOML")
-    add_registry_option(p)
-    p.set_defaults(func=run)
 
 
 def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) -> tuple[Amendment, RunSpec]:
@@ -46,8 +35,6 @@ def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit.registry import resolve_registry_path
-
     record, spec = amend_registered(resolve_registry_path(args.registry), args.run, Path(args.file),
                                     datetime.now(timezone.utc))
     seen = record.data_seen_through_step

@@ -13,37 +13,16 @@ import json
 import time
 from pathlib import Path
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("campaign", help="campaigns: suspects, single-delta runs, owner calls (docs/campaigns.md)",
-                       description="A campaign is a saga of single-delta runs testing suspects, each with a "
-                                   "pre-registered interpretation grid. See docs/campaigns.md.")
-    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    reg = verbs.add_parser("register", help="record a campaign.toml and register the runs it lists",
-                           description="Record CAMPAIGN.toml (suspects, banked references) in the state, then "
-                                       "register the runs it lists, each held to the single-delta rule.")
-    reg.add_argument("file", metavar="CAMPAIGN.toml", help="the campaign's file (docs/campaigns.md)")
-    reg.add_argument("--accelerated", action="store_true", help="passed on to each run's register (demos, tests)")
-    add_registry_option(reg)
-    reg.set_defaults(func=run_register)
-    show = verbs.add_parser("show", help="the suspect table, the runs, the decisions",
-                            description="Print campaign NAME: the suspect table, each run with its delta, label "
-                                        "and what it changed, the banked references and the decision log.")
-    show.add_argument("name", metavar="NAME", help="the campaign's [campaign].name")
-    show.add_argument("--json", action="store_true", help="print JSON")
-    show.add_argument("--chart", type=Path, default=None, metavar="PNG", help="also draw the saga chart here")
-    add_registry_option(show)
-    show.set_defaults(func=run_show)
+from babysit import registry
+from babysit.campaign import history
+from babysit.campaign.render import show_text
+from babysit.campaign.saga import render_saga
+from babysit.campaign.spec import load_campaign
+from babysit.cli import main as cli_main
+from babysit.store import Store
 
 
 def run_register(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from babysit.campaign.spec import load_campaign
-    from babysit.cli import main as cli_main
-    from babysit.store import Store
-
     campaign = load_campaign(Path(args.file), display=args.file)
     path = registry.resolve_registry_path(args.registry)
     reg = registry.load(path)
@@ -69,16 +48,10 @@ def run_register(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from babysit.campaign import history
-    from babysit.campaign.render import show_text
-
     path = registry.resolve_registry_path(args.registry)
     view = history.collect(path, args.name, curves=args.chart is not None)
     data = view.to_json()
     if args.chart is not None:
-        from babysit.campaign.saga import render_saga
-
         data["chart"] = str(render_saga(view, args.chart))
     print(json.dumps(data, indent=1) if args.json else show_text(data) +
           (f"\n\nsaga chart: {data['chart']}" if args.chart is not None else ""))

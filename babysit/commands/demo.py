@@ -6,34 +6,21 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
+
+from babysit import logs, registry
+from babysit.cli import main as cli_main
+from babysit.daemon import Daemon
+from babysit.demo import runner
+from babysit.notify import ConsoleChannel
+from babysit.probes.gpu import open_gpu_probe
+from babysit.watch import Watcher, open_view
 
 # Banked deltas over steps 500 -> 1000 of the bundled recipes on CPU (seed 0), and the read of the
 # bundled fixture log: see docs/demo.md for the runs that produced them.
 REFERENCES = {"DRIFT_REF": 0.0205, "HEALTHY_REF": -0.0078, "FIXTURE_DELTA": -0.0078}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="babysit real CPU training runs end to end (a few minutes)",
-                       description="Register two runs of the reference trainer and one trainer babysit did not "
-                                   "write (nanoGPT-style printed lines) in a fresh workspace and babysit them to "
-                                   "the end: polls, a divergence stopped live and retried, an amendment declared "
-                                   "on time, and a FINAL pre-registered verdict with its chart.")
-    p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
-    p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign"), default=None,
-                   help="run just one of the demo runs (campaign: drift_disc and its single-delta run)")
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
-    from babysit import logs, registry
-    from babysit.cli import main as cli_main
-    from babysit.daemon import Daemon
-    from babysit.demo import runner
-    from babysit.notify import ConsoleChannel
-    from babysit.probes.gpu import open_gpu_probe
-    from babysit.watch import Watcher, open_view
-
     root = runner.make_workspace(args.dir)
     drift, retry_toml, stdout_toml, amendment = runner.write_runs(root, REFERENCES)
     reg = root / "babysit.toml"

@@ -11,29 +11,15 @@ import argparse
 import json
 from typing import Any
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain",
-                       description="The pre-registration of a registered run, as `register` froze it.")
-    add_registry_option(p)
-    actions = p.add_subparsers(dest="prereg_action", metavar="ACTION", required=True)
-    show = actions.add_parser("show", help="the frozen [prereg], its hash, and the verified amendment chain",
-                              description="Print the run's [prereg] as canonical JSON, its sha256 and whether the "
-                                          "spec still hashes to what `register` froze, and the amendment chain with "
-                                          "every record's hash recomputed. Exit 1 when the prereg was edited or the "
-                                          "chain is broken.")
-    show.add_argument("run", metavar="NAME", help="a registered run")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
-    add_registry_option(show)
-    show.set_defaults(func=run)
+from babysit import reading
+from babysit.core.amendment import amendment_sha256
+from babysit.registry import resolve_registry_path
+from babysit.sources import records_path
+from babysit.store import Store
 
 
 def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
     """Recompute each record's sha256 from its text and the previous record's hash; flag every break."""
-    from babysit.core.amendment import amendment_sha256
-
     out = []
     prev: str | None = None
     for a in amendments:
@@ -50,10 +36,6 @@ def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
 
 
 def collect(registry_path: Any, name: str) -> dict[str, Any]:
-    from babysit import reading
-    from babysit.sources import records_path
-    from babysit.store import Store
-
     reg, entry, spec = reading.load_registered(registry_path, name)
     prereg = spec.prereg
     db = reg.state_dir / "state.db"
@@ -89,8 +71,6 @@ def collect(registry_path: Any, name: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit.registry import resolve_registry_path
-
     info = collect(resolve_registry_path(args.registry), args.run)
     if args.json:
         print(json.dumps(info, indent=2))

@@ -2,48 +2,26 @@
 
 It samples the job's GPUs (NVML, window-averaged utilisation) and the host (free RAM, the trainer
 tree's RSS and CPU) and appends one JSON line per interval to --out, which the daemon on the login
-node reads. SIGTERM (the end of the job, or babysit's stop) ends it cleanly. Imports nothing heavy
-until it runs.
+node reads. SIGTERM (the end of the job, or babysit's stop) ends it cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import socket
+import threading
+import time
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="sample GPUs and host where a job runs, appending JSONL (Slurm sidecar)",
-                       description="Sample NVML and psutil on this node every --interval seconds and append "
-                                   "one JSON record per sample to --out. The Slurm executor starts it inside "
-                                   "the job; the daemon reads the file.")
-    p.add_argument("--out", required=True, metavar="FILE",
-                   help="the JSONL file to append to; {host} becomes this node's short host name")
-    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between records (default 10)")
-    p.add_argument("--pid", type=int, default=None, metavar="PID",
-                   help="the trainer's pid: its process tree is the run (RSS, CPU, which GPU holders are its own)")
-    p.add_argument("--job-id", default=None, metavar="ID",
-                   help="the Slurm job id (default $SLURM_JOB_ID): processes of the job are the run's own")
-    p.add_argument("--gpus", default=None, metavar="I,J",
-                   help="NVML indices to read (default: the job's, from SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)")
-    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
-                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
-    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N records (tests)")
-    p.set_defaults(func=run)
+from babysit.core.errors import BadInput
+from babysit.probes.gpu import open_gpu_probe
+from babysit.probes.host import process_tree, read_host
+from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, gpu_record
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import os
-    import signal
-    import socket
-    import threading
-    import time
-
-    from babysit.core.errors import BadInput
-    from babysit.probes.gpu import open_gpu_probe
-    from babysit.probes.host import process_tree, read_host
-    from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, gpu_record
-
     if args.interval <= 0:
         raise BadInput(f"--interval: expected a positive number of seconds, got {args.interval}")
     host = socket.gethostname().split(".")[0]

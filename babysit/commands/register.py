@@ -13,40 +13,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit import wake
+from babysit import logcheck, registry, sources, wake
 from babysit.atomic import write_json_atomic
+from babysit.campaign import join as campaign_join
+from babysit.core.retry import build_argv
+from babysit.core.spec import check_cadence, load_spec
+from babysit.core.specdiff import changes
+from babysit.core.tomlfile import load
+from babysit.reading import check_fixture
 
 APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
            "keeps the spec it read; restart it to apply them now (the runs keep running across a restart)")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("register", help="validate a run.toml and record it in the registry",
-                       description="Validate RUN.toml, check its verdict instrument on the fixture, freeze the "
-                                   "[prereg] hash and record the run in babysit.toml. Launches nothing.")
-    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
-    p.add_argument("--accelerated", action="store_true",
-                   help="allow poll cadences under 30 minutes (demos and tests; run the daemon accelerated too)")
-    add_registry_option(p)
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from babysit.campaign import join as campaign_join
-    from babysit.core.spec import check_cadence, load_spec
-
     spec = load_spec(Path(args.spec), display=args.spec)
     check_cadence(spec, args.accelerated)
     if spec.source.kind == "tensorboard":
-        from babysit import sources
-
         sources.require()  # exit 2 naming the extra, before anything is frozen
     if spec.prereg is not None and spec.prereg.fixture is not None:
-        from babysit.reading import check_fixture
-
         result = check_fixture(spec.prereg)
         print(f"fixture ok: {spec.prereg.fixture.log.name} reads Δ {result.got_delta:+.{spec.prereg.precision}f} "
               f"→ {result.got_label} (expected {result.expected_delta:+.{spec.prereg.precision}f} → "
@@ -88,9 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _warn_about_the_log(spec: Any, shown: str) -> None:
-    from babysit import logcheck
-    from babysit.core.retry import build_argv
-
     if spec.log is None:  # records come from a [source] other than a JSONL log: nothing to compare
         return
     argvs = [build_argv(spec, n, resume=False, halvings=0)[0] for n in range(1, max(len(spec.attempts), 1) + 1)]
@@ -101,9 +83,6 @@ def _warn_about_the_log(spec: Any, shown: str) -> None:
 def _changes_since_last_register(state_dir: Path, spec: Any, now: str, *, first: bool) -> tuple[Any, ...]:
     """The fields that differ from the spec kept at the last register (none the first time), and keep
     this one. [prereg] is left out: the registry refuses any change to it before we get here."""
-    from babysit.core.specdiff import changes
-    from babysit.core.tomlfile import load
-
     table = json.loads(json.dumps(load(spec.spec_file), default=str))
     kept = state_dir / "specs" / f"{spec.name}.json"
     before = None

@@ -11,14 +11,43 @@ when the run is registered, records the selection so that the daemon's attempt 1
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from babysit import logtail, registry
+from babysit.core import guards
+from babysit.core.classify import classify_exit
+from babysit.core.errors import BadInput, LaunchRefused
+from babysit.core.smoke import (
+    Sampled,
+    candidates,
+    drop_eval,
+    profile_evidence,
+    rlimit_prefix,
+    select_profile,
+    smoke_argv,
+    smoke_env,
+    train_evidence,
+)
+from babysit.core.spec import load_spec
+from babysit.executors.local import LocalExecutor
+from babysit.probes.gpu import open_gpu_probe
+from babysit.probes.host import read_host
+from babysit.reading import write_json_atomic
+from babysit.smoke_record import GpuInfo, Hardware, build_record, declared_attempt, validate
+from babysit.store import Attempt, Store
+
 SAMPLE_S = 0.5
-DEFAULT_TIMEOUT_S = 1800.0
 _FRAMEWORK_PROBE = (
     "import json, torch\n"
     "ok = torch.cuda.is_available()\n"
@@ -30,38 +59,7 @@ _FRAMEWORK_PROBE = (
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("smoke", help="try the run's profiles for N steps; write hardware_profile.json",
-                       description="Try the [[attempts]] profiles (or [smoke].candidates) in order, each for N "
-                                   "steps with eval off on the run's GPUs, stop at the first that completes, and "
-                                   "write hardware_profile.json. A registered run's attempt 1 then uses it.")
-    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
-    p.add_argument("--steps", type=int, help="steps per smoke run (default: [smoke].steps, 20)")
-    p.add_argument("--out", metavar="PATH", help="default: hardware_profile.json next to RUN.toml")
-    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                   help="per profile; past it the smoke run's process group is killed "
-                        f"(default {DEFAULT_TIMEOUT_S:.0f})")
-    p.add_argument("--smoke-dir", metavar="DIR", help="where smoke logs, checkpoints and stderr go (default: a new "
-                                                      "temporary directory, kept for inspection)")
-    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
-                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
-    p.add_argument("--rlimit-as-gib", type=float, metavar="GIB",
-                   help="TEST/SAFETY KNOB, CPU runs only: start each smoke run under RLIMIT_AS = GIB, so an "
-                        "oversized profile fails in the allocator instead of swapping the host")
-    add_registry_option(p)
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
-    from babysit import registry
-    from babysit.core.errors import BadInput
-    from babysit.core.smoke import candidates, select_profile
-    from babysit.core.spec import load_spec
-    from babysit.probes.gpu import open_gpu_probe
-    from babysit.smoke_record import build_record, validate
-
     spec = load_spec(Path(args.spec), display=args.spec)
     steps = args.steps if args.steps is not None else spec.smoke.steps
     if steps < 1:
@@ -100,7 +98,6 @@ def run(args: argparse.Namespace) -> int:
     problems = validate(record)
     if problems:  # a bug in babysit, not in the user's input: say so plainly
         raise AssertionError("hardware_profile record does not match its schema: " + "; ".join(problems))
-    from babysit.reading import write_json_atomic
 
     write_json_atomic(out, record)
     print(f"wrote {out}")
@@ -124,9 +121,6 @@ def _guard(spec: Any, probe: Any, own_pids: set[int], profile: str) -> Any:
     A previous smoke run's pid can linger in NVML's list for a moment after it exited: wait for those
     (up to 15 s), never for anyone else's.
     """
-    from babysit.core import guards
-    from babysit.core.errors import LaunchRefused
-
     if probe is None:
         return None
     deadline = time.monotonic() + 15
@@ -153,7 +147,6 @@ def _guard(spec: Any, probe: Any, own_pids: set[int], profile: str) -> Any:
 
 class _Sampler:
     """Peaks over probe samples of the run's process tree: NVML memory (per process and device) and RSS."""
-
     def __init__(self, probe: Any, gpus: tuple[int, ...]) -> None:
         self.probe, self.gpus = probe, gpus
         self.samples = 0
@@ -162,8 +155,6 @@ class _Sampler:
         self.rss_peak: int | None = None
 
     def sample(self, root: int) -> None:
-        from babysit.probes.host import read_host
-
         host = read_host(root)
         self.samples += 1
         if host.run_rss_bytes is not None:
@@ -182,23 +173,11 @@ class _Sampler:
             self.dev_peak = max(self.dev_peak or 0, sum(used))
 
     def result(self) -> Any:
-        from babysit.core.smoke import Sampled
-
         return Sampled(self.samples, self.proc_peak, self.dev_peak, self.rss_peak)
 
 
 def _run_one(spec: Any, profile: Any, i: int, steps: int, smoke_dir: Path, args: argparse.Namespace, probe: Any,
              own_pids: set[int]) -> Any:
-    import dataclasses
-    import json
-    import shutil
-
-    from babysit import logtail
-    from babysit.core.classify import classify_exit
-    from babysit.core.smoke import drop_eval, profile_evidence, rlimit_prefix, smoke_argv, smoke_env, train_evidence
-    from babysit.executors.local import LocalExecutor
-    from babysit.store import Attempt
-
     label = f"smoke-{i}"
     pdir = smoke_dir / f"{i:02d}-{_slug(profile.profile)}"
     if pdir.exists():  # a reused --smoke-dir: an old log would be read as this run's evidence
@@ -270,9 +249,6 @@ def _line(e: Any) -> str:
 # -- hardware ---------------------------------------------------------------------------------------
 
 def _hardware(spec: Any, view: Any) -> Any:
-    from babysit.probes.host import read_host
-    from babysit.smoke_record import GpuInfo, Hardware
-
     ram = read_host(None).total_ram_bytes
     cpu = _cpu_model()
     if not spec.gpus:
@@ -289,11 +265,6 @@ def _hardware(spec: Any, view: Any) -> Any:
 
 def _framework(spec: Any) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
     """torch's view of the run's GPUs, from a subprocess with the run's env (babysit never imports torch)."""
-    import json
-    import subprocess
-
-    from babysit.core.smoke import smoke_env
-
     first = spec.command[0]
     python = first if Path(first).name.startswith("python") else sys.executable
     env = smoke_env(spec, os.environ, Path(os.devnull), Path(os.devnull), "smoke-framework-probe")
@@ -313,8 +284,6 @@ def _framework(spec: Any) -> tuple[str | None, list[dict[str, Any]] | None, str 
 
 
 def _cpu_model() -> str:
-    import platform
-
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -328,10 +297,6 @@ def _cpu_model() -> str:
 
 def _record_selection(registry_arg: str | None, spec: Any, out: Path, record: dict[str, Any], selected: Any) -> None:
     """When this RUN.toml is the registered one, record the selection so that the daemon's attempt 1 uses it."""
-    from babysit import registry
-    from babysit.smoke_record import declared_attempt
-    from babysit.store import Store
-
     reg = registry.load(registry.resolve_registry_path(registry_arg))
     entry = reg.find(spec.name)
     if entry is None:
@@ -363,8 +328,6 @@ def _record_selection(registry_arg: str | None, spec: Any, out: Path, record: di
 
 
 def _smoke_dir(arg: str | None, name: str) -> Path:
-    import tempfile
-
     if arg:
         path = Path(arg)
         path.mkdir(parents=True, exist_ok=True)
@@ -377,6 +340,4 @@ def _slug(name: str) -> str:
 
 
 def _now() -> Any:
-    from datetime import datetime, timezone
-
     return datetime.now(timezone.utc)

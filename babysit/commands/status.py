@@ -6,43 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option, positive_seconds
-
-    p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident (--watch: live)",
-                       description="What every registered run is doing (or RUN alone), read from the state "
-                                   "database: status, attempt, step, s/step, ETA, GPU-hours, last poll, the last "
-                                   "incident (or how a finished run ended) and the latest verdict read. Read-only; "
-                                   "works with or without a daemon.")
-    p.add_argument("run", nargs="?", metavar="RUN", help="one registered run (default: all)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--watch", action="store_true",
-                   help="keep the table up, refreshed from the state database (a terminal: redrawn in place; "
-                        "otherwise a line per run when it changes); Ctrl-C ends it")
-    p.add_argument("--interval", type=positive_seconds, default=2.0, metavar="S",
-                   help="with --watch: seconds between looks")
-    add_registry_option(p)
-    p.set_defaults(func=run)
-
-
-def collect(reg: Any, names: list[str]) -> list[dict[str, Any]]:
-    """The rows as plain dicts (the `--json` shape; what the Slack bot reads): see babysit/runview.py."""
-    from babysit import runview
-
-    return [row.to_dict() for row in runview.collect(reg.path, names)]
+from babysit import registry, runview
+from babysit.core.errors import BadInput
+from babysit.runtable import status_table
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit import registry, runview
-    from babysit.runtable import status_table
-
     reg = registry.load(registry.resolve_registry_path(args.registry))
     names = [reg.get(args.run).name] if args.run else list(reg.names)
     if args.watch:
-        from babysit.core.errors import BadInput
+        # Lazy: babysit.watch imports structlog, and with it rich (~0.2 s); `babysit status` stays fast.
         from babysit.watch import watch
 
         if args.json:

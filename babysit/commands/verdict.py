@@ -15,40 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from babysit.cli import add_registry_option
-
-    p = sub.add_parser("verdict", help="read a run's pre-registered verdict (card or --json) and draw its chart",
-                       description="Read the pre-registered verdict of a registered run (NAME) or, offline, of a "
-                                   "RUN.toml against a log. Writes the chart PNG and says where.")
-    p.add_argument("target", metavar="NAME|RUN.toml", help="a registered run name, or a run.toml for an offline read")
-    p.add_argument("--json", action="store_true", help="print the verdict JSON on stdout (docs/verdicts.md)")
-    p.add_argument("--at-step", type=_step, metavar="N", help="read as of step N (only evals at steps <= N count)")
-    p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: the FINAL read's is "
-                                                   "<state_dir>/verdicts/<run>.png, any other read's under "
-                                                   "<state_dir>/whatif/; offline: next to the log)")
-    p.add_argument("--compare", action="append", default=[], metavar="NAME=LOGPATH",
-                   help="overlay another run's log on the chart (repeatable)")
-    p.add_argument("--fixture", action="store_true",
-                   help="check the instrument on [prereg.fixture] instead (exit 1 if it does not reproduce)")
-    p.add_argument("--log", metavar="PATH", help="offline: the train log to read (default: the spec's log)")
-    p.add_argument("--amendment", action="append", default=[], metavar="FILE",
-                   help="a what-if amendment, applied after recorded ones, marked not provenance-checked "
-                        "(repeatable)")
-    add_registry_option(p)
-    p.set_defaults(func=run)
+from babysit import reading, sources
+from babysit.core.amendment import check_against, load_amendment, what_if
+from babysit.core.errors import BadInput, PreregTampered
+from babysit.core.fmt import fmt_delta
+from babysit.core.spec import load_spec
+from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
+from babysit.registry import resolve_registry_path
+from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
-    from babysit import reading, sources
-    from babysit.core.amendment import check_against, load_amendment, what_if
-    from babysit.core.errors import BadInput, PreregTampered
-    from babysit.core.spec import load_spec
-    from babysit.core.verdict import FINAL, evaluate
-    from babysit.registry import resolve_registry_path
-    from babysit.store import Store
-
     offline = Path(args.target).is_file() or args.target.endswith(".toml")
     final_dir: Path | None = None  # where the daemon keeps the FINAL verdict's files (registered runs)
     final_recorded = False
@@ -117,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path | None, of_record: bool) -> Path:
     """Where this read's chart goes; a what-if never writes over the FINAL verdict's files."""
-    from babysit.core.errors import BadInput
-
     if args.chart:
         chart = Path(args.chart)
         if final_dir is not None:
@@ -141,9 +116,6 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
 def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
          offline: bool, comparators: dict[str, Any] | None = None) -> str:
     """The human-readable verdict; PROVISIONAL is a banner and prefixes the label, so it cannot be missed."""
-    from babysit.core.fmt import fmt_delta
-    from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, PROVISIONAL, fmt_bound
-
     p = prereg.precision
     lines: list[str] = []
     bar = "=" * 78
@@ -194,9 +166,6 @@ def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage:
 
 
 def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str | None) -> int:
-    from babysit import reading
-    from babysit.core.fmt import fmt_delta
-
     result = reading.run_fixture(prereg)
     p = prereg.precision
     if args.json:
@@ -214,9 +183,6 @@ def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str |
 
 
 def _comparators(items: list[str], prereg: Any) -> dict[str, Any]:
-    from babysit import reading
-    from babysit.core.errors import BadInput
-
     out: dict[str, Any] = {}
     for item in items:
         name, sep, path = item.partition("=")
@@ -230,20 +196,9 @@ def _comparators(items: list[str], prereg: Any) -> dict[str, Any]:
 
 
 def _comparator_delta(series: Any, prereg: Any) -> float | None:
-    from babysit.core.verdict import decimal_of
-
     values = dict(series)
     if prereg.baseline_step not in values or prereg.read_step not in values:
         return None
     d = decimal_of(values[prereg.read_step]) - decimal_of(values[prereg.baseline_step])
     return float(round(d, prereg.precision))
 
-
-def _step(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
-    return value

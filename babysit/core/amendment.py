@@ -18,8 +18,8 @@ from pathlib import Path
 
 from babysit.core import expr, tomlfile
 from babysit.core.errors import SpecError
+from babysit.core.expr import exact_value
 from babysit.core.spec import Prereg
-from babysit.core.verdict import exact_value
 
 COMBINE_MODES = ("agree",)
 
@@ -96,7 +96,6 @@ def check_against(spec: AmendmentSpec, prereg: Prereg) -> Fraction:
     return scale_value(spec, prereg.references)
 
 
-
 def what_if(spec: AmendmentSpec, n: int) -> AmendmentRecord:
     """An offline amendment: numbered after the recorded ones, marked not provenance-checked."""
     return AmendmentRecord(n=n, spec=spec, declared_at=None, data_seen_through_step=None,
@@ -111,7 +110,6 @@ def last_metric_step(series: tuple[tuple[int, float], ...]) -> int | None:
 def utc_now_iso(now: datetime) -> str:
     """ISO 8601 UTC with a Z, to the second: the declared_at format."""
     return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 
 def _positive_scale(scale: expr.Expr, references: Mapping[str, float], display: str) -> Fraction:

@@ -11,6 +11,7 @@ import ast
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 # An immutable expression tree: ("num", value) | ("ref", name) | ("neg", node) | (op, left, right)
@@ -78,6 +79,16 @@ def _names(node: Node) -> list[str]:
     if kind == "num":
         return []
     return [n for child in node[1:] for n in _names(child)]
+
+
+def decimal_of(value: float | int) -> Fraction:
+    """A logged float as the decimal it prints as (its shortest repr), exactly."""
+    return Fraction(repr(float(value)))
+
+
+def exact_value(e: Expr, references: Mapping[str, float]) -> Fraction:
+    """Evaluate a bound or a scale as an exact rational over the decimals written."""
+    return evaluate_tree(e.tree, references, decimal_of)
 
 
 def evaluate_tree(node: Node, refs: Mapping[str, float], number: Callable[[float], Any]) -> Any:

@@ -32,14 +32,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from babysit.core.fmt import GIB, gib, hours
 from babysit.core.observation import past_cap
+from babysit.core.readings import GpuView
 from babysit.core.spec import GuardsSpec
-
-if TYPE_CHECKING:
-    from babysit.core.readings import GpuView
 
 WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
 
@@ -92,7 +89,6 @@ class LiveFacts:
 
 CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
 CONFIRM_READS_INVISIBLE = 3  # a pid with no process here: gone (an exit NVML lags on) or another namespace
-
 
 
 def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import babysit.campaign.render as campaign_words  # pure (tests/test_layering.py)
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise, hours
 
@@ -31,8 +32,6 @@ def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
         text = f"[{kind}] {payload}"
         return Rendered(text, [section(text)])
     return renderer(payload)
-
-
 
 
 def snapshot_line(s: Mapping[str, Any]) -> str:
@@ -332,15 +331,9 @@ _RENDERERS = {
     "verdict": _verdict,
     "amendment": _amendment,
     "text": _text,
-    "campaign": lambda p: Rendered(*_campaign_render().campaign_post(p)),  # docs/campaigns.md
-    "owner-call": lambda p: Rendered(*_campaign_render().render_call(p)),
+    "campaign": lambda p: Rendered(*campaign_words.campaign_post(p)),  # docs/campaigns.md
+    "owner-call": lambda p: Rendered(*campaign_words.render_call(p)),
 }
-
-
-def _campaign_render() -> Any:
-    import babysit.campaign.render as words  # pure (tests/test_layering.py); lazy: it builds on this module
-
-    return words
 
 
 def chart_comment(run: str, v: Mapping[str, Any] | None) -> str:

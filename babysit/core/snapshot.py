@@ -11,15 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from babysit.core.fmt import GIB
 from babysit.core.guards import low_util_flag
 from babysit.core.observation import past_cap, project_gpu_hours, steps_left
+from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import seconds_per_step as _seconds_per_step
-
-if TYPE_CHECKING:
-    from babysit.core.readings import GpuView, HostReading
 
 KINDS = ("first", "periodic", "on-demand", "final")
 FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",

@@ -24,14 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from babysit.core import expr
+from babysit.core.amendment import AmendmentRecord
 from babysit.core.errors import SpecError
+from babysit.core.expr import decimal_of, exact_value
 from babysit.core.spec import AMBIGUOUS_BY_INSTRUMENT, Prereg
-
-if TYPE_CHECKING:
-    from babysit.core.amendment import AmendmentRecord
 
 FINAL = "FINAL"
 PROVISIONAL = "PROVISIONAL"
@@ -238,17 +236,6 @@ def fixture_result(prereg: Prereg, series: Series, train_series: Series = ()) ->
     return FixtureResult(ok, expected, verdict.delta, fixture.expect_label, got_label, verdict)
 
 
-def decimal_of(value: float | int) -> Fraction:
-    """A logged float as the decimal it prints as (its shortest repr), exactly."""
-    return Fraction(repr(float(value)))
-
-
-def exact_value(e: expr.Expr, references: Mapping[str, float]) -> Fraction:
-    """Evaluate a bound or a scale as an exact rational over the decimals written."""
-    return _exact(e.tree, references)
-
-
-
 def shown_bound(value: Fraction, precision: int, side: str) -> tuple[Fraction, int]:
     """A bound rounded for showing, and its decimals: `precision`, or more where rounding would lie.
 
@@ -271,10 +258,6 @@ def fmt_bound(value: Fraction, precision: int, side: str, *, exact: bool = True)
     shown, digits = shown_bound(value, precision, side)
     text = f"{float(shown):+.{digits}f}"
     return text if shown == value or not exact else f"{text} (exact {float(value):+.{precision + 6}g})"
-
-
-def _exact(node: expr.Node, refs: Mapping[str, float]) -> Fraction:
-    return expr.evaluate_tree(node, refs, decimal_of)
 
 
 def _as_float(value: Fraction) -> float | None:

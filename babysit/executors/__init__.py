@@ -1,4 +1,8 @@
-"""Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`."""
+"""Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`.
+
+This package's own module holds what they share (the protocol, `Launched`, `ExitInfo`); the daemon
+picks one by name (`babysit.daemon.open_executor`), so this module imports neither back.
+"""
 
 from __future__ import annotations
 
@@ -79,15 +83,3 @@ class Executor(Protocol):
     def own_pids(self, attempt: Attempt) -> frozenset[int]:
         """Pids the attempt's processes had that the daemon may not have seen in its tree (a trainer
         that exited between two reads): never taken for foreign GPU holders. Empty where not visible."""
-
-
-def open_executor(name: str, state_dir: object) -> Executor:
-    if name == "local":
-        from babysit.executors.local import LocalExecutor
-
-        return LocalExecutor()
-    if name == "slurm":
-        from babysit.executors.slurm import SlurmExecutor
-
-        return SlurmExecutor(state_dir)
-    raise ValueError(f"unknown executor {name!r}")

@@ -8,8 +8,10 @@ the error texts built in `babysit/slack/errors.py` carry Slack's error code and 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from slack_sdk import WebClient
+if TYPE_CHECKING:
+    from slack_sdk import WebClient
 
 DEFAULT_API_URL = "https://slack.com/api/"
 API_URL_ENV = "BABYSIT_SLACK_API_URL"
@@ -28,6 +30,8 @@ def web_client(token: str | None = None, *, timeout: int = 15, retries: bool = F
     retries, with backoff and Retry-After, and a hidden in-client retry of a post that Slack had
     in fact accepted would post it twice.
     """
+    from slack_sdk import WebClient  # lazy: ~0.1 s, paid only by a process that talks to Slack
+
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     return WebClient(token=token, base_url=api_url(), timeout=timeout,
                      **({} if retries else {"retry_handlers": []}))

@@ -18,15 +18,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from babysit.core.source_spec import SourceSpec
+from babysit.core.spec import RunSpec
 from babysit.sources import csvfile, records, stdout
 from babysit.sources.evidence import Evidence
 from babysit.sources.tensorboard import TensorBoardReader
-
-if TYPE_CHECKING:
-    from babysit.core.spec import RunSpec
 
 STATE_VERSION = 1
 RECORDS_FILE = "records.jsonl"

@@ -1,0 +1,273 @@
+"""Every command's arguments, help line and description: what `babysit --help` and `babysit CMD --help` show.
+
+The parsers live here, apart from the commands, so that building them imports nothing but argparse:
+`babysit --help` and `babysit status` answer at once. Each subparser names its implementation with
+`set_defaults(handler=(MODULE, FUNCTION))`, `babysit/commands/MODULE.py`'s FUNCTION(args), which
+`babysit/cli.py` imports only for the command that runs; the command modules import what they use
+at their top, as any module does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml); before or after the command"
+SMOKE_TIMEOUT_S = 1800.0  # `babysit smoke --timeout-s`: per profile
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Every command, in the order `babysit --help` lists them."""
+    for add in (add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort, add_smoke,
+                add_bot, add_probe, add_demo, add_web, add_campaign):
+        add(sub)
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type for an interval flag (--interval, --refresh): a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def step(text: str) -> int:
+    """argparse type for `verdict --at-step`: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
+    return value
+
+
+def add_registry_option(parser: argparse.ArgumentParser) -> None:
+    """`--registry PATH` on a command that reads the registry; the global one works too."""
+    parser.add_argument("--registry", metavar="PATH", default=argparse.SUPPRESS, help=REGISTRY_HELP)
+    parser.set_defaults(reads_registry=True)
+
+
+def add_register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("register", help="validate a run.toml and record it in the registry",
+                       description="Validate RUN.toml, check its verdict instrument on the fixture, freeze the "
+                                   "[prereg] hash and record the run in babysit.toml. Launches nothing.")
+    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
+    p.add_argument("--accelerated", action="store_true",
+                   help="allow poll cadences under 30 minutes (demos and tests; run the daemon accelerated too)")
+    add_registry_option(p)
+    p.set_defaults(handler=("register", "run"))
+
+
+def add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run the daemon: launch registered runs and babysit them",
+                       description="Launch every registered run that is not finished and babysit it: polls, "
+                                   "guards, retries, verdicts, messages. Ctrl-C stops the daemon, not the runs; "
+                                   "a restarted daemon re-adopts them. On a terminal it shows a live table of "
+                                   "every run (step, s/step, ETA, GPU, last incident, verdict) with messages and "
+                                   "warnings printed above it; otherwise a line per run whenever it changes.")
+    p.add_argument("--accelerated", action="store_true",
+                   help="declared minutes become seconds (demos and tests)")
+    p.add_argument("--exit-when-idle", action="store_true",
+                   help="return once no run is running, pending or retrying and every message is delivered")
+    p.add_argument("--bot", action="store_true", help="host the Slack bot in-process (Socket Mode or --bot-http)")
+    p.add_argument("--bot-http", type=int, metavar="PORT", help="with --bot: serve slash commands over HTTP")
+    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
+                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    p.add_argument("--no-view", action="store_true",
+                   help="no live table and no progress lines: only messages and warnings")
+    p.add_argument("--web", type=int, metavar="PORT",
+                   help="also serve the read-only web page and /metrics on PORT (docs/web.md); its failure is "
+                        "logged and never stops babysitting")
+    p.add_argument("--web-bind", default="127.0.0.1", metavar="ADDR",
+                   help="with --web: the address (default 127.0.0.1; another needs BABYSIT_WEB_TOKEN)")
+    add_registry_option(p)
+    p.set_defaults(handler=("up", "run"))
+
+
+def add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident (--watch: live)",
+                       description="What every registered run is doing (or RUN alone), read from the state "
+                                   "database: status, attempt, step, s/step, ETA, GPU-hours, last poll, the last "
+                                   "incident (or how a finished run ended) and the latest verdict read. Read-only; "
+                                   "works with or without a daemon.")
+    p.add_argument("run", nargs="?", metavar="RUN", help="one registered run (default: all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true",
+                   help="keep the table up, refreshed from the state database (a terminal: redrawn in place; "
+                        "otherwise a line per run when it changes); Ctrl-C ends it")
+    p.add_argument("--interval", type=positive_seconds, default=2.0, metavar="S",
+                   help="with --watch: seconds between looks")
+    add_registry_option(p)
+    p.set_defaults(handler=("status", "run"))
+
+
+def add_verdict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verdict", help="read a run's pre-registered verdict (card or --json) and draw its chart",
+                       description="Read the pre-registered verdict of a registered run (NAME) or, offline, of a "
+                                   "RUN.toml against a log. Writes the chart PNG and says where.")
+    p.add_argument("target", metavar="NAME|RUN.toml", help="a registered run name, or a run.toml for an offline read")
+    p.add_argument("--json", action="store_true", help="print the verdict JSON on stdout (docs/verdicts.md)")
+    p.add_argument("--at-step", type=step, metavar="N", help="read as of step N (only evals at steps <= N count)")
+    p.add_argument("--chart", metavar="PATH", help="where to write the chart PNG (default: the FINAL read's is "
+                                                   "<state_dir>/verdicts/<run>.png, any other read's under "
+                                                   "<state_dir>/whatif/; offline: next to the log)")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=LOGPATH",
+                   help="overlay another run's log on the chart (repeatable)")
+    p.add_argument("--fixture", action="store_true",
+                   help="check the instrument on [prereg.fixture] instead (exit 1 if it does not reproduce)")
+    p.add_argument("--log", metavar="PATH", help="offline: the train log to read (default: the spec's log)")
+    p.add_argument("--amendment", action="append", default=[], metavar="FILE",
+                   help="a what-if amendment, applied after recorded ones, marked not provenance-checked "
+                        "(repeatable)")
+    add_registry_option(p)
+    p.set_defaults(handler=("verdict", "run"))
+
+
+def add_amend(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("amend", help="append an amendment (e.g. a scale rule) to a run's pre-registration",
+                       description="Append FILE (title, rationale, scale, combine) to the run's amendment chain. "
+                                   "Nothing in the frozen [prereg] is edited; the amendment adds a rule.")
+    p.add_argument("run", metavar="NAME", help="a registered run")
+    p.add_argument("file", metavar="FILE", help="the amendment TOML")
+    add_registry_option(p)
+    p.set_defaults(handler=("amend", "run"))
+
+
+def add_prereg(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain",
+                       description="The pre-registration of a registered run, as `register` froze it.")
+    add_registry_option(p)
+    actions = p.add_subparsers(dest="prereg_action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="the frozen [prereg], its hash, and the verified amendment chain",
+                              description="Print the run's [prereg] as canonical JSON, its sha256 and whether the "
+                                          "spec still hashes to what `register` froze, and the amendment chain with "
+                                          "every record's hash recomputed. Exit 1 when the prereg was edited or the "
+                                          "chain is broken.")
+    show.add_argument("run", metavar="NAME", help="a registered run")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    add_registry_option(show)
+    show.set_defaults(handler=("prereg", "run"))
+
+
+def add_abort(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows",
+                       description="Ask the daemon to stop RUN gracefully: the run's stop signal ([run].stop_signal, "
+                                   "SIGTERM by default), [guards].stop_grace_seconds for the trainer to checkpoint, "
+                                   "then SIGKILL. No retry follows. A run that already ended is answered at once "
+                                   "from the state database (exit 0).")
+    p.add_argument("run", metavar="RUN", help="a registered run")
+    p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for the daemon to take the request (default 10)")
+    add_registry_option(p)
+    p.set_defaults(handler=("abort", "run"))
+
+
+def add_smoke(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("smoke", help="try the run's profiles for N steps; write hardware_profile.json",
+                       description="Try the [[attempts]] profiles (or [smoke].candidates) in order, each for N "
+                                   "steps with eval off on the run's GPUs, stop at the first that completes, and "
+                                   "write hardware_profile.json. A registered run's attempt 1 then uses it.")
+    p.add_argument("spec", metavar="RUN.toml", help="the run's spec (docs/spec.md)")
+    p.add_argument("--steps", type=int, help="steps per smoke run (default: [smoke].steps, 20)")
+    p.add_argument("--out", metavar="PATH", help="default: hardware_profile.json next to RUN.toml")
+    p.add_argument("--timeout-s", type=float, default=SMOKE_TIMEOUT_S,
+                   help="per profile; past it the smoke run's process group is killed "
+                        f"(default {SMOKE_TIMEOUT_S:.0f})")
+    p.add_argument("--smoke-dir", metavar="DIR", help="where smoke logs, checkpoints and stderr go (default: a new "
+                                                      "temporary directory, kept for inspection)")
+    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
+                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    p.add_argument("--rlimit-as-gib", type=float, metavar="GIB",
+                   help="TEST/SAFETY KNOB, CPU runs only: start each smoke run under RLIMIT_AS = GIB, so an "
+                        "oversized profile fails in the allocator instead of swapping the host")
+    add_registry_option(p)
+    p.set_defaults(handler=("smoke", "run"))
+
+
+def add_bot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bot", help="run the Slack bot (slash commands): Socket Mode, or HTTP with --http PORT",
+                       description="Answer /verdict and /babysit from the registry's state. Needs SLACK_BOT_TOKEN, "
+                                   "and SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET (HTTP). "
+                                   "See docs/slack.md.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--socket", action="store_true", help="Socket Mode (default): outbound websocket only")
+    mode.add_argument("--http", type=int, metavar="PORT",
+                      help="serve /slack/events on PORT (0: any free port, printed on stdout)")
+    p.add_argument("--host", default="0.0.0.0", help="with --http: the address to bind (default 0.0.0.0)")
+    p.add_argument("--request-wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long /babysit poll and abort wait for the daemon's answer (default 10)")
+    add_registry_option(p)
+    p.set_defaults(handler=("bot", "run"))
+
+
+def add_probe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="sample GPUs and host where a job runs, appending JSONL (Slurm sidecar)",
+                       description="Sample NVML and psutil on this node every --interval seconds and append "
+                                   "one JSON record per sample to --out. The Slurm executor starts it inside "
+                                   "the job; the daemon reads the file.")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the JSONL file to append to; {host} becomes this node's short host name")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between records (default 10)")
+    p.add_argument("--pid", type=int, default=None, metavar="PID",
+                   help="the trainer's pid: its process tree is the run (RSS, CPU, which GPU holders are its own)")
+    p.add_argument("--job-id", default=None, metavar="ID",
+                   help="the Slurm job id (default $SLURM_JOB_ID): processes of the job are the run's own")
+    p.add_argument("--gpus", default=None, metavar="I,J",
+                   help="NVML indices to read (default: the job's, from SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
+                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N records (tests)")
+    p.set_defaults(handler=("probe", "run"))
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="babysit real CPU training runs end to end (a few minutes)",
+                       description="Register two runs of the reference trainer and one trainer babysit did not "
+                                   "write (nanoGPT-style printed lines) in a fresh workspace and babysit them to "
+                                   "the end: polls, a divergence stopped live and retried, an amendment declared "
+                                   "on time, and a FINAL pre-registered verdict with its chart.")
+    p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
+    p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign"), default=None,
+                   help="run just one of the demo runs (campaign: drift_disc and its single-delta run)")
+    p.set_defaults(handler=("demo", "run"))
+
+
+def add_web(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("web", help="serve a read-only web page of runs, curves and verdicts, and /metrics",
+                       description="Serve the runs table (refreshing itself), a page a run (its curve against the "
+                                   "frozen bands, incidents, attempts, verdict, pre-registration) and /metrics for "
+                                   "Prometheus, read from the state database. Read-only; works with or without a "
+                                   "daemon. Binds 127.0.0.1; any other --bind needs BABYSIT_WEB_TOKEN (docs/web.md).")
+    p.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: any free port, printed)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (default 127.0.0.1; another needs BABYSIT_WEB_TOKEN)")
+    p.add_argument("--refresh", type=positive_seconds, default=2.0, metavar="S",
+                   help="seconds between re-reads of a page a browser is watching (default 2)")
+    add_registry_option(p)
+    p.set_defaults(handler=("web", "run"))
+
+
+def add_campaign(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("campaign", help="campaigns: suspects, single-delta runs, owner calls (docs/campaigns.md)",
+                       description="A campaign is a saga of single-delta runs testing suspects, each with a "
+                                   "pre-registered interpretation grid. See docs/campaigns.md.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    reg = verbs.add_parser("register", help="record a campaign.toml and register the runs it lists",
+                           description="Record CAMPAIGN.toml (suspects, banked references) in the state, then "
+                                       "register the runs it lists, each held to the single-delta rule.")
+    reg.add_argument("file", metavar="CAMPAIGN.toml", help="the campaign's file (docs/campaigns.md)")
+    reg.add_argument("--accelerated", action="store_true", help="passed on to each run's register (demos, tests)")
+    add_registry_option(reg)
+    reg.set_defaults(handler=("campaign", "run_register"))
+    show = verbs.add_parser("show", help="the suspect table, the runs, the decisions",
+                            description="Print campaign NAME: the suspect table, each run with its delta, label "
+                                        "and what it changed, the banked references and the decision log.")
+    show.add_argument("name", metavar="NAME", help="the campaign's [campaign].name")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--chart", type=Path, default=None, metavar="PNG", help="also draw the saga chart here")
+    add_registry_option(show)
+    show.set_defaults(handler=("campaign", "run_show"))

@@ -1,0 +1,42 @@
+"""`babysit --help` imports no command: the parsers (babysit/commands/args.py) are apart from the commands,
+and each parser names the function that runs it, which must exist."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+from babysit.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "matplotlib", "slack_bolt", "slack_sdk", "apscheduler", "rich", "transformers", "lightning",
+         "prometheus_client", "aiohttp", "structlog")
+
+
+def test_building_the_parser_imports_no_command_and_nothing_heavy():
+    code = ("import sys, babysit.cli; babysit.cli.build_parser(); "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
+            "print(sorted(m for m in sys.modules if m.startswith('babysit.commands.') and m != 'babysit.commands.args'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_every_parser_names_a_command_that_exists():
+    def handlers(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, tuple[str, str]]]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    if sub._defaults.get("handler"):
+                        found.append((f"{path} {name}", sub._defaults["handler"]))
+                    found += handlers(sub, f"{path} {name}")
+        return found
+
+    found = handlers(build_parser(), "babysit")
+    assert len(found) >= 13
+    for path, (module, function) in found:
+        assert callable(getattr(importlib.import_module(f"babysit.commands.{module}"), function, None)), path
