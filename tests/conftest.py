@@ -67,6 +67,23 @@ def pytest_configure(config: pytest.Config) -> None:
                 os.environ[key] = value
 
 
+# The test files that start real trainers and daemons (each tens of seconds on 2 shared cores), in
+# about their order of cost. They run first: pytest-xdist hands out tests in collection order, and a long
+# test drawn last keeps the other workers idle while it finishes (longest first evens the finish).
+LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_stop_and_resume.py",
+              "tests/trainer/test_gradient_equivalence.py", "tests/test_smoke.py", "tests/scenarios/",
+              "tests/slurm/", "tests/reliability/", "tests/trainer/", "tests/web/", "tests/integrations/",
+              "tests/slack/", "tests/campaign/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: a file's own order (and its module fixtures' reuse) is kept
+
+
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """`name` under the directory every xdist worker of this session shares (created if missing)."""
     base = tmp_path_factory.getbasetemp()
