@@ -69,7 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The test files that start real trainers and daemons (each tens of seconds on 2 shared cores), in
 # about their order of cost. They run first: pytest-xdist hands out tests in collection order, and a long
-# test drawn last keeps the other workers idle while it finishes (longest first evens the finish).
+# test drawn last keeps the other workers idle while it finishes (longest first evens the finish). It
+# takes `--dist worksteal` (pyproject's addopts): under `load` the first quarter of the tests is dealt
+# round-robin up front, so one worker could hold most of the long ones while the others sat idle (465 s).
 LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_stop_and_resume.py",
               "tests/trainer/test_gradient_equivalence.py", "tests/test_smoke.py", "tests/scenarios/",
               "tests/slurm/", "tests/reliability/", "tests/trainer/", "tests/web/", "tests/integrations/",
