@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+
+pytestmark = pytest.mark.slow  # three bursts 5 s apart: 16 s of a worker, waiting
 
 STALL_MINUTES = 8  # 8 s under --accelerated
 GAP = 5.0  # seconds between two bursts: more than half the stall limit, less than all of it

@@ -41,8 +41,10 @@ def _torchrun(flags: list[str], data_cache: Path) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(data_cache), capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.parametrize("chunk_flags", [[], ["--backward-chunks", "2", "--chunk-grad-allreduce"]],
-                         ids=["allreduce-every-chunk", "chunk-grad-allreduce"])
+@pytest.mark.parametrize("chunk_flags", [  # the second in .ci/run's slow pass: each is 4 torch processes
+    pytest.param([], id="allreduce-every-chunk"),
+    pytest.param(["--backward-chunks", "2", "--chunk-grad-allreduce"], id="chunk-grad-allreduce",
+                 marks=pytest.mark.slow)])
 def test_ddp_two_gloo_ranks_match_one_process_at_the_same_effective_batch(
         run_trainer, data_cache: Path, tmp_path: Path, chunk_flags: list[str]) -> None:
     common = ["--recipe", "tiny", "--steps", "30", "--batch-size", "32", "--device", "cpu", "--eval-every", "0",

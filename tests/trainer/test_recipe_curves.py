@@ -13,6 +13,7 @@ from tests.conftest import once_per_session
 from tests.trainer.conftest import REPO, eval_curve, read_log, train_losses, trainer_env
 
 
+@pytest.mark.slow  # 300 steps of the healthy recipe: a CPU-minute on 2 shared cores
 def test_healthy_loss_falls_and_eval_error_goes_down(run_trainer, tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     result = run_trainer("--recipe", "healthy", "--steps", "300", "--eval-every", "100", "--log-every", "5",
