@@ -14,10 +14,13 @@ per-example time limits flaky, and no test asserts speed through them.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Callable
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # costs the shared cores its hand-offs (a 1,000-step tiny run: 9 CPU-s with one thread, 16-27 with two,
 # the same wall time). The reference trainer honours OMP_NUM_THREADS, as torch programs do.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# pytest caches each test module's assertion-rewritten bytecode; PYTHONDONTWRITEBYTECODE (set in some
+# containers, this one included) turns that off, and every xdist worker then rewrites all the test files
+# again at collection: 10 CPU-s a worker, half a minute of the README's command on 2 cores.
+sys.dont_write_bytecode = False
 
 # pytest started as a background job of a script (`cmd &`, nohup, some CI runners) begins with SIGINT
 # ignored, and every process a test starts would inherit that: tests that stop a trainer or a watcher
@@ -65,6 +73,25 @@ def pytest_configure(config: pytest.Config) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def missing(*packages: str) -> bool:
+    """Whether any of the packages is not installed, found without importing it."""
+    return any(find_spec(p) is None for p in packages)
+
+
+class Lazy:
+    """A module imported at its first attribute: every xdist worker collects every test file, and
+    importing transformers, accelerate and lightning (torch with them) at collection cost each worker
+    ~6 CPU-s, most of them for tests another worker runs."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # pytest's collection probes every module global (__test__, fixture marks)
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
 
 
 # The test files that start real trainers and daemons (each tens of seconds on 2 shared cores), in

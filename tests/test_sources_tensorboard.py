@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy
 import pytest
@@ -17,9 +18,10 @@ from babysit.core.spec import RunSpec, load_spec
 from babysit.logtail import read_all
 from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.tensorboard import event_files
+from tests.conftest import Lazy, missing
 
-tensorboard = pytest.importorskip("torch.utils.tensorboard", reason="needs torch and tensorboard (the dev extra)")
-SummaryWriter = tensorboard.SummaryWriter
+pytestmark = pytest.mark.skipif(missing("torch", "tensorboard"), reason="needs torch and tensorboard (the dev extra)")
+tb = Lazy("torch.utils.tensorboard")
 
 RUN = """
 [run]
@@ -43,16 +45,16 @@ def records(spec: RunSpec, state_dir: Path) -> list:
     return recs
 
 
-def writer(spec: RunSpec, sub: str = "") -> SummaryWriter:
+def writer(spec: RunSpec, sub: str = "") -> Any:  # a torch.utils.tensorboard.SummaryWriter
     assert spec.source.path is not None
-    return SummaryWriter(str(spec.source.path / sub))
+    return tb.SummaryWriter(str(spec.source.path / sub))
 
 
 def test_scalars_flushed_in_bursts_keep_their_own_steps_and_wall_times(tmp_path: Path) -> None:
     spec = spec_from(tmp_path, RUN + '[source.metrics]\n"train/loss" = "loss"\n')
     sd = tmp_path / "sd"
     staging = tmp_path / "staging"
-    w = SummaryWriter(str(staging))
+    w = tb.SummaryWriter(str(staging))
     t0 = 1_700_000_000.0
     for step in range(0, 50, 10):  # 2 s/step
         w.add_scalar("train/loss", 1.0 / (step + 1), step, walltime=t0 + 2.0 * step)
@@ -108,7 +110,7 @@ def test_a_record_cut_mid_write_is_read_once_it_is_whole(tmp_path: Path) -> None
     spec = spec_from(tmp_path)
     sd = tmp_path / "sd"
     source = tmp_path / "elsewhere"
-    w = SummaryWriter(str(source))
+    w = tb.SummaryWriter(str(source))
     for step in (1, 2, 3):
         w.add_scalar("loss", float(step), step, walltime=float(step))
     w.close()

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing
 from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[huggingface]')")
-pytest.importorskip("accelerate", reason="HF Trainer needs accelerate (pip install '.[huggingface]')")
+pytestmark = pytest.mark.skipif(missing("transformers", "accelerate"),
+                                reason="HF Trainer needs transformers and accelerate (pip install '.[huggingface]')")
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[huggingface]')")
-pytest.importorskip("accelerate", reason="HF Trainer needs accelerate (pip install '.[huggingface]')")
-
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.integrations import Diverged
-from babysit.integrations.huggingface import BabysitCallback
 from babysit.logtail import read_all
-from tests.integrations.hf_tiny import tiny_trainer
+from tests.conftest import Lazy, missing
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.skipif(missing("transformers", "accelerate"),
+                                 reason="HF Trainer needs transformers and accelerate (pip install '.[huggingface]')"),
+              pytest.mark.usefixtures("one_thread")]
+hf = Lazy("babysit.integrations.huggingface")
+hf_tiny = Lazy("tests.integrations.hf_tiny")
 
 
 def raw(path: Path) -> list[dict]:
@@ -27,7 +27,7 @@ def raw(path: Path) -> list[dict]:
 
 def test_records_are_hf_log_history_exactly_at_global_step_with_total_steps(tmp_path: Path,
                                                                             babysit_log: Path) -> None:
-    trainer = tiny_trainer(str(tmp_path / "hf"), [BabysitCallback()], max_steps=30, logging_steps=5, eval_steps=10)
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [hf.BabysitCallback()], max_steps=30, logging_steps=5, eval_steps=10)
     trainer.train()
     history = trainer.state.log_history
     records = raw(babysit_log)
@@ -50,8 +50,8 @@ def test_records_are_hf_log_history_exactly_at_global_step_with_total_steps(tmp_
 
 def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_path: Path, babysit_log: Path,
                                                                          capfd: pytest.CaptureFixture[str]) -> None:
-    callback = BabysitCallback()
-    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, nan_at=12)
+    callback = hf.BabysitCallback()
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, nan_at=12)
     with pytest.raises(Diverged) as stopped:
         trainer.train()
     assert stopped.value.code == 11  # what the process exits with: babysit's `diverged`
@@ -71,16 +71,16 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
 
 
 def test_with_exit_code_none_a_divergence_only_stops_training(tmp_path: Path, babysit_log: Path) -> None:
-    callback = BabysitCallback(exit_code=None)
-    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=2, eval_steps=100, nan_at=3)
+    callback = hf.BabysitCallback(exit_code=None)
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=2, eval_steps=100, nan_at=3)
     trainer.train()
     assert trainer.state.global_step == 4 and callback.diverged is not None
     assert [r["event"] for r in raw(babysit_log) if "event" in r] == ["diverged"]
 
 
 def test_a_nan_eval_loss_is_divergence_too(tmp_path: Path, babysit_log: Path) -> None:
-    callback = BabysitCallback(exit_code=None, watch=("eval_loss",))
-    trainer = tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=50, eval_steps=5)
+    callback = hf.BabysitCallback(exit_code=None, watch=("eval_loss",))
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=50, eval_steps=5)
 
     def nan_eval(module: object, inputs: object, output: object) -> object:
         if not trainer.model.training:

@@ -12,20 +12,19 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning", reason="lightning is not installed (pip install '.[lightning]')")
-
-import lightning.pytorch as pl
-from lightning.pytorch.loggers import CSVLogger
-
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series
 from babysit.integrations import Diverged
-from babysit.integrations.lightning import BabysitLogger
 from babysit.logtail import read_all
-from tests.integrations.lightning_tiny import TinyData, TinyRegression, cli_main, trainer_kwargs
+from tests.conftest import Lazy, missing
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.skipif(missing("lightning"), reason="lightning is not installed (pip install '.[lightning]')"),
+              pytest.mark.usefixtures("one_thread")]
+pl = Lazy("lightning.pytorch")
+loggers = Lazy("lightning.pytorch.loggers")
+bl = Lazy("babysit.integrations.lightning")
+tiny = Lazy("tests.integrations.lightning_tiny")
 
 
 def raw(path: Path) -> list[dict]:
@@ -33,11 +32,11 @@ def raw(path: Path) -> list[dict]:
 
 
 def test_records_are_the_logged_values_at_the_trainers_global_step(tmp_path: Path, babysit_log: Path) -> None:
-    model = TinyRegression()
-    csv_logger = CSVLogger(tmp_path / "csv", name="", version="")
-    trainer = pl.Trainer(**trainer_kwargs(30, 10), logger=[BabysitLogger(), csv_logger],
+    model = tiny.TinyRegression()
+    csv_logger = loggers.CSVLogger(tmp_path / "csv", name="", version="")
+    trainer = pl.Trainer(**tiny.trainer_kwargs(30, 10), logger=[bl.BabysitLogger(), csv_logger],
                          default_root_dir=tmp_path, enable_checkpointing=False)
-    trainer.fit(model, datamodule=TinyData())
+    trainer.fit(model, datamodule=tiny.TinyData())
     records, garbage = read_all(babysit_log)
     assert garbage == 0
     # the module's own view: the train loss of the step it computed at global_step k is the (k+1)-th
@@ -57,10 +56,10 @@ def test_records_are_the_logged_values_at_the_trainers_global_step(tmp_path: Pat
 
 def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_path: Path, babysit_log: Path,
                                                                          capfd: pytest.CaptureFixture[str]) -> None:
-    trainer = pl.Trainer(**trainer_kwargs(30, 10), logger=BabysitLogger(), default_root_dir=tmp_path,
+    trainer = pl.Trainer(**tiny.trainer_kwargs(30, 10), logger=bl.BabysitLogger(), default_root_dir=tmp_path,
                          enable_checkpointing=False)
     with pytest.raises(Diverged) as stopped:
-        trainer.fit(TinyRegression(nan_at=12), datamodule=TinyData())
+        trainer.fit(tiny.TinyRegression(nan_at=12), datamodule=tiny.TinyData())
     assert stopped.value.code == 11
     assert trainer.global_step == 15  # the first log after the NaN (every 5 steps), not max_steps
     records, _ = read_all(babysit_log)
@@ -74,10 +73,10 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
 
 
 def test_with_exit_code_none_a_divergence_only_stops_training(tmp_path: Path, babysit_log: Path) -> None:
-    logger = BabysitLogger(exit_code=None)
-    trainer = pl.Trainer(**trainer_kwargs(30, 10), logger=logger, default_root_dir=tmp_path,
+    logger = bl.BabysitLogger(exit_code=None)
+    trainer = pl.Trainer(**tiny.trainer_kwargs(30, 10), logger=logger, default_root_dir=tmp_path,
                          enable_checkpointing=False)
-    trainer.fit(TinyRegression(nan_at=3), datamodule=TinyData())
+    trainer.fit(tiny.TinyRegression(nan_at=3), datamodule=tiny.TinyData())
     assert trainer.global_step == 5 and logger.diverged is not None
 
 
@@ -88,15 +87,15 @@ def test_lightning_cli_takes_the_logger_from_a_flag_one_folder_an_attempt(tmp_pa
              "--trainer.val_check_interval=10", "--trainer.check_val_every_n_epoch=null",
              "--trainer.log_every_n_steps=5", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
              "--trainer.enable_model_summary=false"]
-    cli = cli_main(flags)
-    assert isinstance(cli.trainer.logger, BabysitLogger)
+    cli = tiny.cli_main(flags)
+    assert isinstance(cli.trainer.logger, bl.BabysitLogger)
     records, _ = read_all(babysit_log)
     assert [s for s, _ in metric_series(records, "val_loss")] == [10, 20]
     attempt1 = babysit_log.parent / "attempt-1"
     assert (attempt1 / "config.yaml").is_file() and list((attempt1 / "checkpoints").glob("*.ckpt"))
     # the retry (babysit sets BABYSIT_ATTEMPT=2) is not refused for the config the first attempt saved
     monkeypatch.setenv("BABYSIT_ATTEMPT", "2")
-    cli_main(flags)
+    tiny.cli_main(flags)
     assert (babysit_log.parent / "attempt-2" / "config.yaml").is_file()
     assert [r["step"] for r in raw(babysit_log) if "val_loss" in r] == [10, 20, 10, 20]  # a second attempt
 
@@ -119,20 +118,20 @@ def test_a_lightning_cli_run_that_diverges_exits_11(tmp_path: Path) -> None:
 
 def test_without_max_steps_total_steps_is_the_trainers_estimate(tmp_path: Path, babysit_log: Path) -> None:
     trainer = pl.Trainer(max_epochs=2, log_every_n_steps=4, accelerator="cpu", enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, logger=BabysitLogger(),
+                         enable_model_summary=False, enable_checkpointing=False, logger=bl.BabysitLogger(),
                          default_root_dir=tmp_path)
-    trainer.fit(TinyRegression(), datamodule=TinyData())  # 64 samples / 8 a batch = 8 steps an epoch
+    trainer.fit(tiny.TinyRegression(), datamodule=tiny.TinyData())  # 64 samples / 8 a batch = 8 steps an epoch
     records = raw(babysit_log)
     assert [r["step"] for r in records if "train_loss" in r] == [4, 8, 12, 16]
     assert {r["total_steps"] for r in records} == {16}
 
 
 def test_the_logger_pickles_for_ddp_spawn(tmp_path: Path, babysit_log: Path) -> None:
-    logger = BabysitLogger()
-    model = TinyRegression()
-    trainer = pl.Trainer(**trainer_kwargs(5, 5), logger=logger, default_root_dir=tmp_path,
+    logger = bl.BabysitLogger()
+    model = tiny.TinyRegression()
+    trainer = pl.Trainer(**tiny.trainer_kwargs(5, 5), logger=logger, default_root_dir=tmp_path,
                          enable_checkpointing=False)
-    trainer.fit(model, datamodule=TinyData())
+    trainer.fit(model, datamodule=tiny.TinyData())
     clone = pickle.loads(pickle.dumps(logger))
     assert clone._trainer() is None and clone.writer.log(99, x=1.0)
     assert raw(babysit_log)[-1]["step"] == 99
@@ -140,9 +139,9 @@ def test_the_logger_pickles_for_ddp_spawn(tmp_path: Path, babysit_log: Path) -> 
 
 def test_without_the_trainer_it_writes_lightnings_step_and_says_so(tmp_path: Path, babysit_log: Path,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    trainer = pl.Trainer(**trainer_kwargs(10, 10), logger=BabysitLogger(), default_root_dir=tmp_path,
+    trainer = pl.Trainer(**tiny.trainer_kwargs(10, 10), logger=bl.BabysitLogger(), default_root_dir=tmp_path,
                          enable_checkpointing=False, enable_autolog_hparams=False)
-    trainer.fit(TinyRegression(), datamodule=TinyData())
+    trainer.fit(tiny.TinyRegression(), datamodule=tiny.TinyData())
     assert [s for s, _ in metric_series(read_all(babysit_log)[0], "train_loss")] == [4, 9]
     assert capfd.readouterr().err.count("did not get the trainer") == 1
 
@@ -156,7 +155,7 @@ def test_pytorch_lightning_has_its_own_logger_class(tmp_path: Path, babysit_log:
     class Module(ptl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.inner = TinyRegression()
+            self.inner = tiny.TinyRegression()
 
         def training_step(self, batch: object, batch_idx: int) -> object:
             x, y = batch  # type: ignore[misc]
@@ -170,5 +169,5 @@ def test_pytorch_lightning_has_its_own_logger_class(tmp_path: Path, babysit_log:
     trainer = ptl.Trainer(max_steps=10, log_every_n_steps=5, accelerator="cpu", enable_progress_bar=False,
                           enable_model_summary=False, enable_checkpointing=False, logger=PTLLogger(),
                           default_root_dir=tmp_path)
-    trainer.fit(Module(), TinyData().train_dataloader())
+    trainer.fit(Module(), tiny.TinyData().train_dataloader())
     assert [s for s, _ in metric_series(read_all(babysit_log)[0], "train_loss")] == [5, 10]

@@ -193,17 +193,20 @@ def test_a_trainer_that_ignores_the_stop_is_killed_with_all_its_processes_after_
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
 
 
-def torchrun_available() -> bool:
+@pytest.fixture
+def needs_torchrun() -> None:
+    """torch with gloo, for torchrun on CPU; looked for when the test runs (importing torch at collection
+    costs every xdist worker seconds)."""
     try:
         import torch.distributed as dist
-
-        return dist.is_available() and dist.is_gloo_available()
     except ImportError:
-        return False
+        pytest.skip("torch is needed for torchrun")
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch with gloo is needed for torchrun on CPU")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not torchrun_available(), reason="torch with gloo is needed for torchrun on CPU")
+@pytest.mark.usefixtures("needs_torchrun")
 def test_torchrun_abort_reaches_every_rank_through_the_agent_and_leaves_nothing(workspace: Path) -> None:
     """torchrun is the leader: it passes the stop to its ranks, which checkpoint together and exit 10.
 
@@ -247,7 +250,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.skipif(not torchrun_available(), reason="torch with gloo is needed for torchrun on CPU")
+@pytest.mark.usefixtures("needs_torchrun")
 def test_torchrun_ranks_that_ignore_the_stop_die_with_the_run_after_the_grace(tmp_path: Path) -> None:
     """torchrun starts each rank in a session of its own: a SIGKILL to the shim's group killed the agent
     and orphaned its ranks. The kill reaches them through the tree."""

@@ -5,19 +5,23 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
 from tests.trainer.conftest import REPO, read_log, train_losses, trainer_env
-from trainer.batches import Batcher, Layout, StepData, samples
-from trainer.data import load_or_compute_stats, load_or_generate
-from trainer.model import build
-from trainer.recipe import load
-from trainer.train import backward_chunks, model_args
 
 
-def _gradients(chunks: int, data_cache: Path) -> list[torch.Tensor]:
+def _gradients(chunks: int, data_cache: Path) -> list[Any]:
+    # torch and the trainer imported here, not at collection: every xdist worker collects this file
+    import torch
+
+    from trainer.batches import Batcher, Layout, StepData, samples
+    from trainer.data import load_or_compute_stats, load_or_generate
+    from trainer.model import build
+    from trainer.recipe import load
+    from trainer.train import backward_chunks, model_args
+
     recipe = load("tiny")
     corpus = load_or_generate(recipe.data, data_cache)
     stats = load_or_compute_stats(corpus, recipe.data, data_cache, recompute=False)
@@ -30,6 +34,8 @@ def _gradients(chunks: int, data_cache: Path) -> list[torch.Tensor]:
 
 
 def test_one_chunk_and_four_chunks_give_the_same_gradients(data_cache: Path) -> None:
+    import torch
+
     whole, split = _gradients(1, data_cache), _gradients(4, data_cache)
     for g1, g4 in zip(whole, split, strict=True):
         torch.testing.assert_close(g4, g1, rtol=1e-5, atol=1e-7)
