@@ -38,10 +38,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the same wall time). The reference trainer honours OMP_NUM_THREADS, as torch programs do.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# pytest caches each test module's assertion-rewritten bytecode; PYTHONDONTWRITEBYTECODE (set in some
-# containers, this one included) turns that off, and every xdist worker then rewrites all the test files
-# again at collection: 10 CPU-s a worker, half a minute of the README's command on 2 cores.
+# Bytecode is cached as Python and pytest normally do, even where PYTHONDONTWRITEBYTECODE is set (some
+# containers, this one included). Without the cache every xdist worker rewrote all the test files at
+# collection (10 CPU-s a worker), and every daemon, shim and CLI process a test starts compiled
+# babysit's modules again (0.2 CPU-s each, hundreds of processes).
 sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # pytest started as a background job of a script (`cmd &`, nohup, some CI runners) begins with SIGINT
 # ignored, and every process a test starts would inherit that: tests that stop a trainer or a watcher
