@@ -31,6 +31,7 @@ command = ["{python}", "-m", "trainer", "--recipe", "drift", "--log", "outputs/{
 log = "outputs/{{name}}/train_log.jsonl"
 checkpoints = "outputs/{{name}}/checkpoints"
 gpus = []
+env = {{ OMP_NUM_THREADS = "1" }}  # the demo's trainers share your cores: one torch thread each
 
 [guards]
 min_free_host_ram_gib = 0.5
@@ -144,6 +145,7 @@ command = ["{python}", "-m", "trainer", "--recipe", "tiny", "--log", "outputs/{{
            "--checkpoints", "outputs/{{name}}/checkpoints"]
 log = "outputs/{{name}}/train_log.jsonl"
 gpus = []
+env = {{ OMP_NUM_THREADS = "1" }}
 
 [guards]
 min_free_host_ram_gib = 0.5
