@@ -39,7 +39,7 @@ def step(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
+        value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a step (a non-negative integer), got {text!r}")
     return value
@@ -49,6 +49,12 @@ def add_registry_option(parser: argparse.ArgumentParser) -> None:
     """`--registry PATH` on a command that reads the registry; the global one works too."""
     parser.add_argument("--registry", metavar="PATH", default=argparse.SUPPRESS, help=REGISTRY_HELP)
     parser.set_defaults(reads_registry=True)
+
+
+def add_gpu_probe_option(parser: argparse.ArgumentParser) -> None:
+    """`--gpu-probe`, the same on every command that reads GPUs (up, smoke, probe)."""
+    parser.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
+                        help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
 
 
 def add_register(sub: argparse._SubParsersAction) -> None:
@@ -75,8 +81,7 @@ def add_up(sub: argparse._SubParsersAction) -> None:
                    help="return once no run is running, pending or retrying and every message is delivered")
     p.add_argument("--bot", action="store_true", help="host the Slack bot in-process (Socket Mode or --bot-http)")
     p.add_argument("--bot-http", type=int, metavar="PORT", help="with --bot: serve slash commands over HTTP")
-    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
-                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    add_gpu_probe_option(p)
     p.add_argument("--no-view", action="store_true",
                    help="no live table and no progress lines: only messages and warnings")
     p.add_argument("--web", type=int, metavar="PORT",
@@ -179,8 +184,7 @@ def add_smoke(sub: argparse._SubParsersAction) -> None:
                         f"(default {SMOKE_TIMEOUT_S:.0f})")
     p.add_argument("--smoke-dir", metavar="DIR", help="where smoke logs, checkpoints and stderr go (default: a new "
                                                       "temporary directory, kept for inspection)")
-    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
-                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    add_gpu_probe_option(p)
     p.add_argument("--rlimit-as-gib", type=float, metavar="GIB",
                    help="TEST/SAFETY KNOB, CPU runs only: start each smoke run under RLIMIT_AS = GIB, so an "
                         "oversized profile fails in the allocator instead of swapping the host")
@@ -218,8 +222,7 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
                    help="the Slurm job id (default $SLURM_JOB_ID): processes of the job are the run's own")
     p.add_argument("--gpus", default=None, metavar="I,J",
                    help="NVML indices to read (default: the job's, from SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)")
-    p.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
-                   help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+    add_gpu_probe_option(p)
     p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N records (tests)")
     p.set_defaults(handler=("probe", "run"))
 
