@@ -5,8 +5,9 @@ checks on the guard interval (and the backstops: new registrations, a request wh
 exit not seen). Everything else comes when it is due: a control request (`babysit abort`, `/babysit
 abort`, poll now) wakes the main thread at once through SIGUSR1 (`babysit.wake`); an exit wakes the one
 exit-watcher thread (`babysit.exitwatch`); a queued message wakes the delivery thread
-(`babysit.delivery`); polls, SIGKILLs after a stop's grace period and GPU re-reads are date jobs keyed by
-run (`timers.SchedulerTimers`). Two timers exist only while they have work: the GPU sampler's thread
+(`babysit.delivery`); SIGKILLs after a stop's grace period and GPU re-reads are date jobs keyed by run
+(`timers.SchedulerTimers`), and every run's polls share one date job, at the earliest, whose round polls
+all the runs falling due together in one transaction (`babysit.polling`). Two timers exist only while they have work: the GPU sampler's thread
 (utilization, 1 s; `babysit.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s)
 while a run whose records babysit stamps with its read time is ([source] stdout or csv).
 SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
@@ -306,7 +307,7 @@ class Daemon:
                         if running:
                             supervisor.guard()
                     except Exception as exc:
-                        _run_failed(supervisor, "checking its guards", exc)
+                        supervisor.failed("checking its guards", exc)
         except BabysitError as exc:  # the offsets' commit: the next round writes them again, whole
             log.error("saving the runs' log offsets failed", error=exc.message)
         self._sync_jobs()
@@ -324,7 +325,7 @@ class Daemon:
                             if supervisor.attempt is not None and supervisor.attempt.status == "running":
                                 supervisor.read_log()
                     except Exception as exc:
-                        _run_failed(supervisor, "reading its log", exc)
+                        supervisor.failed("reading its log", exc)
         except BabysitError as exc:
             log.error("saving the runs' log offsets failed", error=exc.message)
 
@@ -345,7 +346,7 @@ class Daemon:
             try:
                 self._handle_request(req, supervisor, now)
             except Exception as exc:  # answered, so the asker is not left waiting; the others go on
-                _run_failed(supervisor, f"handling a {req.kind} request", exc)
+                supervisor.failed(f"handling a {req.kind} request", exc)
                 self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
         return True
 
@@ -361,8 +362,13 @@ class Daemon:
                 result = "not running"
             self.store.finish_request(req.id, result, now)
         elif req.kind == "poll-now":
-            supervisor.poll("on-demand")
-            self.store.finish_request(req.id, "polled", now)
+            if supervisor.poll("on-demand"):
+                result = "polled"
+            elif supervisor.attempt is not None and supervisor.attempt.status == "running":
+                result = "not polled: the poll failed (the daemon log says why)"
+            else:
+                result = "not running"
+            self.store.finish_request(req.id, result, now)
         else:
             self.store.finish_request(req.id, f"unknown action {req.kind}", now)
 
@@ -377,16 +383,6 @@ def _pool_executor(pool: concurrent.futures.ThreadPoolExecutor) -> Any:
             super().__init__(pool)
 
     return DaemonPoolExecutor()
-
-
-def _run_failed(supervisor: RunSupervisor, where: str, exc: Exception) -> None:
-    """A job's error on one run: a BabysitError (the store failing, a refused read) is logged and the job
-    tries again on its next run; anything else is an internal-error incident on that run. The daemon
-    and the other runs go on either way."""
-    if isinstance(exc, BabysitError):
-        log.error(f"{where} failed", run=supervisor.run, error=exc.message, exc_info=exc)
-    else:
-        supervisor.internal_error(where, exc)
 
 
 def open_executor(name: str, state_dir: Path) -> Executor:

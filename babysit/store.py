@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +161,19 @@ class OwnerCall:
     decided_by: str | None
     decided_at: float | None
     result: str | None
+
+
+@dataclass(frozen=True)
+class PollRow:
+    """A poll to record: its row, and its threaded post and live-header update (`Store.record_polls`)."""
+
+    run: str
+    attempt: int
+    at: float
+    kind: str
+    snapshot: dict[str, Any]
+    thread_of: int | None
+    payload: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -411,20 +424,27 @@ class Store:
                               (run, attempt, at, kind, json.dumps(snapshot))).lastrowid
 
     def record_poll(self, run: str, attempt: int, at: float, kind: str, snapshot: dict[str, Any],
-                    thread_of: int | None, payload: dict[str, Any]) -> int:
-        """A poll row, its threaded post and the live-header update, in ONE transaction: a poll is
-        recorded and announced together or not at all, at a third of the cost of three commits."""
-        body = json.dumps(snapshot)
+                    thread_of: int | None, payload: dict[str, Any]) -> None:
+        """One poll: `record_polls` of one."""
+        self.record_polls([PollRow(run, attempt, at, kind, snapshot, thread_of, payload)])
+
+    def record_polls(self, polls: Sequence[PollRow]) -> None:
+        """Each poll's row, its threaded post and its live-header update, all in ONE transaction: a poll
+        is recorded and announced together or not at all, and a round of polls costs one commit."""
+        if not polls:
+            return
+        poll_rows, outbox_rows = [], []
+        for p in polls:
+            body = json.dumps(p.snapshot)  # serialized once for its three rows
+            poll_rows.append((p.run, p.attempt, p.at, p.kind, body))
+            for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
+                outbox_rows.append((p.run, message_kind, _with_snapshot(head, body), p.thread_of, p.at, p.at))
         with self.tx() as db:
-            poll_id = db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
-                                 (run, attempt, at, kind, body)).lastrowid
-            for message_kind, head in (("poll", payload), ("header", {**payload, "attempt": attempt})):
-                db.execute("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
-                           " VALUES (?, ?, ?, ?, ?, ?)", (run, message_kind, _with_snapshot(head, body), thread_of,
-                                                          at, at))
+            db.executemany("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)", poll_rows)
+            db.executemany("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
+                           " VALUES (?, ?, ?, ?, ?, ?)", outbox_rows)
         if self.on_enqueue is not None:
             self.on_enqueue()
-        return poll_id
 
     def add_incident(self, run: str, attempt: int | None, at: float, kind: str, detail: dict[str, Any]) -> int:
         with self.tx() as db:

@@ -32,9 +32,10 @@ from babysit.core.spec import RunSpec
 from babysit.executors import Executor
 from babysit.exitwatch import ExitWatcher
 from babysit.faults import crash_point
+from babysit.polling import PollCalendar, TakenPoll
 from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
-from babysit.store import Attempt, Store
+from babysit.store import Attempt, PollRow, Store
 from babysit.timers import ThreadTimers, Timers
 
 log = structlog.get_logger("babysit.supervisor")
@@ -43,6 +44,7 @@ TERMINAL = ("finished", "failed", "stopped", "refused")
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 UNREADABLE_MIN_LINES = 20  # lines of output without one record before log-unreadable (or the stall limit of output)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
+POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
 
@@ -61,6 +63,10 @@ class DaemonContext:
     host_probe: HostProbe = field(default_factory=ProcHostProbe)
     timers: Timers = field(default_factory=ThreadTimers)  # the daemon's: APScheduler date jobs
     exits: ExitWatcher = field(default_factory=ExitWatcher)
+    polls: PollCalendar = field(init=False)  # every run's next poll, on one of the timers
+
+    def __post_init__(self) -> None:
+        self.polls = PollCalendar(self)
 
     def now(self) -> float:
         return self.clock.time()
@@ -282,10 +288,8 @@ class RunSupervisor:
         def run() -> None:
             try:
                 fn()
-            except BabysitError as exc:
-                log.error(f"{where} failed", run=self.run, error=exc.message, exc_info=exc)
             except Exception as exc:
-                self.internal_error(where, exc)
+                self.failed(where, exc)
 
         self.ctx.timers.call_at(key, self.ctx.now() + delay, run)
 
@@ -401,7 +405,8 @@ class RunSupervisor:
 
     def _forget(self) -> None:
         """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
-        for key in (f"poll:{self.run}", f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}"):
+        self.ctx.polls.cancel(self.run)
+        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}"):
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.poll_window)
 
@@ -684,7 +689,7 @@ class RunSupervisor:
             when = newest + self.spec.poll.every_minutes * self.ctx.scale
         else:
             when = attempt.started_at + self.spec.poll.first_after_minutes * self.ctx.scale
-        self._later(f"poll:{self.run}", max(0.0, when - self.ctx.now()), self.poll, "polling it")
+        self.ctx.polls.due(self, when)
 
     def _newest_poll_at(self, n: int) -> float | None:
         """When attempt n was last polled (None: never); read from the store once, then kept as polls go."""
@@ -770,31 +775,62 @@ class RunSupervisor:
             probe = self.executor.gpu_probe(self.attempt, probe)
         return probe.read(self.spec.gpus, window=window)
 
-    def poll(self, kind: str | None = None) -> None:
-        with self.lock:
-            attempt = self.attempt
-            if attempt is None or attempt.status != "running":
-                return
-            kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
-            store = self.ctx.store
-            with store.deferred_facts():  # the log offsets this read moves, committed with the poll
-                snap = self.snapshot(kind)
-                data = snap.to_dict()
-                with store.batch():
-                    store.flush_deferred_facts()
-                    store.record_poll(self.run, attempt.n, snap.at, kind, data, thread_of=self.launch_msg,
-                                      payload={"run": self.run})
-            self.newest_poll = (attempt.n, snap.at)
-            self._check_readable(attempt)
-            if "input-starvation" in snap.flags:
-                wait = snap.data_wait_frac or 0.0
-                self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
-                               f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
-                               "(--num-workers, prefetch, faster storage) before letting it ride",
-                               {"gpus": list(data.get("gpus", [])), "data_wait_frac": snap.data_wait_frac},
-                               key=f"{self.run}:{attempt.n}:input-starvation")
-            if kind != "on-demand":
-                self._schedule_next_poll()
+    def poll(self, kind: str | None = None) -> bool:
+        """Poll now, alone (`/babysit poll`: kind "on-demand", which leaves the schedule as it is); True
+        when a poll was recorded."""
+        return self.ctx.polls.poll([self], kind) == 1
+
+    def take_poll(self, kind: str | None) -> TakenPoll | None:
+        """Under the lock, in a poll round: the running attempt's snapshot and the rows that record it
+        (None: nothing runs). Its log offsets are the round's deferred facts, committed with the rows."""
+        attempt = self.attempt
+        if attempt is None or attempt.status != "running":
+            return None
+        kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
+        snap = self.snapshot(kind)
+        row = PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.launch_msg,
+                      payload={"run": self.run})
+        return TakenPoll(snap, row)
+
+    def still_polled(self, poll: TakenPoll) -> bool:
+        """Under the lock: the polled attempt still runs (an exit handled since makes its poll stale)."""
+        attempt = self.attempt
+        return attempt is not None and attempt.n == poll.row.attempt and attempt.status == "running"
+
+    def after_poll(self, poll: TakenPoll) -> None:
+        """Under the lock, once the poll is recorded: what it tells (an unreadable log, input
+        starvation), then the next poll's date (an on-demand poll leaves the schedule as it was)."""
+        self.newest_poll = (poll.row.attempt, poll.snap.at)
+        attempt = self.attempt
+        if attempt is None or not self.still_polled(poll):
+            return
+        self._check_readable(attempt)
+        snap = poll.snap
+        if "input-starvation" in snap.flags:
+            wait = snap.data_wait_frac or 0.0
+            self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
+                           f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
+                           "(--num-workers, prefetch, faster storage) before letting it ride",
+                           {"gpus": list(poll.row.snapshot.get("gpus", [])), "data_wait_frac": snap.data_wait_frac},
+                           key=f"{self.run}:{attempt.n}:input-starvation")
+        if poll.row.kind != "on-demand":
+            self._schedule_next_poll()
+
+    def poll_failed(self, exc: BaseException, kind: str | None) -> None:
+        """A poll that could not be taken or recorded: said (`failed`), and tried again a declared minute
+        on, so a store that failed once (a full disk) does not end the run's polls."""
+        self.failed("polling it", exc)
+        attempt = self.attempt
+        if kind != "on-demand" and attempt is not None and attempt.status == "running":
+            self.ctx.polls.due(self, self.ctx.now() + POLL_RETRY_MINUTES * self.ctx.scale)
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        """An error met on this run by a job: a BabysitError (the store failing, a refused read) is logged
+        and the job comes again; anything else is an internal-error incident. Never raises."""
+        if isinstance(exc, BabysitError):
+            log.error(f"{where} failed", run=self.run, error=exc.message, exc_info=exc)
+        else:
+            self.internal_error(where, exc)
 
     def guard(self) -> None:
         """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory."""

@@ -1,10 +1,10 @@
 """One-shot timers by key: "run this at that time", replacing any pending call of the same key.
 
-The supervisor asks for every later action through this one interface (its next poll, the SIGKILL
-after a stop's grace period, the re-read of a GPU holder, handing an exit over to a worker) instead of
-starting a thread or a `threading.Timer` per run. The daemon's implementation is APScheduler date jobs
-(`babysit.daemon.SchedulerTimers`); `ThreadTimers` here is one thread for a supervisor used outside
-the daemon (the benches, scripts); tests drive a manual one with a fake clock (tests/fakes.py).
+The supervisor asks for every later action through this one interface (the one timer of every run's
+polls, `babysit.polling`; the SIGKILL after a stop's grace period, the re-read of a GPU holder, handing
+an exit over to a worker) instead of starting a thread or a `threading.Timer` per run. The daemon's
+implementation is APScheduler date jobs (`SchedulerTimers`); `ThreadTimers` here is one thread for a
+supervisor used outside the daemon (the benches, scripts); tests drive a manual one with a fake clock (tests/fakes.py).
 Times are wall-clock epoch seconds, as the store records them.
 """
 

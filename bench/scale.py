@@ -9,8 +9,10 @@ with a FileGpuProbe (every run declares gpus = [0]). The daemon is the real `bab
 STARTED IN THIS PROCESS (`Daemon.start()`: its scheduler, worker pool, exit-watcher and delivery
 threads run as under `babysit up`; its guard interval is set to an hour so no round of its own
 overlaps a timed one). Once the launch posts are delivered, a guard round and a poll round (every
-run polled, one after another) are timed by calling them; then every run's poll is made due at once
-on the daemon's own scheduler and the round is timed to its last recorded poll, after which the
+run's poll falling due together: the daemon's `PollCalendar.poll`, one round, one transaction) are
+timed by calling them, and the same polls one run at a time (`RunSupervisor.poll`, as code before
+the calendar took each); then every run's poll is made due at once on the daemon's own scheduler and
+the round is timed to its last recorded poll, after which the
 threads are counted (the worker pool at its largest). RSS and threads are this process's (the
 daemon's, plus the bench's few MB). Store growth per run-day is extrapolated from the row bytes one
 poll round added, at the default cadence (48 polls a run-day, each with its poll + header outbox
@@ -90,19 +92,25 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             guard_rounds.append(time.perf_counter() - t)
         db = root / ".babysit" / "state.db"
         size0 = _row_bytes(db)
+        time.sleep(1)  # a second of new records in every log
         t = time.perf_counter()
-        for s in list(daemon.supervisors.values()):
-            s.poll()
+        daemon.ctx.polls.poll(list(daemon.supervisors.values()))
         poll_round_s = time.perf_counter() - t
         size1 = _row_bytes(db)
         drain(daemon)
         per_poll_bytes = (size1 - size0) / max(1, n)
+        time.sleep(1)
+        t = time.perf_counter()
+        for s in list(daemon.supervisors.values()):
+            s.poll()
+        one_by_one_s = time.perf_counter() - t
+        drain(daemon)
         # every run's poll due at once, on the daemon's own scheduler and workers
         t = time.perf_counter()
         for s in list(daemon.supervisors.values()):
-            daemon.ctx.timers.call_at(f"poll:{s.run}", time.time(), s.poll)
+            daemon.ctx.polls.due(s, time.time())
         deadline = time.monotonic() + 600
-        while sum(len(daemon.store.polls(name, 5)) for name in names) < 2 * n and time.monotonic() < deadline:
+        while sum(len(daemon.store.polls(name, 5)) for name in names) < 3 * n and time.monotonic() < deadline:
             time.sleep(0.05)
         scheduled_round_s = time.perf_counter() - t
         nthreads = threads(os.getpid())
@@ -120,6 +128,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         guard_rounds.sort()
         return {"runs": n, "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,
                 "guard_round_s": guard_rounds[len(guard_rounds) // 2], "poll_round_s": poll_round_s,
+                "poll_one_by_one_s": one_by_one_s,
                 "scheduled_poll_round_s": scheduled_round_s, "polls_recorded": polls,
                 "naive_poll_round_s": naive_per_run * n, "rss_bytes": rss_bytes(os.getpid()),
                 "threads": nthreads, "store_bytes_per_poll": per_poll_bytes,
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         results += run_before(args.before, "scale.py", ["--sizes", args.sizes, "--ticks", str(args.ticks)])
     rows = [[r.get("code", "before"), r["runs"], f"{r['launch_s']:.1f} s",
              fmt_us(r["guard_round_s"] * 1e6), f"**{fmt_us(r['poll_round_s'] * 1e6)}**",
+             fmt_us(r["poll_one_by_one_s"] * 1e6) if "poll_one_by_one_s" in r else "—",
              fmt_us(r["scheduled_poll_round_s"] * 1e6) if "scheduled_poll_round_s" in r else "—",
              fmt_us(r["naive_poll_round_s"] * 1e6), f"{r['naive_poll_round_s'] / r['poll_round_s']:.1f}x",
              f"{r['rss_bytes'] / 2**20:.0f} MiB", r["threads"], f"{r['store_bytes_per_run_day'] / 1e3:.0f} kB"]
@@ -190,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                                                              for k, ok in checks.items()))
     notes.append("threads (now): main, the scheduler, its worker pool (10 at most), the exit watcher, delivery; "
                  "before: one exit-watcher thread per run, and the in-process daemon had no scheduler threads")
-    emit("scale", ["code", "runs", "launch all", "guard round", "poll round", "poll round (scheduler)",
+    notes.append("poll round (now): every run's poll in one round (`PollCalendar.poll`); one by one: the same "
+                 "polls a run at a time; before: one run at a time was the only way")
+    emit("scale", ["code", "runs", "launch all", "guard round", "poll round", "polls one by one",
+                   "poll round (scheduler)",
                    "naive poll round", "naive / ours", "RSS", "threads", "store / run-day"], rows,
          {"results": results}, args.json, notes)
     return 0

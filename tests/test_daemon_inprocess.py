@@ -44,9 +44,10 @@ def daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
 
 
 def test_every_registered_run_is_launched_through_the_injected_executor(daemon) -> None:
-    _, _, executor, _, timers = daemon
+    d, _, executor, _, timers = daemon
     assert sorted(run for run, *_ in executor.launches) == list(RUNS)
-    assert all(timers.when(f"poll:{run}") is not None for run in RUNS)
+    first = {d.ctx.polls.when(run) for run in RUNS}
+    assert None not in first and timers.when("polls") == min(first)  # one timer for every run's polls
 
 
 def test_an_abort_from_another_process_is_acted_on_when_it_arrives(daemon) -> None:
@@ -77,3 +78,38 @@ def test_an_exit_seen_by_the_guard_rounds_backstop_ends_its_run_alone(daemon) ->
     d.guards()  # the exit-check timer was never fired: the guard round's backstop sees the exit
     assert d.store.run_state("a")[0] == "finished"
     assert {d.store.run_state(run)[0] for run in ("b", "c")} == {"running"}
+
+
+def test_polls_falling_due_together_are_one_round_on_one_timer_in_one_commit(daemon) -> None:
+    d, clock, executor, _, timers = daemon
+    executor.end("a", 1, exit_code=0)
+    d.guards()  # a is over: its poll leaves the calendar
+    assert d.ctx.polls.when("a") is None
+    due = d.ctx.polls.when("b")
+    assert due == d.ctx.polls.when("c") == timers.when("polls")
+    statements: list[str] = []
+    d.store._db.set_trace_callback(statements.append)  # what the store sends SQLite, read, not replaced
+    clock.advance(due - clock.now)
+    assert timers.run_due().count("polls") == 1  # beside the exit checks of b and c
+    d.store._db.set_trace_callback(None)
+    assert [(p.kind, p.attempt) for run in ("b", "c") for p in d.store.polls(run)] == [("first", 1)] * 2
+    assert d.store.polls("a") == []
+    assert sum(s.strip().upper() == "COMMIT" for s in statements) == 1  # rows, posts and log offsets at once
+    assert timers.when("polls") == d.ctx.polls.when("b") == pytest.approx(due + 30 * 60)
+
+
+def test_an_on_demand_poll_leaves_the_schedule_and_says_when_nothing_runs(daemon) -> None:
+    d, _, executor, _, timers = daemon
+    due = timers.when("polls")
+    asker = Store.in_dir(d.state_dir)
+    try:
+        polled = asker.request("b", "poll-now", "test", 0.0)
+        executor.end("c", 1, exit_code=0)
+        d.guards()
+        idle = asker.request("c", "poll-now", "test", 0.0)
+        d.handle_requests()
+        assert asker.request_result(polled) == "polled" and asker.request_result(idle) == "not running"
+    finally:
+        asker.close()
+    assert [p.kind for p in d.store.polls("b")] == ["on-demand"]
+    assert timers.when("polls") == due == d.ctx.polls.when("b")

@@ -90,7 +90,7 @@ def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(ri
     (run, n, argv, env) = r.executor.launches[0]
     assert (run, n, argv[-2:]) == ("r", 1, ["--steps", "1000"])
     assert env["BABYSIT_RUN"] == "r" and env["CUDA_VISIBLE_DEVICES"] == "0"  # the executor's launch_env
-    assert r.timers.when("poll:r") == r.clock.now + 5 * 60
+    assert r.sup.ctx.polls.when("r") == r.timers.when("polls") == r.clock.now + 5 * 60
     r.timers.advance(299)
     assert r.store.polls("r", 5) == []
     r.log(20, seconds_per_step=2.0)
@@ -99,7 +99,7 @@ def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(ri
     assert poll.kind == "first" and poll.body["step"] == 20
     assert poll.body["seconds_per_step"] == pytest.approx(2.0)
     assert poll.body["eta_seconds"] == pytest.approx(980 * 2.0)
-    assert r.timers.when("poll:r") == pytest.approx(poll.at + 30 * 60)
+    assert r.sup.ctx.polls.when("r") == pytest.approx(poll.at + 30 * 60)
 
 
 def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the_projection(rig) -> None:
@@ -138,7 +138,7 @@ def test_the_cap_stops_the_run_now_and_sigkills_it_after_the_grace_period(rig) -
     (attempt,) = r.store.attempts("r")
     assert attempt.status == "ended" and attempt.detail.get("stopped_by") == "gpu-hours-cap"
     assert r.store.run_state("r")[0] == "stopped"
-    assert r.timers.when("poll:r") is None and r.timers.when("exit-check:r") is None  # nothing left scheduled
+    assert r.sup.ctx.polls.when("r") is None and r.timers.when("polls") is None and r.timers.when("exit-check:r") is None  # nothing left scheduled
 
 
 def test_a_foreign_gpu_holder_is_read_again_on_a_timer_then_stops_the_run(rig) -> None:
