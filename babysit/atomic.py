@@ -55,3 +55,11 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = None, mode:
     """`data` as JSON (a trailing newline when indented, for people and `cat`)."""
     text = json.dumps(data, indent=indent) + ("\n" if indent is not None else "")
     return write_atomic(path, text, mode=mode)
+
+
+def write_private_json(path: Path, body: dict[str, Any]) -> None:
+    """`write_json_atomic`, 0600 in a 0700 folder made as needed under the state directory: the state
+    records who ran what."""
+    path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state directory
+    path.parent.mkdir(exist_ok=True, mode=0o700)
+    write_json_atomic(path, body)

@@ -124,3 +124,17 @@ def test_the_checks_above_see_a_violation(tmp_path: Path):
                       "def f():\n    import bot.app\n")
     assert {m for _, m in imports(sample)} == {"typing", "babysit.store", "bot.app"}
     assert local_imports(sample) == [(3, "babysit.store"), (5, "bot.app")]
+
+
+def test_only_the_cli_imports_the_commands():
+    """babysit/commands/ is the CLI's: library code (the daemon, campaigns, the web page) and the bot use
+    the modules the commands use, never a command (where a command and the library share a function,
+    it lives in the library)."""
+    bad = []
+    for path in sorted([*(ROOT / "babysit").rglob("*.py"), *(ROOT / "bot").rglob("*.py")]):
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith("babysit/commands/") or rel == "babysit/cli.py":
+            continue
+        bad += [f"{rel}:{line} imports {module}" for line, module in imports(path)
+                if module == "babysit.commands" or module.startswith("babysit.commands.")]
+    assert not bad, "library code depends on a CLI command:\n" + "\n".join(bad)

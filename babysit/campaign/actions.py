@@ -31,10 +31,10 @@ from babysit.campaign import join, propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
 from babysit.campaign.spec import Campaign, load_campaign, parse_grid
-from babysit.commands.register import keep_frozen_copy
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.spec import load_spec
 from babysit.core.tomlfile import Table, load
+from babysit.prereg_record import keep_frozen_copy
 from babysit.reading import check_fixture
 from babysit.store import OwnerCall, Store
 

@@ -11,63 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from babysit import reading
-from babysit.core.amendment import amendment_sha256
+from babysit.prereg_record import collect
 from babysit.registry import resolve_registry_path
-from babysit.sources import records_path
-from babysit.store import Store
-
-
-def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
-    """Recompute each record's sha256 from its text and the previous record's hash; flag every break."""
-    out = []
-    prev: str | None = None
-    for a in amendments:
-        problems = []
-        if a.prev_sha256 != prev:
-            problems.append("prev_sha256 is not the previous record's sha256")
-        if amendment_sha256(a.text, a.prev_sha256) != a.sha256:
-            problems.append("sha256 does not match the text")
-        out.append({"n": a.n, "title": a.title, "declared_at": a.declared_at,
-                    "data_seen_through_step": a.data_seen_through_step, "sha256": a.sha256,
-                    "prev_sha256": a.prev_sha256, "chain_ok": not problems, "problems": problems, "text": a.text})
-        prev = a.sha256
-    return out
-
-
-def collect(registry_path: Any, name: str) -> dict[str, Any]:
-    reg, entry, spec = reading.load_registered(registry_path, name)
-    prereg = spec.prereg
-    db = reg.state_dir / "state.db"
-    amendments = []
-    if db.exists():
-        store = Store(db)
-        try:
-            amendments = store.amendments(spec.name)
-        finally:
-            store.close()
-    chain = verify_chain(amendments)
-    current = prereg.sha256 if prereg else None
-    frozen = None
-    frozen_file = reg.state_dir / "prereg" / f"{spec.name}.json"
-    if frozen_file.exists():
-        kept = json.loads(frozen_file.read_text())
-        if kept.get("sha256") == entry.prereg_sha256:  # the copy is what the registry froze
-            frozen = json.loads(kept["canonical"])
-    return {
-        "run": spec.name,
-        "spec": str(spec.spec_file),
-        "registered_at": entry.registered_at,
-        "prereg_sha256_registered": entry.prereg_sha256,
-        "prereg_sha256_current": current,
-        "matches": current == entry.prereg_sha256,
-        "prereg": json.loads(prereg.canonical) if prereg else None,
-        "prereg_registered": frozen,
-        "log": str(records_path(spec, reg.state_dir)),
-        "fixture_log": str(prereg.fixture.log) if prereg and prereg.fixture else None,
-        "amendments": chain,
-        "chain_ok": all(a["chain_ok"] for a in chain),
-    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from babysit import logcheck, registry, sources, wake
-from babysit.atomic import write_json_atomic
+from babysit.atomic import write_private_json
 from babysit.campaign import join as campaign_join
 from babysit.core.retry import build_argv
 from babysit.core.spec import check_cadence, load_spec
 from babysit.core.specdiff import changes
 from babysit.core.tomlfile import load
+from babysit.prereg_record import keep_frozen_copy
 from babysit.reading import check_fixture
 
 APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
@@ -93,22 +94,5 @@ def _changes_since_last_register(state_dir: Path, spec: Any, now: str, *, first:
             before = None  # an unreadable copy lists nothing; the new one replaces it
     found = () if before is None else changes(before, table, skip=("prereg",))
     if before != table:
-        _write_json(kept, {"run": spec.name, "spec": str(spec.spec_file), "registered_at": now, "table": table})
+        write_private_json(kept, {"run": spec.name, "spec": str(spec.spec_file), "registered_at": now, "table": table})
     return found
-
-
-def keep_frozen_copy(state_dir: Path, name: str, sha256: str, canonical: str, now: str) -> Path:
-    """Keep the frozen [prereg] text itself beside the state, so `babysit prereg show` can print what was
-    registered even after the run.toml has been edited (the registry keeps only its hash)."""
-    path = state_dir / "prereg" / f"{name}.json"
-    if path.exists() and json.loads(path.read_text()).get("sha256") == sha256:
-        return path
-    _write_json(path, {"run": name, "sha256": sha256, "canonical": canonical, "registered_at": now})
-    return path
-
-
-def _write_json(path: Path, body: dict[str, Any]) -> None:
-    """Atomically (temp file, fsync, rename), 0600 in a 0700 folder: the state records who ran what."""
-    path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state directory
-    path.parent.mkdir(exist_ok=True, mode=0o700)
-    write_json_atomic(path, body)

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysit import logtail, reading, registry, runview, sources
+from babysit import logtail, prereg_record, reading, registry, runview, sources
 from babysit.campaign.history import view_of
 from babysit.campaign.spec import load_campaign
-from babysit.commands import prereg as prereg_command
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
@@ -325,7 +324,7 @@ def incidents(store: Store, name: str) -> tuple[IncidentEntry, ...]:
 
 def _prereg_info(registry_path: Path, name: str) -> tuple[dict[str, Any] | None, str | None]:
     try:
-        info = prereg_command.collect(registry_path, name)
+        info = prereg_record.collect(registry_path, name)
     except BabysitError as exc:
         return None, exc.message
     if info["prereg"] is None:
