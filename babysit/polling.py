@@ -11,6 +11,8 @@ while a run's lock is waited for, so an exit being handled on another thread can
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,31 +58,29 @@ class PollContext(Protocol):
 
 
 class PollCalendar:
-    """When each run's next poll is due, on one timer (the daemon's: one APScheduler date job)."""
+    """When each run's next poll is due, on one timer (the daemon's: one APScheduler date job). A heap
+    finds the earliest date (entries a later date replaced are dropped as they surface)."""
 
     def __init__(self, ctx: PollContext) -> None:
         self._ctx = ctx  # its timers are read at each call: the daemon swaps in the scheduler's at start
         self._lock = threading.Lock()
-        self._due: dict[str, tuple[float, PolledRun]] = {}
+        self._due: dict[str, tuple[float, int, PolledRun]] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
         self._armed: float | None = None  # when the timer is set for (None: not set)
         self._rounds = 0  # rounds in progress: the timer is set once at their end, not at each due()
 
     def due(self, supervisor: PolledRun, when: float) -> None:
-        """The run's next poll is due at epoch `when`; any earlier date for it is replaced."""
+        """The run's next poll is due at epoch `when`; any other date for it is replaced."""
         with self._lock:
-            old = self._due.get(supervisor.run)
-            self._due[supervisor.run] = (when, supervisor)
-            if self._rounds:
-                return  # set once when the round ends
-            if self._armed is None or when < self._armed:
-                self._arm_locked(when)
-            elif old is not None and old[0] == self._armed:
-                self._rearm_locked()
+            seq = next(self._seq)
+            self._due[supervisor.run] = (when, seq, supervisor)
+            heapq.heappush(self._heap, (when, seq, supervisor.run))
+            self._rearm_locked()
 
     def cancel(self, run: str) -> None:
         with self._lock:
-            old = self._due.pop(run, None)
-            if old is not None and old[0] == self._armed and not self._rounds:
+            if self._due.pop(run, None) is not None:
                 self._rearm_locked()
 
     def when(self, run: str) -> float | None:
@@ -97,23 +97,33 @@ class PollCalendar:
         finally:
             with self._lock:
                 self._rounds -= 1
-                if not self._rounds:
-                    self._rearm_locked()
+                self._rearm_locked()
 
     def _fire(self) -> None:
         """The timer: every run due by now (and within a declared second of it) polled in one round."""
         with self._lock:
             self._armed = None
             horizon = self._ctx.now() + GATHER_MINUTES * self._ctx.scale
-            due = [s for when, s in self._due.values() if when <= horizon]
-            for s in due:
-                del self._due[s.run]
+            due = []
+            while self._earliest_locked() is not None and self._heap[0][0] <= horizon:
+                _, _, run = heapq.heappop(self._heap)
+                due.append(self._due.pop(run)[2])
         self.poll(due)
 
-    def _rearm_locked(self) -> None:
-        self._arm_locked(min((when for when, _ in self._due.values()), default=None))
+    def _earliest_locked(self) -> float | None:
+        heap = self._heap
+        while heap and (heap[0][2] not in self._due or self._due[heap[0][2]][1] != heap[0][1]):
+            heapq.heappop(heap)  # replaced or cancelled
+        if len(heap) > 2 * len(self._due) + 64:  # many replaced dates below the top: keep only the live ones
+            self._heap = heap = [(when, seq, run) for run, (when, seq, _) in self._due.items()]
+            heapq.heapify(heap)
+        return heap[0][0] if heap else None
 
-    def _arm_locked(self, when: float | None) -> None:
+    def _rearm_locked(self) -> None:
+        """The timer at the earliest date, unless a round is in progress (it sets it once at its end)."""
+        if self._rounds:
+            return
+        when = self._earliest_locked()
         if when == self._armed:
             return
         self._armed = when

@@ -98,6 +98,7 @@ class RunSupervisor:
         self.recheck_pending = False
         self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
         self.past_gpu_seconds: tuple[int, float] | None = None  # (live attempt, the other attempts' sum), cached
+        self.argv_steps: tuple[int, int | None] | None = None  # (attempt, its --steps), cached
         self.last_provisional_post = 0.0
         self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
@@ -654,7 +655,11 @@ class RunSupervisor:
 
     def _end_step(self, attempt: Attempt) -> int | None:
         """The run's last step: [run].total_steps, else a record's total_steps / max_steps, else --steps."""
-        return self.total_steps or snapshot.steps_from_argv(attempt.argv)
+        if self.total_steps:
+            return self.total_steps
+        if self.argv_steps is None or self.argv_steps[0] != attempt.n:
+            self.argv_steps = (attempt.n, snapshot.steps_from_argv(attempt.argv))
+        return self.argv_steps[1]
 
     def _quiet_seconds(self, now: float) -> float | None:
         """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty
@@ -676,8 +681,7 @@ class RunSupervisor:
 
     def _data_wait_frac(self) -> float | None:
         """The trainer's own input-wait share of step time over the recent records, when it logs one."""
-        values = [float(r.metrics[k]) for r in self.recent for k in DATA_WAIT_METRICS
-                  if isinstance(r.metrics.get(k), (int, float)) and math.isfinite(r.metrics[k])]
+        values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
         return sum(values) / len(values) if values else None
 
     def _schedule_next_poll(self) -> None:

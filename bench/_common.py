@@ -279,6 +279,7 @@ def run_before(before: str, script: str, argv: Sequence[str]) -> list[dict[str, 
     (or the whole JSON as one result), each tagged `code: before`."""
     import tempfile
 
+    before = str(Path(before).resolve())  # it runs in BEFORE: a relative path would name BEFORE/BEFORE
     out = Path(tempfile.mkdtemp(prefix="babysit-before-")) / "before.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (before, os.environ.get("PYTHONPATH")) if x)}
     subprocess.run([sys.executable, str(Path(before) / "bench" / script), *argv, "--json", str(out)], env=env,
