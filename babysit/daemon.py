@@ -6,10 +6,11 @@ exit not seen). Everything else comes when it is due: a control request (`babysi
 abort`, poll now) wakes the main thread at once through SIGUSR1 (`babysit.wake`); an exit wakes the one
 exit-watcher thread (`babysit.exitwatch`); a queued message wakes the delivery thread
 (`babysit.delivery`); SIGKILLs after a stop's grace period and GPU re-reads are date jobs keyed by run
-(`timers.SchedulerTimers`), and every run's polls share one date job, at the earliest, whose round polls
-all the runs falling due together in one transaction (`babysit.polling`). Two timers exist only while they have work: the GPU sampler's thread
-(utilization, 1 s; `babysit.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s)
-while a run whose records babysit stamps with its read time is ([source] stdout or csv).
+(`timers.SchedulerTimers`), and every run's polls share one date job, at the earliest, whose round
+polls all the runs falling due together in one transaction (`babysit.polling`). Two timers exist only
+while they have work: the GPU sampler's thread (utilization every `[daemon].gpu_sample_seconds`, 2 s;
+`babysit.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s) while a run whose
+records babysit stamps with their read time is ([source] stdout or csv).
 SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
 """
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -430,17 +430,19 @@ class Store:
 
     def record_polls(self, polls: Sequence[PollRow]) -> None:
         """Each poll's row, its threaded post and its live-header update, all in ONE transaction: a poll
-        is recorded and announced together or not at all, and a round of polls costs one commit."""
+        is recorded and announced together or not at all, and a round of polls costs one commit. The
+        posts name the poll (`poll_id`) and are given its snapshot when read (`_messages`): a snapshot
+        is stored once, not three times."""
         if not polls:
             return
-        poll_rows, outbox_rows = [], []
-        for p in polls:
-            body = json.dumps(p.snapshot)  # serialized once for its three rows
-            poll_rows.append((p.run, p.attempt, p.at, p.kind, body))
-            for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
-                outbox_rows.append((p.run, message_kind, _with_snapshot(head, body), p.thread_of, p.at, p.at))
+        outbox_rows = []
         with self.tx() as db:
-            db.executemany("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)", poll_rows)
+            for p in polls:
+                poll_id = db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
+                                     (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot))).lastrowid
+                for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
+                    outbox_rows.append((p.run, message_kind, json.dumps({**head, "poll_id": poll_id}), p.thread_of,
+                                        p.at, p.at))
             db.executemany("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
                            " VALUES (?, ?, ?, ?, ?, ?)", outbox_rows)
         if self.on_enqueue is not None:
@@ -484,15 +486,29 @@ class Store:
         rows = self._query(
             "SELECT * FROM outbox WHERE id IN (SELECT MIN(id) FROM outbox WHERE status='pending' GROUP BY run)"
             " AND next_try_at <= ? ORDER BY id LIMIT ?", (now, limit))
-        return [_message(r) for r in rows]
+        return self._messages(rows)
 
     def message(self, message_id: int) -> OutboxMessage:
-        return _message(self._query("SELECT * FROM outbox WHERE id=?", (message_id,))[0])
+        return self._messages(self._query("SELECT * FROM outbox WHERE id=?", (message_id,)))[0]
 
     def messages(self, run: str | None = None) -> list[OutboxMessage]:
         if run is None:
-            return [_message(r) for r in self._query("SELECT * FROM outbox ORDER BY id")]
-        return [_message(r) for r in self._query("SELECT * FROM outbox WHERE run=? ORDER BY id", (run,))]
+            return self._messages(self._query("SELECT * FROM outbox ORDER BY id"))
+        return self._messages(self._query("SELECT * FROM outbox WHERE run=? ORDER BY id", (run,)))
+
+    def _messages(self, rows: list[sqlite3.Row]) -> list[OutboxMessage]:
+        """Messages as the channels render them: a poll's post and header get the poll's snapshot."""
+        out = [_message(r) for r in rows]
+        wanted = sorted({m.payload["poll_id"] for m in out if "poll_id" in m.payload and "snapshot" not in m.payload})
+        snapshots: dict[int, Any] = {}
+        for i in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
+            chunk = wanted[i:i + 500]
+            snapshots.update((r["id"], json.loads(r["snapshot"])) for r in self._query(
+                f"SELECT id, snapshot FROM polls WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)))
+        if not snapshots:
+            return out
+        return [replace(m, payload={**m.payload, "snapshot": snapshots[m.payload["poll_id"]]})
+                if m.payload.get("poll_id") in snapshots and "snapshot" not in m.payload else m for m in out]
 
     def mark_sent(self, message_id: int, remote_ref: str | None, now: float) -> None:
         with self.tx() as db:
@@ -781,11 +797,3 @@ def _merge_run_state(db: sqlite3.Connection, run: str, status: str | None, facts
         "INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (run) DO UPDATE SET status=excluded.status, facts=excluded.facts,"
         " updated_at=excluded.updated_at", (run, new_status, json.dumps(merged), now))
-
-
-def _with_snapshot(head: dict[str, Any], snapshot_json: str) -> str:
-    """`json.dumps({**head, "snapshot": snapshot})` with the snapshot serialized once for all its rows."""
-    if "snapshot" in head:
-        head = {k: v for k, v in head.items() if k != "snapshot"}
-    text = json.dumps(head)
-    return f'{text[:-1]}{", " if head else ""}"snapshot": {snapshot_json}}}'

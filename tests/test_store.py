@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -143,7 +144,21 @@ def test_a_poll_is_recorded_with_its_post_and_header_update_in_one_go(store: Sto
     assert (poll.kind, poll.body, poll.attempt) == ("first", {"step": 7}, 1)
     post, header = store.messages("r")[1:]
     assert (post.kind, post.thread_of, post.payload["snapshot"]) == ("poll", launch, {"step": 7})
-    assert (header.kind, header.payload["attempt"]) == ("header", 1)
+    assert (header.kind, header.payload["attempt"], header.payload["snapshot"]) == ("header", 1, {"step": 7})
+    assert store.message(post.id).payload["snapshot"] == {"step": 7}
+
+
+def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(tmp_path: Path, store: Store) -> None:
+    store.record_poll("r", 1, 5.0, "first", {"step": 7, "pad": "x" * 5000}, thread_of=None, payload={"run": "r"})
+    reader = _other_reader(tmp_path)
+    try:
+        (poll_id,) = reader.execute("SELECT id FROM polls").fetchone()
+        payloads = [json.loads(p) for (p,) in reader.execute("SELECT payload FROM outbox ORDER BY id")]
+    finally:
+        reader.close()
+    assert [p.get("poll_id") for p in payloads] == [poll_id, poll_id]
+    assert not any("snapshot" in p for p in payloads)  # 5 kB once in polls, not three times
+    assert [m.payload["snapshot"]["step"] for m in store.due_messages(now=10.0)] == [7]  # the run's head: its post
 
 
 def _other_reader(tmp_path: Path) -> sqlite3.Connection:
