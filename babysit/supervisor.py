@@ -35,6 +35,7 @@ from babysit.faults import crash_point
 from babysit.polling import PollCalendar, TakenPoll
 from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.stackdump import stack_dump
 from babysit.store import Attempt, PollRow, Store
 from babysit.timers import ThreadTimers, Timers
 
@@ -868,7 +869,7 @@ class RunSupervisor:
             return
         if action.kind == "stop":
             if action.incident == "stalled":
-                detail["stacks"] = _py_spy_dump(host.run_pids if host else frozenset())
+                detail["stacks"] = stack_dump(host.run_pids if host else frozenset())
                 detail["log"] = str(self.records_log)  # the channel message names where babysit saw no record
             self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
             self.request_stop(action.incident)
@@ -945,67 +946,3 @@ def _note_lines(notes: Any) -> list[str]:
     if isinstance(notes, dict):
         return [str(v) for v in notes.values() if v]
     return [str(n) for n in notes]
-
-
-def _py_spy_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
-    """A stack dump of every process of the run, taken before anything is killed: pid -> py-spy's text.
-
-    py-spy is a dependency, but it can still fail (ptrace denied, a process it cannot read); then
-    "note" says why, in words the incident's channel message shows, so nobody goes looking for a dump
-    that was never taken. The dumps run side by side under one deadline: the guard waits at most
-    `timeout_s`, however many processes the run has.
-    """
-    import shutil
-    import subprocess
-    import sysconfig
-
-    beside = Path(sysconfig.get_path("scripts")) / "py-spy"  # the daemon's own environment, PATH or not
-    exe = str(beside) if beside.is_file() else shutil.which("py-spy")
-    if exe is None:
-        return {"note": "no stack dump: py-spy is not installed (it is a babysit dependency: reinstall babysit "
-                        "with `pip install -e .`)"}
-    running: dict[int, subprocess.Popen[str]] = {}
-    failed: dict[int, str] = {}
-    for pid in sorted(pids)[:16]:
-        try:
-            running[pid] = subprocess.Popen([exe, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-        except OSError as exc:
-            failed[pid] = f"py-spy could not start ({exc.strerror or exc})"
-    deadline = time.monotonic() + timeout_s
-    out: dict[str, str] = {}
-    for pid, proc in running.items():
-        try:
-            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            failed[pid] = f"py-spy took longer than {timeout_s:g} s"
-            continue
-        if proc.returncode == 0 and stdout.strip():
-            out[str(pid)] = stdout[-8000:]
-        else:
-            failed[pid] = _py_spy_failure(stderr or stdout)
-    if failed:
-        reasons: dict[str, list[str]] = {}
-        for pid, why in failed.items():
-            reasons.setdefault(why, []).append(str(pid))
-        said = "; ".join(f"pid {', '.join(p)}: {why}" for why, p in reasons.items())
-        out["note"] = ("no stack dump" if not out else "no stack dump for some processes") + f" — {said}"
-    elif not out:
-        out["note"] = "no stack dump: babysit found no process of the run to dump"
-    return out
-
-
-def _py_spy_failure(text: str) -> str:
-    """py-spy's error in a line that says what to do about it."""
-    low = text.lower()
-    if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
-        return ("ptrace denied — py-spy needs CAP_SYS_PTRACE or kernel.yama.ptrace_scope = 0 "
-                "(containers: --cap-add SYS_PTRACE), or babysit running as the trainer's user")
-    if "no such process" in low:
-        return "the process exited before py-spy read it"
-    if "failed to find python version" in low:
-        return "py-spy could not read it as a Python process (not Python, or an interpreter py-spy cannot parse)"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "no output")
-    return f"py-spy failed: {first[:160]}"

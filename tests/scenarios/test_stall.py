@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from babysit.core.render import render
-from babysit.supervisor import _py_spy_dump
+from babysit.stackdump import stack_dump
 from tests.scenarios.conftest import PY, Daemon, babysit, store_of
 
 
@@ -44,7 +44,7 @@ def test_the_dump_says_why_where_py_spy_cannot_read_a_process() -> None:
     try:
         time.sleep(0.2)
         started = time.monotonic()
-        stacks = _py_spy_dump(frozenset({sleeper.pid}), timeout_s=10)
+        stacks = stack_dump(frozenset({sleeper.pid}), timeout_s=10)
         assert time.monotonic() - started < 10
     finally:
         sleeper.kill()
