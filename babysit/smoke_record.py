@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from babysit.core.fmt import GIB
 from babysit.core.smoke import ProfileEvidence
 from babysit.core.spec import RunSpec
 
 SCHEMA_VERSION = 1
-GIB = 2**30
 OUTCOMES = ("ok", "oom", "crashed", "diverged", "gpu-fault", "stalled", "timeout")
 
 # (path, types, required, meaning). "a[]" walks every item of list a; types are JSON type names.
