@@ -90,9 +90,12 @@ class FakeHostProbe:
     total_ram_bytes: int = 128 * GIB
     trees: dict[int, frozenset[int]] = field(default_factory=dict)
     reads: int = 0
+    failing: Exception | None = None  # raised by every read while set (/proc unreadable)
 
     def read(self, root_pid: int | None) -> HostReading:
         self.reads += 1
+        if self.failing is not None:
+            raise self.failing
         pids = self.trees.get(root_pid, frozenset({root_pid})) if root_pid is not None else frozenset()
         if not pids:
             return HostReading(self.available_ram_bytes, self.total_ram_bytes, None, None, frozenset())

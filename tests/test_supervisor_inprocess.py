@@ -102,6 +102,20 @@ def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(ri
     assert r.sup.ctx.polls.when("r") == pytest.approx(poll.at + 30 * 60)
 
 
+def test_a_poll_that_fails_is_said_and_tried_again_a_minute_later(rig) -> None:
+    r = rig()
+    r.sup.start()
+    r.log(5, seconds_per_step=2.0)
+    r.host.failing = OSError(5, "Input/output error")  # the host read fails at the first poll
+    r.timers.advance(5 * 60)
+    assert r.store.polls("r", 5) == [] and "internal-error" in r.incidents()
+    assert r.sup.ctx.polls.when("r") == pytest.approx(r.clock.now + 60)  # not the end of the run's polls
+    r.host.failing = None
+    r.timers.advance(60)
+    (poll,) = r.store.polls("r", 5)
+    assert poll.kind == "first" and poll.body["step"] == 5
+
+
 def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the_projection(rig) -> None:
     r = rig(guards="gpu_hours_cap = 0.5")
     r.sup.start()
