@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import timezone
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import structlog
 
@@ -43,11 +43,14 @@ from babysit.notify import Channel
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
-from babysit.store import Store
+from babysit.store import Row, Store
 from babysit.supervisor import DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
+if TYPE_CHECKING:  # a type only: APScheduler itself loads when the daemon starts
+    from apscheduler.schedulers.background import BackgroundScheduler
+
 log = structlog.get_logger("babysit.daemon")
 
 
@@ -87,8 +90,8 @@ class Daemon:
         self._wakeup = threading.Event()  # set by SIGUSR1 (a control request), SIGINT and SIGTERM
         self._jobs_lock = threading.Lock()
         self._control_lock = threading.Lock()  # requests and registrations: the main thread or the guard round
-        self._lock_file: Any = None
-        self.scheduler: Any = None
+        self._lock_file: IO[str] | None = None
+        self.scheduler: BackgroundScheduler | None = None  # APScheduler, imported lazily at start
         self._broken_specs: dict[str, str] = {}
         self._registry_seen: tuple[int, int, int] | None = None
         self._seen_data_version: int | None = None
@@ -110,7 +113,7 @@ class Daemon:
         self._lock_file.write(str(os.getpid()))
         self._lock_file.flush()
 
-    def executor(self, name: str) -> Any:
+    def executor(self, name: str) -> Executor:
         if name not in self.ctx.executors:
             self.ctx.executors[name] = open_executor(name, self.state_dir)
         return self.ctx.executors[name]
@@ -351,7 +354,7 @@ class Daemon:
                 self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
         return True
 
-    def _handle_request(self, req: Any, supervisor: RunSupervisor, now: float) -> None:
+    def _handle_request(self, req: Row, supervisor: RunSupervisor, now: float) -> None:
         """One control request; answers it (finish_request) with what was done."""
         if req.kind == "abort":
             by = req.body.get("requested_by", "?")

@@ -101,7 +101,7 @@ class RunSupervisor:
         self.past_gpu_seconds: tuple[int, float] | None = None  # (live attempt, the other attempts' sum), cached
         self.argv_steps: tuple[int, int | None] | None = None  # (attempt, its --steps), cached
         self.last_provisional_post = 0.0
-        self.series_cache: Any = None  # reading.SeriesCache, made on the first verdict read
+        self.series_cache: reading.SeriesCache | None = None  # made on the first verdict read
         _, facts = ctx.store.run_state(self.run)
         self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
         # the source pump first: it reconciles babysit's record log with the persisted state
