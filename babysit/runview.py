@@ -187,16 +187,20 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
 class Reader:
     """Rows of every registered run, read with a connection of its own (read-only queries).
 
-    Kept open by `status --watch` and the live view across refreshes: the registry and each run.toml
-    are parsed again only when their files change.
+    Kept open by `status --watch` and the live view across refreshes: the registry, each run.toml and
+    each run's log tail are read again only when their files change.
     """
 
     def __init__(self, registry_path: Path) -> None:
-        self.registry_path = Path(registry_path)
-        self.registry = registry.load(self.registry_path)
-        self._registry_seen = file_id(self.registry_path)
+        self._registry = RegistryCache(registry_path)
+        self._registry.get()  # a registry that cannot be read is the caller's error now, not at the first rows
         self._specs = SpecCache()
+        self._tails = TailCache()
         self._store: Store | None = None
+
+    @property
+    def registry(self) -> registry.Registry:
+        return self._registry.get()
 
     @property
     def state_dir(self) -> Path:
@@ -209,12 +213,12 @@ class Reader:
 
     def rows(self, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
         now = time.time() if now is None else now
-        self._reload_registry()
+        reg = self.registry
         store = self._open_store()
         out = []
-        for name in self.registry.names if names is None else names:
-            entry = self.registry.get(name)
-            spec, note = self._spec(self.registry.spec_path(entry))
+        for name in reg.names if names is None else names:
+            entry = reg.get(name)
+            spec, note = self._specs.get(reg.spec_path(entry))
             if store is None:
                 out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,
                                      verdict=None, gpu_seconds=0.0, spec=spec, records=None, note=note))
@@ -222,22 +226,13 @@ class Reader:
             status, facts = store.run_state(name)
             attempts = store.attempts(name)
             polls, incidents = store.polls(name, 1), store.incidents(name, 1)
-            records = (logtail.read_recent(sources.records_path(spec, self.state_dir), LOG_WINDOW_BYTES)
+            records = (self._tails.get(sources.records_path(spec, reg.state_dir))
                        if spec is not None and attempts else None)
             out.append(build_row(
                 name, status=status, facts=facts, attempts=attempts, poll=polls[0] if polls else None,
                 incident=incidents[0] if incidents else None, verdict=store.latest_verdict(name),
                 gpu_seconds=sum(a.gpu_seconds(now) for a in attempts), spec=spec, records=records, note=note))
         return out
-
-    def _reload_registry(self) -> None:
-        seen = file_id(self.registry_path)
-        if seen != self._registry_seen:
-            try:
-                self.registry = registry.load(self.registry_path)
-                self._registry_seen = seen
-            except BabysitError:
-                pass  # a registry being rewritten by hand: keep the last good one, as the daemon does
 
     def _open_store(self) -> Store | None:
         """The store once it exists: `status` never creates a state directory the daemon has not."""
@@ -246,9 +241,6 @@ class Reader:
             if db.exists():
                 self._store = Store(db)
         return self._store
-
-    def _spec(self, path: Path) -> tuple[RunSpec | None, str | None]:
-        return self._specs.get(path)
 
 
 def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
@@ -291,3 +283,49 @@ class SpecCache:
         with self._lock:
             self._specs[path] = (seen, spec, note)
         return spec, note
+
+
+class RegistryCache:
+    """babysit.toml, parsed again only when it changes; thread-safe (the web page's readers). While it is
+    being rewritten by hand (unreadable), the last good one, as the daemon does; with none, the error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._seen: tuple[Any, registry.Registry] | None = None
+
+    def get(self) -> registry.Registry:
+        seen = file_id(self.path)
+        with self._lock:
+            hit = self._seen
+        if hit is not None and hit[0] == seen:
+            return hit[1]
+        try:
+            loaded = registry.load(self.path)
+        except BabysitError:
+            if hit is not None:
+                return hit[1]
+            raise
+        with self._lock:
+            self._seen = (seen, loaded)
+        return loaded
+
+
+class TailCache:
+    """The newest records of each log (`LOG_WINDOW_BYTES` of it: what a status row reads), read again only
+    when the log changed; thread-safe. A finished run's log costs a stat a refresh."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tails: dict[Path, tuple[Any, tuple[LogRecord, ...] | None]] = {}
+
+    def get(self, log: Path) -> tuple[LogRecord, ...] | None:
+        seen = file_id(log)
+        with self._lock:
+            hit = self._tails.get(log)
+        if hit is not None and hit[0] == seen and seen is not None:
+            return hit[1]
+        records = logtail.read_recent(log, LOG_WINDOW_BYTES)
+        with self._lock:
+            self._tails[log] = (seen, records)
+        return records

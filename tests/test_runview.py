@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord
 from babysit.core.spec import RunSpec, load_spec
 from babysit.runtable import change_line, status_table
-from babysit.runview import RunRow, build_row, collect, target_step
+from babysit.runview import RegistryCache, RunRow, TailCache, build_row, collect, target_step
 from babysit.store import Attempt, Row, Store
 
 T0 = 1_800_000_000.0
@@ -160,3 +161,30 @@ def test_collect_reads_the_store_and_the_log_and_writes_nothing(tmp_path: Path) 
     assert r.seconds_per_step == pytest.approx(0.25) and r.eta_seconds == pytest.approx(861 * 0.25)
     assert (store.data_version(), (tmp_path / "log.jsonl").stat().st_size) == before
     store.close()
+
+
+def test_the_registry_is_read_again_when_it_changes_and_a_half_written_one_keeps_the_last_good(
+        tmp_path: Path) -> None:
+    path = tmp_path / "babysit.toml"
+    path.write_text('[daemon]\nstate_dir = ".babysit"\n')
+    cache = RegistryCache(path)
+    first = cache.get()
+    assert cache.get() is first  # unchanged: not parsed again
+    path.write_text('[daemon]\nstate_dir = "elsewhere"\n')
+    assert cache.get().state_dir.name == "elsewhere"
+    path.write_text("[daemon\n")  # an editor's half-written save
+    assert cache.get().state_dir.name == "elsewhere"
+    with pytest.raises(BabysitError):
+        RegistryCache(path).get()  # no good one to fall back on: the error is the caller's
+
+
+def test_a_log_tail_is_read_again_only_when_the_log_changes(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    cache = TailCache()
+    assert cache.get(log) is None
+    log.write_text(json.dumps({"step": 1, "ts": T0}) + "\n")
+    first = cache.get(log)
+    assert [r.step for r in first] == [1] and cache.get(log) is first
+    with open(log, "a") as f:
+        f.write(json.dumps({"step": 2, "ts": T0 + 1}) + "\n")
+    assert [r.step for r in cache.get(log)] == [1, 2]

@@ -24,7 +24,7 @@ from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.verdict import evaluate
-from babysit.runview import RunRow, SpecCache, file_id
+from babysit.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
 from babysit.store import Attempt, Row, Store
 from babysit.web import svg
 
@@ -79,27 +79,15 @@ class Site:
         self.registry_path = Path(registry_path)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._registry: tuple[Any, registry.Registry] | None = None
+        self._registry = RegistryCache(self.registry_path)
         self._specs = SpecCache()
-        self._tails: dict[Path, tuple[Any, tuple[LogRecord, ...] | None]] = {}
+        self._tails = TailCache()
         self._series: dict[str, tuple[str, reading.SeriesCache, threading.Lock]] = {}
         self._rows: dict[str, tuple[Any, RunRow]] = {}
 
     # -- files, re-read when they change --------------------------------------------------------------
     def registry(self) -> registry.Registry:
-        seen = file_id(self.registry_path)
-        with self._lock:
-            if self._registry is not None and self._registry[0] == seen:
-                return self._registry[1]
-        try:
-            loaded = registry.load(self.registry_path)
-        except BabysitError:
-            if self._registry is not None:  # being rewritten by hand: the last good one, as the daemon does
-                return self._registry[1]
-            raise
-        with self._lock:
-            self._registry = (seen, loaded)
-        return loaded
+        return self._registry.get()
 
     @property
     def state_dir(self) -> Path:
@@ -110,15 +98,7 @@ class Site:
 
     def tail(self, log: Path) -> tuple[LogRecord, ...] | None:
         """The newest records of a log (what `babysit status` reads), re-read only when the log changed."""
-        seen = file_id(log)
-        with self._lock:
-            hit = self._tails.get(log)
-        if hit is not None and hit[0] == seen and seen is not None:
-            return hit[1]
-        records = logtail.read_recent(log, runview.LOG_WINDOW_BYTES)
-        with self._lock:
-            self._tails[log] = (seen, records)
-        return records
+        return self._tails.get(log)
 
     def _store(self) -> Store | None:
         """This thread's connection, once the database exists (never created here)."""
