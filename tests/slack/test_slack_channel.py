@@ -3,12 +3,14 @@ post nothing twice."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from babysit.delivery import DeliveryWorker
 from babysit.notify import Delivery, deliver_due
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.store import Store
+from babysit.store import PollRow, Store
 from tests.slack.conftest import PNG, TOKEN
 from tests.slack.fake_slack import FakeSlack
 
@@ -187,3 +189,34 @@ def test_network_timeout_is_transient(slack_env: FakeSlack, state: Path, store: 
     clock.t += 5
     drain(store, ch, clock)
     assert outbox_ids(slack_env) == [1]  # the slow post landed; the retry found it instead of reposting
+
+
+def test_a_poll_round_reaches_slack_through_the_delivery_thread_each_post_once_under_its_launch(
+        slack_env: FakeSlack, state: Path, store: Store) -> None:
+    """A round's polls are recorded together (their posts name the poll; the snapshot is read back for
+    rendering) and the delivery thread, settling after the burst, posts each run's poll in its thread and
+    edits its header to the poll's step: in order per run, nothing twice."""
+    runs = [f"r{i}" for i in range(20)]
+    roots = {run: launch(store, run, 1_000_000.0) for run in runs}
+    worker = DeliveryWorker(store, channel(state, store))
+    store.on_enqueue = worker.wake
+    worker.start()
+    try:
+        slack_env.wait_for("chat.postMessage", n=len(runs), timeout=60)
+        store.record_polls([PollRow(run, 1, 1_000_100.0, "first", {"run": run, "kind": "first", "step": 40 + i},
+                                    thread_of=roots[run], payload={"run": run}) for i, run in enumerate(runs)])
+        slack_env.wait_for("chat.update", n=len(runs), timeout=60)
+        deadline = time.monotonic() + 60
+        while store.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.close()
+    posts = slack_env.posts()
+    assert sorted(outbox_ids(slack_env)) == outbox_ids(slack_env) and len(posts) == 2 * len(runs)
+    top = {p["metadata"]["event_payload"]["run"]: p["ts"] for p in posts if p["thread_ts"] is None}
+    for i, run in enumerate(runs):
+        (reply,) = [p for p in posts if p["thread_ts"] == top[run]]
+        assert f"step {40 + i}" in reply["text"]
+    updates = {c.body["ts"]: c.body["text"] for c in slack_env.calls_to("chat.update")}
+    assert all(f"step {40 + i}" in updates[top[run]] for i, run in enumerate(runs))
+    assert store.pending_count() == 0
