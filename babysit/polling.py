@@ -167,7 +167,7 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
             for supervisor, _ in staged:
                 with supervisor.lock:
                     supervisor.poll_failed(exc, kind)
-            staged = []
+            staged, recorded = [], []  # rolled back: none of them was recorded
     done = {id(poll) for _, poll in recorded}
     for supervisor, poll in staged:
         try:

@@ -113,3 +113,19 @@ def test_an_on_demand_poll_leaves_the_schedule_and_says_when_nothing_runs(daemon
         asker.close()
     assert [p.kind for p in d.store.polls("b")] == ["on-demand"]
     assert timers.when("polls") == due == d.ctx.polls.when("b")
+
+
+def test_a_round_the_store_refuses_records_nothing_and_comes_again_a_minute_later(daemon) -> None:
+    d, clock, _, _, timers = daemon
+    due = timers.when("polls")
+    d.store._db.execute("PRAGMA query_only = ON")  # SQLite itself refuses every write, as a full disk would
+    try:
+        clock.advance(due - clock.now)
+        timers.run_due()
+    finally:
+        d.store._db.execute("PRAGMA query_only = OFF")
+    assert all(d.store.polls(run) == [] for run in RUNS)
+    assert all(d.ctx.polls.when(run) == pytest.approx(due + 60) for run in RUNS)  # one declared minute on
+    clock.advance(60)
+    timers.run_due()
+    assert [p.kind for run in RUNS for p in d.store.polls(run)] == ["first"] * len(RUNS)
