@@ -20,9 +20,6 @@ For `pytorch_lightning` use `babysit.integrations.pytorch_lightning.BabysitLogge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from babysit.integrations import DEFAULT_WATCH, EXIT_DIVERGED
 from babysit.integrations._lightning_core import BabysitLoggerCore
 
 try:
@@ -41,7 +38,3 @@ class BabysitLogger(BabysitLoggerCore, Logger):
         watch: substrings of metric names whose non-finite value means divergence.
         exit_code: the process's exit code after a divergence; None only stops training.
     """
-
-    def __init__(self, path: str | None = None, save_dir: str | None = None,
-                 watch: Sequence[str] = DEFAULT_WATCH, exit_code: int | None = EXIT_DIVERGED) -> None:
-        super().__init__(path=path, save_dir=save_dir, watch=watch, exit_code=exit_code)
