@@ -15,23 +15,13 @@ import heapq
 import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from babysit.core.snapshot import Snapshot
 from babysit.store import PollRow, Store
 from babysit.timers import Timers
 
 TIMER_KEY = "polls"
 GATHER_MINUTES = 1 / 60  # polls due within a declared second of the earliest go in its round (none late)
-
-
-@dataclass(frozen=True)
-class TakenPoll:
-    """A run's poll, taken under its lock and not yet recorded: the snapshot and the rows to write."""
-
-    snap: Snapshot
-    row: PollRow
 
 
 class PolledRun(Protocol):
@@ -41,9 +31,9 @@ class PolledRun(Protocol):
     run: str
     lock: threading.RLock
 
-    def take_poll(self, kind: str | None) -> TakenPoll | None: ...
-    def still_polled(self, poll: TakenPoll) -> bool: ...
-    def after_poll(self, poll: TakenPoll) -> None: ...
+    def take_poll(self, kind: str | None) -> PollRow | None: ...
+    def still_polled(self, poll: PollRow) -> bool: ...
+    def after_poll(self, poll: PollRow) -> None: ...
     def poll_failed(self, exc: BaseException, kind: str | None) -> None: ...
 
 
@@ -158,7 +148,7 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
                         continue
                     try:
                         if supervisor.still_polled(poll):
-                            rows.append(poll.row)
+                            rows.append(poll)
                             recorded.append((supervisor, poll))
                     finally:
                         supervisor.lock.release()
@@ -175,7 +165,7 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
                 if id(poll) not in done:  # its lock was busy in the batch: alone now, if still current
                     if not supervisor.still_polled(poll):
                         continue
-                    store.record_polls([poll.row])
+                    store.record_polls([poll])
                     recorded.append((supervisor, poll))
                 supervisor.after_poll(poll)
         except Exception as exc:

@@ -32,7 +32,7 @@ from babysit.core.spec import RunSpec
 from babysit.executors import Executor
 from babysit.exitwatch import ExitWatcher
 from babysit.faults import crash_point
-from babysit.polling import PollCalendar, TakenPoll
+from babysit.polling import PollCalendar
 from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.stackdump import stack_dump
@@ -785,40 +785,39 @@ class RunSupervisor:
         when a poll was recorded."""
         return self.ctx.polls.poll([self], kind) == 1
 
-    def take_poll(self, kind: str | None) -> TakenPoll | None:
-        """Under the lock, in a poll round: the running attempt's snapshot and the rows that record it
+    def take_poll(self, kind: str | None) -> PollRow | None:
+        """Under the lock, in a poll round: the running attempt's snapshot as the row that records it
         (None: nothing runs). Its log offsets are the round's deferred facts, committed with the rows."""
         attempt = self.attempt
         if attempt is None or attempt.status != "running":
             return None
         kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
         snap = self.snapshot(kind)
-        row = PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.launch_msg,
-                      payload={"run": self.run})
-        return TakenPoll(snap, row)
+        return PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.launch_msg,
+                       payload={"run": self.run})
 
-    def still_polled(self, poll: TakenPoll) -> bool:
+    def still_polled(self, poll: PollRow) -> bool:
         """Under the lock: the polled attempt still runs (an exit handled since makes its poll stale)."""
         attempt = self.attempt
-        return attempt is not None and attempt.n == poll.row.attempt and attempt.status == "running"
+        return attempt is not None and attempt.n == poll.attempt and attempt.status == "running"
 
-    def after_poll(self, poll: TakenPoll) -> None:
+    def after_poll(self, poll: PollRow) -> None:
         """Under the lock, once the poll is recorded: what it tells (an unreadable log, input
         starvation), then the next poll's date (an on-demand poll leaves the schedule as it was)."""
-        self.newest_poll = (poll.row.attempt, poll.snap.at)
+        self.newest_poll = (poll.attempt, poll.at)
         attempt = self.attempt
         if attempt is None or not self.still_polled(poll):
             return
         self._check_readable(attempt)
-        snap = poll.snap
-        if "input-starvation" in snap.flags:
-            wait = snap.data_wait_frac or 0.0
+        snap = poll.snapshot
+        if "input-starvation" in snap["flags"]:
+            wait = snap["data_wait_frac"] or 0.0
             self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
                            f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
                            "(--num-workers, prefetch, faster storage) before letting it ride",
-                           {"gpus": list(poll.row.snapshot.get("gpus", [])), "data_wait_frac": snap.data_wait_frac},
+                           {"gpus": snap["gpus"], "data_wait_frac": snap["data_wait_frac"]},
                            key=f"{self.run}:{attempt.n}:input-starvation")
-        if poll.row.kind != "on-demand":
+        if poll.kind != "on-demand":
             self._schedule_next_poll()
 
     def poll_failed(self, exc: BaseException, kind: str | None) -> None:
