@@ -497,18 +497,17 @@ class Store:
         return self._messages(self._query("SELECT * FROM outbox WHERE run=? ORDER BY id", (run,)))
 
     def _messages(self, rows: list[sqlite3.Row]) -> list[OutboxMessage]:
-        """Messages as the channels render them: a poll's post and header get the poll's snapshot."""
+        """Messages as the channels render them: a poll's post and header (which name the poll since
+        `record_polls`; older rows carry the snapshot itself) get the poll's snapshot."""
         out = [_message(r) for r in rows]
-        wanted = sorted({m.payload["poll_id"] for m in out if "poll_id" in m.payload and "snapshot" not in m.payload})
+        wanted = sorted({m.payload["poll_id"] for m in out if "poll_id" in m.payload})
         snapshots: dict[int, Any] = {}
         for i in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
             chunk = wanted[i:i + 500]
             snapshots.update((r["id"], json.loads(r["snapshot"])) for r in self._query(
                 f"SELECT id, snapshot FROM polls WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)))
-        if not snapshots:
-            return out
         return [replace(m, payload={**m.payload, "snapshot": snapshots[m.payload["poll_id"]]})
-                if m.payload.get("poll_id") in snapshots and "snapshot" not in m.payload else m for m in out]
+                if "poll_id" in m.payload else m for m in out]
 
     def mark_sent(self, message_id: int, remote_ref: str | None, now: float) -> None:
         with self.tx() as db:
