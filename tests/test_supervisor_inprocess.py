@@ -102,6 +102,23 @@ def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(ri
     assert r.sup.ctx.polls.when("r") == pytest.approx(poll.at + 30 * 60)
 
 
+def test_a_starved_gpu_with_the_trainers_own_wait_share_is_an_input_starvation_incident(rig) -> None:
+    r = rig()
+    r.gpu_file.write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 12, "util_samples": 5, "processes": []}]}))
+    r.sup.start()
+    with open(r.root / "log.jsonl", "a") as f:  # steps advance, each one 60 % waiting on the DataLoader
+        for step in range(1, 11):
+            f.write(json.dumps({"step": step, "ts": r.clock.now - 10 + step, "train_loss": 1.0,
+                                "data_wait_frac": 0.6}) + "\n")
+    r.timers.advance(5 * 60)
+    (poll,) = r.store.polls("r", 5)
+    assert "input-starvation" in poll.body["flags"] and poll.body["data_wait_frac"] == pytest.approx(0.6)
+    (incident,) = [i for i in r.store.incidents("r") if i.kind == "input-starvation"]
+    assert incident.body["data_wait_frac"] == pytest.approx(0.6) and incident.body["gpus"][0]["util_pct"] == 12
+    (post,) = [m for m in r.store.messages("r") if m.kind == "incident"]
+    assert "waits on its input 60% of each step" in post.payload["message"]
+
+
 def test_a_poll_that_fails_is_said_and_tried_again_a_minute_later(rig) -> None:
     r = rig()
     r.sup.start()
