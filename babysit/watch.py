@@ -86,7 +86,7 @@ class LiveView:
         # screen's top), shown whole when it stops.
         self.live = Live(console=self.console, auto_refresh=False, transient=transient,
                          redirect_stdout=True, redirect_stderr=True, vertical_overflow="ellipsis")
-        self.out = FileProxy(self.console, stream)
+        self.out = WholeLines(FileProxy(self.console, stream))
         self.live.start()
 
     def show(self, rows: Sequence[RunRow] | None, now: float, footer: str) -> None:
@@ -97,6 +97,37 @@ class LiveView:
         if erase:
             self.live.transient = True
         self.live.stop()
+
+
+class WholeLines:
+    """The stream above the live table, shared by threads (the daemon's warnings, the console channel's
+    messages, the web server's): each thread's text reaches it a whole line at a time. rich's FileProxy
+    keeps one buffer for everyone, and `print` writes a line and its newline in two calls, so a warning
+    logged between them was spliced onto the end of a message, and wrapped, torn, on the screen."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._partial = threading.local()
+
+    def write(self, text: str) -> int:
+        head, newline, tail = (getattr(self._partial, "text", "") + text).rpartition("\n")
+        self._partial.text = tail
+        if newline:
+            with self._lock:
+                self._stream.write(head + newline)
+        return len(text)
+
+    def flush(self) -> None:
+        """This thread's unfinished line too (it is printed as a line of its own)."""
+        text, self._partial.text = getattr(self._partial, "text", ""), ""
+        with self._lock:
+            if text:
+                self._stream.write(text)
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> object:  # isatty, encoding, …: the wrapped stream's
+        return getattr(self._stream, name)
 
 
 def open_view(stream: TextIO, *, transient: bool = False) -> View:

@@ -152,8 +152,9 @@ def test_messages_and_warnings_print_above_the_table_and_never_tear_it(workspace
     assert "EXIT=0" in "\n".join(lines)
     headers = [i for i, x in enumerate(lines) if x.split()[:3] == ["RUN", "STATE", "ATTEMPT"]]
     assert len(headers) == 1, "one table on the screen: every redraw replaced the last\n" + "\n".join(lines)
-    warning = next(i for i, x in enumerate(lines) if "incident" in x and "boom" in x and "[warning" in x)
-    launch = next(i for i, x in enumerate(lines) if "steady — attempt 1/3 launched" in x)
+    warning = next((i for i, x in enumerate(lines) if "incident" in x and "boom" in x and "[warning" in x), None)
+    launch = next((i for i, x in enumerate(lines) if "steady — attempt 1/3 launched" in x), None)
+    assert warning is not None and launch is not None, "\n".join(lines)
     assert warning < headers[0] and launch < headers[0], "\n".join(lines)
     rows = [x for x in lines[headers[0]:] if x.startswith(("steady", "boom"))]
     assert len(rows) == 2 and re.match(r"steady\s+finished\s+1/3 default\s+120/120", rows[1] if "boom" in rows[0]
