@@ -272,8 +272,9 @@ def test_seconds_per_step_ignores_repeated_and_resumed_steps_and_uses_the_window
               ProgressPoint(10, 101.0),  # an eval record at the same step
               ProgressPoint(20, 111.0), ProgressPoint(5, 112.0),  # resumed from step 5
               ProgressPoint(15, 122.0), ProgressPoint(25, 132.0)]
-    assert seconds_per_step(points, window=4) == pytest.approx(1.0)
-    assert seconds_per_step(points, window=100) == pytest.approx(130.0 / 40)
+    # step 10 counts from its first record (t=100): 10 -> 20 took 11 s, not the 10 s after the eval
+    assert seconds_per_step(points, window=4) == pytest.approx(31.0 / 30)
+    assert seconds_per_step(points, window=100) == pytest.approx(131.0 / 40)
 
 
 def test_seconds_per_step_needs_progress() -> None:
@@ -283,6 +284,25 @@ def test_seconds_per_step_needs_progress() -> None:
     assert seconds_per_step([ProgressPoint(1, 2.0), ProgressPoint(2, 1.0)]) is None
     with pytest.raises(ValueError):
         seconds_per_step([ProgressPoint(1, 1.0)], window=1)
+
+
+def test_seconds_per_step_counts_each_step_from_its_first_record(tmp_path: Path) -> None:
+    """What real trainers write: several records a step (the loss, then the learning rate and the
+    step's timing once the optimizer stepped), and an eval record at the step it evaluated. 2.5 s a
+    step, of which 2 s between the step's first and its last record: pairing every record read 0.5."""
+    log = tmp_path / "log.jsonl"
+    t, out = 1000.0, []
+    for step in range(1, 41):
+        out.append(line(step, t, loss=2.0 - step / 100))
+        out.append(line(step, t + 2.0, lr=3e-4, ms_per_batch=2500.0))
+        t += 2.5
+        if step % 10 == 0:  # an eval at this step, logged at the same step after it ran (5 s)
+            out.append(line(step, t + 5.0, eval_loss=1.9))
+            t += 5.0
+    log.write_bytes(b"".join(out))
+    records = read_all(log)[0]
+    assert seconds_per_step(records[-9:]) == pytest.approx(2.5)  # steps 38..40: between the evals
+    assert seconds_per_step(records) == pytest.approx((19 * 2.5 + 5.0) / 19)  # steps 21..40, the eval at 30
 
 
 def test_seconds_per_step_accepts_records(tmp_path: Path) -> None:

@@ -62,17 +62,22 @@ def metric_series(records: Iterable[LogRecord], key: str) -> tuple[tuple[int, fl
 def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | None:
     """Seconds per step over the last `window` usable points (records or ProgressPoints).
 
-    Sum of dt over sum of dstep over consecutive pairs that moved forward in both step and time,
-    scanning back from the newest: a clock stepping backwards, a resumed run re-logging old steps,
-    or several records at one step (train + eval) each only drop a pair. None when no pair is usable.
+    Each step counts from its FIRST record: a trainer writes several records at one step (a metrics
+    record, an lr record, an eval that takes minutes), and the time until the next step's first record
+    is all that step's. Later records at a step are skipped, so no time between them vanishes
+    (pairing every record dropped it: word_language_model read 4x too fast). Then the sum of dt over
+    the sum of dstep over consecutive first-records that moved forward in both step and time,
+    scanning back from the newest: a clock stepping backwards or a resumed run re-logging old steps
+    each only drop a pair. None when no pair is usable.
     """
     if window < 2:
         raise ValueError("window must be at least 2 points")
     total_dt = 0.0
     total_steps = 0
     pairs = 0
-    for i in range(len(points) - 1, 0, -1):
-        newer, older = points[i], points[i - 1]
+    firsts = _first_of_each_step(points)
+    for i in range(len(firsts) - 1, 0, -1):
+        newer, older = firsts[i], firsts[i - 1]
         dt = newer.ts - older.ts
         dstep = newer.step - older.step
         if dt > 0 and dstep > 0 and math.isfinite(dt):
@@ -82,6 +87,15 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
             if pairs >= window - 1:
                 break
     return total_dt / total_steps if pairs else None
+
+
+def _first_of_each_step(points: Sequence[_HasStepTs]) -> list[_HasStepTs]:
+    """The points that open a step: each run of consecutive points at one step kept as its first."""
+    out: list[_HasStepTs] = []
+    for point in points:
+        if not out or point.step != out[-1].step:
+            out.append(point)
+    return out
 
 
 def progress_points(records: Iterable[LogRecord]) -> tuple[ProgressPoint, ...]:
