@@ -20,6 +20,7 @@ from babysit.core.verdict import (
     Rule,
     RuleBand,
     build_rules,
+    corroborate,
     evaluate,
     fixture_result,
     scale_bands,
@@ -251,8 +252,16 @@ def test_train_delta_and_monotone_rise():
 
 
 def test_monotone_rise_is_not_measured_with_fewer_than_two_evals():
-    v = evaluate(seed_prereg(), (), ((500, 3.0),))
-    assert v.status == PROVISIONAL and v.corroboration.monotone_rise is None
+    assert corroborate(seed_prereg(), {500: 3.0}, {}, 500).monotone_rise is None
+
+
+@pytest.mark.parametrize("at_step", [None, 500, 600])
+def test_no_provisional_read_at_the_baseline_step(at_step):
+    """With only the baseline eval, Δ is 0 by construction: no read, never 'PROVISIONAL @500: Δ +0 → FLAT'."""
+    v = evaluate(seed_prereg(), (), ((250, 3.9), (500, 3.0)), at_step=at_step)
+    assert v.status == NO_READ and v.label is None and v.delta is None
+    assert v.reason.startswith("only the baseline eval so far (step 500)")
+    assert evaluate(seed_prereg(), (), ((500, 3.0), (750, 3.2))).status == PROVISIONAL  # the next eval reads
 
 
 def test_corroboration_never_changes_the_label():

@@ -159,6 +159,9 @@ def evaluate(prereg: Prereg, amendments: Iterable[AmendmentRecord] = (), series:
     elif (at_step is not None and at_step >= prereg.read_step) or max(evals) > prereg.read_step:
         return no_read(f"no {prereg.metric} eval at read_step {prereg.read_step} (an eval exactly at the step "
                        "is required; babysit does not interpolate)")
+    elif max(evals) == prereg.baseline_step:  # Δ would be 0 by construction: not a read of anything
+        return no_read(f"only the baseline eval so far (step {prereg.baseline_step}): the first provisional "
+                       "read comes with the next eval after it")
     else:
         status, step = PROVISIONAL, max(evals)
 
