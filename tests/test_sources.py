@@ -4,6 +4,7 @@ Lightning-style CSV rewritten whole, restarts that must neither lose nor duplica
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -20,8 +21,9 @@ from babysit.core.errors import SpecError
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
 from babysit.logtail import read_all
-from babysit.sources import SourcePump, records_path, unreadable
+from babysit.sources import SourcePump, records_path, stdout, unreadable
 from babysit.sources.lines import Cursor, read_lines
+from babysit.sources.records import Item
 
 RUN = """
 [run]
@@ -158,6 +160,60 @@ step_column = "global_step"
 def test_bad_sources_are_refused_naming_the_key(tmp_path: Path, fragment: str, message: str) -> None:
     error = rejection(tmp_path, RUN + 'log = "log.jsonl"\n' + fragment)
     assert str(error).startswith(message), str(error)
+
+
+@pytest.mark.parametrize(("regex", "construct"), [
+    (r"(?<!validate )step: (?P<step>\d+)", "negative lookbehind (?<!…) is not supported by the linear-time engine"),
+    (r"(?<=x)step (?P<step>\d+)", "lookbehind (?<=…) is not supported"),
+    (r"step (?P<step>\d+)(?= loss)", "lookahead (?=…) is not supported"),
+    (r"(?P<step>\d+) (?P=step)", "a backreference (?P=name) is not supported"),
+    (r"(?P<step>(\d)\2)", "a backreference (\\1 … \\9) is not supported"),
+    (r"step (?P<step>\d+)\Z", "\\Z (write \\z or $) is not supported"),
+    (r"(?P<step>\d{2000})", "RE2: invalid repetition size"),
+])
+def test_a_pattern_the_linear_engine_cannot_run_is_refused_naming_the_key_and_the_construct(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], regex: str, construct: str) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(RUN + "[source]\nkind = \"stdout\"\n[[source.patterns]]\nregex = 'step (?P<step>\\d+)'\n"
+                    f"[[source.patterns]]\nregex = '{regex}'\n")
+    code = cli.main(["register", str(path), "--registry", str(tmp_path / "babysit.toml")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "run.toml: source.patterns[1].regex: expected a valid regular expression in RE2's syntax" in err, err
+    assert construct in err and repr(regex) in err, err
+    assert "docs/your-trainer.md" in err and "HINT: " in err
+    assert not (tmp_path / "babysit.toml").exists()  # nothing registered
+
+
+def test_a_pattern_that_backtracks_for_hours_in_re_costs_microseconds_here(tmp_path: Path) -> None:
+    """`^(?P<step>(a|aa)+)$` against `aaaa…ab`: Python's `re` tries every split of the a's (~1.6^n: 40 a's
+    took 314 s, 60 take years), so on the old engine this test never ends (pytest-timeout fails it); RE2
+    is linear, and the lines that do match are still read."""
+    spec = spec_from(tmp_path, RUN + "[source]\nkind = \"stdout\"\n[[source.patterns]]\nregex = '^(?P<step>(a|aa)+)$'\n"
+                     "[[source.patterns]]\nregex = '^n (?P<step>\\d+)$'\n")
+    sd = tmp_path / "sd"
+    write(attempt(sd, 1) / "stdout.log", "".join(f"{'a' * 60}b\nn {i}\n" for i in range(50)))
+    result = SourcePump(spec, sd).pump(now=1.0)
+    assert result.lines_seen == 100 and result.records_added == 50
+    assert [r.step for r in records(spec, sd)] == list(range(50))
+
+
+def test_the_python_api_fallback_reads_what_the_compiled_program_reads(tmp_path: Path) -> None:
+    """A google-re2 without `_regexp`: the same items through its public `search`."""
+    spec = spec_from(tmp_path, RUN + NANOGPT)
+    lines = [b"iter 10: loss 4.2345, time 35.12ms, mfu 1.20%", b"step 20: train loss 3.9100, val loss 3.9500",
+             b"iter 30: loss nan, time 1.0ms iter 40: loss 2.0, time 2.0ms", b"noise", b"iter x: loss 1, time 1ms"]
+    fast = stdout.matchers(spec.source)
+    slow = [dataclasses.replace(m, regexp=stdout._Searched(p.compiled)) for m, p in zip(fast, spec.source.patterns, strict=True)]
+    got = []
+    for matchers in (fast, slow):
+        items: list[Item] = []
+        problems: list[str] = []
+        hits = [stdout.parse_line(spec.source, matchers, line, items, problems) for line in lines]
+        got.append(([(it.step, repr(dict(it.metrics))) for it in items], hits, problems))
+    assert got[0] == got[1]
+    assert got[0][1] == [True, True, True, False, False]
+    assert [step for step, _ in got[0][0]] == [10, 20, 30, 40] and got[0][2] == []
 
 
 def test_without_a_source_run_log_is_still_required_and_its_typo_named(tmp_path: Path) -> None:

@@ -3,6 +3,11 @@
 Parsed here rather than in spec.py so that a source's rules (which keys each kind takes, what a
 pattern must capture) live beside the adapters that rely on them; spec.py calls `parse_source`.
 Every rejection names the key and what was expected, as spec.py's do, and no key is ignored.
+
+A pattern is user input matched against every line a trainer prints, so it is compiled with RE2
+(google-re2), whose matching time is linear in the line whatever the pattern: `(a|aa)+$` against
+`aaaa…b` costs that run microseconds, where Python's `re` backtracks for minutes and blinds the daemon.
+RE2 refuses what it cannot run in linear time (backreferences, lookaround); `register` says so.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,12 +22,55 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import re2
+
 from babysit.core.errors import SpecError
 from babysit.core.tomlfile import Table
 
 KINDS = ("jsonl", "stdout", "tensorboard", "csv")
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
 STEP_GROUP = "step"
+# What RE2 cannot run that Python's `re` can, with the rewrite that works (the refusal says it).
+UNSUPPORTED = (("(?=", "lookahead (?=…)"), ("(?!", "negative lookahead (?!…)"), ("(?<=", "lookbehind (?<=…)"),
+               ("(?<!", "negative lookbehind (?<!…)"), ("(?P=", "a backreference (?P=name)"),
+               ("(?>", "an atomic group (?>…)"), ("\\Z", "\\Z (write \\z or $)"))
+
+
+def compile_regex(regex: str) -> re2._Regexp:
+    """A user's pattern compiled by RE2 (raises re2.error); errors are not logged to stderr by RE2
+    itself: the caller says them, naming the key."""
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(regex, options)
+
+
+def regex_error(regex: str) -> str | None:
+    """Why RE2 refuses `regex` (what it cannot run, in words), or None when it compiles."""
+    try:
+        compile_regex(regex)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) \
+            else str(exc)
+        found = [what for token, what in UNSUPPORTED if token in regex]
+        if not found and _backreference(regex):
+            found = ["a backreference (\\1 … \\9)"]
+        if found:
+            return f"{', '.join(found)} is not supported by the linear-time engine (RE2: {reason})"
+        return f"RE2: {reason}"
+    return None
+
+
+def _backreference(regex: str) -> bool:
+    """Whether `regex` holds an unescaped `\\1`…`\\9`."""
+    i = 0
+    while i < len(regex) - 1:
+        if regex[i] == "\\":
+            if regex[i + 1].isdigit() and regex[i + 1] != "0":
+                return True
+            i += 2
+            continue
+        i += 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -34,12 +81,13 @@ class SourcePattern:
     regex: str
 
     @cached_property
-    def compiled(self) -> re.Pattern[str]:
-        return re.compile(self.regex)
+    def compiled(self) -> re2._Regexp:
+        return compile_regex(self.regex)
 
     @cached_property
     def metric_groups(self) -> tuple[str, ...]:
-        return tuple(g for g in self.compiled.groupindex if g != STEP_GROUP)
+        index = self.compiled.groupindex  # RE2 lists it by name: the pattern's order is by index
+        return tuple(sorted((g for g in index if g != STEP_GROUP), key=index.__getitem__))
 
 
 @dataclass(frozen=True)
@@ -127,10 +175,13 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
 
 def _pattern(t: Table) -> SourcePattern:
     regex = t.str("regex", check=bool, expected="a non-empty regular expression")
-    try:
-        compiled = re.compile(regex)
-    except re.error as exc:
-        raise t.error("regex", f"a valid regular expression ({exc})", regex)
+    problem = regex_error(regex)
+    if problem is not None:
+        raise SpecError(t.file, t.key("regex"), "a valid regular expression in RE2's syntax (docs/your-trainer.md, "
+                        f'"Which regex syntax"): {problem}', regex,
+                        hint="rewrite it without that construct: a pattern is matched in linear time, so "
+                             "one run's pattern can never stall the daemon")
+    compiled = compile_regex(regex)
     if STEP_GROUP not in compiled.groupindex:
         raise t.error("regex", "a regular expression with a named group (?P<step>…) for the step", regex)
     if "ts" in compiled.groupindex:
