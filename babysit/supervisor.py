@@ -23,7 +23,7 @@ import structlog
 from babysit import logtail, reading, sources
 from babysit.campaign.hook import after_final_verdict
 from babysit.clock import SYSTEM, Clock
-from babysit.core import classify, guards, retry, smoke, snapshot
+from babysit.core import classify, guards, nonfinite, retry, smoke, snapshot
 from babysit.core.errors import BabysitError, PreregTampered
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
@@ -229,6 +229,9 @@ class RunSupervisor:
                     "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
                     "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
                     "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
+        watched = nonfinite.to_env(self.spec.guards.nonfinite_metrics)  # the hooks watch what the guard does
+        if watched is not None:
+            env[nonfinite.ENV] = watched
         for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
             env.pop(secret, None)  # the trainer has no business with the bot's credentials
         env.update(self.executor.launch_env(self.spec.gpus))  # local: CUDA numbers GPUs as NVML does
@@ -352,7 +355,8 @@ class RunSupervisor:
                 stop_reason=stop.get("reason") if stop_requested else None,
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
                 # the exit's own read_log may have just seen it: the store, not this stale row
-                nonfinite_seen=self.ctx.store.attempt(self.run, n).detail.get("nonfinite"))
+                nonfinite_seen=self.ctx.store.attempt(self.run, n).detail.get("nonfinite"),
+                nonfinite_metrics=self.spec.guards.nonfinite_metrics)
             outcome = cls.outcome
             detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}
@@ -486,7 +490,7 @@ class RunSupervisor:
             if self.spec.total_steps is None and isinstance(value, (int, float)) and math.isfinite(value) \
                     and value > 0:
                 self.total_steps = int(value)
-        bad = guards.first_nonfinite(self.spec.guards, numbers)
+        bad = nonfinite.first_bad(numbers, self.spec.guards.nonfinite_metrics)
         attempt = self.attempt
         if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
             self.nonfinite = (record.step, bad[0], bad[1])

@@ -62,7 +62,9 @@ def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw
     pytest.param(dict(stderr=TORCH_OOM + "\n" + NCCL), "oom", id="oom-is-the-root-cause-of-nccl-timeouts"),
     pytest.param(dict(records=[rec(5, "diverged", train_loss=math.nan)]), "diverged", id="diverged-event"),
     pytest.param(dict(records=[rec(5, train_loss=math.inf)]), "diverged", id="nonfinite-loss-record"),
-    pytest.param(dict(records=[rec(5, grad_norm=math.inf)]), "crashed", id="inf-grad-norm-is-not-divergence"),
+    pytest.param(dict(records=[rec(5, grad_norm=math.inf)]), "diverged", id="inf-grad-norm-is-divergence"),
+    pytest.param(dict(records=[rec(5, grad_norm=math.inf)], nonfinite_metrics=("train_loss",)), "crashed",
+                 id="inf-grad-norm-undeclared-is-not-divergence"),
     pytest.param(dict(stderr="ValueError: loss is nan at step 300"), "diverged", id="loss-is-nan-text"),
     pytest.param(dict(stderr="RuntimeError: non-finite loss"), "diverged", id="non-finite-loss-text"),
     pytest.param(dict(stderr=NCCL), "crashed", id="nccl-timeout"),
@@ -162,3 +164,33 @@ def test_rules_never_turn_success_or_requested_stop_into_failure(exit_code, stop
     got = run(exit_code=exit_code, stop=stop, stderr="uncorrectable ECC error", rules=[ECC_RULE])
     assert got.outcome in ("completed", "stopped")
     assert got.detail["matched_rule"] is None
+
+
+def test_a_diverged_exit_names_the_metric_and_its_value():
+    """HF's BabysitCallback diverged on grad_norm: exit 11 and its `diverged` record; the summary said
+    "non-finite loss", and its tail was tqdm fragments."""
+    bar = "".join(f"\r  {i}%|{'#' * (i // 10)}| {i}/100 [00:0{i // 50}<00:01]" for i in range(0, 101, 5))
+    stderr = (f"{bar}\n"
+              "babysit: diverged: non-finite grad_norm (grad_norm = nan) at step 150; training stops after this step\n"
+              f"{bar}\n{bar}\n")
+    diverged = LogRecord(150, 1.0, {}, "diverged", {"reason": "non-finite grad_norm", "grad_norm": math.nan})
+    got = run(exit_code=11, stderr=stderr, records=[rec(150, loss=2.0), diverged])
+    assert got.outcome == "diverged"
+    assert got.summary == "diverged: grad_norm = nan at step 150 (exit 11)"
+    assert got.detail["stderr_tail"] == ("  100%|##########| 100/100 [00:02<00:01]\n"
+                                         "babysit: diverged: non-finite grad_norm (grad_norm = nan) at step 150; "
+                                         "training stops after this step\n"
+                                         "  100%|##########| 100/100 [00:02<00:01]")
+
+
+@pytest.mark.parametrize(("records", "declared", "summary"), [
+    ([rec(7, train_loss=math.inf)], None, "diverged: train_loss = inf at step 7 (exit 1)"),
+    ([rec(7, eval_acc=math.nan)], ("eval_acc",), "diverged: eval_acc = nan at step 7 (exit 1)"),
+])
+def test_a_nonfinite_record_names_the_metric_and_its_value(records, declared, summary):
+    assert run(records=records, nonfinite_metrics=declared).summary == summary
+
+
+def test_exit_11_with_what_the_daemon_saw_names_it():
+    assert run(exit_code=11, nonfinite_seen="grad_norm = inf at step 9").summary == \
+        "diverged: grad_norm = inf at step 9 (exit 11)"

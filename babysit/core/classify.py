@@ -10,8 +10,8 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
 3. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
    timeouts on the others), GPU faults (Xid, uncorrectable ECC, GPU lost, or NVML faults the daemon
-   saw), divergence (a `diverged` record, a non-finite loss, "loss is nan"), NCCL timeouts, SIGKILL
-   without a stop request (the kernel OOM killer when host memory was low), else crashed.
+   saw), divergence (a `diverged` record, a watched metric's NaN/inf, "loss is nan"), NCCL timeouts,
+   SIGKILL without a stop request (the kernel OOM killer when host memory was low), else crashed.
 
 An illegal memory access is classified `crashed`: it is almost always a software bug (an
 out-of-bounds index in a kernel), and a retry on the same code fails the same way.
@@ -19,7 +19,6 @@ out-of-bounds index in a kernel), and a retry on the same code fails the same wa
 
 from __future__ import annotations
 
-import math
 import re
 import signal as _signal
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from babysit.core import nonfinite, tails
 from babysit.core.spec import ClassifyRule
 
 TAIL_LINES = 20
@@ -70,7 +70,8 @@ def parse_size(number: str, unit: str | None) -> int:
 def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str,
                   last_records: Sequence[Any], rules: Sequence[ClassifyRule], stop_requested: bool,
                   stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
-                  host_memory_pressure: bool = False, nonfinite_seen: str | None = None) -> ExitClass:
+                  host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
+                  nonfinite_metrics: Sequence[str] | None = None) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
@@ -78,12 +79,15 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     the run's GPUs during the attempt. host_memory_pressure: available RAM was under the floor.
     nonfinite_seen: what the daemon saw go non-finite in the log while the attempt ran ("train_loss =
     nan at step 120"): a trainer that logs NaN and exits 0 (HF Trainer does) diverged, not completed.
+    nonfinite_metrics: the run's `[guards] nonfinite_metrics` (None: the default rule), the metrics whose
+    NaN/inf in the last records means divergence (`core.nonfinite`, the guard's and the hooks' rule).
+    The stderr tail is shown collapsed (`core.tails`: a progress bar's redraws are one line).
     """
     if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
         exit_code, signal = None, -exit_code
     if signal is None and exit_code in (128 + _signal.SIGKILL, 128 + _signal.SIGTERM):
         signal = exit_code - 128  # a shell or launcher reported the signal as 128+N
-    lines = stderr_tail.splitlines()
+    lines = tails.collapse(stderr_tail)
     tail = "\n".join(lines[-TAIL_LINES:])
     base: dict[str, object] = {"exit_code": exit_code, "signal": signal, "signal_name": _signame(signal),
                                "stderr_tail": tail, "matched_rule": None}
@@ -113,9 +117,10 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
 
     if exit_code == EXIT_OOM:
         return _oom(stderr_tail, base, status)
+    nonfinite_detail = _nonfinite(last_records, nonfinite_metrics)
     if exit_code == EXIT_DIVERGED:
-        return ExitClass("diverged", None, f"diverged: non-finite loss ({status})",
-                         {**base, **_nonfinite(last_records)})
+        what = nonfinite_seen or nonfinite_detail.get("nonfinite") or "the trainer's exit code for divergence"
+        return ExitClass("diverged", None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
     if exit_code == EXIT_STOPPED:
         return ExitClass("stopped", None, "stopped by a signal babysit did not send (exit 10: preempted? Ctrl-C?)",
                          {**base, "stop_reason": "external"})
@@ -125,9 +130,10 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     if gpu_faults or fault:
         what = ", ".join(gpu_faults) if gpu_faults else fault.group(0).strip()[:120]  # type: ignore[union-attr]
         return ExitClass("gpu-fault", None, f"GPU fault: {what} ({status})", {**base, "faults": list(gpu_faults)})
-    nonfinite = _nonfinite(last_records)
-    if nonfinite or _NAN_TEXT.search(stderr_tail):
-        return ExitClass("diverged", None, f"diverged: non-finite loss ({status})", {**base, **nonfinite})
+    nan_text = _NAN_TEXT.search(stderr_tail)
+    if nonfinite_detail or nan_text:
+        what = nonfinite_detail.get("nonfinite") or (nan_text.group(0) if nan_text else None) or "non-finite loss"
+        return ExitClass("diverged", None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
     if _NCCL.search(stderr_tail):
         return ExitClass("crashed", None, f"crashed: NCCL collective timeout ({status}) — a rank hung or died",
                          {**base, "nccl_timeout": True})
@@ -190,15 +196,24 @@ def _record_text(record: Any) -> str:
     return " ".join(parts)
 
 
-def _nonfinite(records: Iterable[Any]) -> dict[str, object]:
+def _nonfinite(records: Iterable[Any], declared: Sequence[str] | None) -> dict[str, object]:
+    """What the last records say went non-finite: a `diverged` record (the hooks and the reference
+    trainer write one, with the values that did it, or a reason), else a watched metric's NaN/inf.
+    `nonfinite` names the metric, its value and the step ("grad_norm = nan at step 150")."""
     for record in reversed(list(records)):
-        if getattr(record, "event", None) == "diverged":
-            return {"diverged_step": getattr(record, "step", None), "diverged_record": True}
+        step = getattr(record, "step", None)
         values = {**(getattr(record, "metrics", None) or {}), **(getattr(record, "fields", None) or {})}
-        bad = sorted(k for k, v in values.items()
-                     if "loss" in k.lower() and isinstance(v, float) and not math.isfinite(v))
+        if getattr(record, "event", None) == "diverged":
+            bad = {k: v for k, v in values.items() if nonfinite.is_nonfinite(v)}  # what the trainer named
+            reason = values.get("reason")
+            what = (f"{nonfinite.describe(bad)} at step {step}" if bad
+                    else str(reason) if isinstance(reason, str) and reason else None)
+            return {"diverged_step": step, "diverged_record": True, "nonfinite_keys": sorted(bad),
+                    **({"nonfinite": what} if what else {})}
+        bad = nonfinite.bad_values(values, declared)
         if bad:
-            return {"diverged_step": getattr(record, "step", None), "nonfinite_keys": bad}
+            return {"diverged_step": step, "nonfinite_keys": sorted(bad),
+                    "nonfinite": f"{nonfinite.describe(bad)} at step {step}"}
     return {}
 
 

@@ -28,7 +28,6 @@ process in another PID namespace, which stays.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -196,21 +195,6 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
 
 
 STARVED_DATA_WAIT_FRAC = 0.2  # the trainer waits on its input this share of each step, or more: starved
-
-
-def watches_nonfinite(guards: GuardsSpec, metric: str) -> bool:
-    """Whether a NaN/inf of `metric` is divergence: the declared list, else every metric named *loss*."""
-    if guards.nonfinite_metrics is not None:
-        return metric in guards.nonfinite_metrics
-    return "loss" in metric.lower()
-
-
-def first_nonfinite(guards: GuardsSpec, metrics: Mapping[str, object]) -> tuple[str, float] | None:
-    """The first watched metric of a record that is a non-finite number, or None."""
-    for name, value in metrics.items():
-        if isinstance(value, float) and not math.isfinite(value) and watches_nonfinite(guards, name):
-            return name, value
-    return None
 
 
 def low_util_flag(util_pct: float | None, steps_advanced: bool, threshold_pct: float,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import babysit.campaign.render as campaign_words  # pure (tests/test_layering.py)
+from babysit.core import tails
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise, hours
 
@@ -191,11 +192,11 @@ def _incident(p: Mapping[str, Any]) -> Rendered:
         lines[0] += f"  {mention}"
     blocks = [section(f"🚨 *{p['run']}* attempt {p.get('attempt')}: *{p['incident']}* — {p['message']}"
                       + (f"\n{mention}" if mention else ""))]
-    tail = (p.get("detail") or {}).get("stderr_tail")
+    tail = tails.collapse(str((p.get("detail") or {}).get("stderr_tail") or ""))[-8:]  # bars: their last state
     if tail:
         lines.append("last stderr lines:")
-        lines.extend("  " + line for line in tail.splitlines()[-8:])
-        blocks.append(section("last stderr lines:\n" + code("\n".join(tail.splitlines()[-8:]))))
+        lines.extend("  " + line for line in tail)
+        blocks.append(section("last stderr lines:\n" + code("\n".join(tail))))
     for head, body in _stall_evidence(p.get("detail") or {}):
         lines.append(head)
         lines.extend("  " + line for line in body)

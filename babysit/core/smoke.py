@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from babysit.core import retry
+from babysit.core import retry, tails
 from babysit.core.classify import ExitClass
 from babysit.core.errors import BadInput
 from babysit.core.records import LogRecord
@@ -139,7 +139,7 @@ def profile_evidence(*, profile: AttemptProfile, argv: Sequence[str], cls: ExitC
         outcome, summary = OK, f"completed {steps} steps"
     else:
         outcome, summary = cls.outcome, cls.summary
-    tail = str(detail.get("stderr_tail") or "").splitlines()[-STDERR_LINES:]
+    tail = tails.collapse(str(detail.get("stderr_tail") or ""))[-STDERR_LINES:]
     return ProfileEvidence(
         profile=profile.profile, args=tuple(profile.args), argv=tuple(argv), outcome=outcome, summary=summary,
         exit_code=_opt_int(detail.get("exit_code")), signal=_opt_int(detail.get("signal")), wall_s=wall_s,

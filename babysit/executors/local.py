@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from babysit import exitwatch
+from babysit.core import tails
 from babysit.executors import ExitInfo, Launched
 from babysit.logtail import tail_bytes
 from babysit.probes.gpu import GpuProbe
@@ -29,9 +30,10 @@ from babysit.store import Attempt
 
 
 def tail_lines(path: Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
-    """The last lines of a file, reading at most `max_bytes` from its end."""
+    """The last lines of a file, reading at most `max_bytes` from its end, as a terminal shows them
+    (`core.tails`: a progress bar's carriage-return redraws are its last state, once)."""
     data = tail_bytes(path, max_bytes) or b""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    return tails.last_lines(data.decode("utf-8", "replace"), lines)
 
 
 class LocalExecutor:

@@ -14,13 +14,14 @@ traceback; an interactive session can catch it (`except Diverged`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.client import is_nonfinite, plain
+from babysit.client import plain
+from babysit.core import nonfinite
 
 EXIT_DIVERGED = 11  # babysit's classifier (classify.EXIT_DIVERGED) and the reference trainer's code
-DEFAULT_WATCH = ("loss", "grad_norm")
 
 
 class Diverged(SystemExit):
@@ -34,18 +35,20 @@ class Diverged(SystemExit):
         return self.message
 
 
-def nonfinite_watched(values: Mapping[str, Any], watch: Iterable[str] = DEFAULT_WATCH) -> dict[str, float]:
-    """The watched keys (a key containing one of `watch`, case-insensitive) whose value is NaN or ±inf."""
-    needles = [w.lower() for w in watch]
-    bad: dict[str, float] = {}
-    for key, value in values.items():
-        if any(n in key.lower() for n in needles):
-            number = plain(value)
-            if is_nonfinite(number):
-                bad[key] = number
-    return bad
+def declared_watch(watch: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The metric names a hook watches: its own `watch` argument, else the run's `[guards]
+    nonfinite_metrics` (the daemon passes it in `$BABYSIT_NONFINITE_METRICS`), else None, babysit's
+    default rule (`babysit.core.nonfinite`: every *loss* and *grad_norm*), the one the daemon applies."""
+    if watch is not None:
+        return tuple(watch)
+    return nonfinite.from_env(os.environ.get(nonfinite.ENV))
+
+
+def nonfinite_watched(values: Mapping[str, Any], watch: Sequence[str] | None = None) -> dict[str, float]:
+    """The watched keys whose value is NaN or ±inf (numpy/torch scalars read as numbers first)."""
+    return nonfinite.bad_values({k: plain(v) for k, v in values.items()}, declared_watch(watch))
 
 
 def describe(bad: Mapping[str, float]) -> str:
-    """`loss=nan, grad_norm=inf`: what the stderr line and the diverged record say."""
-    return ", ".join(f"{k}={v}" for k, v in bad.items())
+    """`loss = nan, grad_norm = inf`: what the stderr line and the diverged record say."""
+    return nonfinite.describe(bad)

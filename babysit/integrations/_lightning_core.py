@@ -19,18 +19,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from babysit.client import JsonlWriter, env_rank
-from babysit.integrations import DEFAULT_WATCH, EXIT_DIVERGED, Diverged, describe, nonfinite_watched
+from babysit.integrations import EXIT_DIVERGED, Diverged, describe, nonfinite_watched
 
 
 class BabysitLoggerCore:
     """The logger's behaviour; see babysit/integrations/lightning.py for the user-facing docs."""
 
     def __init__(self, path: str | None = None, save_dir: str | None = None,
-                 watch: Sequence[str] = DEFAULT_WATCH, exit_code: int | None = EXIT_DIVERGED) -> None:
+                 watch: Sequence[str] | None = None, exit_code: int | None = EXIT_DIVERGED) -> None:
         super().__init__()
         self.writer = JsonlWriter(path, all_ranks=True)  # the trainer says which process is rank 0
         self._save_dir = save_dir
-        self.watch = tuple(watch)
+        self.watch = None if watch is None else tuple(watch)
         self.exit_code = exit_code
         self.diverged: str | None = None
         self._trainer_ref: weakref.ReferenceType[Any] | None = None

@@ -6,11 +6,12 @@ Every `Trainer.log` (train loss, grad_norm, learning_rate, eval_* metrics, the f
 becomes one record at `state.global_step`, values exactly as HF logged them (its `state.log_history`),
 plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes.
 
-A non-finite loss or grad norm (any logged key containing a `watch` word) stops training after the
-current step and ends the process with exit code 11, which babysit classifies `diverged` (see
-`babysit.integrations` for why this way). Note that HF's `logging_nan_inf_filter` (on by default)
-replaces a NaN *training* loss by an average of earlier ones before logging it; `grad_norm` and
-`eval_loss` still show the divergence, and the callback watches both.
+A non-finite watched value (by default any logged key containing `loss` or `grad_norm`; the run's
+`[guards] nonfinite_metrics` when it declares them: the one rule babysit's guard applies, see
+`babysit.core.nonfinite`) stops training after the current step and ends the process with exit code
+11, which babysit classifies `diverged` (see `babysit.integrations` for why this way). Note that HF's
+`logging_nan_inf_filter` (on by default) replaces a NaN *training* loss by an average of earlier ones
+before logging it; `grad_norm` and `eval_loss` still show the divergence, and the callback watches both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from babysit.client import JsonlWriter
-from babysit.integrations import DEFAULT_WATCH, EXIT_DIVERGED, Diverged, describe, nonfinite_watched
+from babysit.integrations import EXIT_DIVERGED, Diverged, describe, nonfinite_watched
 
 try:
     from transformers import TrainerCallback
@@ -32,15 +33,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 class BabysitCallback(TrainerCallback):
     """Writes HF Trainer logs to `$BABYSIT_LOG` (or `path`) and ends a diverged run with exit code 11.
 
-    watch: substrings of the logged keys whose non-finite value means divergence.
+    watch: the logged keys whose non-finite value means divergence (exact names, as
+    `[guards] nonfinite_metrics`); None: the run's declaration, else every *loss* and *grad_norm*.
     exit_code: the code the process ends with after a divergence (None: only stop training, e.g. in a
     notebook; babysit then still sees the `diverged` record).
     """
 
-    def __init__(self, path: str | None = None, *, watch: Sequence[str] = DEFAULT_WATCH,
+    def __init__(self, path: str | None = None, *, watch: Sequence[str] | None = None,
                  exit_code: int | None = EXIT_DIVERGED) -> None:
         self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
-        self.watch = tuple(watch)
+        self.watch = None if watch is None else tuple(watch)
         self.exit_code = exit_code
         self.diverged: str | None = None  # what diverged, once it has
 

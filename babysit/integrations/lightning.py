@@ -9,7 +9,8 @@ babysit/integrations/_lightning_core.py for why not Lightning's `step`), the val
 them to its loggers, plus `total_steps` (max_steps, else the trainer's estimate) for babysit's ETA.
 Only global rank 0 writes.
 
-A non-finite value of a watched key (one containing "loss" or "grad_norm") sets `trainer.should_stop`
+A non-finite value of a watched key (the run's `[guards] nonfinite_metrics`, else one containing "loss" or
+"grad_norm": babysit.core.nonfinite, the rule the daemon applies) sets `trainer.should_stop`
 (agreed across ranks), writes a `diverged` record, and when fit ends the process exits with code 11,
 which babysit classifies `diverged` (`babysit.integrations` says why this way).
 
@@ -35,6 +36,7 @@ class BabysitLogger(BabysitLoggerCore, Logger):
     Args:
         path: the JSONL file; default `$BABYSIT_LOG`, which babysit sets for every attempt.
         save_dir: where checkpoints and LightningCLI's config go; default one folder an attempt.
-        watch: substrings of metric names whose non-finite value means divergence.
+        watch: the metric names whose non-finite value means divergence (exact, as `[guards]
+        nonfinite_metrics`); None: the run's declaration, else every *loss* and *grad_norm*.
         exit_code: the process's exit code after a divergence; None only stops training.
     """
