@@ -20,6 +20,14 @@ from dataclasses import dataclass
 from babysit.core.spec import AttemptProfile, RunSpec
 
 _INT = re.compile(r"[+-]?\d+")
+# Stops that are never retried: the reason is outside the run (a foreign GPU holder, the budget, a person).
+# stalled, diverged and gpu-fault stops keep their class and follow retry.on.
+GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")
+
+
+def is_guard_stop(stopped_by: str | None) -> bool:
+    """Whether the stop that decided an attempt's outcome is one that is never retried."""
+    return stopped_by in GUARD_STOPS
 
 
 @dataclass(frozen=True)
