@@ -23,7 +23,7 @@ import structlog
 from babysit import logtail, reading, sources
 from babysit.campaign.hook import after_final_verdict
 from babysit.clock import SYSTEM, Clock
-from babysit.core import classify, guards, nonfinite, retry, smoke, snapshot
+from babysit.core import classify, guards, nonfinite, readable, retry, smoke, snapshot
 from babysit.core.errors import BabysitError, PreregTampered
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
@@ -43,7 +43,6 @@ log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
-UNREADABLE_MIN_LINES = 20  # lines of output without one record before log-unreadable (or the stall limit of output)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
@@ -643,19 +642,18 @@ class RunSupervisor:
             evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
         if not self.spec.source.copies and not evidence.lines_seen:
             return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
-        # A few lines (imports, a banner) before the first record are normal, and a healthy source may stay
-        # quiet for up to the stall limit (a trainer that logs or flushes every few minutes), its first
-        # record included: few lines say nothing until the run's output has been there that long.
+        # A preamble (nanoGPT's ~55 lines, HF's config dumps) before the first record is normal: only
+        # enough lines AND enough time since the first one make a source unreadable (core.readable).
         first = self.first_output_wall
-        waited = first is not None and \
-            (self.ctx.now() - first) * 60 / self.ctx.scale >= self.spec.guards.stall_minutes * 60
-        if (evidence.lines_seen or 0) < UNREADABLE_MIN_LINES and not waited:
+        waited = readable.judge(evidence.lines_seen, None if first is None else self.ctx.now() - first,
+                                self.ctx.scale)
+        if waited is None:
             return
         message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
         if message:
-            self._incident("log-unreadable", message, {"lines_seen": evidence.lines_seen,
-                                                       "records_parsed": evidence.records_parsed,
-                                                       "log": str(self.records_log)},
+            self._incident("log-unreadable", f"{message} ({waited.phrase()})",
+                           {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
+                            "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
                            key=f"{self.run}:{attempt.n}:log-unreadable")
 
     def _end_step(self, attempt: Attempt) -> int | None:

@@ -94,19 +94,34 @@ def test_a_nan_run_that_exits_0_is_never_completed(workspace: Path) -> None:
     assert [a.outcome for a in attempts] == ["diverged"] * 3, [a.detail for a in attempts]  # retried, never clean
 
 
+def test_nanogpts_default_preamble_and_its_compile_raise_no_incident(workspace: Path) -> None:
+    """nanoGPT prints ~50 lines (its config file, vocab size, parameter counts, fused AdamW, "compiling the
+    model…") and compiles for a minute before its first `iter` line: babysit called that log-unreadable."""
+    register_run(workspace, "nano_pre", attempts=[["--iters", "40", "--sleep", "0.02", "--compile-seconds", "3"]])
+    run_daemon(workspace)
+    store = store_of(workspace)
+    (attempt,) = store.attempts("nano_pre")
+    assert attempt.outcome == "completed"
+    assert len(store.polls("nano_pre", 50)) >= 2, "polled during the preamble (1 s a declared minute)"
+    assert not [(i.kind, i.body) for i in store.incidents("nano_pre") if i.kind in ("stalled", "log-unreadable")]
+
+
 def test_patterns_that_match_nothing_raise_log_unreadable_and_the_run_goes_on(workspace: Path) -> None:
     wrong = PATTERNS.replace("iter (?P<step>", "iteration (?P<step>").replace("step (?P<step>", "epoch (?P<step>")
-    register_run(workspace, "nano_wrong", source=wrong, attempts=[["--iters", "60", "--sleep", "0.05"]])
+    # 150 lines over ~8 s: past both thresholds (100 lines, 5 declared minutes = 5 s under --accelerated)
+    register_run(workspace, "nano_wrong", source=wrong, attempts=[["--iters", "150", "--sleep", "0.05"]])
     run_daemon(workspace)
     store = store_of(workspace)
     (attempt,) = store.attempts("nano_wrong")
     assert attempt.outcome == "completed"
     (incident,) = [i for i in store.incidents("nano_wrong") if i.kind == "log-unreadable"]
-    assert incident.body["records_parsed"] == 0 and incident.body["lines_seen"] >= 20
+    assert incident.body["records_parsed"] == 0 and incident.body["lines_seen"] >= 100
+    assert 5 <= incident.body["waited_seconds"] < 30  # real seconds, not the declared minutes shown as 5m
     posted = [m for m in map(json.loads, (workspace / ".babysit" / "channel.jsonl").read_text().splitlines())
               if m.get("kind") == "incident" and "log-unreadable" in json.dumps(m)]
     text = json.dumps(posted)
     assert "0 records parsed" in text and "iteration (?P<step>" in text and "not stopped" in text
+    assert "babysit waited " in text and "s after the first line of output and saw " in text
     assert not [i for i in store.incidents("nano_wrong") if i.kind == "stalled"]
 
 
