@@ -31,6 +31,7 @@ import structlog
 
 from babysit import registry as registry_mod
 from babysit import sources, wake
+from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning
 from babysit.core.spec import check_cadence, load_spec
@@ -157,6 +158,7 @@ class Daemon:
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
         self._control()  # every registered run started; requests queued while no daemon was up
+        campaign_hook.catch_up(self.ctx)  # campaign steps a killed daemon left due (docs/campaigns.md)
         self._sync_jobs()
         self.delivery.start()
         self.scheduler.start()

@@ -1,10 +1,9 @@
-"""What a campaign does when a run's FINAL verdict lands, and what an owner's decision does.
+"""The steps a campaign's grid is carried out with, and what an owner's decision does.
 
-`on_final_verdict` is the daemon's one hook (called after the verdict is saved and queued): it reads
-the grid frozen at register, records the verdict and the suspect moves in the campaign's history,
-banks the checkpoints (copied, sha256 manifest, verified by reading the copies back), writes the
-proposed runs (never launches them), draws the saga chart and queues the campaign post and the owner
-call. Every step is keyed, so a restarted daemon redoing it records and posts nothing twice.
+`babysit/campaign/outcomes.py` decides when (a run's grid waits for its parent's FINAL verdict) and
+calls these: bank the checkpoints (copied, sha256 manifest, verified by reading the copies back),
+write the proposed runs (never launched), draw the saga chart. Every step is keyed in the store, so a
+restarted daemon redoing it records nothing twice.
 
 `decide` is what a button click does after the bot checked the signature and the allow-list: the
 first decision wins (the store's atomic update), `launch`/`extend` register the proposal (the same
@@ -17,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,10 +28,10 @@ from babysit.campaign import grid as grid_mod
 from babysit.campaign import join, propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
-from babysit.campaign.spec import Campaign, load_campaign, parse_grid
+from babysit.campaign.spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.spec import load_spec
-from babysit.core.tomlfile import Table, load
+from babysit.core.tomlfile import load
 from babysit.prereg_record import keep_frozen_copy
 from babysit.reading import check_fixture
 from babysit.store import OwnerCall, Store
@@ -46,53 +44,6 @@ CHUNK = 1 << 20
 
 class BankError(BabysitError):
     """The checkpoints could not be banked (none, unreadable, a copy that does not verify)."""
-
-
-def on_final_verdict(ctx: Any, spec: Any, verdict: Mapping[str, Any]) -> None:
-    """The campaign's actions for this FINAL verdict; nothing for a run outside any campaign."""
-    store: Store = ctx.store
-    joined = store.campaign_run(spec.name)
-    if joined is None or verdict.get("status") != "FINAL":
-        return
-    row = store.campaign(joined["campaign"])
-    if row is None:
-        return
-    campaign = load_campaign(row["file"])
-    grid = parse_grid(Table(json.loads(joined["grid"]), f"the grid frozen for {spec.name}", "campaign.grid"))
-    label = str(verdict.get("label"))
-    plan = grid_mod.plan(spec.name, label, grid, verdict.get("interpretation"))
-    now = ctx.now()
-    key = f"{campaign.name}:{spec.name}:final"
-    store.add_campaign_event(campaign.name, spec.name, "verdict",
-                             {"label": label, "delta": verdict.get("delta"), "sentence": plan.sentence}, now,
-                             dedupe_key=f"{key}:verdict")
-    for suspect, status in plan.moves:
-        store.add_campaign_event(campaign.name, spec.name, "suspect",
-                                 {"suspect": suspect, "status": status, "run": spec.name, "label": label}, now,
-                                 dedupe_key=f"{key}:suspect:{suspect}")
-    bank = _bank_step(store, campaign, spec, plan, key, now) if plan.bank_to else None
-    proposals = _proposal_step(store, campaign, spec, plan, key, now)
-    chart, chart_error = _saga_step(ctx, campaign)
-    moved = [e.body for e in store.campaign_events(campaign.name, "suspect")]
-    suspects = [{"name": s.name, "status": s.status, "by_run": s.by_run, "by_label": s.by_label}
-                for s in grid_mod.suspect_table(campaign, moved)]
-    channel = campaign.channel or spec.notify.channel or ctx.default_channel
-    store.enqueue(spec.name, "campaign", {
-        "run": spec.name, "campaign": campaign.name, "label": label, "sentence": plan.sentence,
-        "moves": [list(m) for m in plan.moves], "bank": bank, "proposals": proposals, "suspects": suspects,
-        "chart_path": str(chart) if chart else None, "chart_error": chart_error, "channel": channel,
-    }, now, dedupe_key=f"{key}:post")
-    if plan.question:
-        options = tuple(o for o in plan.options if o == grid_mod.HOLD or o in proposals)
-        call = store.open_owner_call(campaign.name, spec.name, plan.question, options,
-                                     {"label": label, "proposals": proposals}, now, dedupe_key=f"{key}:call")
-        store.add_campaign_event(campaign.name, spec.name, "owner-call",
-                                 {"call": call.id, "question": plan.question, "options": list(options)}, now,
-                                 dedupe_key=f"{key}:call")
-        store.enqueue(spec.name, "owner-call", {
-            "run": spec.name, "campaign": campaign.name, "call_id": call.id, "label": label,
-            "question": plan.question, "options": list(options), "proposals": proposals, "channel": channel,
-            "owners": list(campaign.owners)}, now, dedupe_key=f"{key}:call-post")
 
 
 def bank(source: Path, dest: Path, *, run: str, label: str, now: float) -> dict[str, Any]:
@@ -180,8 +131,8 @@ def launch_file(registry_path: Path, path: Path) -> str:
     return spec.name
 
 
-# -- steps of on_final_verdict -------------------------------------------------------------------------
-def _bank_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
+# -- the steps of a grid carried out (outcomes.carry) -------------------------------------------------
+def bank_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
                now: float) -> dict[str, Any]:
     dest = (campaign.file.parent / str(plan.bank_to)).resolve()
     try:
@@ -196,7 +147,7 @@ def _bank_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan,
     return body
 
 
-def _proposal_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
+def proposal_step(store: Store, campaign: Campaign, spec: Any, plan: grid_mod.Plan, key: str,
                    now: float) -> dict[str, str]:
     """Write the proposed run.tomls (launch: the next single-delta run; extend: this run to N steps)."""
     out: dict[str, str] = {}
@@ -232,12 +183,11 @@ def _write(campaign: Campaign, spec: Any, table: dict[str, Any], name: str, susp
     return at
 
 
-def _saga_step(ctx: Any, campaign: Campaign) -> tuple[Path | None, str | None]:
+def saga_step(store: Store, state_dir: Path, campaign: Campaign) -> tuple[Path | None, str | None]:
     """The saga chart, best effort: a chart that cannot be drawn never costs the campaign's actions."""
     try:
-
-        view = view_of(campaign, ctx.store, curves=True)
-        return render_saga(view, Path(ctx.state_dir) / "campaigns" / f"{campaign.name}.png"), None
+        view = view_of(campaign, store, curves=True)
+        return render_saga(view, Path(state_dir) / "campaigns" / f"{campaign.name}.png"), None
     except Exception as exc:  # best effort by design
         log.error("saga chart not drawn", campaign=campaign.name, exc_info=exc)
         return None, f"{type(exc).__name__}: {exc}"[:200]

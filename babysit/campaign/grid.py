@@ -9,7 +9,7 @@ declaration plus every recorded move, so it can be re-derived by anyone from the
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from babysit.campaign.spec import Campaign, GridEntry, Proposal
@@ -45,6 +45,22 @@ class SuspectRow:
     by_run: str | None = None  # the run whose FINAL verdict set the status (None: as declared)
     by_label: str | None = None
     note: str = ""
+    held: tuple[str, ...] = ()  # moves that do not count (yet): pending on a parent, or suspended
+
+
+@dataclass(frozen=True)
+class Held:
+    """A move the grid declared that does not stand: pending on the run's parent, or suspended."""
+
+    suspect: str
+    status: str
+    run: str
+    label: str
+    outcome: str  # "pending" | "suspended"
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.outcome.upper()}: → {self.status} by {self.run} ({self.label}) — {self.why}"
 
 
 def plan(run: str, label: str, grid: Mapping[str, GridEntry], interpretation: str | None) -> Plan:
@@ -61,15 +77,24 @@ def plan(run: str, label: str, grid: Mapping[str, GridEntry], interpretation: st
                 propose=entry.propose, extend_to=entry.extend_to, question=question)
 
 
-def suspect_table(campaign: Campaign, moves: Iterable[Mapping[str, Any]]) -> tuple[SuspectRow, ...]:
-    """Declared statuses, then each recorded move in order ({"suspect", "status", "run", "label"})."""
+def suspect_table(campaign: Campaign, moves: Iterable[Mapping[str, Any]],
+                  held: Iterable[Held] = ()) -> tuple[SuspectRow, ...]:
+    """Declared statuses, then each recorded move in order ({"suspect", "status", "run", "label"}) but
+    those of a run whose outcome is held (pending or suspended: docs/campaigns.md), which are listed on
+    their suspect's row instead of moving it."""
+    held = tuple(held)
+    not_counted = {h.run for h in held}
     rows = {s.name: SuspectRow(s.name, s.status, s.status, note=s.note) for s in campaign.suspects}
     for m in moves:
         old = rows.get(str(m.get("suspect")))
-        if old is None:
-            continue  # a suspect removed from campaign.toml since: its history stays in the store
+        if old is None or m.get("run") in not_counted:
+            continue  # a suspect removed from campaign.toml since (its history stays), or a held outcome
         rows[old.name] = SuspectRow(old.name, str(m.get("status")), old.declared, m.get("run"), m.get("label"),
                                     old.note)
+    for h in held:
+        old = rows.get(h.suspect)
+        if old is not None:
+            rows[old.name] = replace(old, held=(*old.held, str(h)))
     return tuple(rows.values())
 
 

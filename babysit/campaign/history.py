@@ -7,13 +7,14 @@ run with its delta, label and what it changed, the banked references, and the de
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from babysit import registry as registry_mod
 from babysit.campaign import grid as grid_mod
+from babysit.campaign import settle
 from babysit.campaign.spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
@@ -38,6 +39,8 @@ class RunView:
     curve: tuple[tuple[int, float], ...] = ()  # delta from the baseline eval, by step
     bands: tuple[tuple[str, float | None, float | None], ...] = ()  # the original rule: (label, min, max)
     metric: str | None = None
+    outcome: str | None = None  # its grid: carried | pending | suspended | None (no FINAL verdict yet)
+    outcome_why: str | None = None  # what it stands on, waits for, or why it is suspended
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,11 @@ class View:
         return {
             "campaign": c.name, "question": c.question, "file": str(c.file),
             "suspects": [{"name": s.name, "status": s.status, "declared": s.declared, "by_run": s.by_run,
-                          "by_label": s.by_label} for s in self.suspects],
+                          "by_label": s.by_label, "held": list(s.held)} for s in self.suspects],
             "banked": [{"name": b.name, "delta": b.delta, "note": b.note} for b in c.banked],
             "runs": [{"name": r.name, "parent": r.parent, "suspect": r.suspect, "changed": r.changed,
                       "state": r.state, "label": r.label, "delta": r.delta, "status": r.verdict_status,
-                      "scale": r.scale} for r in self.runs],
+                      "scale": r.scale, "outcome": r.outcome, "outcome_why": r.outcome_why} for r in self.runs],
             "decisions": [{"call": k.id, "run": k.run, "question": k.question, "options": list(k.options),
                            "decision": k.decision, "decided_by": k.decided_by, "decided_at": k.decided_at,
                            "result": k.result} for k in self.calls],
@@ -82,13 +85,18 @@ def collect(registry_path: Path, name: str, *, curves: bool = False) -> View:
 
 
 def view_of(campaign: Campaign, store: Store, *, curves: bool = False) -> View:
-    moves = [e.body for e in store.campaign_events(campaign.name, "suspect")]
+    events = tuple(store.campaign_events(campaign.name))
+    moves = [e.body for e in events if e.kind == "suspect"]
+    history = [(e.run, e.kind, e.body) for e in events]
+    outcomes = settle.outcomes(history)
     runs = []
     states = store.run_states()
     for joined in store.campaign_runs(campaign.name):
-        runs.append(_run_view(joined, store, states.get(joined["run"], ("pending", {}))[0], curves))
-    return View(campaign, grid_mod.suspect_table(campaign, moves), tuple(runs),
-                tuple(store.owner_calls(campaign.name)), tuple(store.campaign_events(campaign.name)))
+        view = _run_view(joined, store, states.get(joined["run"], ("pending", {}))[0], curves)
+        kind, body = outcomes.get(view.name, (None, {}))
+        runs.append(replace(view, outcome=kind, outcome_why=body.get("why")))
+    return View(campaign, grid_mod.suspect_table(campaign, moves, settle.held_moves(history)), tuple(runs),
+                tuple(store.owner_calls(campaign.name)), events)
 
 
 def _run_view(joined: dict[str, Any], store: Store, state: str, curves: bool) -> RunView:
@@ -104,9 +112,6 @@ def _run_view(joined: dict[str, Any], store: Store, state: str, curves: bool) ->
     spec = _spec(Path(joined["spec"]))
     if spec is None or spec.prereg is None:
         return base
-    from dataclasses import replace
-
-
     series, _, _ = read_series(records_log(spec, store), spec.prereg)
     values = dict(series)
     b = spec.prereg.baseline_step

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from babysit import registry as registry_mod
 from babysit.campaign import spec as cspec
+from babysit.campaign import wording
 from babysit.campaign.delta import Delta, compute, refusal
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import RunSpec, load_spec
@@ -25,6 +26,7 @@ class Joining:
     campaign: cspec.Campaign
     link: cspec.RunLink
     delta: Delta | None  # None: no parent declared (the campaign's first run)
+    warnings: tuple[str, ...] = ()  # for stderr: said, never refused (e.g. the parent's prereg words copied)
 
     def lines(self) -> list[str]:
         head = f"campaign {self.campaign.name}: "
@@ -48,6 +50,7 @@ def prepare(spec: RunSpec, registry_path: Path, shown: str) -> Joining | None:
     if spec.prereg is not None:
         cspec.check_labels(link, spec.prereg.labels, shown)
     delta = None
+    warnings: tuple[str, ...] = ()
     if link.parent is not None:
         if link.parent == spec.name:
             raise BadInput(f"{shown}: campaign.parent: a run cannot be its own parent ('{spec.name}')",
@@ -56,6 +59,7 @@ def prepare(spec: RunSpec, registry_path: Path, shown: str) -> Joining | None:
         delta = compute(spec, parent, link, campaign)
         if delta.refused:
             raise refusal(delta, shown)
+        warnings = wording.echo_warnings(shown, link.parent, wording.echoed_keys(spec.prereg, parent.prereg))
     reg = registry_mod.load(registry_path)
     store = Store.in_dir(reg.state_dir)
     try:
@@ -67,7 +71,7 @@ def prepare(spec: RunSpec, registry_path: Path, shown: str) -> Joining | None:
             f"{shown}: run '{spec.name}' joined campaign '{joined['campaign']}' with another interpretation grid "
             f"(sha256 {joined['grid_sha256'][:12]}…); this spec's [campaign] grid hashes to {link.grid_sha256[:12]}…",
             hint="the grid is frozen at register like the prereg: restore it, or register the run under a new name")
-    return Joining(campaign, link, delta)
+    return Joining(campaign, link, delta, warnings)
 
 
 def record(joining: Joining, spec: RunSpec, state_dir: Path, now: float | None = None) -> None:

@@ -19,16 +19,19 @@ EXTEND_ACTION_ID = "babysit_owner_call_extend"
 HOLD_ACTION_ID = "babysit_owner_call_hold"
 ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
 ICON = {"live": "🔴", "convicted": "⚖️", "exonerated": "✅", "untested": "⚪"}
+HELD_ICON = {"PENDING": "⏳", "SUSPENDED": "⏸"}
 
 
 def suspect_lines(suspects: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line a suspect: status, and which run's verdict set it (or "declared")."""
+    """One line a suspect: status, and which run's verdict set it (or "declared"); then each move that
+    does not count, pending on a parent or suspended (docs/campaigns.md)."""
     width = max((len(str(s["name"])) for s in suspects), default=8)
     out = []
     for s in suspects:
         why = f"by {s['by_run']} ({s['by_label']})" if s.get("by_run") else "declared"
         icon = ICON.get(str(s["status"]), "·")
         out.append(f"{icon} {str(s['name']).ljust(width)}  {str(s['status']).ljust(10)}  {why}")
+        out += [f"   {HELD_ICON.get(h.split(':', 1)[0], '·')} {h}" for h in s.get("held") or ()]
     return out
 
 
@@ -42,6 +45,8 @@ def run_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
         tests = f" tests {r['suspect']}" if r.get("suspect") else ""
         scale = f" · own units ×{r['scale']:.4g}" if r.get("scale") else ""
         out.append(f"• {r['name']}{parent}{tests} [{r['state']}]: {read}{status}{scale}\n    changed: {r['changed']}")
+        if r.get("outcome") in ("pending", "suspended"):
+            out[-1] += f"\n    {HELD_ICON[r['outcome'].upper()]} outcome {r['outcome'].upper()}: {r.get('outcome_why')}"
     return out
 
 
@@ -69,29 +74,67 @@ def show_text(view: Mapping[str, Any]) -> str:
 
 
 def campaign_post(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """After a FINAL verdict: the grid's sentence, what moved, what was banked and proposed, the table."""
-    head = f"🧭 {p['campaign']}: {p['run']} FINAL {p['label']} — {p['sentence']}"
-    done = []
-    for suspect, status in p.get("moves") or ():
-        done.append(f"suspect {suspect} → {status}")
-    bank = p.get("bank")
-    if bank:
-        done.append(f"banked {bank['files']} file(s), {bank['bytes']} bytes to {bank['dest']} (manifest sha256 "
-                    "verified)" if bank.get("ok") else f"NOT banked: {bank.get('error')}")
-    for kind, path in (p.get("proposals") or {}).items():
-        done.append(f"proposed ({kind}): {path} — not launched; an owner call follows")
+    """After a FINAL verdict: the grid's sentence, what moved, what was banked and proposed, the table —
+    or, while the run's parent has not settled, that its outcome is pending and on what; or, on an
+    instrument-ambiguous parent, that it is suspended and what was withdrawn."""
+    outcome = p.get("outcome") or "carry"
+    baseline = p.get("baseline") or {}
+    if outcome == "pend":
+        head = (f"⏳ {p['campaign']}: {p['run']} FINAL {p['label']} — outcome PENDING: nothing moves, is banked or "
+                f"proposed until its parent settles; waiting for {baseline.get('why')}")
+        done = [f"if it lands usable (FINAL, not AMBIGUOUS-BY-INSTRUMENT) the grid says: {p['sentence']}",
+                *_would(p, "then")]
+        title = f"⏳ {p['campaign']}: {p['run']} → {p['label']} (PENDING)"
+    elif outcome == "suspend":
+        head = (f"⏸ {p['campaign']}: {p['run']} FINAL {p['label']} — conclusion SUSPENDED: {baseline.get('why')}")
+        done = [f"the grid's “{p['sentence']}” does not stand", *_withdrawn(p)]
+        title = f"⏸ {p['campaign']}: {p['run']} → {p['label']} (SUSPENDED)"
+    else:
+        head = f"🧭 {p['campaign']}: {p['run']} FINAL {p['label']} — {p['sentence']}"
+        done = [f"suspect {suspect} → {status}" for suspect, status in p.get("moves") or ()]
+        bank = p.get("bank")
+        if bank:
+            done.append(f"banked {bank['files']} file(s), {bank['bytes']} bytes to {bank['dest']} (manifest sha256 "
+                        "verified)" if bank.get("ok") else f"NOT banked: {bank.get('error')}")
+        for kind, path in (p.get("proposals") or {}).items():
+            done.append(f"proposed ({kind}): {path} — not launched; an owner call follows")
+        if baseline.get("parent"):
+            done.append(f"read against: {baseline.get('why')}")
+        title = f"🧭 {p['campaign']}: {p['run']} → {p['label']}"
     table = "\n".join(suspect_lines(p.get("suspects") or ()))
     text = "\n".join([head, *(f"  {d}" for d in done), "suspects:", table])
     if p.get("chart_path"):
         text += f"\nsaga chart: {p['chart_path']}"
     elif p.get("chart_error"):
         text += f"\nsaga chart: not drawn ({p['chart_error']})"
-    blocks = [header(f"🧭 {p['campaign']}: {p['run']} → {p['label']}"), section(f"*grid:* {p['sentence']}")]
+    blocks = [header(title[:150]), section(head if outcome != "carry" else f"*grid:* {p['sentence']}")]
     if done:
         blocks.append(section("\n".join(f"• {d}" for d in done)))
     blocks.append(section("*suspects:*\n" + code(table)))
     blocks.append(context(f"`/babysit campaign {p['campaign']}` shows the table · docs/campaigns.md"))
     return text, blocks
+
+
+def _would(p: Mapping[str, Any], when: str) -> list[str]:
+    out = [f"{when}: suspect {suspect} → {status}" for suspect, status in p.get("moves") or ()]
+    would = p.get("would") or {}
+    if would.get("bank_to"):
+        out.append(f"{when}: bank the checkpoints to {would['bank_to']}")
+    out += [f"{when}: propose {what}" for what in would.get("proposals") or ()]
+    return out
+
+
+def _withdrawn(p: Mapping[str, Any]) -> list[str]:
+    w = p.get("withdrawn") or {}
+    if not w:
+        return ["nothing was moved, banked or proposed on it", *_would(p, "not done")]
+    out = [f"withdrawn: suspect {suspect} → {status} (it no longer counts)" for suspect, status in w.get("moves") or ()]
+    out += [f"banked earlier to {dest}: not load-bearing (kept, not deleted)" for dest in w.get("banked") or ()]
+    out += [f"proposed earlier: {path} — do not launch it on this baseline" for path in w.get("proposed") or ()]
+    out += [f"owner call #{c} closed (held by babysit)" for c in w.get("calls_closed") or ()]
+    out += [f"owner call #{d['call']} was already answered ({d['decision']} by {d['by']}): what it launched stands "
+            "on a suspended conclusion" for d in w.get("calls_decided") or ()]
+    return out
 
 
 def table_reply(view: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:

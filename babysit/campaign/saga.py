@@ -52,7 +52,8 @@ def render_saga(view: View, path: Path | str) -> Path:
                 transform=ax.transAxes, color="#777777")
     fig.text(0.02, 0.975, f"campaign {view.campaign.name}", ha="left", va="top", fontsize=11, color="#333333")
     fig.text(0.02, 0.945, view.campaign.question, ha="left", va="top", fontsize=13, fontweight="bold", wrap=True)
-    table = "  ·  ".join(f"{s.name}: {s.status}" for s in view.suspects)
+    table = "  ·  ".join(f"{s.name}: {s.status}" + "".join(f" ({h.split(' — ', 1)[0]})" for h in s.held)
+                         for s in view.suspects)
     fig.text(0.02, 0.895, "suspects — " + table, ha="left", va="top", fontsize=9, color="#333333", wrap=True)
     fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.25)
     plt.close(fig)
@@ -98,6 +99,9 @@ def _draw_run(ax: object, run: RunView, colour: str) -> None:
     label = f"{run.name}"
     if run.label:
         label += f" → {run.label}" + ("" if final else " (PROVISIONAL)")
+    if run.outcome in ("pending", "suspended"):  # its grid does not stand (yet): said, and drawn faded
+        label += f"\n  {outcome_label(run)}"
+        colour = "#999999" if run.outcome == "suspended" else colour
     if run.scale is not None:
         label += f"\n  own units: read against bands × {run.scale:.4g} (amendment scale)"
     cut = [i for i, s in enumerate(steps) if read is None or s <= read]
@@ -124,3 +128,14 @@ def _draw_run(ax: object, run: RunView, colour: str) -> None:
         ax.annotate(f"{run.delta:+.4f}", xy=(steps[cut[-1]] if cut else steps[-1],  # type: ignore[attr-defined]
                                              values[cut[-1]] if cut else values[-1]),
                     xytext=(6, 4), textcoords="offset points", fontsize=8.5, color=colour, fontweight="bold")
+
+
+def outcome_label(run: RunView) -> str | None:
+    """What the chart says of a run whose grid does not stand (yet); None: it stands or has none."""
+    if run.outcome not in ("pending", "suspended"):
+        return None
+    return f"outcome {run.outcome.upper()}: {_short(run.outcome_why or '')}"
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     joining = campaign_join.prepare(spec, path, args.spec)  # a campaign run: its delta shown, >1 refused (exit 2)
     for line in joining.lines() if joining else ():
         print(line)
+    for warning in joining.warnings if joining else ():  # e.g. a child's prereg words copied from its parent
+        print(f"WARNING: {warning}", file=sys.stderr)
     now = registry.utc_timestamp(datetime.now(timezone.utc))
     sha = spec.prereg.sha256 if spec.prereg else None
 

@@ -114,10 +114,28 @@ delta = {{HEALTHY_REF}}
 '''
 
 
+# drift_aug asks its own question: its one delta is the augmentation, so its words are about that
+# (`babysit register` warns when a single-delta run's question or interpretation is its parent's verbatim).
+AUG_QUESTION = ("With image augmentation (--image-augment 0.5), does the drift recipe's eval error still climb "
+                "between steps 500 and 1000 on one CPU?")
+AUG_INTERPRETATION = """[prereg.interpretation]
+HEALTHY = "With augmentation the climb is gone: the missing augmentation is the suspect (read against drift_disc)."
+SAME-DRIFT = "The climb survives augmentation: the missing augmentation is exonerated; look at the learning rate."
+AMBIGUOUS = "Augmentation shrinks the climb without removing it: owner call (extend to 1500 vs the next run)."
+AMBIGUOUS-BY-INSTRUMENT = "The raw and the scale-adjusted rules disagree on the augmented run: check the instrument."
+"""
+
+
 def run_toml_aug(drift_text: str) -> str:
-    """drift_disc with ONE delta, the suspect no-augment's flag, and a grid for what each label does."""
+    """drift_disc with ONE delta, the suspect no-augment's flag, its own question and interpretation, and a
+    grid for what each label does."""
     text = drift_text.replace(f'name = "{DRIFT_RUN}"', f'name = "{AUG_RUN}"', 1)
     text = text.replace('"--save-every", "500"]', '"--save-every", "500", "--image-augment", "0.5"]', 1)
+    question = next(line for line in text.splitlines() if line.startswith("question = "))
+    text = text.replace(question, f'question = "{AUG_QUESTION}"', 1)
+    start = text.index("[prereg.interpretation]")
+    end = text.index("\n\n", start) + 1
+    text = text[:start] + AUG_INTERPRETATION + text[end:]
     head = text.partition("[campaign]")[0]
     return head + f'''[campaign]                   # a single-delta run of drift_saga: drift_disc, one flag changed
 file = "campaign.toml"

@@ -50,11 +50,16 @@ def saga_svg(view: Any) -> str:
             labels.append((y, f"banked {b.name} {b.delta:+.4g}", "#444444"))
     for i, r in enumerate(runs):
         colour = RUN_COLOURS[i % len(RUN_COLOURS)]
-        out += svg._curve(p, r.curve, "run", colour, r.name, dashed=r.verdict_status != "FINAL")
+        held = r.outcome in ("pending", "suspended")  # its grid does not stand (yet): said, and drawn faded
+        if r.outcome == "suspended":
+            colour = "#999999"
+        out += svg._curve(p, r.curve, f"run {r.outcome}" if held else "run", colour, r.name,
+                          dashed=r.verdict_status != "FINAL" or held)
         last_value = r.curve[-1][1]
         if svg.fits(last_value):
             unit = f" (×{r.scale:.3g} units)" if r.scale else ""
-            labels.append((p.y(last_value), f"{r.name}: {r.label or 'no read'}{unit}", colour))
+            said = f" — {r.outcome.upper()}" if held else ""
+            labels.append((p.y(last_value), f"{r.name}: {r.label or 'no read'}{unit}{said}", colour))
     out += svg._margin(labels, p)
     bottom_y = svg.TOP + svg.PANEL_H
     for t in svg.nice_ticks(x_lo, x_hi, 8):
@@ -77,12 +82,19 @@ def campaign_fragment(view: Any, has_png: bool, now: float) -> str:
                      f'<img class="verdict-chart" alt="saga chart" src="{esc(campaign_href(view.campaign.name))}'
                      '/saga.png"></details>')
     parts.append("</section>")
-    parts.append(_table("suspects", ("suspect", "status", "declared", "moved by run", "by label"),
-                        [(s["name"], s["status"], s["declared"], s["by_run"], s["by_label"]) for s in data["suspects"]],
-                        links={3}))
-    parts.append(_table("runs", ("run", "parent", "suspect", "what it changed", "state", "read", "label", "Δ", "scale"),
+    held = [r for r in data["runs"] if r["outcome"] in ("pending", "suspended")]
+    if held:  # said before any table: a conclusion that does not stand must not be read as one
+        items = "".join(f'<li class="{esc(r["outcome"])}"><strong>{esc(r["name"])}</strong> ({esc(r["label"])}): '
+                        f'outcome {esc(r["outcome"].upper())} — {esc(r["outcome_why"])}</li>' for r in held)
+        parts.append(f'<section id="outcomes"><h2>Outcomes that do not stand</h2><ul>{items}</ul></section>')
+    parts.append(_table("suspects", ("suspect", "status", "declared", "moved by run", "by label", "held"),
+                        [(s["name"], s["status"], s["declared"], s["by_run"], s["by_label"], "; ".join(s["held"]))
+                         for s in data["suspects"]], links={3}))
+    parts.append(_table("runs", ("run", "parent", "suspect", "what it changed", "state", "read", "label", "Δ", "scale",
+                                 "outcome"),
                         [(r["name"], r["parent"], r["suspect"], r["changed"], r["state"], r["status"], r["label"],
-                          None if r["delta"] is None else f"{r['delta']:+.4f}", r["scale"]) for r in data["runs"]],
+                          None if r["delta"] is None else f"{r['delta']:+.4f}", r["scale"],
+                          r["outcome"] and r["outcome"].upper()) for r in data["runs"]],
                         links={0, 1}))
     parts.append(_table("banked", ("reference", "Δ", "note"),
                         [(b["name"], f"{b['delta']:+.4f}", b["note"]) for b in data["banked"]]))
