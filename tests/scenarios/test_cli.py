@@ -294,3 +294,10 @@ def test_the_demo_babysits_to_a_final_verdict(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / ".babysit" / "verdicts" / "drift_disc.png").stat().st_size > 10_000
     for text in ("diverged", "retrying", "FINAL", "amendment 1 recorded"):
         assert text in res.stdout
+    # the campaign's ending tells the truth: drift_aug's HEALTHY is read against drift_disc, whose
+    # instrument disagrees with itself, so nothing is convicted, banked or proposed on it (issue 25)
+    show = res.stdout[res.stdout.index("$ babysit campaign show drift_saga"):]
+    assert "⏸ outcome SUSPENDED: parent drift_disc read FINAL AMBIGUOUS-BY-INSTRUMENT" in show
+    assert "🔴 no-augment   live" in show and "convicted  " not in show
+    assert "conclusion SUSPENDED" in res.stdout and "CONVICTED.” does not stand" in res.stdout
+    assert not (tmp_path / "ws" / "runs" / "banked").exists() and not (tmp_path / "ws" / "runs" / "proposals").exists()
