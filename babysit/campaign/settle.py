@@ -20,12 +20,12 @@ from typing import Any
 
 from babysit.campaign.grid import Held
 from babysit.campaign.spec import AMBIGUOUS_BY_INSTRUMENT
+from babysit.core.status import ENDED_STATUSES, RunStatus
 
 SETTLED, PENDING, SUSPENDED = "settled", "pending", "suspended"
 CARRIED = "carried"  # recorded: the grid's actions were carried out
 NO_PARENT, BANKED, RUN = "no-parent", "banked", "run"  # what a run's parent is
 CARRY, PEND, SUSPEND = "carry", "pend", "suspend"  # the steps
-ENDED = ("finished", "failed", "stopped", "refused")  # a parent in one of these reads nothing more
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,10 @@ def settle(b: Baseline) -> Settlement:
         now = "now NO-READ"
     else:
         now = "no read yet"
-    if b.state in ENDED:
+    if b.state in ENDED_STATUSES:  # over for good: it reads nothing more
         return Settlement(PENDING, p, f"{wanted}, which may never come: {p} ended ({b.state}) without one "
                                       f"({now}); nothing moves until it reads FINAL")
-    state = {"pending": "not launched yet"}.get(b.state or "", b.state)
+    state = "not launched yet" if b.state == RunStatus.PENDING else b.state
     return Settlement(PENDING, p, f"{wanted} ({now}" + (f", {p} {state}" if state else "") + ")")
 
 
