@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nre-derive it yourself:  babysit verdict {runner.DRIFT_RUN} --registry {reg}")
     saga = state_dir / "campaigns" / f"{runner.CAMPAIGN}.png"
     if saga.exists():
-        print(f"\n$ babysit campaign show {runner.CAMPAIGN}   (saga chart: {saga}; "
-              f"proposals: {root / 'runs' / 'proposals'})")
+        proposals = root / "runs" / "proposals"  # none while the conclusion is pending or suspended
+        print(f"\n$ babysit campaign show {runner.CAMPAIGN}   (saga chart: {saga}"
+              + (f"; proposals: {proposals})" if proposals.is_dir() else ")"))
         cli_main(["campaign", "show", runner.CAMPAIGN, "--registry", str(reg)])
     return 0
 

@@ -33,7 +33,8 @@ from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe
 from babysit.store import Store
 from babysit.supervisor import DaemonContext, RunSupervisor
-from babysit.web.campaign_page import campaign_fragment
+from babysit.web.server import Settings, WebServer
+from tests.web.conftest import fetch
 
 # eval_chunk_mae at the baseline (500) and the read (1000): drift_disc as the demo measures it (Δ +0.0205:
 # SAME-DRIFT by the original rule, AMBIGUOUS under the ×2.5 amendment), drift_aug Δ +0.0025 → HEALTHY.
@@ -184,9 +185,16 @@ def test_a_child_landing_before_its_parent_is_pending_then_suspended_by_an_instr
     (drawn,) = [r for r in view.runs if r.name == CHILD_RUN]
     assert drawn.outcome == "suspended" and drawn.curve  # the chart's data: the run is drawn, as suspended
     assert outcome_label(drawn).startswith("outcome SUSPENDED: parent drift_disc")
-    page = campaign_fragment(view, has_png=False, now=time.time())
-    assert 'class="curve run suspended"' in page and "drift_aug: HEALTHY — SUSPENDED" in page
+    assert (demo.state_dir / "campaigns" / f"{CAMPAIGN}.png").stat().st_size > 10_000  # drawn with it
+    web = WebServer(demo.reg, Settings(port=0)).start()
+    try:
+        status, _, body = fetch(web.url + f"campaign/{CAMPAIGN}")
+    finally:
+        web.stop()
+    page = body.decode()
+    assert status == 200 and 'class="curve run suspended"' in page and "drift_aug: HEALTHY — SUSPENDED" in page
     assert '<section id="outcomes">' in page and "outcome SUSPENDED — parent drift_disc" in page
+    assert "<td>SUSPENDED</td>" in page  # the runs table's outcome column
     # the parent's own grid (its owner call) is its own: carried out
     assert [c.run for c in demo.store.owner_calls(CAMPAIGN)] == [PARENT_RUN]
 
