@@ -28,7 +28,7 @@ def echoed_keys(run: Prereg | None, parent: Prereg | None) -> tuple[str, ...]:
 
 def echo_warnings(shown: str, parent: str, keys: tuple[str, ...]) -> tuple[str, ...]:
     """One warning a key, naming the file and the key, saying what to do."""
-    return tuple(f"{shown}: {key}: the same text as parent '{parent}''s, word for word — a single-delta run asks "
+    return tuple(f"{shown}: {key}: its parent {parent}'s text, word for word — a single-delta run asks "
                  "its own question (about the one factor it changes); say what each label means for that factor, "
                  "or its verdict speaks with its parent's words (docs/campaigns.md)" for key in keys)
 

@@ -312,9 +312,9 @@ def test_register_warns_when_a_child_copies_its_parents_prereg_words(tmp_path: P
         copied.write_text(text)
         assert cli_main(["register", str(copied), "--accelerated", "--registry", str(d.reg)]) == 0  # not refused
         err = capsys.readouterr().err
-        assert f"WARNING: {copied}: prereg.question: the same text as parent '{PARENT_RUN}''s" in err
+        assert f"WARNING: {copied}: prereg.question: its parent {PARENT_RUN}'s text, word for word" in err
         for label in ("SAME-DRIFT", "AMBIGUOUS", "AMBIGUOUS-BY-INSTRUMENT"):
-            assert f"prereg.interpretation.{label}: the same text" in err
+            assert f"prereg.interpretation.{label}: its parent {PARENT_RUN}'s text" in err
         assert "prereg.interpretation.HEALTHY" not in err  # its own words
         assert "drift_aug_copied" in registry.load(d.reg).names
     finally:
