@@ -62,13 +62,20 @@ class Daemon:
     def __init__(self, registry_path: Path, *, gpu_probe: GpuProbe, channel: Channel, accelerated: bool = False,
                  exit_when_idle: bool = False, tick_seconds: float | None = None, clock: Clock = SYSTEM,
                  host_probe: HostProbe | None = None, executors: Mapping[str, Executor] | None = None,
-                 timers: Timers | None = None) -> None:
+                 timers: Timers | None = None, only: frozenset[str] | None = None,
+                 on_interrupt: Callable[[int], None] | None = None) -> None:
         self.registry_path = Path(registry_path).resolve()
         self.registry = registry_mod.load(self.registry_path)
         self.state_dir = self.registry.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.accelerated = accelerated
         self.exit_when_idle = exit_when_idle
+        # `babysit run`: babysit these runs alone (the registry's others wait for `babysit up`), and let a
+        # Ctrl-C mean what it says there (a stop of the run), called on the main thread with its count
+        self.only = only
+        self.on_interrupt = on_interrupt
+        self._interrupts = 0
+        self._interrupts_handled = 0
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
         # The read interval of runs stamped at read time (docs/your-trainer.md); every other log is read
         # by the guard round, polls, exits and requests: each wake-up costs the daemon CPU (bench/README.md).
@@ -127,6 +134,7 @@ class Daemon:
                 # no timeout unless the daemon exits when idle: every wake-up costs CPU owed to the runs
                 if self._wakeup.wait(0.5 if self.exit_when_idle else None):
                     self._wakeup.clear()
+                    self._interrupted()
                     if not self.stop_event.is_set():
                         self._on_wake()
                 if self.exit_when_idle and self.idle():
@@ -162,6 +170,16 @@ class Daemon:
         self._sync_jobs()
         self.delivery.start()
         self.scheduler.start()
+
+    def _interrupted(self) -> None:
+        """Ctrl-C under `on_interrupt`: its handler runs here, on the main thread, never in the signal
+        handler (which may have interrupted this thread holding a lock)."""
+        while self.on_interrupt is not None and self._interrupts_handled < self._interrupts:
+            self._interrupts_handled += 1
+            try:
+                self.on_interrupt(self._interrupts_handled)
+            except Exception:
+                log.exception("handling Ctrl-C failed")
 
     def _on_wake(self) -> None:
         """SIGUSR1: a control request (or a registration) is waiting: act on it now, on this thread."""
@@ -233,8 +251,14 @@ class Daemon:
             self.stop_event.set()
             self._wakeup.set()
 
+        def interrupt(*_: object) -> None:
+            self._interrupts += 1
+            self._wakeup.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stop)
+        if self.on_interrupt is not None:
+            signal.signal(signal.SIGINT, interrupt)
         signal.signal(wake.WAKE_SIGNAL, lambda *_: self._wakeup.set())  # a control request: run() acts on it
 
     def idle(self) -> bool:
@@ -260,7 +284,7 @@ class Daemon:
             log.error("registry unreadable; keeping the last good one", error=exc.message)
             return
         for entry in self.registry.runs:
-            if entry.name in self.supervisors:
+            if entry.name in self.supervisors or (self.only is not None and entry.name not in self.only):
                 continue
             path = self.registry.spec_path(entry)
             try:

@@ -83,6 +83,8 @@ class RunRow:
     verdict: Read | None = None
     hardware_profile: Mapping[str, Any] | None = field(default=None, compare=False)
     note: str | None = None  # why something is missing (an unreadable run.toml)
+    preset: str | None = None  # the printed-log preset reading it ([source] preset, or the one `auto` chose)
+    preset_pending: bool = False  # preset = "auto" and no printed line matched a preset yet
 
     def to_dict(self) -> dict[str, Any]:
         """The `status --json` shape (also what the Slack bot reads)."""
@@ -103,6 +105,7 @@ class RunRow:
              "at_step": self.verdict.at_step},
             "hardware_profile": None if self.hardware_profile is None else dict(self.hardware_profile),
             "note": self.note,
+            "preset": self.preset,
         }
 
 
@@ -181,6 +184,9 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
         verdict=None if v is None else Read(v.get("status"), v.get("label"), v.get("delta"), v.get("at_step")),
         hardware_profile=facts.get("hardware_profile"),  # set by `babysit smoke`
         note=note,
+        preset=facts.get("preset") or (spec.source.preset if spec is not None and spec.source.preset != "auto"
+                                       else None),
+        preset_pending=spec is not None and spec.source.preset == "auto" and not facts.get("preset"),
     )
 
 

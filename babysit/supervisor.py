@@ -29,6 +29,7 @@ from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.spec import RunSpec
+from babysit.core.suggest import suggest
 from babysit.executors import Executor
 from babysit.exitwatch import ExitWatcher
 from babysit.faults import crash_point
@@ -431,11 +432,13 @@ class RunSupervisor:
     def read_log(self) -> int:
         """Read new log records; returns how many. Stores the offset so a restart reads on from here."""
         pumped = self.pumped = self.pump.pump(self.ctx.now())
+        self._say_notices(pumped.notices)
         grew = pumped.output_grew
         for _ in range(8):  # a backlog (a long stdout after a restart): read on, a bounded number of times
             if not pumped.backlog:
                 break
             pumped = self.pumped = self.pump.pump(self.ctx.now())
+            self._say_notices(pumped.notices)
             grew = grew or pumped.output_grew
         if grew:
             self.last_output_wall = self.ctx.now()
@@ -466,6 +469,18 @@ class RunSupervisor:
         if new_eval:
             self._read_verdict()
         return len(read.records)
+
+    def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
+        """What the source found out about the run's printed lines, said once: the preset `auto` chose
+        (a message, and the run's facts for `status` and polls), a computed step that went backwards."""
+        n = self.attempt.n if self.attempt else 0
+        for kind, text in notices:
+            if kind == "preset":
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
+                self._message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
+                              key=f"{self.run}:preset:{text}")
+            elif kind == "step-backwards":
+                self._incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
@@ -759,7 +774,23 @@ class RunSupervisor:
             note=self.executor.status_note(self.attempt) if self.attempt is not None else None,
             log_path=str(self.records_log), seconds_since_launch=obs.seconds_since_launch,
             data_wait_frac=obs.data_wait_frac,
-            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()})
+            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()},
+            reading=self._reading() if kind == "first" else None)
+
+    def _reading(self) -> str | None:
+        """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
+        and what pattern would read the newest line."""
+        source = self.spec.source
+        if source.kind != "stdout" or source.preset is None:
+            return None
+        chosen = self.pump.preset
+        if chosen is not None:
+            return "📄 " + sources.preset_line(chosen)
+        sample = self.pumped.evidence.sample if self.pumped is not None else None
+        would = suggest(sample) if sample else None
+        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
+                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
+                   if would else "") + " (docs/your-trainer.md)")
 
     def _live_facts(self, obs: Observation) -> guards.LiveFacts:
         """The guards' facts from the check's one observation (a poll snapshots the same kind of record)."""

@@ -9,6 +9,7 @@ import time
 
 from babysit import registry, runview
 from babysit.core.errors import BadInput
+from babysit.core.source_spec import preset_line
 from babysit.runtable import status_table
 
 
@@ -35,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
             print(f"{r.run}: {r.note}")
+        if r.preset:
+            print(f"{r.run}: {preset_line(r.preset)}")
+        elif r.preset_pending:
+            print(f'{r.run}: preset = "auto": no printed line has matched a preset yet (a log-unreadable '
+                  "incident says what would, once enough lines are in)")
         if r.hardware_profile:
             hp = r.hardware_profile
             print(f"{r.run}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "

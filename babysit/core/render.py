@@ -127,6 +127,8 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     elif s.get("latest_eval"):
         evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
         lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
+    if s.get("reading") and s.get("kind") == "first":
+        lines.append(s["reading"])
     return Rendered("\n".join(lines), [section("\n".join(lines))])
 
 

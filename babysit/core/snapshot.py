@@ -55,6 +55,7 @@ class Snapshot:
     stall_seconds: float | None = None
     data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
     shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
+    reading: str | None = None  # how its printed lines are read (a preset), said in the first poll
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,7 +70,7 @@ class Snapshot:
             "latest_eval": None if self.latest_eval is None else dict(self.latest_eval),
             "latest_eval_step": self.latest_eval_step,
             "provisional": None if self.provisional is None else dict(self.provisional),
-            "flags": list(self.flags), "note": self.note, "log_path": self.log_path,
+            "flags": list(self.flags), "note": self.note, "log_path": self.log_path, "reading": self.reading,
             "seconds_since_launch": self.seconds_since_launch, "stall_seconds": self.stall_seconds,
             "seconds_since_last_record": self.seconds_since_last_record,
             "data_wait_frac": self.data_wait_frac,
@@ -114,7 +115,8 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
                    seconds_since_last_record: float | None = None, stall_seconds: float | None = None,
                    note: str | None = None, log_path: str | None = None,
                    seconds_since_launch: float | None = None, data_wait_frac: float | None = None,
-                   shown_metrics: Mapping[str, Sequence[float]] | None = None) -> Snapshot:
+                   shown_metrics: Mapping[str, Sequence[float]] | None = None,
+                   reading: str | None = None) -> Snapshot:
     """Assemble a snapshot. Progress comes from `points` (records or ProgressPoints with .step/.ts)
     unless `step` / `seconds_per_step` are given. The ETA counts to read_step (the verdict's read),
     else end_step (e.g. `steps_from_argv(argv)`); the GPU-hours projection counts to end_step, else
@@ -171,7 +173,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
         total_ram_bytes=host.total_ram_bytes if host else None, note=note, log_path=log_path,
         seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds, data_wait_frac=data_wait_frac,
         seconds_since_last_record=seconds_since_last_record,
-        shown_metrics=None if shown_metrics is None else dict(shown_metrics),
+        shown_metrics=None if shown_metrics is None else dict(shown_metrics), reading=reading,
     )
 
 

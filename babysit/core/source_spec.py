@@ -24,6 +24,7 @@ from typing import Any
 
 import re2
 
+from babysit.core import expr, presets
 from babysit.core.errors import SpecError
 from babysit.core.tomlfile import Table
 
@@ -71,14 +72,18 @@ def _backreference(regex: str) -> bool:
             continue
         i += 1
     return False
+AUTO = presets.AUTO  # `preset = "auto"`: the preset is chosen from the run's first printed lines
 
 
 @dataclass(frozen=True)
 class SourcePattern:
     """One `[[source.patterns]]`: a regex whose named group `step` is the step, every other named
-    group a metric of that name."""
+    group a metric of that name; or, with `step` (an expression), a regex whose step is computed from
+    the line's groups and the latest values earlier lines captured (docs/spec.md, computed steps)."""
 
     regex: str
+    step: expr.Expr | None = None
+    forward_only: bool = False  # a match whose step is below this pattern's last is no record (a bar's reset)
 
     @cached_property
     def compiled(self) -> re2._Regexp:
@@ -88,6 +93,10 @@ class SourcePattern:
     def metric_groups(self) -> tuple[str, ...]:
         index = self.compiled.groupindex  # RE2 lists it by name: the pattern's order is by index
         return tuple(sorted((g for g in index if g != STEP_GROUP), key=index.__getitem__))
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(self.compiled.groupindex)
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,9 @@ class SourceSpec:
     metrics: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # tag/column -> name
     step_offset: int = 0
     step_column: str = "step"  # csv
+    preset: str | None = None  # stdout: the preset whose patterns come first ("auto": chosen at run time)
+    candidates: tuple[tuple[str, tuple[SourcePattern, ...]], ...] = ()  # preset = "auto": every preset, in order
+    detect: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # preset -> its `detect` regex
 
     @property
     def copies(self) -> bool:
@@ -113,7 +125,8 @@ class SourceSpec:
     def fingerprint(self) -> str:
         """What the records were read with: a changed source means the record log is rebuilt."""
         body = {"kind": self.kind, "path": str(self.path) if self.path else None,
-                "patterns": [p.regex for p in self.patterns], "metrics": dict(self.metrics),
+                "patterns": [[p.regex, p.step.source if p.step else None, p.forward_only] for p in self.patterns],
+                "preset": self.preset, "metrics": dict(self.metrics),
                 "step_offset": self.step_offset, "step_column": self.step_column}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -141,6 +154,7 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
                     "csv": "the CSV file the trainer writes (e.g. Lightning's metrics.csv)"}.get(kind, "a path")
         path = workdir / _expand(t.str("path", check=bool, expected=expected), name, t)
     patterns = tuple(_pattern(p) for p in t.tables("patterns"))
+    preset = t.str("preset", None, check=bool, expected="a preset name (" + ", ".join(presets.names()) + ', or "auto")')
     metrics = t.str_map("metrics", {})
     step_offset = t.int("step_offset", 0)
     step_column = t.str("step_column", "step", check=bool, expected="the name of the CSV's step column")
@@ -154,8 +168,22 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
             raise SpecError(t.file, t.key("path"), f"the same file as run.log ({log})", str(t.data["path"]),
                             hint='for kind = "jsonl" the trainer\'s log is the record log: write one of the two')
         path = path or log
-    if kind == "stdout" and not patterns:
-        raise t.error("patterns", 'at least one [[source.patterns]] table for kind = "stdout"', "<none>")
+    if preset is not None and kind != "stdout":
+        raise t.error("preset", f'no preset for kind = "{kind}" (presets read printed lines: kind = "stdout")', preset)
+    candidates: tuple[tuple[str, tuple[SourcePattern, ...]], ...] = ()
+    detect: dict[str, str] = {}
+    if preset == AUTO:
+        candidates = tuple((n, preset_patterns(n, t)) for n in presets.names())
+        detect = {n: presets.load(n)["detect"] for n in presets.names() if "detect" in presets.load(n)}
+    elif preset is not None:
+        if preset not in presets.names():
+            raise t.error("preset", "one of " + ", ".join(f'"{n}"' for n in presets.names()) + ' or "auto"', preset)
+        base = preset_patterns(preset, t)
+        _check_steps(patterns, t, also=base)
+        patterns = base + patterns  # the user's own patterns are read too, after the preset's
+    if kind == "stdout" and not patterns and preset is None:
+        raise t.error("patterns", 'at least one [[source.patterns]] table, or a preset, for kind = "stdout"',
+                      "<none>", )
     if kind != "stdout" and patterns:
         raise t.error("patterns", f'no patterns for kind = "{kind}" (they apply to kind = "stdout")',
                       "<a list of tables>")
@@ -169,12 +197,30 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
                       "<a table>" if metrics else step_offset)
     if t.has("step_column") and kind != "csv":
         raise t.error("step_column", f'nothing for kind = "{kind}" (it names a CSV column)', step_column)
+    if preset is None:
+        _check_steps(patterns, t)
     return SourceSpec(kind=kind, path=path, patterns=patterns, metrics=MappingProxyType(metrics),
-                      step_offset=step_offset, step_column=step_column)
+                      step_offset=step_offset, step_column=step_column, preset=preset, candidates=candidates,
+                      detect=MappingProxyType(detect))
+
+
+def preset_patterns(name: str, where: Table | None = None) -> tuple[SourcePattern, ...]:
+    """A preset's [[patterns]], validated by the rules of [[source.patterns]] (a broken preset file is a
+    bug of babysit's: its error names the file)."""
+    table = Table(presets.load(name), presets.display(name))
+    patterns = tuple(_pattern(p) for p in table.tables("patterns"))
+    table.str("description", None)
+    table.str("origin", None)
+    table.str("detect", None)
+    table.finish()
+    _check_steps(patterns, table)
+    return patterns
 
 
 def _pattern(t: Table) -> SourcePattern:
     regex = t.str("regex", check=bool, expected="a non-empty regular expression")
+    step_text = t.str("step", None, check=bool, expected="an arithmetic expression over the pattern's groups")
+    forward_only = t.bool("forward_only", False)
     problem = regex_error(regex)
     if problem is not None:
         raise SpecError(t.file, t.key("regex"), "a valid regular expression in RE2's syntax (docs/your-trainer.md, "
@@ -182,12 +228,38 @@ def _pattern(t: Table) -> SourcePattern:
                         hint="rewrite it without that construct: a pattern is matched in linear time, so "
                              "one run's pattern can never stall the daemon")
     compiled = compile_regex(regex)
-    if STEP_GROUP not in compiled.groupindex:
-        raise t.error("regex", "a regular expression with a named group (?P<step>…) for the step", regex)
+    step = None
+    if step_text is not None:
+        try:
+            step = expr.parse(step_text)
+        except expr.ExprError as exc:
+            raise t.error("step", f"arithmetic over named groups: numbers, names, + - * / and parentheses ({exc})",
+                          step_text)
+        if STEP_GROUP in compiled.groupindex:
+            raise t.error("step", "either a (?P<step>…) group in the regex or a step expression, not both",
+                          step_text)
+    elif STEP_GROUP not in compiled.groupindex:
+        raise t.error("regex", "a regular expression with a named group (?P<step>…) for the step, or a "
+                               'step = "EXPR" computing it from the groups', regex)
     if "ts" in compiled.groupindex:
         raise t.error("regex", 'no group named "ts" (babysit stamps the read time)', regex)
     t.finish()
-    return SourcePattern(regex)
+    return SourcePattern(regex, step, forward_only)
+
+
+def _check_steps(patterns: tuple[SourcePattern, ...], t: Table, also: tuple[SourcePattern, ...] = ()) -> None:
+    """Every name a step expression uses is a group of its own pattern or of another (whose latest value
+    an earlier line captured): a misspelt name is refused here, not at the first line."""
+    known = {g for p in patterns + also for g in p.groups}
+    for i, p in enumerate(patterns):
+        if p.step is None:
+            continue
+        missing = sorted(p.step.names - known)
+        if missing:
+            raise SpecError(t.file, f"{t.key('patterns')}[{i}].step",
+                            "names that are named groups of the patterns (" + ", ".join(sorted(known)) + ")",
+                            p.step.source, hint=f"no pattern has a group named {missing[0]!r}: add "
+                                                f"(?P<{missing[0]}>\\d+) to the regex that prints it")
 
 
 def _expand(value: str, name: str, t: Table) -> str:
@@ -202,6 +274,16 @@ def describe(source: SourceSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": source.kind}
     if source.path is not None:
         out["path"] = str(source.path)
+    if source.preset:
+        out["preset"] = source.preset
     if source.patterns:
         out["patterns"] = [p.regex for p in source.patterns]
     return out
+
+
+def preset_line(name: str) -> str:
+    """What `auto` (or `preset = NAME`) reads, said once in the run's thread, status and `babysit run`."""
+    table = presets.load(name)
+    metrics = sorted({g for p in preset_patterns(name) for g in p.metric_groups})
+    return (f'its printed lines match preset "{name}" ({table.get("description", name)}): reading '
+            + ", ".join(metrics) + f' (write [source] kind = "stdout", preset = "{name}" to keep it)')

@@ -5,7 +5,7 @@ names the file everything downstream reads. Importing this package imports no fr
 tensorboard extra is imported only by a pump that reads TensorBoard.
 """
 
-from babysit.core.source_spec import KINDS, SourcePattern, SourceSpec
+from babysit.core.source_spec import KINDS, SourcePattern, SourceSpec, preset_line
 from babysit.sources.evidence import Evidence, jsonl_evidence, unreadable
 from babysit.sources.pump import PumpResult, SourcePump, records_path, run_dir
 from babysit.sources.tensorboard import TensorBoardMissing, require
@@ -19,6 +19,7 @@ __all__ = [
     "SourceSpec",
     "TensorBoardMissing",
     "jsonl_evidence",
+    "preset_line",
     "records_path",
     "require",
     "run_dir",

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.core.source_spec import SourceSpec
+from babysit.core.source_spec import AUTO, SourceSpec
+from babysit.core.suggest import suggest
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,15 @@ def unreadable(source: SourceSpec, evidence: Evidence, *, log: Path) -> str | No
     if evidence.output_bytes <= 0 or evidence.records_parsed is None or evidence.records_parsed > 0:
         return None
     lines = evidence.lines_seen or 0
-    if source.kind == "stdout":
+    if source.kind == "stdout" and source.preset == AUTO and not source.patterns:
+        would = suggest(evidence.sample) if evidence.sample else None
+        text = (f"{lines} lines of the run's stdout/stderr read, 0 records parsed: no preset matched them (tried "
+                + ", ".join(name for name, _ in source.candidates) + ")."
+                + _sample(evidence, "A line none matched")
+                + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else "")
+                + " Write [source] kind = \"stdout\" with [[source.patterns]] in run.toml (docs/your-trainer.md), "
+                "or log with babysit.log(step, loss=…).")
+    elif source.kind == "stdout":
         tried = "; ".join(f"{i}) {p.regex}" for i, p in enumerate(source.patterns, start=1))
         text = (f"{lines} lines of the run's stdout/stderr read, 0 records parsed. Patterns tried: {tried}."
                 + _sample(evidence, "A line none matched")

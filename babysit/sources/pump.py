@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.core.source_spec import SourceSpec
+from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
 from babysit.sources import csvfile, records, stdout
 from babysit.sources.evidence import Evidence
@@ -55,6 +55,7 @@ class PumpResult:
     evidence: Evidence  # running totals since the first pump, for log-unreadable
     last_output_at: float | None  # when output last grew (stall = no new record and no new output)
     state: Mapping[str, Any]  # persist it (with the record log's tail) to read on after a restart
+    notices: tuple[tuple[str, str], ...] = ()  # said once each: ("preset", name) chosen, ("step-backwards", text)
 
     @property
     def output_grew(self) -> bool:
@@ -78,11 +79,19 @@ class SourcePump:
     def state(self) -> Mapping[str, Any]:
         return self._state
 
+    @property
+    def preset(self) -> str | None:
+        """The preset reading the run's printed lines: the spec's, or the one `auto` chose (None yet)."""
+        if self.source.preset != AUTO:
+            return self.source.preset
+        return self._state.get("reader", {}).get("preset")
+
     def pump(self, now: float) -> PumpResult:
         st = self._state
         items: tuple[records.Item, ...] = ()
         lines: int | None = None
         problems: tuple[str, ...] = ()
+        notices: tuple[tuple[str, str], ...] = ()
         sample = st.get("sample")
         reader = st.get("reader", {})
         watched = list(self._watched)
@@ -90,9 +99,9 @@ class SourcePump:
         kind = self.source.kind
         captured = self._captured()
         if kind == "stdout":
-            got = stdout.read(self.source, self.run_dir, reader.get("cursors", {}), captured)
+            got = stdout.read(self.source, self.run_dir, reader, captured)
             items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
-            reader, sample = {"cursors": got.cursors}, got.sample or sample
+            reader, sample, notices = got.state, got.sample or sample, got.notices
         elif kind == "csv":
             read = csvfile.read(self.source, reader)
             items, lines, problems, backlog = read.items, read.rows, read.problems, read.more
@@ -138,6 +147,7 @@ class SourcePump:
             evidence=evidence,
             last_output_at=st["last_output_at"],
             state=st,
+            notices=notices,
         )
 
     def _reconcile(self, state: dict[str, Any]) -> dict[str, Any]:

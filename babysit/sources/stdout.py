@@ -3,8 +3,11 @@
 The executors capture each attempt to `<state_dir>/runs/<run>/attempt-<n>/stdout.log|stderr.log`
 (local: the shim; Slurm: `--output`/`--error`), so a trainer nobody here wrote is read unchanged.
 Every attempt's files are read in attempt order (an attempt's last lines are read after it ended),
-each from its own cursor. One record per match: the named group `step` is the step, every other
-named group a metric parsed as a float, `nan`/`inf` included.
+each from its own cursor. One record per match: the named group `step` is the step (or the pattern's
+`step` expression, over the line's groups and the latest values earlier lines captured), every other
+named group a metric parsed as a float, `nan`/`inf` included. With `preset = "auto"` the presets are
+tried on each line no pattern read until one matches: that preset reads the run from then on (said
+once, a notice), unless a more specific one (ahead of it in `core.presets.ORDER`) matches a line later.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 
 import re2
 
-from babysit.core.source_spec import RESERVED, STEP_GROUP, SourceSpec
+from babysit.core import expr
+from babysit.core.source_spec import AUTO, RESERVED, STEP_GROUP, SourcePattern, SourceSpec, compile_regex
 from babysit.sources import lines as ln
 from babysit.sources.records import Item
 
@@ -37,6 +41,27 @@ class StdoutRead:
     sample: str | None  # the newest line that matched no pattern, for "what to fix"
     cursors: dict[str, dict[str, Any]]
     more: bool
+    state: dict[str, Any] | None = None  # the reader's state to persist: cursors, latest values, the preset
+    notices: tuple[tuple[str, str], ...] = ()  # ("preset", name) chosen; ("step-backwards", text), once
+
+
+class LineContext:
+    """What parsing one line needs from the lines before it: the latest value of every group any
+    pattern captured (for step expressions), the last computed step (to say once that one went back),
+    the last step of each forward-only pattern."""
+
+    def __init__(self, state: Mapping[str, Any] | None = None) -> None:
+        state = state or {}
+        self.values: dict[str, float] = dict(state.get("values", {}))
+        self.last_step: int | None = state.get("last_step")
+        self.told_backwards: bool = bool(state.get("told_backwards"))
+        self.last_by_pattern: dict[str, int] = dict(state.get("last_by_pattern", {}))
+        self.notices: list[tuple[str, str]] = []
+        self.track = True  # keep the latest values: off when no pattern computes its step (the fast path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"values": self.values, "last_step": self.last_step, "told_backwards": self.told_backwards,
+                "last_by_pattern": self.last_by_pattern}
 
 
 def attempt_dirs(run_dir: Path) -> list[Path]:
@@ -79,19 +104,30 @@ class CapturedFiles:
         return self._seen[1]
 
 
-def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, Any]],
+def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
          files: list[Path] | None = None) -> StdoutRead:
     """Read every captured file on from its cursor (keyed by its path under the run directory).
-    `files`: the run's captured files when the caller has them listed already."""
+    `state`: the last read's `StdoutRead.state` ({} at first); `files`: the run's captured files when the
+    caller has them listed already."""
     items: list[Item] = []
     problems: list[str] = []
     new_cursors: dict[str, dict[str, Any]] = {}
+    cursors = state.get("cursors", {})
+    ctx = LineContext(state.get("context"))
+    ctx.track = any(p.step is not None for p in source.patterns) or \
+        any(p.step is not None for _, pats in source.candidates for p in pats)
+    preset = state.get("preset")
     seen = 0
     sample: bytes | None = None
     more = False
-    compiled = matchers(source)
+    own = matchers(source)
+    compiled = own + (matchers(source, dict(source.candidates).get(preset, ())) if preset is not None else [])
+    candidates = _candidates(source, preset)
+    attempt = state.get("attempt")
     for path in captured_files(run_dir) if files is None else files:
         key = f"{path.parent.name}/{path.name}"
+        if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
+            attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
         got = ln.read_lines(path, ln.Cursor.from_dict(cursors.get(key)))
         new_cursors[key] = got.cursor.to_dict()
         more = more or got.more
@@ -102,22 +138,37 @@ def read(source: SourceSpec, run_dir: Path, cursors: Mapping[str, Mapping[str, A
             if not text:
                 continue
             seen += 1
-            if not parse_line(source, compiled, text, items, problems):
+            matched = parse_line(source, compiled, text, items, problems, ctx)
+            if candidates and not matched:
+                # no preset yet, or a line the chosen one does not read: a more specific preset ahead of it
+                # may (tqdm's bar first, then HF's dicts: HF prints that bar too)
+                for k, (name, tried, detect) in enumerate(candidates):
+                    if (detect is None or detect.search(text)) and parse_line(source, tried, text, items,
+                                                                               problems, ctx):
+                        preset, matched, candidates = name, True, candidates[:k]
+                        compiled = own + tried
+                        ctx.notices.append(("preset", name))
+                        break
+            if not matched:
                 sample = text
-    return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more)
+    new_state = {"cursors": new_cursors, "context": ctx.to_dict(), "preset": preset, "attempt": attempt}
+    return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more, new_state,
+                      tuple(ctx.notices))
 
 
 def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
-               problems: list[str]) -> bool:
+               problems: list[str], ctx: LineContext | None = None) -> bool:
     """Append one item per match of every pattern (as `finditer` finds them); returns whether any
-    pattern matched. `text` is one stripped line, as its bytes (what the files hold) or a str."""
+    pattern matched. `text` is one stripped line, as its bytes (what the files hold) or a str. `ctx`:
+    what earlier lines captured, for step expressions (updated with this line's values)."""
     if isinstance(text, str):
         text = text.encode("utf-8")
+    ctx = ctx if ctx is not None else LineContext()
     matched = False
     end = len(text)
     offset = source.step_offset
     for m in matchers:
-        match, step_group, groups = m.regexp.Match, m.step_group, m.groups
+        match, groups = m.regexp.Match, m.groups
         pos = 0
         while True:
             spans = match(UNANCHORED, text, pos, end)
@@ -125,12 +176,8 @@ def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, o
             if start < 0:
                 break
             matched = True
-            a, b = spans[step_group]
-            step = _step(text[a:b]) if a >= 0 else None
-            if step is None:
-                _note(problems, f'pattern {m.number}: group "step" captured text that is not an integer: '
-                                r'make it match digits only, e.g. (?P<step>\d+)')
-            else:
+            step = _match_step(m, spans, text, ctx, problems)
+            if step is not None:
                 metrics: dict[str, float] = {}
                 for index, group, name in groups:
                     a, b = spans[index]
@@ -149,24 +196,101 @@ def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, o
     return matched
 
 
+def _match_step(m: Matcher, spans: list[tuple[int, int]], text: bytes, ctx: LineContext,
+                problems: list[str]) -> int | None:
+    """The step of one match: its `step` group, or its step expression over this match's groups and the
+    latest values of earlier lines; None (said in `problems`) when there is none, or when a forward-only
+    pattern's step is below its last (a progress bar starting the next epoch, a nested eval bar)."""
+    captured: dict[str, float] = {}
+    if ctx.track:
+        for index, group in m.all_groups:
+            a, b = spans[index]
+            if a >= 0 and (value := number(text[a:b])) is not None:
+                captured[group] = value
+    if m.step_expr is None:
+        a, b = spans[m.step_group]
+        step = _step(text[a:b]) if a >= 0 else None
+        if step is None:
+            _note(problems, f'pattern {m.number}: group "step" captured text that is not an integer: '
+                            r'make it match digits only, e.g. (?P<step>\d+)')
+            return None
+    else:
+        step = _computed_step(m, {**ctx.values, **captured}, problems)
+        if step is None:
+            ctx.values.update(captured)
+            return None
+    if m.forward_only:
+        last = ctx.last_by_pattern.get(m.key)
+        if last is not None and step < last:
+            return None
+        ctx.last_by_pattern[m.key] = step
+    if m.step_expr is not None:
+        if ctx.last_step is not None and step < ctx.last_step and not ctx.told_backwards:
+            ctx.told_backwards = True
+            line = text.decode("utf-8", errors="replace")[:SAMPLE_CHARS]
+            ctx.notices.append(("step-backwards", f'pattern {m.number}: step = "{m.step_expr.source}" went '
+                                f"backwards, {ctx.last_step} → {step}, at the line {line!r}; records keep the "
+                                "steps as computed, in the order printed (said once)"))
+        ctx.last_step = step
+    if captured:
+        ctx.values.update(captured)
+    return step
+
+
+def _computed_step(m: Matcher, values: Mapping[str, float], problems: list[str]) -> int | None:
+    """The step a pattern's expression gives, or None (said in `problems`): a name no line captured yet,
+    a value that is not an integer."""
+    assert m.step_expr is not None
+    try:
+        value = m.step_expr.evaluate(values)
+    except expr.ExprError as exc:
+        _note(problems, f'pattern {m.number}: step = "{m.step_expr.source}" could not be computed ({exc}): such '
+                        "lines are skipped until an earlier line has printed every name it uses")
+        return None
+    step = round(value)
+    if abs(value - step) > 1e-6:
+        _note(problems, f'pattern {m.number}: step = "{m.step_expr.source}" gave {value}, not an integer')
+        return None
+    return step
+
+
 @dataclass(frozen=True)
 class Matcher:
-    """One pattern, ready for the line loop: RE2's matcher, the `step` group's index, and (index, group,
-    metric name) of every metric group, renames resolved once rather than per line."""
+    """One pattern, ready for the line loop: RE2's matcher, the `step` group's index (-1: a step
+    expression instead), and (index, group, metric name) of every metric group, renames resolved once
+    rather than per line."""
 
     number: int
     regexp: Any  # RE2's compiled program: .Match(anchor, bytes, pos, endpos) -> [(start, end)] per group
     step_group: int
     groups: tuple[tuple[int, str, str], ...]
+    step_expr: expr.Expr | None = None
+    forward_only: bool = False
+    key: str = ""  # the regex: a forward-only pattern's last step is kept under it
+    all_groups: tuple[tuple[int, str], ...] = ()  # (index, name) of every named group, for step expressions
 
 
-def matchers(source: SourceSpec) -> list[Matcher]:
+def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = None) -> list[Matcher]:
+    """The source's patterns (or `patterns`: a preset's) ready for the line loop."""
     out = []
-    for i, p in enumerate(source.patterns, start=1):
+    for i, p in enumerate(source.patterns if patterns is None else patterns, start=1):
         index = p.compiled.groupindex
         groups = tuple((index[g], g, source.rename(g)) for g in p.metric_groups if source.rename(g) not in RESERVED)
-        out.append(Matcher(i, _program(p.compiled), index[STEP_GROUP], groups))
+        out.append(Matcher(i, _program(p.compiled), index.get(STEP_GROUP, -1), groups, p.step, p.forward_only,
+                           p.regex, tuple(sorted(((n, g) for g, n in index.items()), key=lambda x: x[0]))))
     return out
+
+
+def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[Matcher], Any]]:
+    """The presets `auto` still tries on a line: all of them before one is chosen, then those ahead of the
+    chosen one in order (more specific: HF's dicts over tqdm's bar, which HF prints too)."""
+    if source.preset != AUTO:
+        return []
+    names = [name for name, _ in source.candidates]
+    ahead = names if chosen is None else names[:names.index(chosen)] if chosen in names else []
+    pats = dict(source.candidates)
+    return [(name, matchers(source, pats[name]), compile_regex(source.detect[name]) if name in source.detect
+             else None) for name in ahead]
 
 
 class _Searched:

@@ -20,7 +20,8 @@ VOCAB = 64
 
 
 def tiny_trainer(out_dir: str, callbacks: Sequence[Any], *, max_steps: int = 30, logging_steps: int = 5,
-                 eval_steps: int = 10, nan_at: int = 0, seed: int = 0, report_to: Sequence[str] = ()) -> Trainer:
+                 eval_steps: int = 10, nan_at: int = 0, seed: int = 0, report_to: Sequence[str] = (),
+                 disable_tqdm: bool = True) -> Trainer:
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=2,
                         bos_token_id=0, eos_token_id=0)
@@ -41,7 +42,7 @@ def tiny_trainer(out_dir: str, callbacks: Sequence[Any], *, max_steps: int = 30,
     args = TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=8,
                              per_device_eval_batch_size=8, logging_steps=logging_steps, eval_strategy="steps",
                              eval_steps=eval_steps, save_strategy="no", report_to=list(report_to), use_cpu=True,
-                             disable_tqdm=True, seed=seed, dataloader_num_workers=0, learning_rate=1e-3)
+                             disable_tqdm=disable_tqdm, seed=seed, dataloader_num_workers=0, learning_rate=1e-3)
     return Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16], callbacks=list(callbacks))
 
 

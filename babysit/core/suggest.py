@@ -1,0 +1,56 @@
+"""A `[[source.patterns]]` regex that would read a printed line none matched: "here is what would".
+
+Pure: the numbers of the line become named groups (named for the word before each), the text between
+them is kept literally (escaped), and the step is the integer after `step`/`iter`/`it`/`batch`/`epoch`
+(in that preference), else the line gets no suggestion: a line without a counter is not a record.
+"""
+
+from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"(?P<name>[A-Za-z_][\w/]*)?(?P<sep>[\s:=]*)"
+                    r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)",
+                    re.IGNORECASE)
+STEP_WORDS = ("step", "iter", "iteration", "it", "global_step", "batch", "epoch")
+
+
+def suggest(line: str) -> str | None:
+    """A regex reading `line` (step and metrics), or None when it shows no step counter."""
+    found = []
+    for m in NUMBER.finditer(line):
+        name = (m.group("name") or "").lower().replace("/", "_")
+        if not name or not name[0].isalpha():
+            continue
+        found.append((m, name))
+    if not found:
+        return None
+    step_at = None
+    for word in STEP_WORDS:
+        for k, (m, name) in enumerate(found):
+            if name == word and re.fullmatch(r"\d+", m.group("num")):
+                step_at = k
+                break
+        if step_at is not None:
+            break
+    if step_at is None:
+        return None
+    parts, pos, used = [], found[0][0].start(), set()
+    for k, (m, name) in enumerate(found):
+        start = m.start("num")
+        parts.append(re.escape(line[pos:start]).replace("\\ ", r"\s*") if pos < start else "")
+        group = "step" if k == step_at else _unique(name, used)
+        parts.append(r"(?P<step>\d+)" if k == step_at else rf"(?P<{group}>[-+.\w]+)")
+        used.add(group)
+        pos = m.end("num")
+    return "".join(parts)
+
+
+def _unique(name: str, used: set[str]) -> str:
+    name = re.sub(r"\W", "_", name)
+    if name in ("step", "ts"):
+        name = f"{name}_value"
+    out, n = name, 2
+    while out in used:
+        out, n = f"{name}_{n}", n + 1
+    return out
