@@ -257,8 +257,9 @@ class Daemon:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stop)
-        if self.on_interrupt is not None:
+        if self.on_interrupt is not None:  # `babysit run`: Ctrl-C and SIGTERM stop the run, not the daemon
             signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, interrupt)
         signal.signal(wake.WAKE_SIGNAL, lambda *_: self._wakeup.set())  # a control request: run() acts on it
 
     def idle(self) -> bool:

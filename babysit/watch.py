@@ -141,9 +141,11 @@ class Watcher(threading.Thread):
     """Refreshes a view from the store every `interval` seconds until `stop()`; a daemon thread, so a
     crash of the process never waits on it."""
 
-    def __init__(self, registry_path: Path, view: View, *, interval: float, footer: str = "") -> None:
+    def __init__(self, registry_path: Path, view: View, *, interval: float, footer: str = "",
+                 names: Sequence[str] | None = None) -> None:
         super().__init__(name="babysit-watch", daemon=True)
         self.view = view
+        self.names = names  # None: every registered run
         self.interval = interval
         self.footer = footer
         self.reader = Reader(registry_path)
@@ -162,7 +164,7 @@ class Watcher(threading.Thread):
     def refresh(self) -> None:
         with self._refresh_lock:
             now = time.time()
-            self.view.show(*_look(self.reader, None, now, self.footer))
+            self.view.show(*_look(self.reader, self.names, now, self.footer))
 
     def stop(self, *, erase: bool = False) -> None:
         """The last refresh (so the table shows how things ended), then the terminal is given back."""

@@ -18,7 +18,7 @@ SMOKE_TIMEOUT_S = 1800.0  # `babysit smoke --timeout-s`: per profile
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
-    for add in (add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort, add_smoke,
+    for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort, add_smoke,
                 add_bot, add_probe, add_demo, add_web, add_campaign):
         add(sub)
 
@@ -55,6 +55,30 @@ def add_gpu_probe_option(parser: argparse.ArgumentParser) -> None:
     """`--gpu-probe`, the same on every command that reads GPUs (up, smoke, probe)."""
     parser.add_argument("--gpu-probe", default=None, metavar="nvml|file:PATH|none",
                         help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="babysit one command in the foreground: babysit run -- python train.py",
+                       description="Write a run.toml for CMD (runs/NAME.toml beside the registry: edit it, add a "
+                                   "[prereg], `babysit register` it), register it and babysit it here: its output "
+                                   "passed through, its row live, its printed metrics read by a preset. A running "
+                                   "`babysit up` takes it; without one, a daemon runs in this process for it alone. "
+                                   "Ctrl-C stops it gracefully (checkpoint); twice: kills it (no `babysit up`) or "
+                                   "leaves it to `babysit up`. Exit 0 completed, 1 failed, 2 bad input, 3 diverged, "
+                                   "4 stalled, 5 stopped, 6 left to `babysit up` (docs/your-trainer.md).")
+    p.add_argument("--name", help="the run's name (default: the script's name and the time)")
+    p.add_argument("--gpus", metavar="I,J",
+                   help="the GPUs it owns (NVML indices), held exclusively (default: a CPU run)")
+    p.add_argument("--retry-on", metavar="CLASSES", help="retry (up to 3 attempts) on these failure classes, e.g. "
+                                                          "oom,diverged (default: no retries)")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="where it runs (slurm: sbatch; docs/slurm.md)")
+    p.add_argument("--accelerated", action="store_true", help="declared minutes become seconds (demos and tests)")
+    add_gpu_probe_option(p)
+    p.add_argument("--no-view", action="store_true", help="no live row: its output and the messages only")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command, after --")
+    add_registry_option(p)
+    p.set_defaults(handler=("adhoc", "run"))
 
 
 def add_register(sub: argparse._SubParsersAction) -> None:

@@ -1,3 +1,4 @@
+# ruff: noqa: UP032  (the print calls are pytorch/examples' own, copied as they are)
 """A torch-free trainer that prints exactly what pytorch/examples' word_language_model prints, and nothing
 babysit-specific: its batch counter restarts every epoch and its validation loss has no batch at all,
 the case `step = "EXPR"` exists for (docs/your-trainer.md, computed steps).

@@ -1,0 +1,210 @@
+"""`babysit run [OPTIONS] -- CMD ARGS…`: babysit one command in the foreground, with no run.toml to write.
+
+It writes the run's run.toml (next to the registry, in runs/NAME.toml: edit it, add a [prereg],
+`babysit register` it), registers it through `babysit register`'s path, and babysits it: with a
+`babysit up` already holding the registry's state, that daemon takes it and this process follows it;
+without one, a daemon runs in this process for this run alone. Either way the run's stdout and stderr
+come through, the live view shows its row, and the exit code says how it ended (core/adhoc.py).
+
+Ctrl-C (or SIGTERM) the first time: the run is stopped gracefully, as `babysit abort` stops it (its stop
+signal, `stop_grace_seconds` to checkpoint, then SIGKILL), and `babysit run` exits 5 once it has ended.
+The second time: without a `babysit up`, the run is killed now (SIGKILL); with one, `babysit run` leaves
+(exit 6) and that daemon finishes the stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from babysit import logs, registry, wake
+from babysit.commands import register
+from babysit.core import adhoc
+from babysit.core.errors import BadInput, DaemonAlreadyRunning
+from babysit.core.presets import names as preset_names
+from babysit.core.spec import RUN_NAME
+from babysit.daemon import Daemon
+from babysit.follow import Follower
+from babysit.notify import Channel, ConsoleChannel
+from babysit.probes.gpu import open_gpu_probe
+from babysit.slack.channel import SlackChannel
+from babysit.store import Store
+from babysit.supervisor import TERMINAL
+from babysit.watch import Watcher, open_view
+
+SAY = "babysit run:"
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.cmd or ())
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise BadInput("babysit run: no command to run", hint="put it after --: `babysit run -- python train.py`")
+    try:
+        gpus = adhoc.parse_gpus(args.gpus)
+        retry_on = adhoc.parse_retry_on(args.retry_on)
+    except ValueError as exc:
+        raise BadInput(f"babysit run: {'--gpus' if 'GPU' in str(exc) else '--retry-on'}: {exc}",
+                       hint="`babysit run --help`") from None
+    path = registry.resolve_registry_path(args.registry)
+    reg = registry.load(path)
+    now = datetime.now(timezone.utc)
+    name = args.name or adhoc.run_name(command, now.strftime("%Y%m%d-%H%M%S"))
+    if not RUN_NAME.fullmatch(name):
+        raise BadInput(f"babysit run: --name: expected a run name matching [a-z0-9_.-]{{1,64}}, got {name!r}",
+                       hint="lower-case letters, digits, _ . and -")
+    if name in reg.names:
+        raise BadInput(f"babysit run: --name: a run named {name} is registered in {path} already",
+                       hint=f"pick another --name (or leave it out: one is made from the script and the time); "
+                            f"`babysit status {name}` shows that one")
+    spec_dir = Path(os.path.abspath(path)).parent / "runs"
+    spec_path = spec_dir / f"{name}.toml"
+    if spec_path.exists():
+        raise BadInput(f"babysit run: {spec_path} exists already; it is not overwritten",
+                       hint=f"`babysit register {spec_path}` registers it as it is, or pick another --name")
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(adhoc.run_toml(adhoc.AdHoc(
+        name=name, command=tuple(command), workdir=os.path.relpath(os.getcwd(), spec_dir), gpus=gpus,
+        retry_on=retry_on, executor=args.executor, written_at=registry.utc_timestamp(now))), encoding="utf-8")
+    shown = os.path.relpath(spec_path)
+    print(f"{SAY} {name}: wrote {shown} (edit it, add a [prereg] for a verdict, then `babysit register {shown}`)")
+    code = register.run(argparse.Namespace(spec=str(spec_path), accelerated=args.accelerated, registry=str(path)))
+    if code:
+        return code
+    state_dir = registry.load(path).state_dir
+    print(f"{SAY} its printed lines are read by the first preset that matches them ("
+          + ", ".join(preset_names()) + "); records it writes with babysit.log(step, …) count too")
+    if wake.daemon_pid(state_dir) is None:
+        try:
+            return _babysit_here(path, state_dir, name, args)
+        except DaemonAlreadyRunning:
+            pass  # a `babysit up` started in between: it takes the run
+    return _follow_daemon(path, state_dir, name)
+
+
+def _babysit_here(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> int:
+    """No daemon for the registry: one in this process, for this run alone, until it has ended."""
+    print(f"{SAY} no `babysit up` holds {state_dir}: babysitting {name} in this process (the registry's other runs "
+          "wait for `babysit up`)")
+    print(f"{SAY} Ctrl-C: stop it gracefully (its stop signal, time to checkpoint); Ctrl-C again: kill it now")
+    watcher = _view(path, state_dir, name, args)
+    out = watcher.view.out if watcher is not None else sys.stdout
+    follower = Follower(state_dir, name, out, out if watcher is not None else sys.stderr)
+    logs.configure(state_dir, stream=out if watcher is not None and watcher.view.live else None)
+    daemon: Daemon | None = None
+
+    def interrupted(count: int) -> None:
+        assert daemon is not None
+        if count == 1:
+            _request_stop(state_dir, name, "babysit run (Ctrl-C)")
+            print(f"{SAY} stopping {name} gracefully; Ctrl-C again kills it now", file=out, flush=True)
+            return
+        supervisor = daemon.supervisors.get(name)
+        if supervisor is not None and supervisor.attempt is not None and supervisor.attempt.status == "running":
+            print(f"{SAY} killing {name} (SIGKILL)", file=out, flush=True)
+            supervisor.request_stop("abort")  # recorded as asked, so the exit reads stopped, not a crash
+            supervisor.executor.kill(supervisor.attempt)
+
+    try:
+        daemon = Daemon(path, gpu_probe=open_gpu_probe(args.gpu_probe), channel=_channel(state_dir, out),
+                        accelerated=args.accelerated, exit_when_idle=True, only=frozenset({name}),
+                        on_interrupt=interrupted)
+        follower.start()
+        daemon.run()
+    finally:
+        follower.stop()
+        if watcher is not None:
+            watcher.stop()
+    return _ended(state_dir, name)
+
+
+def _follow_daemon(path: Path, state_dir: Path, name: str) -> int:
+    """A `babysit up` babysits the run: follow it (its output, its messages) until it has ended."""
+    pid = wake.daemon_pid(state_dir)
+    print(f"{SAY} the `babysit up` holding {state_dir} (pid {pid}) babysits {name}; following it here")
+    print(f"{SAY} Ctrl-C: stop it gracefully; Ctrl-C again: leave it to that daemon (exit {adhoc.EXIT_DETACHED})")
+    follower = Follower(state_dir, name, sys.stdout, sys.stderr, messages=True)
+    follower.start()
+    interrupts = 0
+    store = Store.in_dir(state_dir)
+    try:
+        while True:
+            try:
+                if _is_over(store, name):
+                    break
+                time.sleep(0.2)
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts == 1:
+                    _request_stop(state_dir, name, "babysit run (Ctrl-C)")
+                    print(f"{SAY} stopping {name} gracefully; Ctrl-C again leaves it to the daemon", flush=True)
+                else:
+                    print(f"{SAY} left {name} to the daemon (pid {pid}): `babysit status {name}`", flush=True)
+                    return adhoc.EXIT_DETACHED
+    finally:
+        follower.stop()
+        store.close()
+    return _ended(state_dir, name)
+
+
+def _view(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> Watcher | None:
+    if args.no_view:
+        return None
+    view = open_view(sys.stdout)
+    interval = 1.0 if view.live else (1.0 if args.accelerated else 300.0)
+    watcher = Watcher(path, view, interval=interval, names=[name],
+                      footer=f"babysit run {name} · Ctrl-C stops it gracefully · log: {state_dir / 'daemon.log'}")
+    watcher.start()
+    return watcher
+
+
+def _channel(state_dir: Path, out: TextIO) -> Channel:
+    """Slack when SLACK_BOT_TOKEN is set, else the console (as `babysit up`)."""
+    if os.environ.get("SLACK_BOT_TOKEN"):
+        return SlackChannel.from_env(state_dir)
+    return ConsoleChannel(state_dir, out)
+
+
+def _request_stop(state_dir: Path, name: str, by: str) -> None:
+    """The graceful stop, as `babysit abort` asks it: a request in the store (its own connection, so the
+    daemon sees another writer), then the daemon woken."""
+    store = Store.in_dir(state_dir)
+    try:
+        store.request(name, "abort", by, time.time())
+    finally:
+        store.close()
+    wake.wake(state_dir)
+
+
+def _is_over(store: Store, name: str) -> bool:
+    status, _ = store.run_state(name)
+    return status in TERMINAL
+
+
+def _ended(state_dir: Path, name: str) -> int:
+    """Say how the run ended and return its exit code."""
+    store = Store.in_dir(state_dir)
+    try:
+        status, facts = store.run_state(name)
+        attempts = store.attempts(name)
+    finally:
+        store.close()
+    last: Any = attempts[-1] if attempts else None
+    if status not in TERMINAL:
+        print(f"{SAY} {name} is {status} (the daemon stopped before it ended); `babysit up` babysits it on",
+              file=sys.stderr)
+        return adhoc.EXIT_DETACHED
+    outcome = facts.get("ended") or (last.outcome if last is not None else None) or status
+    stop = facts.get("stop") or {}
+    if outcome == "completed" and last is not None and stop.get("attempt") == last.n:
+        outcome = "stopped"  # it exited 0 on the stop it was asked for (it checkpointed): stopped, not done
+        status = f"stopped on request ({stop.get('reason')}), exiting 0"
+    code = adhoc.exit_code(outcome)
+    print(f"{SAY} {name} {status}: {outcome} after {len(attempts)} attempt(s) (exit {code}; docs/your-trainer.md)")
+    return code
