@@ -140,6 +140,7 @@ def test_project_gpu_hours(args, expected):
 @pytest.mark.parametrize(("argv", "expected"), [
     (["t", "--steps", "1000"], 1000), (["t", "--steps=250"], 250), (["t", "--max-steps", "7"], 7),
     (["t", "--steps", "10", "--steps", "20"], 20), (["t", "--steps", "{steps}"], None), (["t"], None),
+    (["python", "train.py", "--max_iters=5000"], 5000), (["t", "--max_steps", "300"], 300),  # nanoGPT, HF
 ])
 def test_steps_from_argv(argv, expected):
     assert steps_from_argv(argv) == expected

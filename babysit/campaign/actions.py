@@ -16,24 +16,20 @@ import hashlib
 import json
 import os
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from babysit import registry
+from babysit import registration
 from babysit.atomic import write_atomic
 from babysit.campaign import grid as grid_mod
-from babysit.campaign import join, propose
+from babysit.campaign import propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
 from babysit.campaign.spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
-from babysit.core.spec import load_spec
 from babysit.core.tomlfile import load
-from babysit.prereg_record import keep_frozen_copy
-from babysit.reading import check_fixture
 from babysit.store import OwnerCall, Store
 
 log = structlog.get_logger("babysit.campaign")
@@ -109,26 +105,16 @@ def decide(registry_path: Path, store: Store, call: OwnerCall, decision: str, by
 
 
 def launch_file(registry_path: Path, path: Path) -> str:
-    """Register a proposed run.toml (fixture, single-delta rule, prereg frozen), as `babysit register` does."""
+    """Register a proposed run.toml through `registration.register`, as `babysit register` does (fixture,
+    program, single-delta rule, prereg frozen, the daemon woken).
 
-    spec = load_spec(path)
-    if spec.prereg is not None and spec.prereg.fixture is not None:
-
-        check_fixture(spec.prereg)
-    joining = join.prepare(spec, registry_path, str(path))
-    stamp = registry.utc_timestamp(datetime.now(timezone.utc))
-    sha = spec.prereg.sha256 if spec.prereg else None
-
-    def change(reg: registry.Registry) -> tuple[registry.Registry, str]:
-        return registry.with_run(reg, registry.RunEntry(spec.name, reg.spec_ref(spec.spec_file), stamp, sha))
-
-    registry.update(registry_path, change)
-    state_dir = registry.load(registry_path).state_dir
-    if spec.prereg is not None:
-        keep_frozen_copy(state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, stamp)
-    if joining is not None:
-        join.record(joining, spec, state_dir)
-    return spec.name
+    The poll cadence is not held to the 30-minute rule here (`accelerated=True`): a proposal's [poll] is its
+    parent's, which passed register, and the daemon checks the cadence against its own mode when it picks
+    the run up (a non-accelerated daemon refuses a demo's 20-minute cadence, loudly)."""
+    done = registration.register(path, registry_path, accelerated=True)
+    for text in done.warnings:
+        log.warning("proposal registered with a warning", run=done.spec.name, spec=str(path), warning=text)
+    return done.spec.name
 
 
 # -- the steps of a grid carried out (outcomes.carry) -------------------------------------------------

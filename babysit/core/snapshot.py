@@ -22,7 +22,8 @@ from babysit.core.records import seconds_per_step as _seconds_per_step
 KINDS = ("first", "periodic", "on-demand", "final")
 FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",
          "no-log-records-yet", "gpu-hours-projection", "gpu-held", "gpu-fault", "gpu-unseen")  # each said in words
-_STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps")
+# the run's last step as trainers take it: ours, HF (--max_steps), nanoGPT's configurator (--max_iters=N)
+_STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps", "--max-iters", "--max_iters")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> b
 
 
 def steps_from_argv(argv: Sequence[str]) -> int | None:
-    """The run's last step from "--steps N" / "--steps=N" (or --max-steps), the last occurrence winning."""
+    """The run's last step from "--steps N" / "--steps=N" (or --max-steps, --max_iters, …), the last one winning."""
     found = None
     for i, item in enumerate(argv):
         for flag in _STEPS_FLAGS:

@@ -195,7 +195,7 @@ def test_re_registering_an_edited_spec_lists_each_changed_field(tmp_path: Path) 
      "run.log: babysit reads outputs/w/train_log.jsonl, but attempt 1 passes --log-path /tmp/x.jsonl"),
     ('["python", "-m", "trainer"]', "", "logs/{name}/train.jsonl",
      "run.log: its directory logs/w does not exist yet and the command names neither it nor the log: babysit "
-     "passes the log's path as $BABYSIT_LOG; make sure the trainer writes there and creates the directory"),
+     "creates it at launch and passes the log's path as $BABYSIT_LOG; make sure the trainer writes there"),
 ])
 def test_register_warns_when_the_trainer_looks_set_to_write_its_log_elsewhere(
         tmp_path: Path, command: str, attempts: str, log: str, warning: str | None) -> None:

@@ -1,0 +1,112 @@
+"""`babysit register`'s checks of the command (registration.register, the one function the CLI, the
+campaign's launches and a relaunch call): a program that is not there is refused naming `run.command`;
+a read_step past the run's end and a log folder nobody makes are warned about."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from babysit import registry
+from babysit.cli import main
+
+PREREG = """
+[prereg]
+metric = "eval_loss"
+baseline_step = 10
+read_step = {read}
+[[prereg.bands]]
+label = "HEALTHY"
+max = 0.1
+"""
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path: Path, command: str, extra: str = "", log: str = "out/{name}/log.jsonl") -> Path:
+    spec = tmp_path / "r.toml"
+    spec.write_text(f'[run]\nname = "r"\ncommand = {command}\nlog = "{log}"\n{extra}')
+    return spec
+
+
+def register(tmp_path: Path, spec: Path) -> tuple[int, str, str]:
+    return run_cli("register", str(spec), "--registry", str(tmp_path / "babysit.toml"))
+
+
+def test_a_program_not_on_path_is_refused_naming_run_command_and_the_nearest_programs(tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for name in ("python", "python3"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    spec = write(tmp_path, f'["pythn", "train.py"]\nenv = {{PATH = "{folder}"}}')
+    code, out, err = register(tmp_path, spec)
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == (f"ERROR: {spec}: run.command: expected a program that exists (on PATH, or a path "
+                                   f"relative to run.workdir {tmp_path}), got <'pythn': not found on PATH>")
+    assert err.splitlines()[1] == ("HINT: did you mean 'python' or 'python3'? fix run.command's first item, or set "
+                                   "PATH in [run].env for the trainer")
+    assert registry.load(tmp_path / "babysit.toml").runs == (), "nothing registered"
+
+
+def test_a_relative_program_is_looked_for_in_the_workdir_and_must_be_executable(tmp_path: Path) -> None:
+    spec = write(tmp_path, '["./train.sh"]')
+    code, _, err = register(tmp_path, spec)
+    assert code == 2 and f"got <'./train.sh': {tmp_path / 'train.sh'} does not exist>" in err
+    (tmp_path / "train.sh").write_text("#!/bin/sh\nexit 0\n")
+    code, _, err = register(tmp_path, spec)
+    assert code == 2 and "is not an executable file" in err and "chmod +x" in err
+    (tmp_path / "train.sh").chmod(stat.S_IRWXU)
+    code, out, _ = register(tmp_path, spec)
+    assert code == 0 and out.startswith("added: r")
+
+
+def test_a_program_on_path_registers(tmp_path: Path) -> None:
+    code, out, _ = register(tmp_path, write(tmp_path, f'["{Path(sys.executable).name}", "-c", "pass"]\n'
+                                                      f'env = {{PATH = "{Path(sys.executable).parent}{os.pathsep}'
+                                                      f'{os.environ.get("PATH", "")}"}}'))
+    assert code == 0 and out.startswith("added: r")
+
+
+@pytest.mark.parametrize(("args", "extra", "warned"), [
+    ('"--steps", "100"', "", "the command says 100"),
+    ('"--max_iters=100"', "", "the command says 100"),  # nanoGPT's configurator
+    ('"--max_steps", "100"', "", "the command says 100"),  # Hugging Face
+    ('"--steps", "5000"', "total_steps = 100\n", "run.total_steps says 100"),
+    ('"--steps", "5000"', "", None),
+])
+def test_a_read_step_past_the_runs_known_end_warns(tmp_path: Path, args: str, extra: str, warned: str | None) -> None:
+    spec = write(tmp_path, f'["{sys.executable}", "-c", "pass", {args}]\n{extra}', PREREG.format(read=200))
+    (tmp_path / "out" / "r").mkdir(parents=True)
+    code, out, err = register(tmp_path, spec)
+    assert code == 0 and out.startswith("added: r"), "a warning, never a refusal"
+    if warned is None:
+        assert err == ""
+    else:
+        assert err == (f"WARNING: {spec}: prereg.read_step: 200 is past the run's last step ({warned}): the verdict "
+                       "would never be read (NO-READ); lower read_step or let the run go to step 200 or beyond\n")
+
+
+@pytest.mark.parametrize(("script", "warned"), [
+    ("import babysit\nbabysit.log(1, loss=1.0)\n", False),
+    ("from babysit.integrations.huggingface import BabysitCallback\n", False),
+    ("import os\nopen(os.environ['BABYSIT_LOG'], 'a')\n", False),
+    ("print('hello')\n", True),
+])
+def test_no_missing_folder_warning_for_a_trainer_that_writes_babysits_log(tmp_path: Path, script: str,
+                                                                          warned: bool) -> None:
+    (tmp_path / "train.py").write_text(script)
+    code, _, err = register(tmp_path, write(tmp_path, f'["{sys.executable}", "train.py"]'))
+    assert code == 0
+    assert ("does not exist yet" in err) is warned, err
