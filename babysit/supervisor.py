@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from babysit import logtail, reading, sources
+from babysit import logtail, reading, sources, stopcheck
 from babysit.campaign.hook import after_final_verdict
 from babysit.clock import SYSTEM, Clock
 from babysit.core import classify, guards, nonfinite, readable, retry, smoke, snapshot
@@ -349,6 +349,7 @@ class RunSupervisor:
             self.read_log()  # the last records (a diverged event) belong to the classification
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
+            sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
             cls = classify.classify_exit(
                 exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
@@ -356,7 +357,9 @@ class RunSupervisor:
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
                 # the exit's own read_log may have just seen it: the store, not this stale row
                 nonfinite_seen=self.ctx.store.attempt(self.run, n).detail.get("nonfinite"),
-                nonfinite_metrics=self.spec.guards.nonfinite_metrics)
+                nonfinite_metrics=self.spec.guards.nonfinite_metrics,
+                stop_sent_at=sent_at,
+                checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None)
             outcome = cls.outcome
             detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}

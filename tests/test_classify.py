@@ -194,3 +194,42 @@ def test_a_nonfinite_record_names_the_metric_and_its_value(records, declared, su
 def test_exit_11_with_what_the_daemon_saw_names_it():
     assert run(exit_code=11, nonfinite_seen="grad_norm = inf at step 9").summary == \
         "diverged: grad_norm = inf at step 9 (exit 11)"
+
+
+TORCHRUN_SIGTERM = ("W1201 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down "
+                    "workers\ntorch.distributed.elastic.multiprocessing.api.SignalException: Process 23501 got signal: 15")
+TORCHRUN_KILLED = TORCHRUN_SIGTERM.replace("\ntorch", "\nW1201 api.py:1046] Unable to shutdown process 23648 via "
+                                           "Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\ntorch")
+
+
+def stopped_record(step: int, ts: float) -> LogRecord:
+    return LogRecord(step, ts, {}, "stopped", {"reason": "SIGTERM"})
+
+
+@pytest.mark.parametrize(("kwargs", "clean", "by", "said"), [
+    pytest.param(dict(records=[stopped_record(351, 100.2)]), True, "stop-record",
+                 "exit 1: a clean stop, shown by the trainer's stop record at step 351", id="stop-record"),
+    pytest.param(dict(checkpoint_after_stop=("step_000351.pt", 0.4)), True, "checkpoint",
+                 "a clean stop, shown by checkpoint step_000351.pt written 0.4 s after the stop signal",
+                 id="checkpoint-after-the-signal"),
+    pytest.param(dict(records=[stopped_record(351, 100.2)], checkpoint_after_stop=("step_000351.pt", 0.4)), True,
+                 "stop-record", "the trainer's stop record at step 351 and checkpoint step_000351.pt", id="both"),
+    pytest.param(dict(records=[stopped_record(120, 50.0)]), False, None,
+                 "(it did not exit cleanly: no stop record in the log and no checkpoint written after the stop "
+                 "signal; check the checkpoint)", id="a-stop-record-from-before-the-signal-is-not-this-stop"),
+    pytest.param(dict(), False, None, "it did not exit cleanly: no stop record", id="nothing-shows-a-save"),
+    pytest.param(dict(stderr=TORCHRUN_KILLED, records=[stopped_record(351, 100.2)]), False, "launcher",
+                 "the launcher SIGKILLed rank pid 23648 when it outlived the stop signal", id="a-rank-killed"),
+])
+def test_a_stop_behind_a_launcher_that_exits_1_is_told_clean_or_not_from_what_the_run_shows(kwargs, clean, by, said):
+    kwargs = {"stderr": TORCHRUN_SIGTERM, **kwargs}
+    got = run(exit_code=1, stop=True, stop_reason="abort", stop_sent_at=100.0, **kwargs)
+    assert got.outcome == "stopped"
+    assert got.summary.startswith("stopped on request (abort), exit 1")
+    assert said in got.summary, got.summary
+    assert (got.detail["clean_stop"]["clean"], got.detail["clean_stop"]["by"]) == (clean, by)
+
+
+def test_a_stop_the_exit_status_shows_clean_needs_no_other_evidence():
+    got = run(exit_code=10, stop=True, stop_reason="abort")
+    assert got.summary == "stopped on request (abort), exit 10" and got.detail["clean_stop"]["by"] == "exit"

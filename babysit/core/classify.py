@@ -71,7 +71,9 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                   last_records: Sequence[Any], rules: Sequence[ClassifyRule], stop_requested: bool,
                   stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
                   host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
-                  nonfinite_metrics: Sequence[str] | None = None) -> ExitClass:
+                  nonfinite_metrics: Sequence[str] | None = None,
+                  stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None
+                  ) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
@@ -82,6 +84,9 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     nonfinite_metrics: the run's `[guards] nonfinite_metrics` (None: the default rule), the metrics whose
     NaN/inf in the last records means divergence (`core.nonfinite`, the guard's and the hooks' rule).
     The stderr tail is shown collapsed (`core.tails`: a progress bar's redraws are one line).
+    stop_sent_at, checkpoint_after_stop: when the stop signal was sent, and the newest checkpoint file
+    written after it (its name, seconds after the signal): what tells a clean stop behind a launcher that
+    exits 1 on any signal (torchrun) from a rank that died without saving (see `_stop_evidence`).
     """
     if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
         exit_code, signal = None, -exit_code
@@ -103,9 +108,16 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
         outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
         clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
-        note = "" if clean else " (it did not exit cleanly: check the checkpoint)"
+        evidence = {"clean": True, "by": "exit", "evidence": status} if clean else \
+            _stop_evidence(stderr_tail, last_records, stop_sent_at, checkpoint_after_stop)
+        if clean:
+            note = ""
+        elif evidence["clean"]:
+            note = f": a clean stop, shown by {evidence['evidence']}"
+        else:
+            note = f" (it did not exit cleanly: {evidence['evidence']}; check the checkpoint)"
         return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",
-                         {**base, "stop_reason": stop_reason})
+                         {**base, "stop_reason": stop_reason, "clean_stop": evidence})
 
     text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
     for rule in rules:
@@ -148,6 +160,38 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
 
 
 # -- internals ----------------------------------------------------------------------------------
+# torchrun, when a rank outlives its closing signal: "Unable to shutdown process 123 via Signals.SIGTERM,
+# forcefully exiting via Signals.SIGKILL"
+_LAUNCHER_KILLED = re.compile(r"Unable to shutdown process (\d+) via \S+, forcefully exiting via \S*SIGKILL")
+_STOP_SLACK_S = 1.0  # a stop record stamped this much before the signal's recorded time still follows it
+
+
+def _stop_evidence(stderr: str, records: Sequence[Any], sent_at: float | None,
+                   checkpoint: tuple[str, float] | None) -> dict[str, object]:
+    """Was a requested stop clean, when the exit status cannot say (a launcher such as torchrun exits 1
+    after any signal, whatever its ranks did)? From what the run shows, strongest first: the launcher
+    saying it had to SIGKILL a rank (not clean); the trainer's own stop record (`"event": "stopped"`,
+    the reference trainer writes one after it checkpoints) logged after the signal; a checkpoint file
+    written after the signal. Neither: not clean. Returns {"clean", "by", "evidence"}, `evidence` in words."""
+    killed = _LAUNCHER_KILLED.findall(stderr)
+    if killed:
+        return {"clean": False, "by": "launcher",
+                "evidence": f"the launcher SIGKILLed rank pid {', '.join(killed)} when it outlived the stop signal"}
+    found = []
+    by = None
+    stops = [r for r in records if getattr(r, "event", None) == "stopped"
+             and (sent_at is None or getattr(r, "ts", 0.0) >= sent_at - _STOP_SLACK_S)]
+    if stops:
+        by = "stop-record"
+        found.append(f"the trainer's stop record at step {getattr(stops[-1], 'step', '?')}")
+    if checkpoint is not None:
+        by = by or "checkpoint"
+        found.append(f"checkpoint {checkpoint[0]} written {checkpoint[1]:.1f} s after the stop signal")
+    if found:
+        return {"clean": True, "by": by, "evidence": " and ".join(found)}
+    return {"clean": False, "by": None,
+            "evidence": "no stop record in the log and no checkpoint written after the stop signal"}
+
 
 
 def _oom(stderr: str, base: dict[str, object], status: str) -> ExitClass:

@@ -237,6 +237,8 @@ def test_torchrun_abort_reaches_every_rank_through_the_agent_and_leaves_nothing(
     stderr = (Path(attempt.attempt_dir) / "stderr.log").read_text()
     assert stderr.count("babysit-trainer: stopped on SIGTERM") == 2, stderr[-3000:]
     assert attempt.outcome == "stopped" and stopped_by(workspace, name) == "abort"
+    assert attempt.exit_code == 1, "torchrun exits 1 after a signal (SignalException), whatever its ranks did"
+    assert "a clean stop, shown by the trainer's stop record at step" in attempt.detail["summary"]
     (stopped,) = [r for r in records(workspace / "outputs" / name / "train_log.jsonl") if r.get("event") == "stopped"]
     assert (workspace / "outputs" / name / "checkpoints" / f"step_{stopped['step']:06d}.pt").exists()
     assert not [p for p in tree if pid_alive(p)], "a rank outlived its run"
@@ -282,3 +284,74 @@ def test_torchrun_ranks_that_ignore_the_stop_die_with_the_run_after_the_grace(tm
                 os.kill(int(line.split()[1]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+# A torchrun rank that needs no torch: rank 0 logs a step every 50 ms; on SIGTERM every rank either saves a
+# checkpoint and exits 10 (MODE=save), or dies at once without one (MODE=die). torchrun exits 1 either way.
+LAUNCHED_RANK = """
+import json, os, signal, sys, time
+rank, mode = int(os.environ["RANK"]), os.environ["MODE"]
+step = 0
+def stop(*_):
+    if mode == "save":
+        folder = os.environ["BABYSIT_CHECKPOINTS"]
+        os.makedirs(folder, exist_ok=True)
+        if rank == 0:
+            with open(os.path.join(folder, f"step_{step:06d}.pt"), "wb") as f:
+                f.write(b"x" * 4096)
+        sys.exit(10)
+    os._exit(1)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    step += 1
+    if rank == 0:
+        with open(os.environ["BABYSIT_LOG"], "a") as f:
+            f.write(json.dumps({"step": step, "ts": time.time(), "train_loss": 1.0 / step}) + "\\n")
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.usefixtures("needs_torchrun")
+@pytest.mark.parametrize(("mode", "said", "clean"), [
+    ("save", "exit 1: a clean stop, shown by checkpoint step_", True),
+    ("die", "exit 1 (it did not exit cleanly: no stop record in the log and no checkpoint written after the stop "
+            "signal; check the checkpoint)", False),
+])
+def test_a_torchrun_stop_is_told_clean_by_the_checkpoint_written_after_it_not_by_torchruns_exit_1(
+        workspace: Path, mode: str, said: str, clean: bool) -> None:
+    """torchrun exits 1 (SignalException) after a stop whatever its ranks did: babysit tells a run that
+    saved from one that died by a checkpoint written after the signal, and says so."""
+    (workspace / "rank.py").write_text(LAUNCHED_RANK)
+    name = f"launched_{mode}"
+    spec = workspace / f"{name}.toml"
+    spec.write_text(f"""[run]
+name = "{name}"
+command = {json.dumps([*TORCHRUN, "rank.py"])}
+log = "outputs/{{name}}/train_log.jsonl"
+env = {{MODE = "{mode}"}}
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 20
+stall_minutes = 30
+
+[poll]
+first_after_minutes = 1
+every_minutes = 3
+""")
+    register(workspace, spec)
+    daemon = Daemon(workspace, "--exit-when-idle")
+    store = store_of(workspace)
+    try:
+        progressed(workspace, name, 10)
+        abort(workspace, name)
+        assert daemon.wait(timeout=120) == 0, daemon.output()
+    finally:
+        for attempt in store.attempts(name):
+            LocalExecutor().kill(attempt)
+    (attempt,) = store.attempts(name)
+    assert attempt.exit_code == 1, "torchrun's own exit after a signal"
+    assert attempt.outcome == "stopped"
+    assert said in attempt.detail["summary"], attempt.detail["summary"]
+    assert attempt.detail["clean_stop"]["clean"] is clean
+    assert attempt.detail["clean_stop"]["by"] == ("checkpoint" if clean else None)
