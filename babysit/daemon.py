@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 import structlog
 
 from babysit import registry as registry_mod
-from babysit import sources, wake
+from babysit import relaunch, sources, wake
 from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning
@@ -45,7 +45,7 @@ from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
 from babysit.store import Row, Store
-from babysit.supervisor import DaemonContext, RunSupervisor
+from babysit.supervisor import RELAUNCHING, DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
@@ -371,6 +371,15 @@ class Daemon:
         for req in self.store.pending_requests():
             supervisor = self.supervisors.get(req.run)
             now = self.ctx.now()
+            if req.kind in (relaunch.ACTION, relaunch.ACTION_RESUME):
+                try:
+                    result = self._relaunch(req.run, req.body.get("requested_by", "?"),
+                                            resume=req.kind == relaunch.ACTION_RESUME)
+                except Exception as exc:  # answered, so the asker is not left waiting
+                    log.exception("relaunch failed", run=req.run)
+                    result = f"failed: {type(exc).__name__}: {exc}"[:300]
+                self.store.finish_request(req.id, result, self.ctx.now())
+                continue
             if supervisor is None:
                 self.store.finish_request(req.id, f"no run named {req.run} is babysat", now)
                 continue
@@ -380,6 +389,45 @@ class Daemon:
                 supervisor.failed(f"handling a {req.kind} request", exc)
                 self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
         return True
+
+    def _relaunch(self, run: str, by: str, *, resume: bool) -> str:
+        """`babysit relaunch RUN` (checked there, and again here: the run may have changed since): the run's
+        spec read again from run.toml, a new supervisor, a new sequence of attempts. Returns the answer."""
+        entry = self.registry.find(run) if self.registry is not None else None
+        if entry is None:
+            return f"not relaunched: no run named {run} is registered"
+        old = self.supervisors.get(run)
+        status, facts = self.store.run_state(run)
+        attempts = self.store.attempts(run)
+        if status not in relaunch.ENDED or not attempts or (old is not None and old.attempt is not None
+                                                            and old.attempt.status == "running"):
+            return f"not relaunched: it is {status}, not ended"
+        if self.store.final_verdict(run) is not None:
+            return "not relaunched: its verdict is FINAL (a new experiment needs a new name)"
+        path = self.registry.spec_path(entry)
+        try:
+            spec = load_spec(path)
+            check_cadence(spec, self.accelerated)
+            if spec.source.kind == "tensorboard":
+                sources.require()
+            self.executor(spec.executor)
+        except BabysitError as exc:
+            return f"not relaunched: {exc.message}"
+        after = attempts[-1].n
+        count = int((facts.get("relaunched") or {}).get("count", 0)) + 1
+        self.store.set_run_state(run, RELAUNCHING, self.ctx.now(), ended=None, end_reason=None, refused=None,
+                                 relaunched={"after": after, "count": count, "by": by, "resume": resume,
+                                             "at": self.ctx.now()})
+        supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
+        self.supervisors[run] = supervisor
+        self._broken_specs.pop(run, None)
+        log.warning("relaunch", run=run, by=by, after=after, resume=resume)
+        supervisor.start()
+        launched = supervisor.attempt
+        if launched is None or launched.n <= after:
+            why = self.store.run_state(run)[1].get("refused") or "the daemon log says why"
+            return f"not launched: {supervisor.status} ({why})"
+        return f"launched attempt {launched.n}" + (" (resuming)" if resume else "")
 
     def _handle_request(self, req: Row, supervisor: RunSupervisor, now: float) -> None:
         """One control request; answers it (finish_request) with what was done."""

@@ -169,7 +169,8 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     v = verdict.body if verdict is not None else None
     return RunRow(
         run=name, status=shown_status, attempt=last.n if last else None,
-        max_attempts=spec.retry.max_attempts if spec is not None else None,
+        max_attempts=(int((facts.get("relaunched") or {}).get("after", 0)) + spec.retry.max_attempts
+                      if spec is not None else None),  # a relaunched run's sequence goes on from its last attempt
         profile=last.profile if last else None, outcome=last.outcome if last else None,
         step=step, target_step=target, seconds_per_step=sps,
         eta_seconds=eta_seconds(step, target, sps) if live else None,

@@ -29,6 +29,7 @@ from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.spec import RunSpec
+from babysit.core.status import RunStatus
 from babysit.core.suggest import suggest
 from babysit.executors import Executor
 from babysit.exitwatch import ExitWatcher
@@ -43,6 +44,7 @@ from babysit.timers import ThreadTimers, Timers
 log = structlog.get_logger("babysit.supervisor")
 
 TERMINAL = ("finished", "failed", "stopped", "refused")
+RELAUNCHING = RunStatus.RELAUNCHING  # `babysit relaunch` took an ended run: its next attempt launches at start()
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
@@ -145,9 +147,14 @@ class RunSupervisor:
             if last is not None and last.status in ("launching", "running"):
                 self._adopt(last)
                 return
-            status = self.status
+            status, facts = self.ctx.store.run_state(self.run)
             if status in ("finished", "failed", "stopped"):
                 self._maybe_final_verdict()
+                return
+            if status == RELAUNCHING and last is not None:  # `babysit relaunch`: a new sequence of attempts
+                again = facts.get("relaunched") or {}
+                self._launch(last.n + 1, resume=bool(again.get("resume")), halvings=0,
+                             note=f"relaunched by {again.get('by', '?')} after attempt {last.n}")
                 return
             if last is not None and last.status == "ended" and status in ("running", "retrying", "stopping"):
                 self._after_exit(last)  # the daemon died between recording the exit and deciding
@@ -207,9 +214,11 @@ class RunSupervisor:
                                key=f"{self.run}:{n}:refused:{int(self.ctx.now())}")
             self._set("refused", refused=refusals[0].message)
             return
-        spec, selected_by = smoke.attempt_spec(self.spec, n, self.ctx.store.run_state(self.run)[1])  # smoke-selected
-        argv, notes = retry.build_argv(spec, n, resume=resume, halvings=halvings)
-        profile = spec.profile_for(n)
+        facts = self.ctx.store.run_state(self.run)[1]
+        after = relaunched_after(facts)
+        spec, selected_by = smoke.attempt_spec(self.spec, n - after, facts)  # smoke-selected
+        argv, notes = retry.build_argv(spec, n, resume=resume, halvings=halvings, after=after)
+        profile = spec.profile_for(n - after)
         adir = self.ctx.state_dir / "runs" / self.run / f"attempt-{n}"
         attempt = self.ctx.store.begin_attempt(self.run, n, profile.profile, argv, self.spec.executor,
                                                len(self.spec.gpus), str(adir), self.ctx.now())
@@ -258,7 +267,8 @@ class RunSupervisor:
 
     def _launch_message(self, attempt: Attempt, note: str | None) -> int:
         prereg = self.spec.prereg
-        payload = {"attempt": attempt.n, "max_attempts": self.spec.retry.max_attempts, "profile": attempt.profile,
+        most = relaunched_after(self.ctx.store.run_state(self.run)[1]) + self.spec.retry.max_attempts
+        payload = {"attempt": attempt.n, "max_attempts": most, "profile": attempt.profile,
                    "argv": list(attempt.argv), "gpus": list(self.spec.gpus), "executor": attempt.executor,
                    "pid": attempt.pid, "job_id": attempt.job_id, "note": note,
                    "selected_by": attempt.detail.get("selected_by"),
@@ -396,10 +406,11 @@ class RunSupervisor:
         if attempt.outcome not in ("completed", "stopped") and not raised:
             self._incident(attempt.outcome or "crashed", summary, detail, key=f"{self.run}:{attempt.n}:exit")
         self._maybe_final_verdict()
-        decision = retry.next_attempt(self._history(), self.spec)
+        after = relaunched_after(self.ctx.store.run_state(self.run)[1])
+        decision = retry.next_attempt(self._history(), self.spec, after)
         if decision.retry and decision.n is not None and decision.profile is not None:
             self._set("retrying", retry_reason=decision.reason)
-            self._incident("retrying", f"attempt {decision.n}/{self.spec.retry.max_attempts} with profile "
+            self._incident("retrying", f"attempt {decision.n}/{after + self.spec.retry.max_attempts} with profile "
                            f"'{decision.profile.profile}' ({decision.reason})",
                            {"attempt": decision.n, "profile": decision.profile.profile, "resume": decision.resume,
                             "halve_machinery": decision.halve_machinery},
@@ -968,6 +979,12 @@ class RunSupervisor:
             self._send_stop(attempt, stop, grace)
             return
         self._arm_kill(attempt, max(0.0, float(stop["sent_at"]) + grace - self.ctx.now()))
+
+
+def relaunched_after(facts: dict[str, Any]) -> int:
+    """The attempt after which the run was last relaunched (0: never): attempts up to it are an earlier
+    sequence's (retry.next_attempt)."""
+    return int((facts.get("relaunched") or {}).get("after", 0))
 
 
 def _short_error(exc: BaseException) -> str:

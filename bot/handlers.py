@@ -2,9 +2,9 @@
 
 Every handler acks at once — with the answer when it is a quick store read, with a "working…" line
 when it is not — and sends slow answers through `respond` (the response_url), so Slack's 3-second
-limit never bites. Only `abort` changes anything, and only after the allow-list check and a click on
-a confirmed button; `poll` asks the daemon for one extra poll. Both go through the store's control
-table, which the daemon reads every tick.
+limit never bites. Only `abort` and `relaunch` change anything, and only after the allow-list check
+(abort after a click on a confirmed button too); `poll` asks the daemon for one extra poll. All three go
+through the store's control table, which the daemon reads every tick.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from babysit import registry as registry_mod
+from babysit import relaunch as relaunch_mod
 from babysit import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
@@ -144,6 +145,36 @@ def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: 
         respond(**answer(msg.abort_result(str(run), result)))
 
 
+def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond,
+             client: Any) -> None:
+    """`/babysit relaunch RUN [resume]`: the checks and the re-registration of `babysit relaunch`
+    (relaunch.prepare, through registration.register), then the daemon's answer."""
+    reg = registry_mod.load(cfg.registry_path)
+    if problem := known_run(reg, cmd.run, "/babysit relaunch RUN [resume]"):
+        ack(**answer(problem))
+        return
+    user, run = user_of(body), str(cmd.run)
+    if not may_abort(user, reg.daemon.abort_allow_list):
+        log.info("relaunch refused", run=run, user=user)
+        ack(**answer(msg.not_allowed(str(user), "relaunch", run)))
+        return
+    ack(**answer(msg.relaunch_working(run, str(user))))
+    try:
+        # the cadence is the daemon's to hold to its own mode (--accelerated or not) when it relaunches
+        relaunch_mod.prepare(cfg.registry_path, run, accelerated=True)
+    except BabysitError as exc:
+        respond(**answer(msg.relaunch_refused(run, exc.message, exc.hint)))
+        return
+    request = relaunch_mod.request(reg.state_dir, run, f"slack:{user}", resume="resume" in cmd.rest)
+    log.warning("relaunch requested from Slack", run=run, user=user, request=request)
+    with opened(cfg) as (_, store):
+        result = wait_result(store, request, cfg.request_wait_s)
+    if result is None:
+        respond(**answer(msg.request_unanswered(run, "relaunch", request, cfg.request_wait_s)))
+    else:
+        respond(**answer(msg.relaunch_result(run, result)))
+
+
 def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     ack(**answer(msg.reply("🖥 Reading the GPUs…")))
     with opened(cfg) as (_, store):
@@ -182,7 +213,7 @@ def campaign(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
 
 BABYSIT: dict[str, Callable[..., None]] = {
     "help": help_, "status": status, "runs": runs, "poll": poll, "abort": abort, "gpus": gpus, "chart": chart,
-    "campaign": campaign,
+    "campaign": campaign, "relaunch": relaunch,
 }
 
 

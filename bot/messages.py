@@ -19,7 +19,7 @@ from babysit.runview import RunRow
 
 ABORT_ACTION_ID = "babysit_abort_confirmed"
 
-HELP = """*babysit* — slash commands (everything but `abort` is read-only)
+HELP = """*babysit* — slash commands (everything but `abort` and `relaunch` is read-only)
 • `/verdict RUN` — the pre-registered verdict card (PROVISIONAL before the read step)
 • `/verdict RUN post` — the same card, shared in this channel
 • `/babysit status [RUN]` — step, s/step, ETA, GPU-hours, last poll, last incident, verdict
@@ -28,6 +28,7 @@ HELP = """*babysit* — slash commands (everything but `abort` is read-only)
 • `/babysit chart RUN` — upload the verdict chart here
 • `/babysit gpus` — who holds which GPU on the babysat host (a run, or FOREIGN)
 • `/babysit abort RUN` — stop a run gracefully (allow-listed users only, confirmed with a button)
+• `/babysit relaunch RUN [resume]` — run an ended run again, its run.toml re-read (allow-listed users only)
 • `/babysit campaign [NAME]` — the campaigns, or one's suspect table, runs and owner calls
 • `/babysit help` — this"""
 
@@ -93,6 +94,21 @@ def abort_result(run: str, result: str) -> Rendered:
     if result == "stopping":
         return reply(f"⏹ `{run}` is stopping: the daemon sent SIGTERM; the end is posted in the run's thread.")
     return reply(f"`{run}`: the daemon answered the abort with “{result}”.")
+
+
+def relaunch_working(run: str, user: str) -> Rendered:
+    return reply(f"🔁 Relaunch of `{run}` requested by <@{user}>: re-reading its run.toml…")
+
+
+def relaunch_refused(run: str, message: str, hint: str | None) -> Rendered:
+    return reply(f"`{run}` was not relaunched: {message}" + (f"\nNext: {hint}" if hint else "") +
+                 "\nNothing was queued.")
+
+
+def relaunch_result(run: str, result: str) -> Rendered:
+    if result.startswith("launched"):
+        return reply(f"🔁 `{run}`: the daemon {result}; its launch is posted in the channel.")
+    return reply(f"`{run}`: the daemon answered the relaunch with “{result}”.")
 
 
 def request_unanswered(run: str, action: str, request_id: int, waited_s: float) -> Rendered:

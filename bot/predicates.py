@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 READ_ONLY = frozenset({"status", "runs", "poll", "chart", "gpus", "help", "campaign"})  # poll asks, never changes a run
-SUBCOMMANDS = READ_ONLY | {"abort"}
+SUBCOMMANDS = READ_ONLY | {"abort", "relaunch"}  # these two change a run: allow-listed users only
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def wants_post(command: Command) -> bool:
 
 
 def may_abort(user_id: str | None, allow_list: Iterable[str]) -> bool:
-    """Only an explicitly listed Slack member ID may abort; an empty list means nobody."""
+    """Only an explicitly listed Slack member ID may abort or relaunch; an empty list means nobody."""
     return bool(user_id) and user_id in set(allow_list)
 
 

@@ -120,3 +120,18 @@ def test_attempt_placeholder_and_literal_braces():
     spec = replace(SPEC, command=("t", "--out", "o/{name}/a{attempt}", "--json", '{"k": 1}'), attempts=())
     argv, _ = build_argv(spec, 3, resume=False, halvings=0)
     assert argv == ["t", "--out", "o/grasp_disc/a3", "--json", '{"k": 1}']
+
+
+def test_a_relaunched_run_starts_a_new_sequence_its_numbers_going_on():
+    """After `babysit relaunch` (after attempt 3): attempt 4 is the sequence's first (its profile, a fresh
+    retry budget); the earlier attempts neither use up max_attempts nor stop the retry."""
+    before = [past(1), past(2), past(3, "crashed")]
+    first = next_attempt(before, SPEC, after=3)
+    assert (first.retry, first.n, first.profile.profile) == (True, 4, "smoke-validated")
+    oom = next_attempt([*before, PastAttempt(4, "smoke-validated", "oom")], SPEC, after=3)
+    assert (oom.retry, oom.n, oom.profile.profile) == (True, 5, "fallback-bs1-gc")
+    assert "attempt 5 of 6" in oom.reason
+    spent = next_attempt([*before, *(PastAttempt(n, "x", "oom") for n in (4, 5, 6))], SPEC, after=3)
+    assert not spent.retry and "attempt 6 of 6" in spent.reason
+    assert build_argv(SPEC, 4, resume=False, halvings=0, after=3)[0][-4:] == ["--batch-size", "2", "--grad-accum", "8"]
+    assert build_argv(SPEC, 4, resume=False, halvings=0)[0][-1] == "--grad-checkpointing", "without after: profile 2"

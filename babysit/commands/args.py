@@ -18,7 +18,8 @@ SMOKE_TIMEOUT_S = 1800.0  # `babysit smoke --timeout-s`: per profile
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
-    for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort, add_smoke,
+    for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
+                add_relaunch, add_smoke,
                 add_bot, add_probe, add_demo, add_web, add_campaign):
         add(sub)
 
@@ -193,6 +194,24 @@ def add_abort(sub: argparse._SubParsersAction) -> None:
                    help="how long to wait for the daemon to take the request (default 10)")
     add_registry_option(p)
     p.set_defaults(handler=("abort", "run"))
+
+
+def add_relaunch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("relaunch", help="run an ended run again, its run.toml re-read (a fixed command, a raised cap)",
+                       description="Run RUN again after it ended (failed, stopped, finished without a FINAL "
+                                   "verdict): its run.toml is re-read and checked as `register` checks it, its "
+                                   "history and frozen prereg are kept, and the daemon starts a new sequence of "
+                                   "attempts (numbers go on; profiles and retry.max_attempts count afresh). The "
+                                   "GPU-hour cap covers every attempt, those before the relaunch included. "
+                                   "See docs/spec.md, Relaunching.")
+    p.add_argument("run", metavar="RUN", help="a registered run that ended")
+    p.add_argument("--resume", action="store_true",
+                   help="append [retry].resume_args (the trainer resumes from its latest checkpoint); default fresh")
+    p.add_argument("--accelerated", action="store_true", help="allow poll cadences under 30 minutes (as register)")
+    p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for the daemon to take the request (default 10)")
+    add_registry_option(p)
+    p.set_defaults(handler=("relaunch", "run"))
 
 
 def add_smoke(sub: argparse._SubParsersAction) -> None:

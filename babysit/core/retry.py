@@ -52,10 +52,16 @@ class RetryDecision:
     halvings: int = 0  # total halvings for the next attempt's argv (pass to build_argv)
 
 
-def next_attempt(history: Sequence[PastAttempt], spec: RunSpec) -> RetryDecision:
-    """What to do after the newest attempt in `history` ended. An empty history means: launch attempt 1."""
+def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) -> RetryDecision:
+    """What to do after the newest attempt in `history` ended. An empty history means: launch attempt 1.
+
+    `after`: the run was relaunched after attempt `after` (`babysit relaunch`): the attempts up to it are
+    another sequence's. Attempt numbers go on (after+1, after+2, …) while profiles and `max_attempts`
+    count from the relaunch, as for a new run: its attempt after+k uses `profile_for(k)`, and the last one
+    allowed is after+max_attempts."""
+    history = [a for a in history if a.n > after]
     if not history:
-        return RetryDecision(True, "first attempt", 1, spec.profile_for(1), False, False, 0)
+        return RetryDecision(True, "first attempt", after + 1, spec.profile_for(1), False, False, 0)
     last = max(history, key=lambda a: a.n)
 
     def no(reason: str) -> RetryDecision:
@@ -72,22 +78,24 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec) -> RetryDecision
     on = spec.retry.on
     if last.retry_override is not True and last.outcome not in on:
         return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
-    if last.n >= spec.retry.max_attempts:
-        return no(f"attempt {last.n} of {spec.retry.max_attempts} failed ({last.outcome}): no attempts left")
+    most = after + spec.retry.max_attempts
+    if last.n >= most:
+        return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1
     halve = last.host_memory_pressure and bool(spec.machinery_knobs)
     halvings = last.halved_knobs + (1 if halve else 0)
     resume = spec.retry.resume == "latest-checkpoint"
     why = "a [[classify]] rule said retry" if last.retry_override else f"{last.outcome} is in retry.on"
-    profile = spec.profile_for(n)
-    reason = (f"attempt {last.n} ended {last.outcome} ({why}): attempt {n} of {spec.retry.max_attempts}, "
+    profile = spec.profile_for(n - after)
+    reason = (f"attempt {last.n} ended {last.outcome} ({why}): attempt {n} of {most}, "
               f"profile {profile.profile}" + (", resuming from the latest checkpoint" if resume else ", fresh")
               + (", [machinery] knobs halved after host-memory pressure" if halve else ""))
     return RetryDecision(True, reason, n, profile, resume, halve, halvings)
 
 
-def build_argv(spec: RunSpec, n: int, *, resume: bool, halvings: int) -> tuple[list[str], dict]:
-    """The argv of attempt n: command + profile args (+ resume args), knobs halved `halvings` times.
+def build_argv(spec: RunSpec, n: int, *, resume: bool, halvings: int, after: int = 0) -> tuple[list[str], dict]:
+    """The argv of attempt n: command + profile args (+ resume args), knobs halved `halvings` times; `after`:
+    the attempt the run was relaunched after (its profile is `profile_for(n - after)`, see next_attempt).
 
     Placeholders `{name}` and `{attempt}` are replaced in every item (plain replacement: other braces,
     e.g. JSON in an argument, stay as written). Knobs are matched as "--flag N" and "--flag=N"; a
@@ -95,7 +103,7 @@ def build_argv(spec: RunSpec, n: int, *, resume: bool, halvings: int) -> tuple[l
     `notes` maps "halved" / "absent" / "not_integer" to one readable line each, only when non-empty
     (e.g. {"halved": "machinery knobs halved after host-memory pressure: --num-workers 8 → 4"}).
     """
-    profile = spec.profile_for(n)
+    profile = spec.profile_for(n - after)
     argv = [*spec.command, *profile.args, *(spec.retry.resume_args if resume else ())]
     argv = [a.replace("{name}", spec.name).replace("{attempt}", str(n)) for a in argv]
     found_notes: dict[str, list[str]] = {"halved": [], "absent": [], "not_integer": []}

@@ -20,6 +20,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     REFUSED = "refused"  # a launch was refused (the GPUs are held or unseen): a restarted daemon tries again
+    RELAUNCHING = "relaunching"  # `babysit relaunch` took an ended run: its next attempt is being launched
 
     @property
     def terminal(self) -> bool:

@@ -156,7 +156,7 @@ def test_six_minute_old_request_is_a_replay_and_gets_401(bot: Bot) -> None:
 def test_help_lists_every_command(bot: Bot) -> None:
     status, ack, _ = slash(bot, "/babysit", "help")
     assert status == 200
-    for word in ("/verdict RUN", "status", "runs", "poll", "chart", "gpus", "abort"):
+    for word in ("/verdict RUN", "status", "runs", "poll", "chart", "gpus", "abort", "relaunch RUN"):
         assert word in ack["text"]
 
 
@@ -322,3 +322,38 @@ def test_socket_mode_without_an_app_token_is_refused_not_crashed(monkeypatch: py
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
     monkeypatch.delenv("SLACK_APP_TOKEN", raising=False)
     assert start_in_background(tmp_path / "babysit.toml") is None  # logged; the daemon babysits on
+
+
+# -- relaunch -----------------------------------------------------------------------------------------
+def relaunches(bot: Bot) -> list[Any]:
+    return [r for r in bot.control_rows() if r["action"].startswith("relaunch")]
+
+
+def test_relaunch_is_for_allow_listed_users_and_queues_the_relaunch_of_a_failed_run(bot: Bot) -> None:
+    failed = "grasp_failed"
+    register(bot.root, failed, 4)
+    store = bot.store()
+    try:
+        now = time.time()
+        attempt = store.begin_attempt(failed, 1, "default", ["python", "-m", "trainr"], "local", 0, "", now - 60)
+        store.mark_running(attempt.id, started_at=now - 60, pid=None)
+        store.mark_ended(attempt.id, ended_at=now - 50, outcome="crashed", exit_code=1)
+        store.set_run_state(failed, "failed", now - 50, ended="crashed")
+    finally:
+        store.close()
+    _, ack, _ = slash(bot, "/babysit", f"relaunch {failed}", user="U0NOBODY1")
+    assert "not allowed to relaunch" in ack["text"] and "Nothing was queued" in ack["text"]
+    _, ack, path = slash(bot, "/babysit", f"relaunch {EARLY}", user=ALLOWED)
+    (reply,) = responses(bot, path)
+    assert reply["text"].startswith("`grasp_early` was not relaunched: grasp_early "), "it has not ended"
+    assert "Nothing was queued" in reply["text"]
+    assert relaunches(bot) == []
+
+    _, ack, path = slash(bot, "/babysit", f"relaunch {failed} resume", user=ALLOWED)
+    assert "re-reading its run.toml" in ack["text"]
+    (reply,) = responses(bot, path)
+    assert "no daemon took it within 3s" in reply["text"], "no daemon here: it waits for `babysit up`"
+    (row,) = relaunches(bot)
+    assert (row["run"], row["action"], row["requested_by"]) == (failed, "relaunch-resume", f"slack:{ALLOWED}")
+    status, _, _ = slash(bot, "/babysit", "help")
+    assert status == 200
