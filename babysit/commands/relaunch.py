@@ -16,9 +16,9 @@ def run(args: argparse.Namespace) -> int:
     path = registry.resolve_registry_path(args.registry)
     prepared = relaunch.prepare(path, args.run, accelerated=args.accelerated)
     done = prepared.registration
-    say(done, str(done.spec.spec_file))
+    say(done)
     for text in prepared.warnings[len(done.warnings):]:
-        print(f"WARNING: {done.spec.spec_file}: {text}", file=sys.stderr)
+        print(f"WARNING: {text}", file=sys.stderr)
     for c in done.changed:
         print(f"  {c}")
     print(f"relaunching {args.run} after attempt {prepared.after}: run.toml re-read"
