@@ -55,6 +55,7 @@ checkpoints = "outputs/{{name}}/ck"
 
 [guards]
 min_free_host_ram_gib = 0.1
+stall_minutes = 120          # --accelerated: 2 min; a loaded machine's torch import is no stall (the child waits on base)
 [poll]
 first_after_minutes = 30
 every_minutes = 30
