@@ -44,6 +44,7 @@ from babysit.notify import Channel
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
+from babysit.sources import wandbfile
 from babysit.store import Row, Store
 from babysit.supervisor import RELAUNCHING, DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
@@ -293,6 +294,8 @@ class Daemon:
                 check_cadence(spec, self.accelerated)
                 if spec.source.kind == "tensorboard":
                     sources.require()
+                elif spec.source.kind == "wandb":
+                    wandbfile.require()
             except Exception as exc:  # a BabysitError names the field; anything else must not stop the others
                 message = exc.message if isinstance(exc, BabysitError) else \
                     f"internal error reading {path}: {type(exc).__name__}: {exc}"[:500]

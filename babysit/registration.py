@@ -26,6 +26,7 @@ from babysit.core.specdiff import Change, changes
 from babysit.core.tomlfile import load
 from babysit.prereg_record import keep_frozen_copy
 from babysit.reading import check_fixture
+from babysit.sources import wandbfile
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ def check(spec: RunSpec, shown: str, *, accelerated: bool) -> tuple[list[str], l
     check_cadence(spec, accelerated)
     if spec.source.kind == "tensorboard":
         sources.require()  # exit 2 naming the extra, before anything is frozen
+    elif spec.source.kind == "wandb":
+        wandbfile.require()
     warnings: list[str] = []
     program = commandcheck.check_program(spec, shown)
     if program is not None:

@@ -238,6 +238,10 @@ class RunSupervisor:
                     "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
                     "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
                     "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
+        if self.spec.source.kind == "wandb" and "WANDB_DIR" not in self.spec.env:
+            assert self.spec.source.path is not None  # wandb writes its run folders under $WANDB_DIR/wandb
+            self.spec.source.path.mkdir(parents=True, exist_ok=True)
+            env["WANDB_DIR"] = str(self.spec.source.path)
         watched = nonfinite.to_env(self.spec.guards.nonfinite_metrics)  # the hooks watch what the guard does
         if watched is not None:
             env[nonfinite.ENV] = watched

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from babysit import logs, registry, wake
+from babysit import logs, registration, registry, wake
 from babysit.commands import register
 from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
         retry_on=retry_on, executor=args.executor, written_at=registry.utc_timestamp(now))), encoding="utf-8")
     shown = os.path.relpath(spec_path)
     print(f"{SAY} {name}: wrote {shown} (edit it, add a [prereg] for a verdict, then `babysit register {shown}`)")
-    code = register.run(argparse.Namespace(spec=str(spec_path), accelerated=args.accelerated, registry=str(path)))
-    if code:
-        return code
+    done = registration.register(spec_path, path, shown=shown, accelerated=args.accelerated)  # the one way in
+    register.say(done)
+    print(f"{SAY} {done.outcome}: {name} in {path}; no [prereg]: babysat without a verdict")
     state_dir = registry.load(path).state_dir
     print(f"{SAY} its printed lines are read by the first preset that matches them ("
           + ", ".join(preset_names()) + "); records it writes with babysit.log(step, …) count too")

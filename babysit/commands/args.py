@@ -277,7 +277,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
                                    "the end: polls, a divergence stopped live and retried, an amendment declared "
                                    "on time, and a FINAL pre-registered verdict with its chart.")
     p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
-    p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign"), default=None,
+    p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign", "run"), default=None,
                    help="run just one of the demo runs (campaign: drift_disc and its single-delta run)")
     p.set_defaults(handler=("demo", "run"))
 

@@ -67,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
         if amend is not None:
             amend.done.set()
     print(f"\nall runs over in {time.monotonic() - started:.0f} s.\n")
+    if args.only in (None, "run"):  # no run.toml at all: docs/your-trainer.md opens with it
+        command = [sys.executable, "-m", "babysit.demo.nanogpt_like", "--iters", "40", "--eval-every", "20",
+                   "--sleep", "0.05"]
+        print(f"$ babysit run --accelerated --name {runner.ADHOC_RUN} -- python -m babysit.demo.nanogpt_like "
+              "--iters 40   (no run.toml, no regex)\n")
+        cli_main(["run", "--accelerated", "--no-view", "--gpu-probe", "none", "--name", runner.ADHOC_RUN,
+                  "--registry", str(reg), "--", *command])
+        print()
     cli_main(["status", "--registry", str(reg)])
     verdict_json = state_dir / "verdicts" / f"{runner.DRIFT_RUN}.json"
     print("\nwhere things are:")

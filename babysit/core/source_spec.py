@@ -28,7 +28,8 @@ from babysit.core import expr, presets
 from babysit.core.errors import SpecError
 from babysit.core.tomlfile import Table
 
-KINDS = ("jsonl", "stdout", "tensorboard", "csv")
+KINDS = ("jsonl", "stdout", "tensorboard", "csv", "wandb")
+WANDB_DIR = "outputs/{name}/wandb"  # kind = "wandb": where babysit tells wandb to write ($WANDB_DIR)
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
 STEP_GROUP = "step"
 # What RE2 cannot run that Python's `re` can, with the rewrite that works (the refusal says it).
@@ -153,6 +154,8 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
         expected = {"tensorboard": "the directory the trainer writes TensorBoard event files to",
                     "csv": "the CSV file the trainer writes (e.g. Lightning's metrics.csv)"}.get(kind, "a path")
         path = workdir / _expand(t.str("path", check=bool, expected=expected), name, t)
+    elif kind == "wandb":
+        path = workdir / WANDB_DIR.format(name=name)
     patterns = tuple(_pattern(p) for p in t.tables("patterns"))
     preset = t.str("preset", None, check=bool, expected="a preset name (" + ", ".join(presets.names()) + ', or "auto")')
     metrics = t.str_map("metrics", {})

@@ -18,6 +18,7 @@ CAMPAIGN = "drift_saga"
 AUG_RUN = "drift_aug"  # the campaign's single-delta run: drift_disc with --image-augment 0.5
 RETRY_RUN = "retry_demo"
 STDOUT_RUN = "nanogpt_stdout"
+ADHOC_RUN = "nanogpt_run"  # `babysit run -- CMD`: no run.toml written by hand
 AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250 (docs/demo.md)
 
 

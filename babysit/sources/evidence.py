@@ -57,6 +57,11 @@ def unreadable(source: SourceSpec, evidence: Evidence, *, log: Path) -> str | No
         text = (f"{source.path}: {lines} rows read, 0 records parsed (step column \"{source.step_column}\")."
                 + _sample(evidence, "A row without a step")
                 + " Check source.path and source.step_column in run.toml.")
+    elif source.kind == "wandb":
+        text = (f"{source.path}: {lines} wandb.log records read, 0 with a step and a number."
+                + _sample(evidence, "The keys of one")
+                + " Check that the trainer calls wandb.init() without its own dir= (babysit sets $WANDB_DIR to "
+                "source.path) and logs numbers.")
     elif source.kind == "tensorboard":
         text = (f"{source.path}: {lines} summary values read, 0 scalar records."
                 + _sample(evidence, "A non-scalar tag")

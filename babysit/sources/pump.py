@@ -22,7 +22,7 @@ from typing import Any
 
 from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
-from babysit.sources import csvfile, records, stdout
+from babysit.sources import csvfile, records, stdout, wandbfile
 from babysit.sources.evidence import Evidence
 from babysit.sources.tensorboard import TensorBoardReader
 
@@ -107,6 +107,11 @@ class SourcePump:
             items, lines, problems, backlog = read.items, read.rows, read.problems, read.more
             reader, sample = read.state, read.sample or sample
             watched.append(self.source.path)
+        elif kind == "wandb":
+            wb = wandbfile.read(self.source, reader)
+            items, lines, problems, backlog = wb.items, wb.records, wb.problems, wb.more
+            reader, sample = wb.state, wb.sample or sample
+            watched.extend(wb.files)
         elif kind == "tensorboard":
             assert self._tb is not None
             tb = self._tb.read(reader)

@@ -294,6 +294,9 @@ def test_the_demo_babysits_to_a_final_verdict(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / ".babysit" / "verdicts" / "drift_disc.png").stat().st_size > 10_000
     for text in ("diverged", "retrying", "FINAL", "amendment 1 recorded"):
         assert text in res.stdout
+    # `babysit run -- CMD` once, with no run.toml written by hand: its preset said, exit 0
+    assert 'nanogpt_run: its printed lines match preset "nanogpt"' in res.stdout
+    assert "babysit run: nanogpt_run finished: completed after 1 attempt(s) (exit 0" in res.stdout
     # the campaign's ending tells the truth: drift_aug's HEALTHY is read against drift_disc, whose
     # instrument disagrees with itself, so nothing is convicted, banked or proposed on it (issue 25)
     show = res.stdout[res.stdout.index("$ babysit campaign show drift_saga"):]
