@@ -85,6 +85,7 @@ class RunRow:
     note: str | None = None  # why something is missing (an unreadable run.toml)
     preset: str | None = None  # the printed-log preset reading it ([source] preset, or the one `auto` chose)
     preset_pending: bool = False  # preset = "auto" and no printed line matched a preset yet
+    log_hint: str | None = None  # an empty JSONL log while it prints: what its first poll found in its lines
 
     def to_dict(self) -> dict[str, Any]:
         """The `status --json` shape (also what the Slack bot reads)."""
@@ -188,6 +189,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
         preset=facts.get("preset") or (spec.source.preset if spec is not None and spec.source.preset != "auto"
                                        else None),
         preset_pending=spec is not None and spec.source.preset == "auto" and not facts.get("preset"),
+        log_hint=facts.get("log_hint") if not records else None,
     )
 
 

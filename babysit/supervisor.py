@@ -37,6 +37,7 @@ from babysit.faults import crash_point
 from babysit.polling import PollCalendar
 from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.sources.sniff import sniff
 from babysit.stackdump import stack_dump
 from babysit.store import Attempt, PollRow, Store
 from babysit.timers import ThreadTimers, Timers
@@ -799,6 +800,11 @@ class RunSupervisor:
         """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
         and what pattern would read the newest line."""
         source = self.spec.source
+        if source.kind == "jsonl" and not self.points and self.first_output_wall is not None:
+            hint = sniff(self.pump.run_dir)  # it prints, its log stays empty: would a preset read it?
+            if hint is not None:
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
+            return hint
         if source.kind != "stdout" or source.preset is None:
             return None
         chosen = self.pump.preset

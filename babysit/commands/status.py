@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r.run}: {r.note}")
         if r.preset:
             print(f"{r.run}: {preset_line(r.preset)}")
+        elif r.log_hint:
+            print(f"{r.run}: {r.log_hint.removeprefix('📄 ')}")
         elif r.preset_pending:
             print(f'{r.run}: preset = "auto": no printed line has matched a preset yet (a log-unreadable '
                   "incident says what would, once enough lines are in)")

@@ -181,3 +181,28 @@ label = "FLAT"
     assert row.seconds_per_step is not None
     assert abs(row.seconds_per_step * 1000 - ms_per_batch) / ms_per_batch < 0.2, (row.seconds_per_step, printed)
     assert store_of(workspace).incidents("wlm") == []
+
+
+def test_a_run_with_no_source_whose_log_stays_empty_is_told_which_preset_reads_its_lines(workspace: Path) -> None:
+    spec = workspace / "plain.toml"
+    spec.write_text(f"""[run]
+name = "plain"
+command = {json.dumps([*NANOGPT, "--iters", "200", "--sleep", "0.02"])}
+log = "outputs/{{name}}/train_log.jsonl"   # it never writes it: it prints nanoGPT's lines
+
+[guards]
+min_free_host_ram_gib = 0.1
+
+[poll]
+first_after_minutes = 2
+""")
+    assert babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
+                   cwd=workspace, env=ENV).returncode == 0
+    daemon = Daemon(workspace, "--exit-when-idle", "--no-view", env=ENV)
+    assert daemon.wait(timeout=120) == 0, daemon.output()
+    (first,) = [p for p in channel(workspace, "poll") if "first poll" in p["text"]]
+    assert 'its printed lines match preset "nanogpt"' in first["text"]
+    assert '[source] kind = "stdout", preset = "nanogpt"' in first["text"]
+    status = babysit("status", "--registry", str(workspace / "babysit.toml"), cwd=workspace, env=ENV)
+    assert 'plain: no record in its log ($BABYSIT_LOG) yet, but its printed lines match preset "nanogpt"' \
+        in status.stdout
