@@ -6,7 +6,9 @@ and a tampered prereg can never produce a verdict, only a `prereg-tampered` inci
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -223,8 +225,8 @@ def verdict_chart_path(out_dir: Path, run: str) -> Path:
 
 
 def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, path: Path, *,
-               verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None
-               ) -> tuple[Path | None, Exception | None]:
+               verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
+               log: Path | None = None) -> tuple[Path | None, Exception | None]:
     """Best effort, never raising: (the PNG, None), or (None, why it could not be drawn).
 
     A chart is an illustration of the verdict, not the verdict: a value matplotlib cannot place, an
@@ -232,12 +234,12 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
     post. The caller logs the exception (with its traceback) and says the chart is missing.
 
     Without `verdict`, the chart's verdict is re-derived from the log and the store's amendments as of
-    the JSON's at_step, so the daemon can pass just the body it already has.
+    the JSON's at_step, so the daemon can pass just the body it already has. `log`: the record log read
+    (an offline read's --log), else the run's own.
     """
     try:
-
         prereg = require_prereg(spec)
-        series, train, _ = read_series(records_log(spec, store), prereg)
+        series, train, _ = read_series(records_log(spec, store) if log is None else log, prereg)
         if verdict is None:
             amendments = stored_amendments(store, spec.name) if store is not None else ()
             at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
@@ -275,3 +277,37 @@ def from_store(stored: Amendment) -> AmendmentRecord:
     spec = parse_amendment(stored.text, f"amendment {stored.n} of run '{stored.run}'")
     return AmendmentRecord(n=stored.n, spec=spec, declared_at=stored.declared_at,
                            data_seen_through_step=stored.data_seen_through_step, sha256=stored.sha256)
+
+
+OFFLINE_READS = ("tensorboard", "csv")  # [source] kinds an offline read pumps into a record log of its own
+_OFFLINE_PUMPS = 10_000  # pump budgets at most (each reads a bounded batch): a huge source still ends
+
+
+def offline_records(spec: RunSpec, given: Path | None, scratch: Path) -> Path:
+    """The record log an offline read (`babysit verdict run.toml [--log PATH]`) reads. For a TensorBoard
+    or CSV `[source]`, PATH (else `[source].path`) is that source — an event directory, a CSV file — read
+    through the same adapter as the daemon's into a record log under `scratch`; a `.jsonl` PATH is read as
+    a record log (a registered run's `records.jsonl`). Every other kind reads PATH (else `[run].log`)."""
+    kind = spec.source.kind
+    if kind not in OFFLINE_READS or (given is not None and given.suffix == ".jsonl"):
+        log = given if given is not None else records_log(spec, None)
+        if not log.is_file():
+            raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
+        return log
+    path = given if given is not None else spec.source.path
+    want = "an event directory" if kind == "tensorboard" else "a CSV file"
+    if path is None or not path.exists() or (kind == "tensorboard") != path.is_dir():
+        raise BadInput(f"--log {path}: expected {want} for [source] kind = \"{kind}\"",
+                       hint=f"pass {want} (what the trainer writes), or a record log (.jsonl) with --log PATH")
+    if kind == "tensorboard":
+        sources.require()  # exit 2 naming the extra
+    local = replace(spec, source=replace(spec.source, path=Path(path).resolve()))
+    pump = sources.SourcePump(local, scratch)
+    for _ in range(_OFFLINE_PUMPS):
+        if not pump.pump(time.time()).backlog:
+            break
+    log = sources.records_path(local, scratch)
+    if not log.is_file():
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.touch()  # nothing read: an empty record log reads NO-READ, saying what it saw
+    return log

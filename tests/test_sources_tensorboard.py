@@ -190,3 +190,38 @@ def test_without_the_tensorboard_package_the_error_names_the_extra(tmp_path: Pat
     assert "needs the tensorboard package" in problem and "pip install 'babysit[tensorboard]'" in problem
     assert error.startswith('2 [source] kind = "tensorboard" needs the tensorboard package')
     assert "pip install 'babysit[tensorboard]'" in error
+
+
+def test_verdict_offline_reads_a_tensorboard_directory_given_with_log(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`babysit verdict run.toml --log DIR` for a TensorBoard [source]: said "does not exist" of a directory
+    that exists; now DIR is read through the same adapter as the daemon's."""
+    from babysit.cli import main
+
+    spec = spec_from(tmp_path, RUN + textwrap.dedent("""
+        [prereg]
+        metric = "eval_loss"
+        baseline_step = 100
+        read_step = 300
+        [[prereg.bands]]
+        label = "HEALTHY"
+        max = 0.1
+        [source.metrics]
+        "eval/loss" = "eval_loss"
+        """))
+    w = writer(spec)
+    for step, value in ((100, 2.0), (200, 1.9), (300, 1.95)):
+        w.add_scalar("eval/loss", value, step)
+    w.close()
+    elsewhere = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(spec.source.path), str(elsewhere)], check=True)
+    monkeypatch.chdir(tmp_path)
+    assert main(["verdict", "run.toml", "--log", str(elsewhere), "--json"]) == 0
+    out = capsys.readouterr()
+    body = json.loads(out.out)
+    assert (body["status"], body["label"], body["at_step"]) == ("FINAL", "HEALTHY", 300)
+    assert body["delta"] == pytest.approx(-0.05)
+    assert f"chart: {tmp_path / 'r1.verdict.png'}" in out.err, "drawn beside the directory read, not in a temp dir"
+    assert main(["verdict", "run.toml"]) == 0, "without --log: [source].path"
+    assert "log:       " + str(spec.source.path) in capsys.readouterr().out
+    assert main(["verdict", "run.toml", "--log", str(tmp_path / "run.toml")]) == 2
+    assert "expected an event directory for [source] kind = \"tensorboard\"" in capsys.readouterr().err

@@ -230,3 +230,31 @@ def test_a_what_if_amendment_with_a_typo_exits_2_naming_the_file_and_field_as_am
     out, err = capsys.readouterr()
     assert out == "" and err == amend_err
     assert "typo.toml: scale:" in err and "demosonly" in err and "12.5087 / demosonyl" in err
+
+
+def test_a_read_mid_run_says_the_run_is_still_running_and_when_the_read_step_is_due(project: Path, capsys):
+    """`babysit verdict RUN` mid-run said a bare NO-READ/PROVISIONAL; now where the run is and when the
+    read step comes, from its step and s/step."""
+    from babysit.store import Store
+
+    registered(project, line(500, eval_chunk_mae=3.4623) + line(600, train_chunk_mae=3.0)
+               + line(750, eval_chunk_mae=4.0))
+    store = Store.in_dir(project / ".babysit")
+    attempt = store.begin_attempt(RUN, 1, "default", ["python", "-m", "trainer"], "local", 1, "", 1755400000.0)
+    store.mark_running(attempt.id, started_at=1755400000.0, pid=None)
+    store.set_run_state(RUN, "running", 1755400750.0, attempt=1)
+    assert main(["verdict", RUN]) == 0
+    out = capsys.readouterr().out
+    assert "run:       still running (attempt 1, step 750 at 1 s/step): read step 1000 expected in ~4m10s " \
+           "(about " in out, out
+    assert main(["verdict", RUN, "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["status"] == "PROVISIONAL", "the JSON is the verdict's alone"
+    assert "still running (attempt 1, step 750" in got.err
+
+    store.mark_ended(attempt.id, ended_at=1755400760.0, outcome="crashed", exit_code=1)
+    store.set_run_state(RUN, "failed", 1755400760.0, ended="crashed")
+    store.close()
+    assert main(["verdict", RUN]) == 0
+    assert "run:       failed (crashed) at step 750, before read step 1000: no read will come from this run " \
+           f"(`babysit relaunch {RUN}` runs it again)" in capsys.readouterr().out

@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit import reading, sources
+from babysit import reading, runview, sources
 from babysit.core.amendment import check_against, load_amendment, what_if
 from babysit.core.errors import BadInput, PreregTampered
-from babysit.core.fmt import fmt_delta
+from babysit.core.fmt import fmt_delta, fmt_duration
 from babysit.core.spec import load_spec
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
 from babysit.registry import resolve_registry_path
@@ -26,15 +28,25 @@ from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="babysit-verdict-") as scratch:
+        return _run(args, Path(scratch))
+
+
+def _run(args: argparse.Namespace, scratch: Path) -> int:
     offline = Path(args.target).is_file() or args.target.endswith(".toml")
     final_dir: Path | None = None  # where the daemon keeps the FINAL verdict's files (registered runs)
     final_recorded = False
+    shown_log: Path | None = None  # what the card names as the log, when not the record log read
+    chart_dir: Path | None = None  # an offline chart's folder, when not the record log's
+    progress: str | None = None  # a registered run's state, when its read is not FINAL
     if offline:
         spec = load_spec(Path(args.target), display=args.target)
         prereg = reading.require_prereg(spec)
-        log = Path(args.log) if args.log else reading.records_log(spec, None)
-        if not log.is_file():
-            raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
+        log = reading.offline_records(spec, Path(args.log) if args.log else None, scratch)
+        if scratch in log.parents:  # read from a TensorBoard directory or a CSV: say and draw beside that
+            source = Path(args.log) if args.log else spec.source.path
+            assert source is not None
+            shown_log, chart_dir = source, source.parent
         recorded: tuple[Any, ...] = ()
         frozen_sha = prereg.sha256
     else:
@@ -56,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         log = sources.records_path(spec, reg.state_dir)
         frozen_sha = entry.prereg_sha256
         final_dir = reg.state_dir / "verdicts"
+        registry_path = resolve_registry_path(args.registry)
 
     if args.fixture:
         return _fixture(args, spec, prereg, frozen_sha)
@@ -74,17 +87,23 @@ def run(args: argparse.Namespace) -> int:
     # FINAL read of a registered run may draw its chart there; every other read is a what-if.
     of_record = (final_dir is not None and verdict.status == FINAL and args.at_step is None and not extra
                  and not comparators)
-    chart = _chart_path(args, spec.name, log, final_dir, of_record)
+    chart = _chart_path(args, spec.name, log, final_dir, of_record, chart_dir)
     out = sys.stderr if args.json else sys.stdout
+    if not offline and verdict.status != FINAL and args.at_step is None:
+        progress = run_progress(runview.collect(registry_path, [spec.name])[0], prereg.read_step, time.time())
     if args.json:  # the verdict first: a chart that cannot be drawn must not cost the JSON
         print(json.dumps(body, indent=2), flush=True)
+        if progress:
+            print(progress, file=out)
     else:
-        print(card(body, verdict, prereg, log=log, garbage=garbage, matches=True, offline=offline,
-                   comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()}), flush=True)
+        print(card(body, verdict, prereg, log=shown_log or log, garbage=garbage, matches=True, offline=offline,
+                   comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()},
+                   progress=progress), flush=True)
     if of_record and final_recorded and not args.chart and chart.is_file():
         print(f"chart: {chart} (the FINAL verdict's, as the daemon drew it)", file=out)
         return 0
-    drawn, error = reading.draw_chart(spec, body, None, chart, verdict=verdict, comparators=comparators)
+    drawn, error = reading.draw_chart(spec, body, None, chart, verdict=verdict, comparators=comparators,
+                                      log=log)
     if drawn is None:
         print(f"chart: not drawn ({type(error).__name__}: {error}); the verdict above stands without it", file=out)
     else:
@@ -92,7 +111,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path | None, of_record: bool) -> Path:
+def run_progress(row: runview.RunRow, read_step: int, now: float) -> str:
+    """Where a registered run is, for a read that is not FINAL: still running (and when the read step is
+    due, from its step and s/step), not launched yet, or over before its read step."""
+    status = row.status
+    at = f"step {row.step}" if row.step is not None else "no step logged yet"
+    if status in ("running", "stopping", "retrying", "relaunching"):
+        pace = f" at {row.seconds_per_step:.3g} s/step" if row.seconds_per_step else ""
+        head = f"still {status} (attempt {row.attempt}, {at}{pace})"
+        eta = runview.eta_seconds(row.step, read_step, row.seconds_per_step)
+        if row.step is not None and row.step >= read_step:
+            return f"{head}: read step {read_step} reached; the FINAL read comes with its eval"
+        if eta is None:
+            return f"{head}: read step {read_step} expected once its pace is known (two records)"
+        when = datetime.fromtimestamp(now + eta, timezone.utc).strftime("%H:%M UTC")
+        return f"{head}: read step {read_step} expected in ~{fmt_duration(eta)} (about {when})"
+    if status in ("registered", "pending", "refused"):
+        return f"{status}: not launched yet; the read comes at step {read_step} (`babysit up` launches it)"
+    ended = f" ({row.outcome})" if row.outcome else ""
+    return (f"{status}{ended} at {at}, before read step {read_step}: no read will come from this run "
+            f"(`babysit relaunch {row.run}` runs it again)")
+
+
+def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path | None, of_record: bool,
+                chart_dir: Path | None = None) -> Path:
     """Where this read's chart goes; a what-if never writes over the FINAL verdict's files."""
     if args.chart:
         chart = Path(args.chart)
@@ -105,7 +147,7 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
                                     "whatif/")
         return chart
     if final_dir is None:
-        return log.parent / f"{run}.verdict.png"
+        return (chart_dir or log.parent) / f"{run}.verdict.png"
     if of_record:
         return final_dir / f"{run}.png"
     suffix = (f"-at-{args.at_step}" if args.at_step is not None else "") + ("-whatif" if args.amendment else "") \
@@ -114,7 +156,7 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
 
 
 def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
-         offline: bool, comparators: dict[str, Any] | None = None) -> str:
+         offline: bool, comparators: dict[str, Any] | None = None, progress: str | None = None) -> str:
     """The human-readable verdict; PROVISIONAL is a banner and prefixes the label, so it cannot be missed."""
     p = prereg.precision
     lines: list[str] = []
@@ -127,6 +169,8 @@ def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage:
     lines.append(f"{body['run']}: {shown}  [{body['status']}]")
     if prereg.question:
         lines.append(f"question:  {prereg.question}")
+    if progress:
+        lines.append(f"run:       {progress}")
     if body["status"] == "NO-READ":
         lines.append(f"reason:    {body['reason']}")
     else:
