@@ -88,7 +88,8 @@ def prepare(registry_path: Path, run: str, *, accelerated: bool, shown: str | No
                                  wake_daemon=False)  # the request below wakes it, once
     warnings = list(done.warnings)
     if used >= CAP_WARN_FRACTION * cap:
-        warnings.append(f"{shown or spec_file}: guards.gpu_hours_cap: {used:.2f} of {cap:g} GPU-hours are used by the earlier attempts "
+        warnings.append(f"{shown or spec_file}: guards.gpu_hours_cap: {used:.2f} of {cap:g} GPU-hours are used "
+                        "by the earlier attempts "
                         "(the cap covers them too): the relaunch is stopped when the run reaches the cap")
     return Prepared(done, last.n, used, tuple(warnings))
 
