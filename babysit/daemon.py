@@ -35,6 +35,7 @@ from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning
 from babysit.core.spec import check_cadence, load_spec
+from babysit.core.status import RunStatus
 from babysit.delivery import DeliveryWorker
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
@@ -46,7 +47,7 @@ from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
 from babysit.sources import wandbfile
 from babysit.store import Row, Store
-from babysit.supervisor import RELAUNCHING, DaemonContext, RunSupervisor
+from babysit.supervisor import DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
@@ -203,7 +204,7 @@ class Daemon:
         if self.scheduler is None:
             return
         active = [s for s in list(self.supervisors.values())  # a running attempt's run is active: no query
-                  if (s.attempt is not None and s.attempt.status == "running") or s.is_active()]
+                  if s.is_running() or s.is_active()]
         with self._jobs_lock:  # the main thread (a wake) and the guard round may both sync
             if any(s.spec.gpus for s in active):  # one cheap utilization read (~1 µs) a second per watched GPU
                 self.sampler.start()
@@ -335,7 +336,7 @@ class Daemon:
                 for supervisor in list(self.supervisors.values()):
                     try:
                         with supervisor.lock:
-                            running = supervisor.attempt is not None and supervisor.attempt.status == "running"
+                            running = supervisor.is_running()
                             if running and not self.exits.is_watching(supervisor.run):
                                 supervisor.check_exit()  # no descriptor watched (Slurm), or its handling failed
                         if running:
@@ -356,7 +357,7 @@ class Daemon:
                         continue
                     try:
                         with supervisor.lock:
-                            if supervisor.attempt is not None and supervisor.attempt.status == "running":
+                            if supervisor.is_running():
                                 supervisor.read_log()
                     except Exception as exc:
                         supervisor.failed("reading its log", exc)
@@ -402,8 +403,7 @@ class Daemon:
         old = self.supervisors.get(run)
         status, facts = self.store.run_state(run)
         attempts = self.store.attempts(run)
-        if status not in relaunch.ENDED or not attempts or (old is not None and old.attempt is not None
-                                                            and old.attempt.status == "running"):
+        if status not in relaunch.ENDED or not attempts or (old is not None and old.is_running()):
             return f"not relaunched: it is {status}, not ended"
         if self.store.final_verdict(run) is not None:
             return "not relaunched: its verdict is FINAL (a new experiment needs a new name)"
@@ -418,7 +418,8 @@ class Daemon:
             return f"not relaunched: {exc.message}"
         after = attempts[-1].n
         count = int((facts.get("relaunched") or {}).get("count", 0)) + 1
-        self.store.set_run_state(run, RELAUNCHING, self.ctx.now(), ended=None, end_reason=None, refused=None,
+        self.store.set_run_state(run, RunStatus.RELAUNCHING.value, self.ctx.now(), ended=None, end_reason=None,
+                                 refused=None,
                                  relaunched={"after": after, "count": count, "by": by, "resume": resume,
                                              "at": self.ctx.now()})
         supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
@@ -434,23 +435,9 @@ class Daemon:
 
     def _handle_request(self, req: Row, supervisor: RunSupervisor, now: float) -> None:
         """One control request; answers it (finish_request) with what was done."""
-        if req.kind == "abort":
-            by = req.body.get("requested_by", "?")
-            if supervisor.request_stop("abort"):
-                supervisor._incident("abort", f"abort requested by {by}", {"requested_by": by},
-                                     key=f"{req.run}:abort:{req.id}")
-                result = "stopping"
-            else:
-                result = "not running"
-            self.store.finish_request(req.id, result, now)
-        elif req.kind == "poll-now":
-            if supervisor.poll("on-demand"):
-                result = "polled"
-            elif supervisor.attempt is not None and supervisor.attempt.status == "running":
-                result = "not polled: the poll failed (the daemon log says why)"
-            else:
-                result = "not running"
-            self.store.finish_request(req.id, result, now)
+        if req.kind in ("abort", "poll-now"):
+            self.store.finish_request(req.id, supervisor.request(req.kind, req.body.get("requested_by", "?"), req.id),
+                                      now)
         else:
             self.store.finish_request(req.id, f"unknown action {req.kind}", now)
 

@@ -20,16 +20,17 @@ from typing import Any
 
 import structlog
 
-from babysit import logtail, reading, sources, stopcheck
+from babysit import logtail, reading, runstate, sources, stopcheck
 from babysit.campaign.hook import after_final_verdict
 from babysit.clock import SYSTEM, Clock
-from babysit.core import classify, guards, nonfinite, readable, retry, smoke, snapshot
+from babysit.core import classify, guards, nonfinite, readable, retry, run_machine, smoke, snapshot
+from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError, PreregTampered
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.spec import RunSpec
-from babysit.core.status import RunStatus
+from babysit.core.status import AttemptStatus, RunStatus
 from babysit.core.suggest import suggest
 from babysit.executors import Executor
 from babysit.exitwatch import ExitWatcher
@@ -44,12 +45,9 @@ from babysit.timers import ThreadTimers, Timers
 
 log = structlog.get_logger("babysit.supervisor")
 
-TERMINAL = ("finished", "failed", "stopped", "refused")
-RELAUNCHING = RunStatus.RELAUNCHING  # `babysit relaunch` took an ended run: its next attempt launches at start()
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
-GUARD_STOPS = ("gpu-held", "gpu-hours-cap", "abort")  # never retried; stalled and gpu-fault follow retry.on
 
 
 @dataclass
@@ -95,8 +93,9 @@ class RunSupervisor:
         self.total_steps: int | None = spec.total_steps  # or a record's total_steps / max_steps
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
         self.provisional: dict[str, Any] | None = None
-        self.warned: set[str] = set()
-        self.stopping = False
+        self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
+        self.internal_errors_logged: set[str] = set()  # digests of internal errors already logged (one traceback)
+        self.chart: tuple[Path | None, BaseException | None] = (None, None)  # the FINAL verdict's chart, drawn
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
@@ -120,7 +119,16 @@ class RunSupervisor:
         return self.ctx.store.run_state(self.run)[0]
 
     def is_active(self) -> bool:
-        return self.status not in TERMINAL
+        return not RunStatus.of(self.status).terminal
+
+    def is_running(self) -> bool:
+        """Its current attempt runs (no store query: what the daemon's rounds ask of every run)."""
+        return self.attempt is not None and self.attempt.status == AttemptStatus.RUNNING
+
+    @property
+    def stopping(self) -> bool:
+        """A stop of the live attempt was requested (it has not exited yet)."""
+        return self.state.stopping
 
     def _set(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
@@ -129,7 +137,8 @@ class RunSupervisor:
         return self.ctx.store.enqueue(self.run, kind, {"run": self.run, **payload}, self.ctx.now(),
                                       thread_of=self.launch_msg if thread else None, dedupe_key=key)
 
-    def _incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None:
+    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None:
+        """Record an incident on this run's current attempt and post it, once per `key`."""
         n = self.attempt.n if self.attempt else None
         if self.ctx.store.has_message(key):  # a restarted daemon redoing this step: already recorded
             return
@@ -138,29 +147,122 @@ class RunSupervisor:
                                    "mention": list(self.spec.notify.mention_on_incident)}, key)
         log.warning("incident", run=self.run, attempt=n, incident=kind, message=message)
 
+    # -- the machine ----------------------------------------------------------------------------------
+    def _feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None:
+        """One event through the run's transition (core/run_machine.py), then its effects in order, under
+        the run's lock; effects of a `defer` type after the lock is released. Returns the answer an effect
+        gave (a request's reply), if any."""
+        later: list[ev.Effect] = []
+        reply = None
+        with self.lock:
+            self.state, effects = run_machine.step(self.state, event)
+            for effect in effects:
+                if isinstance(effect, defer):
+                    later.append(effect)
+                else:
+                    reply = self._do(effect) or reply
+        for effect in later:
+            reply = self._do(effect) or reply
+        return reply
+
+    def _do(self, e: ev.Effect) -> str | None:
+        """Carry out one effect: the store written, a message queued, a process started, signalled or killed."""
+        match e:
+            case ev.SetStatus():
+                self._set(e.status.value, **e.facts)
+                if e.status.ended:
+                    log.info("run over", run=self.run, status=e.status.value, reason=e.facts.get("end_reason"))
+            case ev.Launch():
+                self._launch(e.n, resume=e.resume, halvings=e.halvings, note=e.note)
+            case ev.Adopt():
+                self._adopt(self.ctx.store.attempt(self.run, e.n))
+            case ev.Post(kind="launch"):
+                self.launch_msg = self._launch_message(self._row(e.n), e.note)
+            case ev.Post():
+                self._ended_message(self._row(e.n))
+            case ev.Watch():
+                self._watch()
+                self._schedule_next_poll()
+            case ev.Incident():
+                self._raise(e)
+            case ev.NoteAttempt():
+                self._note_attempt(self._row(e.n), **e.facts)
+            case ev.RecordExit():
+                row = self.ctx.store.attempt(self.run, e.n)
+                self.ctx.store.mark_ended(row.id, ended_at=e.ended_at, outcome=e.outcome, exit_code=e.exit_code,
+                                          exit_signal=e.signal, detail=dict(e.detail))
+                crash_point("after-mark-ended")
+                self.attempt = self.ctx.store.attempt(self.run, e.n)
+            case ev.Signal():
+                self._send_stop(self._row(e.n), e.stop.to_dict(), e.kill_after)
+            case ev.ArmKill():
+                self._arm_kill(self._row(e.n), e.delay)
+            case ev.Kill():
+                log.warning("grace period over: SIGKILL", run=self.run, attempt=e.n,
+                            grace_s=self.spec.guards.stop_grace_seconds)
+                self.executor.kill(self._row(e.n))
+            case ev.Recheck():
+                self._recheck_soon(e.action)
+            case ev.TakePoll():
+                if self.poll("on-demand"):
+                    return "polled"
+                return "not polled: the poll failed (the daemon log says why)"
+            case ev.ReadVerdict(full=True):
+                self._maybe_final_verdict()
+            case ev.ReadVerdict():
+                self._read_verdict()
+            case ev.SaveVerdict():
+                self._save_verdict(dict(e.body), e.stored)
+            case ev.Chart():
+                self._draw_chart(dict(e.body))
+            case ev.PostVerdict():
+                self._post_verdict(dict(e.body))
+            case ev.Forget():
+                self._forget()
+            case ev.Reply():
+                return e.text
+        return None
+
+    def _row(self, n: int) -> Attempt:
+        """Attempt n's store row (the current one without a query)."""
+        attempt = self.attempt
+        return attempt if attempt is not None and attempt.n == n else self.ctx.store.attempt(self.run, n)
+
+    def _warned(self) -> frozenset[str]:
+        """The guard actions already raised on the running attempt (the machine keeps them)."""
+        running = self.state.running_attempt
+        return running.warned if running is not None else frozenset()
+
+    def _raise(self, e: ev.Incident) -> None:
+        if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
+            return  # a guard that stopped it for this very reason (stalled, diverged) has said it already
+        detail = dict(e.detail)
+        if e.stacks_of is not None:  # a stall: where the trainer's threads are, and where babysit saw no record
+            detail["stacks"] = stack_dump(e.stacks_of)
+            detail["log"] = str(self.records_log)
+        self.incident(e.kind, e.message, detail, key=e.key)
+
+    def _ended_message(self, attempt: Attempt) -> None:
+        summary = attempt.detail.get("summary") or attempt.outcome
+        self._message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
+                                "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
+                      key=f"{self.run}:{attempt.n}:ended")
+
     # -- start / adopt ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Adopt a live attempt, finish one that ended while the daemon was down, or launch."""
+        """Adopt a live attempt, finish one that ended while the daemon was down, or launch: the store's
+        state fed to the run's transition as `Registered` (run_machine), as a restarted daemon does."""
         with self.lock:
             self._check_prereg()
-            attempts = self.ctx.store.attempts(self.run)
-            last = attempts[-1] if attempts else None
-            if last is not None and last.status in ("launching", "running"):
-                self._adopt(last)
+            now = self.ctx.now()
+            self.state = runstate.restore(self.ctx.store, self.spec, now)
+            last = self.state.last
+            if last is not None and not last.live and self.state.status in (RunStatus.RUNNING, RunStatus.RETRYING,
+                                                                            RunStatus.STOPPING):
+                # the daemon died between recording the exit and deciding: decide now
+                self._deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
                 return
-            status, facts = self.ctx.store.run_state(self.run)
-            if status in ("finished", "failed", "stopped"):
-                self._maybe_final_verdict()
-                return
-            if status == RELAUNCHING and last is not None:  # `babysit relaunch`: a new sequence of attempts
-                again = facts.get("relaunched") or {}
-                self._launch(last.n + 1, resume=bool(again.get("resume")), halvings=0,
-                             note=f"relaunched by {again.get('by', '?')} after attempt {last.n}")
-                return
-            if last is not None and last.status == "ended" and status in ("running", "retrying", "stopping"):
-                self._after_exit(last)  # the daemon died between recording the exit and deciding
-                return
-            self._launch(1 if last is None else last.n + 1, resume=False, halvings=0, note=None)
+            self._feed(ev.Registered(now))
 
     def _check_prereg(self) -> None:
         """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
@@ -181,7 +283,9 @@ class RunSupervisor:
             log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message)
 
     def _adopt(self, attempt: Attempt) -> None:
-        if attempt.status == "launching":
+        """A live attempt of a dead daemon: one recorded but never started is started now (once), else
+        found and watched (`Adopted`: a stop it was making is resumed)."""
+        if attempt.status == AttemptStatus.LAUNCHING:
             found = self.executor.find(attempt)
             if found is None:  # recorded, never started: start it now (once)
                 self._start_attempt(attempt, note=attempt.detail.get("note"))
@@ -190,16 +294,9 @@ class RunSupervisor:
                                         pid_create_time=found.pid_create_time, job_id=found.job_id)
             attempt = self.ctx.store.attempt(self.run, attempt.n)
         self.attempt = attempt
-        stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
-        self.stopping = stop.get("attempt") == attempt.n
-        self._set("stopping" if self.stopping else "running", attempt=attempt.n)
-        self.launch_msg = self._launch_message(attempt, note=None)
         log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id,
-                 stopping=self.stopping)
-        self._watch()
-        if self.stopping:
-            self._resume_stop(attempt, stop)
-        self._schedule_next_poll()
+                 stopping=self.state.stop is not None and self.state.stop.attempt == attempt.n)
+        self._feed(ev.Adopted(self.ctx.now(), attempt.n, attempt.started_at))
 
     # -- launch -----------------------------------------------------------------------------------------
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
@@ -210,13 +307,10 @@ class RunSupervisor:
         refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen))
                     if a.kind == "refuse"]
         if refusals:
-            for action in refusals:
-                self._incident(action.incident, "launch refused: " + action.message, dict(action.detail),
-                               key=f"{self.run}:{n}:refused:{int(self.ctx.now())}")
-            self._set("refused", refused=refusals[0].message)
+            self._feed(ev.LaunchRefused(self.ctx.now(), n, tuple(refusals)))
             return
         facts = self.ctx.store.run_state(self.run)[1]
-        after = relaunched_after(facts)
+        after = self.state.relaunched_after
         spec, selected_by = smoke.attempt_spec(self.spec, n - after, facts)  # smoke-selected
         argv, notes = retry.build_argv(spec, n, resume=resume, halvings=halvings, after=after)
         profile = spec.profile_for(n - after)
@@ -256,23 +350,20 @@ class RunSupervisor:
         self.ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
                                     pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         self.attempt = self.ctx.store.attempt(self.run, attempt.n)
-        self.stopping = False
-        self.warned.clear()
         self.nonfinite = None
         self.points.clear()  # a new attempt's pace is its own: the last one's steps say nothing of it
         self.recent.clear()
         self.latest_shown.clear()
         self.last_record_wall = self.ctx.now()
         self.first_output_wall = None
-        self._set("running", attempt=attempt.n)
-        self.launch_msg = self._launch_message(self.attempt, note)
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
-        self._watch()
-        self._schedule_next_poll()
+        row = self.attempt
+        self._feed(ev.Launched(self.ctx.now(), row.n, row.profile, row.gpus, row.started_at or self.ctx.now(),
+                               halvings=int(row.detail.get("halvings", 0)), note=note))
 
     def _launch_message(self, attempt: Attempt, note: str | None) -> int:
         prereg = self.spec.prereg
-        most = relaunched_after(self.ctx.store.run_state(self.run)[1]) + self.spec.retry.max_attempts
+        most = self.state.relaunched_after + self.spec.retry.max_attempts
         payload = {"attempt": attempt.n, "max_attempts": most, "profile": attempt.profile,
                    "argv": list(attempt.argv), "gpus": list(self.spec.gpus), "executor": attempt.executor,
                    "pid": attempt.pid, "job_id": attempt.job_id, "note": note,
@@ -297,7 +388,7 @@ class RunSupervisor:
         def ask() -> None:
             self.check_exit()
             current = self.attempt
-            if current is not None and current.n == n and current.status == "running":
+            if current is not None and current.n == n and current.status == AttemptStatus.RUNNING:
                 self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
 
         self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
@@ -316,9 +407,9 @@ class RunSupervisor:
     def check_exit(self) -> None:
         """A backstop to the exit watcher (and the way exits are seen for schedulers)."""
         attempt = self.attempt
-        if attempt is not None and attempt.status == "running":
+        if attempt is not None and attempt.status == AttemptStatus.RUNNING:
             attempt = self.attempt = self._sync_start(attempt)
-        if attempt is not None and attempt.status == "running" and self.executor.exit_info(attempt) is not None:
+        if attempt is not None and self.is_running() and self.executor.exit_info(attempt) is not None:
             self.on_exit(attempt.n)
 
     def _sync_start(self, attempt: Attempt) -> Attempt:
@@ -327,7 +418,7 @@ class RunSupervisor:
         An executor with `start_time(attempt)` (Slurm) says the real StartTime once the job left the
         queue, None while it waits; while it waits started_at follows the clock (GPU-seconds stay ~0).
         """
-        if attempt.status != "running":
+        if attempt.status != AttemptStatus.RUNNING:
             return attempt
         real = self.executor.start_time(attempt)
         if real is None:
@@ -353,9 +444,10 @@ class RunSupervisor:
                 self._end_after_internal_error(n, exc)
 
     def _on_exit(self, n: int) -> None:
+        """Classify attempt n's exit from what was seen (pure: core/classify.py), then `ExitSeen`."""
         with self.lock:
             attempt = self.ctx.store.attempt(self.run, n)
-            if attempt.status == "ended":
+            if attempt.status == AttemptStatus.ENDED:
                 return
             info = self.executor.exit_info(attempt)
             if info is None:
@@ -365,68 +457,37 @@ class RunSupervisor:
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
+            fresh = self.ctx.store.attempt(self.run, n)  # the exit's own read_log may have noted a NaN on it
             cls = classify.classify_exit(
                 exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
                 stop_reason=stop.get("reason") if stop_requested else None,
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
-                # the exit's own read_log may have just seen it: the store, not this stale row
-                nonfinite_seen=self.ctx.store.attempt(self.run, n).detail.get("nonfinite"),
+                nonfinite_seen=fresh.detail.get("nonfinite"),
                 nonfinite_metrics=self.spec.guards.nonfinite_metrics,
                 stop_sent_at=sent_at,
                 checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None)
-            outcome = cls.outcome
-            detail = {**dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
+            detail = {**fresh.detail, **dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None}
             if stop_requested and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.
                 detail["stopped_by"] = stop.get("reason")
-            self.ctx.store.mark_ended(attempt.id, ended_at=info.ended_at or self.ctx.now(), outcome=outcome,
-                                      exit_code=info.exit_code, exit_signal=info.signal, detail=detail)
-            crash_point("after-mark-ended")
-            self._after_exit(self.ctx.store.attempt(self.run, n))
+            seen = ev.ExitSeen(self.ctx.now(), n, cls.outcome, cls.summary, ended_at=info.ended_at or self.ctx.now(),
+                               exit_code=info.exit_code, signal=info.signal, retry_override=cls.retry,
+                               stopped_by=detail.get("stopped_by"), detail=detail)
+        self._deciding(seen, n, f"deciding after attempt {n}'s exit")
 
-    def _after_exit(self, attempt: Attempt) -> None:
-        """Decide after a recorded exit (also at start-up, for one a dead daemon recorded): an unexpected
-        error is an internal-error incident that ends the run, never a start-up crash or a run `running`
-        forever."""
+    def _deciding(self, event: ev.Event, n: int, where: str) -> None:
+        """An event after attempt n's exit (its record, the retry or the end): an unexpected error is an
+        internal-error incident that ends the run, never a start-up crash or a run `running` forever."""
         try:
-            self._decide_after_exit(attempt)
+            self._feed(event)
         except BabysitError:
-            raise
+            raise  # the store failing (a full disk): check_exit's backstop redoes the exit later
         except Exception as exc:
-            self.internal_error(f"deciding after attempt {attempt.n}'s exit", exc)
-            self._end_after_internal_error(attempt.n, exc)
-
-    def _decide_after_exit(self, attempt: Attempt) -> None:
-        self.attempt = attempt
-        detail = attempt.detail
-        summary = detail.get("summary") or attempt.outcome
-        self._message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
-                                "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
-                      key=f"{self.run}:{attempt.n}:ended")
-        # a guard that stopped it for this very reason (stalled, diverged) has raised the incident already
-        raised = self.ctx.store.has_message(f"{self.run}:{attempt.n}:{attempt.outcome}")
-        if attempt.outcome not in ("completed", "stopped") and not raised:
-            self._incident(attempt.outcome or "crashed", summary, detail, key=f"{self.run}:{attempt.n}:exit")
-        self._maybe_final_verdict()
-        after = relaunched_after(self.ctx.store.run_state(self.run)[1])
-        decision = retry.next_attempt(self._history(), self.spec, after)
-        if decision.retry and decision.n is not None and decision.profile is not None:
-            self._set("retrying", retry_reason=decision.reason)
-            self._incident("retrying", f"attempt {decision.n}/{after + self.spec.retry.max_attempts} with profile "
-                           f"'{decision.profile.profile}' ({decision.reason})",
-                           {"attempt": decision.n, "profile": decision.profile.profile, "resume": decision.resume,
-                            "halve_machinery": decision.halve_machinery},
-                           key=f"{self.run}:{decision.n}:retrying")
-            self._launch(decision.n, resume=decision.resume, halvings=decision.halvings,
-                         note=f"retry: {decision.reason}")
-            return
-        final = {"completed": "finished", "stopped": "stopped"}.get(attempt.outcome or "", "failed")
-        self._set(final, ended=attempt.outcome, end_reason=decision.reason)
-        self._forget()
-        log.info("run over", run=self.run, status=final, reason=decision.reason)
+            self.internal_error(where, exc)
+            self._end_after_internal_error(n, exc)
 
     def _forget(self) -> None:
         """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
@@ -434,18 +495,6 @@ class RunSupervisor:
         for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}"):
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.poll_window)
-
-    def _history(self) -> list[retry.PastAttempt]:
-        out = []
-        for a in self.ctx.store.attempts(self.run):
-            if a.status != "ended":
-                continue
-            out.append(retry.PastAttempt(n=a.n, profile=a.profile, outcome=a.outcome or "crashed",
-                                         retry_override=a.detail.get("retry_override"),
-                                         guard_stop=a.detail.get("stopped_by") in GUARD_STOPS,
-                                         host_memory_pressure=bool(a.detail.get("host_memory_pressure")),
-                                         halved_knobs=int(a.detail.get("halvings", 0))))
-        return out
 
     # -- the log ----------------------------------------------------------------------------------------
     def read_log(self) -> int:
@@ -499,7 +548,7 @@ class RunSupervisor:
                 self._message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
                               key=f"{self.run}:preset:{text}")
             elif kind == "step-backwards":
-                self._incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
+                self.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
@@ -560,7 +609,8 @@ class RunSupervisor:
         body = verdict.to_json(self.run, self.spec.prereg.sha256)
         self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step", "reason")}
         if body["status"] == "FINAL":
-            self._final_verdict(body)
+            stored = self.ctx.store.final_verdict(self.run)  # saved already (a dead daemon, `babysit verdict`)
+            self._feed(ev.VerdictRead(self.ctx.now(), stored.body if stored else body, stored=stored is not None))
             return
         self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=False)
         # A provisional read is posted at most once per poll interval (evals can come every few
@@ -583,42 +633,41 @@ class RunSupervisor:
             if stored is None:
                 self.read_log()
                 self._read_verdict(full=True)
-            elif not self.ctx.store.has_message(f"{self.run}:verdict"):
-                self._final_verdict(stored.body)
+            else:  # saved, maybe never posted: the machine posts it unless it was
+                self._feed(ev.VerdictRead(self.ctx.now(), stored.body, stored=True))
         except BabysitError as exc:
             log.error("final verdict not read; a restarted daemon reads it", run=self.run, error=exc.message)
         except Exception as exc:
             self.internal_error("reading the final verdict", exc)
 
-    def _final_verdict(self, body: dict[str, Any]) -> None:
-        """The FINAL verdict: its JSON written, then saved, then posted; the chart is drawn best effort
-        before the post (so Slack can attach it) and its failure is an incident, never the verdict's.
-        Idempotent: a daemon killed after saving posts the saved verdict on restart, once."""
-
-        key = f"{self.run}:verdict"
-        out = self.ctx.state_dir / "verdicts"
-        json_path = reading.verdict_json_path(out, self.run)
-        chart_path = reading.verdict_chart_path(out, self.run)
-        stored = self.ctx.store.final_verdict(self.run)
-        if stored is not None and self.ctx.store.has_message(key):
-            return
-        if stored is None:
+    def _save_verdict(self, body: dict[str, Any], stored: bool) -> None:
+        """The FINAL verdict's JSON written, then the verdict saved (a stored one: its JSON rewritten if
+        lost). The chart is drawn next, best effort, before the post (so Slack can attach it)."""
+        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
+        if not stored:
             reading.write_json_atomic(json_path, body)
+            chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
             self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(chart_path))
             log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
-        else:
-            body = stored.body
-            if not json_path.is_file():
-                reading.write_json_atomic(json_path, body)
-        drawn, error = reading.draw_chart(self.spec, body, self.ctx.store, chart_path)
-        if error is not None:
-            self.internal_error("drawing the verdict chart", error)
+        elif not json_path.is_file():
+            reading.write_json_atomic(json_path, body)
+
+    def _draw_chart(self, body: dict[str, Any]) -> None:
+        """The verdict's chart; its failure is an incident, never the verdict's (the post says it)."""
+        chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
+        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path)
+        if self.chart[1] is not None:
+            self.internal_error("drawing the verdict chart", self.chart[1])
+
+    def _post_verdict(self, body: dict[str, Any]) -> None:
+        drawn, error = self.chart
+        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
         self._message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
                                   "chart_error": None if error is None else _short_error(error),
                                   "json_path": str(json_path),
                                   "precision": self.spec.prereg.precision if self.spec.prereg else 4,
                                   "channel": self.spec.notify.channel or self.ctx.default_channel},
-                      key=key, thread=False)
+                      key=runstate.verdict_key(self.run), thread=False)
         after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
@@ -629,13 +678,13 @@ class RunSupervisor:
         error = _short_error(exc)
         n = self.attempt.n if self.attempt else None
         digest = hashlib.sha256(f"{n}\n{where}\n{error}".encode()).hexdigest()[:16]
-        seen: set[str] = self.__dict__.setdefault("_internal_errors_logged", set())
+        seen = self.internal_errors_logged
         if digest in seen:  # a job meeting the same error every tick: one traceback per daemon is enough
             return
         seen.add(digest)
         log.error("internal error", run=self.run, where=where, error=error, exc_info=exc)
         try:
-            self._incident("internal-error", f"babysit failed while {where}: {error} (traceback in daemon.log); "
+            self.incident("internal-error", f"babysit failed while {where}: {error} (traceback in daemon.log); "
                            "the daemon and the other runs go on", {"where": where, "error": error},
                            key=f"{self.run}:internal-error:{digest}")
         except Exception:
@@ -644,23 +693,18 @@ class RunSupervisor:
 
     def _end_after_internal_error(self, n: int, exc: Exception) -> None:
         """After an internal error in deciding: attempt n is ended (it did exit) and, unless a later attempt
-        was launched, the run is `failed` with the error as its reason. Never raises."""
-        error = _short_error(exc)
+        was launched, the run is `failed` with the error as its reason (`InternalError`). The state is read
+        back from the store first: the step that failed may have left it ahead of what was written.
+        Never raises."""
         try:
-            attempt = self.ctx.store.attempt(self.run, n)
-            if attempt.status != "ended":
-                info = self.executor.exit_info(attempt)
-                self.ctx.store.mark_ended(
-                    attempt.id, ended_at=(info.ended_at if info else None) or self.ctx.now(), outcome="crashed",
-                    exit_code=info.exit_code if info else None, exit_signal=info.signal if info else None,
-                    detail={"summary": f"exit not classified: internal error ({error})", "retry_override": False,
-                            "internal_error": error})
-            self.attempt = self.ctx.store.attempt(self.run, n)
-            if self.ctx.store.attempts(self.run)[-1].n == n and self.is_active():
-                self._set("failed", ended=self.attempt.outcome,
-                          end_reason=f"internal error after attempt {n}'s exit: {error}")
-                self._forget()
-                log.error("run over after an internal error", run=self.run, attempt=n, error=error)
+            now = self.ctx.now()
+            self.state = runstate.restore(self.ctx.store, self.spec, now)
+            row = self.ctx.store.attempt(self.run, n)
+            info = self.executor.exit_info(row) if row.status != AttemptStatus.ENDED else None
+            self.attempt = row
+            self._feed(ev.InternalError(now, n, _short_error(exc), ended_at=info.ended_at if info else None,
+                                        exit_code=info.exit_code if info else None,
+                                        signal=info.signal if info else None))
         except Exception:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
@@ -685,10 +729,10 @@ class RunSupervisor:
             return
         message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
         if message:
-            self._incident("log-unreadable", f"{message} ({waited.phrase()})",
-                           {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
-                            "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
-                           key=f"{self.run}:{attempt.n}:log-unreadable")
+            self.incident("log-unreadable", f"{message} ({waited.phrase()})",
+                          {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
+                           "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
+                          key=f"{self.run}:{attempt.n}:log-unreadable")
 
     def _end_step(self, attempt: Attempt) -> int | None:
         """The run's last step: [run].total_steps, else a record's total_steps / max_steps, else --steps."""
@@ -823,7 +867,7 @@ class RunSupervisor:
             gpu_hours_projected_at_end=obs.gpu_hours_projected,
             seconds_since_last_record=obs.seconds_since_last_record, process_alive=True,
             available_ram_bytes=obs.host.available_ram_bytes if obs.host is not None else None,
-            already_warned=frozenset(self.warned), past_run_pids=obs.past_run_pids,
+            already_warned=self._warned(), past_run_pids=obs.past_run_pids,
             sightings=dict(self.sightings), nonfinite=obs.nonfinite)
 
     def _gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
@@ -846,7 +890,9 @@ class RunSupervisor:
         """Under the lock, in a poll round: the running attempt's snapshot as the row that records it
         (None: nothing runs). Its log offsets are the round's deferred facts, committed with the rows."""
         attempt = self.attempt
-        if attempt is None or attempt.status != "running":
+        _, effects = run_machine.step(self.state, ev.PollDue(self.ctx.now(), kind))  # changes nothing but its clock
+        if attempt is None or attempt.status != AttemptStatus.RUNNING or \
+                not any(isinstance(e, ev.TakePoll) and e.n == attempt.n for e in effects):
             return None
         kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
         snap = self.snapshot(kind)
@@ -856,7 +902,7 @@ class RunSupervisor:
     def still_polled(self, poll: PollRow) -> bool:
         """Under the lock: the polled attempt still runs (an exit handled since makes its poll stale)."""
         attempt = self.attempt
-        return attempt is not None and attempt.n == poll.attempt and attempt.status == "running"
+        return attempt is not None and attempt.n == poll.attempt and attempt.status == AttemptStatus.RUNNING
 
     def after_poll(self, poll: PollRow) -> None:
         """Under the lock, once the poll is recorded: what it tells (an unreadable log, input
@@ -869,7 +915,7 @@ class RunSupervisor:
         snap = poll.snapshot
         if "input-starvation" in snap["flags"]:
             wait = snap["data_wait_frac"] or 0.0
-            self._incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
+            self.incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
                            f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
                            "(--num-workers, prefetch, faster storage) before letting it ride",
                            {"gpus": snap["gpus"], "data_wait_frac": snap["data_wait_frac"]},
@@ -882,7 +928,7 @@ class RunSupervisor:
         on, so a store that failed once (a full disk) does not end the run's polls."""
         self.failed("polling it", exc)
         attempt = self.attempt
-        if kind != "on-demand" and attempt is not None and attempt.status == "running":
+        if kind != "on-demand" and attempt is not None and attempt.status == AttemptStatus.RUNNING:
             self.ctx.polls.due(self, self.ctx.now() + POLL_RETRY_MINUTES * self.ctx.scale)
 
     def failed(self, where: str, exc: BaseException) -> None:
@@ -894,41 +940,21 @@ class RunSupervisor:
             self.internal_error(where, exc)
 
     def guard(self) -> None:
-        """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory."""
+        """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory; the
+        guards' actions go through the run's transition (`GuardReading`)."""
         with self.lock:
             attempt = self.attempt
-            if attempt is None or attempt.status != "running" or self.stopping:
+            if attempt is None or attempt.status != AttemptStatus.RUNNING or self.stopping:
                 return
             obs = self.observe(GUARD_WINDOW)
             if obs.view is not None and obs.view.available:
                 self.sightings = guards.track_sightings(
                     self.sightings, guards.foreign_holders(obs.view, self.spec.gpus, obs.run_pids | obs.past_run_pids))
             actions = guards.live(self.spec.guards, self._live_facts(obs))
-            if any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None:
-                return  # it has already exited with its own code: that is its outcome, never a guard stop
-            for action in actions:
-                self._act(action, attempt, obs.host)
-
-    def _act(self, action: guards.Action, attempt: Attempt, host: HostReading | None) -> None:
-        detail = dict(action.detail)
-        key = action.key or action.incident
-        if action.kind == "confirm":
-            self._recheck_soon(action)
-            return
-        if action.kind in ("warn", "incident"):
-            if key in self.warned:
-                return
-            self.warned.add(key)
-            if action.incident == "host-memory-pressure":
-                self._note_attempt(attempt, host_memory_pressure=True)
-            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{key}")
-            return
-        if action.kind == "stop":
-            if action.incident == "stalled":
-                detail["stacks"] = stack_dump(host.run_pids if host else frozenset())
-                detail["log"] = str(self.records_log)  # the channel message names where babysit saw no record
-            self._incident(action.incident, action.message, detail, key=f"{self.run}:{attempt.n}:{action.incident}")
-            self.request_stop(action.incident)
+            # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
+            exited = any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None
+            self._feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited,
+                                       run_pids=obs.host.run_pids if obs.host is not None else frozenset()))
 
     def _recheck_soon(self, action: guards.Action) -> None:
         """A holder seen once: read again in a moment instead of waiting a whole guard interval."""
@@ -946,19 +972,12 @@ class RunSupervisor:
     def _note_attempt(self, attempt: Attempt, **facts: Any) -> None:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
 
-    def request_stop(self, reason: str) -> bool:
-        """Graceful stop: record it, ask the run's leader to stop with the spec's `stop_signal` (never the
-        whole group: its DataLoader workers would die before it checkpoints), SIGKILL everything after the
-        grace period (in a thread)."""
-        with self.lock:
-            attempt = self.attempt
-            if attempt is None or attempt.status != "running" or self.stopping:
-                return False
-            self.stopping = True
-            stop = {"attempt": attempt.n, "reason": reason, "at": self.ctx.now(), "signal": self.spec.stop_signal}
-            self._set("stopping", stop=stop)
-        self._send_stop(attempt, stop, self.spec.guards.stop_grace_seconds)
-        return True
+    def request(self, kind: str, by: str = "?", request_id: int | None = None) -> str:
+        """A control request (`abort`, `poll-now`) through the run's transition; returns the answer for
+        the asker. The stop signal and the poll are sent after the run's lock is released, on the
+        asker's thread."""
+        event = ev.Request(self.ctx.now(), "poll" if kind == "poll-now" else kind, by, request_id)
+        return self._feed(event, defer=(ev.Signal, ev.TakePoll)) or "not running"
 
     def _send_stop(self, attempt: Attempt, stop: dict[str, Any], grace: float) -> None:
         """The stop signal now, the SIGKILL after `grace` seconds; the store then says it was sent, so a
@@ -969,33 +988,12 @@ class RunSupervisor:
         self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, stop={**stop, "sent_at": self.ctx.now()})
 
     def _arm_kill(self, attempt: Attempt, delay: float) -> None:
-        grace = self.spec.guards.stop_grace_seconds
+        n = attempt.n
 
-        def kill_if_alive() -> None:
-            if not self.executor.wait(attempt, 0):
-                log.warning("grace period over: SIGKILL", run=self.run, attempt=attempt.n, grace_s=grace)
-                self.executor.kill(attempt)
+        def grace_over() -> None:
+            self._feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
 
-        self._later(f"kill:{self.run}", delay, kill_if_alive, "killing it after the grace period")
-
-    def _resume_stop(self, attempt: Attempt, stop: dict[str, Any]) -> None:
-        """An adopted attempt a dead daemon was stopping: the signal it did not get to send (with a whole
-        grace period from now), or the SIGKILL it had scheduled (what is left of the grace period), so a
-        requested stop survives a restart."""
-        grace = self.spec.guards.stop_grace_seconds
-        if stop.get("sent_at") is None:
-            log.warning("sending the stop the last daemon did not", run=self.run, attempt=attempt.n,
-                        reason=stop.get("reason"))
-            self._send_stop(attempt, stop, grace)
-            return
-        self._arm_kill(attempt, max(0.0, float(stop["sent_at"]) + grace - self.ctx.now()))
-
-
-def relaunched_after(facts: dict[str, Any]) -> int:
-    """The attempt after which the run was last relaunched (0: never): attempts up to it are an earlier
-    sequence's (retry.next_attempt)."""
-    return int((facts.get("relaunched") or {}).get("after", 0))
-
+        self._later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
 
 def _short_error(exc: BaseException) -> str:
     """`Type: message`, cut short: for incidents and messages (the traceback goes to the daemon log)."""

@@ -48,6 +48,7 @@ class World:
     status: RunStatus = RunStatus.PENDING
     attempts: dict[int, m.AttemptState] = field(default_factory=dict)
     stop: dict | None = None
+    relaunched: dict | None = None
     saved: bool = False
     posted: int = 0
     signals: list[int] = field(default_factory=list)
@@ -64,15 +65,16 @@ def check(cond: bool, what: str) -> None:
         raise Violation(what)
 
 
-def allowed_next(prev: m.AttemptState, sp: RunSpec) -> bool:
-    """The oracle: may attempt prev.n + 1 follow prev's end? (docs/guards.md, Retries)"""
+def allowed_next(prev: m.AttemptState, sp: RunSpec, after: int = 0) -> bool:
+    """The oracle: may attempt prev.n + 1 follow prev's end? (docs/guards.md, Retries; after a relaunch
+    after attempt `after`, attempts count from it: docs/spec.md, Relaunching)"""
     if prev.outcome in ("completed", "stopped") or prev.stopped_by in NEVER_RETRIED:
         return False
     if prev.retry_override is False:
         return False
     if prev.retry_override is not True and prev.outcome not in sp.retry.on:
         return False
-    return prev.n < sp.retry.max_attempts
+    return prev.n < after + sp.retry.max_attempts
 
 
 class Driver:
@@ -102,7 +104,8 @@ class Driver:
     def restart(self) -> None:
         w = self.world
         self.state = m.RunState.restore(self.spec, status=w.status, attempts=tuple(w.attempts.values()),
-                                        stop=w.stop, verdict_posted=w.posted > 0, now=self.now)
+                                        stop=w.stop, verdict_posted=w.posted > 0, now=self.now,
+                                        relaunched=w.relaunched)
         self.feed(ev.Registered(self.now))
 
     def apply(self, effect: ev.Effect, before: m.RunState, cause: ev.Event) -> None:
@@ -119,7 +122,8 @@ class Driver:
             if isinstance(cause, ev.ExitSeen) or (isinstance(cause, ev.Registered) and last is not None
                                                  and before.status in (RunStatus.RUNNING, RunStatus.RETRYING,
                                                                        RunStatus.STOPPING)):
-                check(last is not None and allowed_next(last, self.spec), f"retry after {last} not allowed")
+                after = (w.relaunched or {}).get("after", 0)
+                check(last is not None and allowed_next(last, self.spec, after), f"retry after {last} not allowed")
                 assert last is not None
                 halve = last.host_memory_pressure and bool(self.spec.machinery_knobs)
                 check(effect.halvings == last.halvings + halve, f"halvings {effect.halvings} after {last}")
@@ -220,8 +224,12 @@ class Driver:
             self.restart()
         elif kind == "verdict":
             self.feed(ev.VerdictRead(self.now, FINAL if self.draw(st.booleans()) else {"status": "PROVISIONAL"}))
-        elif kind == "relaunch":
-            self.feed(ev.Request(self.now, "relaunch", "ana", id=2))
+        elif kind == "relaunch":  # the daemon records `babysit relaunch` of an ended run, then starts it anew
+            w = self.world
+            if w.status.terminal and w.attempts:
+                w.status = RunStatus.RELAUNCHING
+                w.relaunched = {"after": max(w.attempts), "by": "ana", "resume": self.draw(st.booleans())}
+                self.restart()
         elif kind == "internal":
             self.feed(ev.InternalError(self.now, n, "KeyError: 'x'", ended_at=self.now))
 
@@ -312,7 +320,8 @@ def test_an_abort_signals_once_and_its_stop_is_never_retried() -> None:
 def test_a_stalled_guard_stop_keeps_its_class_and_follows_retry_on() -> None:
     state = run_one(spec(on=("stalled",)))
     state, effects = m.step(state, ev.GuardReading(5.0, 1, (Action("stop", "stalled", "no record for 30 min"),)))
-    assert effects[0] == ev.Incident("stalled", "no record for 30 min", {}, key="r:1:stalled", stacks=True)
+    assert effects[0] == ev.Incident("stalled", "no record for 30 min", {}, key="r:1:stalled",
+                                       stacks_of=frozenset())
     state, effects = m.step(state, ev.ExitSeen(9.0, 1, "stalled", "stalled", stopped_by="stalled"))
     assert isinstance(effects[-1], ev.Launch) and effects[-1].n == 2
     ended = next(e for e in effects if isinstance(e, ev.Incident) and e.key == "r:1:exit")
@@ -398,12 +407,20 @@ def test_a_refused_launch_is_refused_and_a_restart_tries_again() -> None:
     assert m.step(state, ev.Registered(60.0))[1] == (ev.Launch(1, False, 0, None),)
 
 
-def test_a_relaunch_request_starts_an_ended_run_anew_and_never_a_live_one() -> None:
-    state = run_one()
-    assert m.step(state, ev.Request(2.0, "relaunch", "ana", 3))[1] == (ev.Reply(3, "not relaunched: the run is running"),)
-    state, _ = m.step(state, ev.ExitSeen(3.0, 1, "completed", "done"))
-    state, effects = m.step(state, ev.Request(4.0, "relaunch", "ana", 3))
-    assert effects == (ev.Launch(2, False, 0, "relaunch requested by ana"), ev.Reply(3, "relaunching"))
+def test_a_relaunched_run_starts_a_new_sequence_whose_attempts_count_from_the_relaunch() -> None:
+    sp = spec(max_attempts=2, on=("oom",))
+    done = (m.AttemptState(1, "p1", AttemptStatus.ENDED, outcome="oom"), m.AttemptState(2, "p2", AttemptStatus.ENDED,
+                                                                                        outcome="oom"))
+    state = m.RunState.restore(sp, status="relaunching", attempts=done, stop=None, verdict_posted=False, now=9,
+                               relaunched={"after": 2, "by": "ana", "resume": True})
+    state, effects = m.step(state, ev.Registered(9.0))
+    assert effects == (ev.Launch(3, True, 0, "relaunched by ana after attempt 2"),)
+    state, _ = m.step(state, ev.Launched(10.0, 3, "p1", 2, 10.0))
+    state, effects = m.step(state, ev.ExitSeen(11.0, 3, "oom", "oom"))
+    assert effects[-1].n == 4 and "attempt 4 of 4" in effects[-1].note  # 2 of the new sequence's 2
+    state, _ = m.step(state, ev.Launched(12.0, 4, "p2", 2, 12.0))
+    state, effects = m.step(state, ev.ExitSeen(13.0, 4, "oom", "oom"))
+    assert state.status is RunStatus.FAILED and not any(isinstance(e, ev.Launch) for e in effects)
 
 
 def test_statuses_are_their_stored_strings() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from babysit.core import run_events as ev
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
 from babysit.store import Store
@@ -202,10 +203,20 @@ def test_a_daemon_that_died_between_a_stopped_attempts_exit_and_its_decision_nev
     r = rig()
     r.sup.start()
     r.timers.advance(60)
-    assert r.sup.request_stop("abort")  # the trainer checkpoints and exits on the SIGTERM
+    assert r.sup.request("abort", "ana") == "stopping"  # the trainer checkpoints and exits on the SIGTERM
+    real_do, died = RunSupervisor._do, []
+
+    def dying(self: RunSupervisor, effect: ev.Effect) -> str | None:
+        if died:
+            return None  # the daemon is dead: nothing after the exit's record is carried out
+        reply = real_do(self, effect)
+        died.extend([True] if isinstance(effect, ev.RecordExit) else [])
+        return reply
+
     with monkeypatch.context() as m:  # the daemon dies right after recording the exit (crash point after-mark-ended)
-        m.setattr(RunSupervisor, "_after_exit", lambda self, attempt: None)
+        m.setattr(RunSupervisor, "_do", dying)
         r.timers.advance(1)
+    assert died
     (attempt,) = r.store.attempts("r")
     assert attempt.status == "ended" and r.store.run_state("r")[0] == "stopping"
     restarted = RunSupervisor(r.ctx, r.sup.spec, None)  # the next daemon
@@ -232,7 +243,7 @@ def test_a_stop_the_dead_daemon_recorded_but_never_sent_is_sent_by_the_next_one(
     r.timers.advance(60)
     with monkeypatch.context() as m:  # the daemon dies after recording the abort, before signalling
         m.setattr(RunSupervisor, "_send_stop", lambda self, attempt, stop, grace: None)
-        assert r.sup.request_stop("abort")
+        assert r.sup.request("abort", "ana") == "stopping"
     assert proc.signals == [] and r.store.run_state("r")[0] == "stopping"
     r.clock.now += 5
     _, timers = _restarted(r)
@@ -252,7 +263,7 @@ def test_a_stop_already_sent_is_not_sent_again_and_its_sigkill_keeps_its_time(ri
     proc = r.executor.process("r", 1)
     proc.obeys_stop = False
     r.timers.advance(60)
-    assert r.sup.request_stop("abort")
+    assert r.sup.request("abort", "ana") == "stopping"
     assert proc.signals == [signal.SIGTERM]
     r.clock.now += 10  # the daemon dies; the next one starts 10 s into the 30-s grace period
     _, timers = _restarted(r)

@@ -46,6 +46,22 @@ class StopOrder:
                    str(d.get("signal") or default_signal), None if sent is None else float(sent))
 
 
+@dataclass(frozen=True)
+class Relaunch:
+    """`babysit relaunch` took the ended run (docs/spec.md, Relaunching): attempts after `after` are a new
+    sequence, whose profiles and `retry.max_attempts` count from it."""
+
+    after: int
+    by: str = "?"
+    resume: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Relaunch | None:
+        if not d:
+            return None
+        return cls(int(d.get("after", 0)), str(d.get("by") or "?"), bool(d.get("resume")))
+
+
 # -- events ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Registered:
@@ -111,6 +127,7 @@ class GuardReading:
     n: int
     actions: tuple[Action, ...]
     exited: bool = False
+    run_pids: frozenset[int] = frozenset()  # the run's processes now (a stall's stack dump is theirs)
 
 
 @dataclass(frozen=True)
@@ -147,10 +164,11 @@ class InternalError:
 
 @dataclass(frozen=True)
 class Request:
-    """A control request: abort (stop the running attempt), poll (now), relaunch (an ended run anew)."""
+    """A control request: abort (stop the running attempt), poll (now). A relaunch is no request of a
+    run's machine: the daemon records it (status relaunching) and starts the run anew (`Registered`)."""
 
     at: float
-    kind: str  # abort | poll | relaunch
+    kind: str  # abort | poll
     by: str = "?"
     id: int | None = None
 
@@ -241,13 +259,13 @@ class Post:
 
 @dataclass(frozen=True)
 class Incident:
-    """Record and post an incident (once per `key`); `stacks`: add the run's stack dump (a stall)."""
+    """Record and post an incident (once per `key`); `stacks_of`: add these processes' stack dump (a stall)."""
 
     kind: str
     message: str
     detail: Mapping[str, Any]
     key: str
-    stacks: bool = False
+    stacks_of: frozenset[int] | None = None
     unless_raised: str | None = None  # skip it when a guard raised this key already (the same cause)
 
 

@@ -91,6 +91,7 @@ class RunState:
     stop: ev.StopOrder | None = None
     verdict_posted: bool = False
     clock: float = 0.0  # the newest event's time: a live attempt's GPU-time is counted to it
+    relaunch: ev.Relaunch | None = None  # `babysit relaunch`: attempts after `after` are a new sequence
 
     @property
     def run(self) -> str:
@@ -98,10 +99,17 @@ class RunState:
 
     @classmethod
     def restore(cls, spec: RunSpec, *, status: str, attempts: tuple[AttemptState, ...],
-                stop: Mapping[str, Any] | None, verdict_posted: bool, now: float) -> RunState:
+                stop: Mapping[str, Any] | None, verdict_posted: bool, now: float,
+                relaunched: Mapping[str, Any] | None = None) -> RunState:
         """The state a restarted daemon reads back from the store (then feeds `Registered`)."""
         return cls(spec=spec, status=RunStatus.of(status), attempts=tuple(sorted(attempts, key=lambda a: a.n)),
-                   stop=ev.StopOrder.from_dict(stop, spec.stop_signal), verdict_posted=verdict_posted, clock=now)
+                   stop=ev.StopOrder.from_dict(stop, spec.stop_signal), verdict_posted=verdict_posted, clock=now,
+                   relaunch=ev.Relaunch.from_dict(relaunched))
+
+    @property
+    def relaunched_after(self) -> int:
+        """The attempt after which the run was last relaunched (0: never)."""
+        return self.relaunch.after if self.relaunch is not None else 0
 
     @property
     def last(self) -> AttemptState | None:
@@ -156,6 +164,10 @@ def _registered(s: RunState, e: ev.Registered) -> Step:
         return s, (ev.Adopt(last.n),)
     if s.status.ended:
         return s, () if s.verdict_posted else (ev.ReadVerdict(full=True),)
+    if s.status is RunStatus.RELAUNCHING and last is not None:  # `babysit relaunch`: a new sequence of attempts
+        by = s.relaunch.by if s.relaunch is not None else "?"
+        return s, (ev.Launch(last.n + 1, resume=s.relaunch is not None and s.relaunch.resume, halvings=0,
+                             note=f"relaunched by {by} after attempt {last.n}"),)
     if last is not None and s.status in (RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.STOPPING):
         return _decide(s, last)  # the daemon died between recording the exit and deciding
     return s, (_launch_next(s, resume=False, halvings=0, note=None),)
@@ -249,7 +261,8 @@ def _guard(s: RunState, e: ev.GuardReading) -> Step:
                                     key=f"{s.run}:{e.n}:{action.key}"))
         elif action.kind == "stop":
             effects.append(ev.Incident(action.incident, action.message, dict(action.detail),
-                                    key=f"{s.run}:{e.n}:{action.incident}", stacks=action.incident == "stalled"))
+                                    key=f"{s.run}:{e.n}:{action.incident}",
+                                       stacks_of=e.run_pids if action.incident == "stalled" else None))
             s, stop = _stop(s, action.incident, e.at)
             effects += stop
     return s, tuple(effects)
@@ -294,10 +307,11 @@ def _decide(s: RunState, attempt: AttemptState) -> Step:
                                 key=f"{s.run}:{attempt.n}:exit", unless_raised=f"{s.run}:{attempt.n}:{outcome}"))
     if not s.verdict_posted:
         effects.append(ev.ReadVerdict(full=True))
-    decision = retry.next_attempt(s.history(), s.spec)
+    after = s.relaunched_after
+    decision = retry.next_attempt(s.history(), s.spec, after)
     if decision.retry and decision.n is not None and decision.profile is not None:
         effects += [ev.SetStatus(RunStatus.RETRYING, {"retry_reason": decision.reason}),
-                    ev.Incident("retrying", f"attempt {decision.n}/{s.spec.retry.max_attempts} with profile "
+                    ev.Incident("retrying", f"attempt {decision.n}/{after + s.spec.retry.max_attempts} with profile "
                              f"'{decision.profile.profile}' ({decision.reason})",
                              {"attempt": decision.n, "profile": decision.profile.profile, "resume": decision.resume,
                               "halve_machinery": decision.halve_machinery},
@@ -342,12 +356,6 @@ def _request(s: RunState, e: ev.Request) -> Step:
         if running is None:
             return s, (ev.Reply(e.id, "not running"),)
         return s, (ev.TakePoll(running.n, "on-demand"),)  # the shell answers with the poll's result
-    if e.kind == "relaunch":
-        if not s.status.terminal or s.live_attempt is not None:
-            return s, (ev.Reply(e.id, f"not relaunched: the run is {s.status}"),)
-        return replace(s, status=RunStatus.PENDING), (
-            _launch_next(s, resume=False, halvings=0, note=f"relaunch requested by {e.by}"),
-            ev.Reply(e.id, "relaunching"))
     return s, (ev.Reply(e.id, f"unknown action {e.kind}"),)
 
 
