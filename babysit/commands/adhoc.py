@@ -28,13 +28,13 @@ from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
 from babysit.core.presets import names as preset_names
 from babysit.core.spec import RUN_NAME
+from babysit.core.status import RunStatus
 from babysit.daemon import Daemon
 from babysit.follow import Follower
 from babysit.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
 from babysit.store import Store
-from babysit.supervisor import TERMINAL
 from babysit.watch import Watcher, open_view
 
 SAY = "babysit run:"
@@ -106,9 +106,9 @@ def _babysit_here(path: Path, state_dir: Path, name: str, args: argparse.Namespa
             print(f"{SAY} stopping {name} gracefully; Ctrl-C again kills it now", file=out, flush=True)
             return
         supervisor = daemon.supervisors.get(name)
-        if supervisor is not None and supervisor.attempt is not None and supervisor.attempt.status == "running":
+        if supervisor is not None and supervisor.is_running():
             print(f"{SAY} killing {name} (SIGKILL)", file=out, flush=True)
-            supervisor.request_stop("abort")  # recorded as asked, so the exit reads stopped, not a crash
+            supervisor.request("abort", "babysit run (Ctrl-C)")  # recorded as asked: the exit reads stopped
             supervisor.executor.kill(supervisor.attempt)
 
     try:
@@ -184,7 +184,7 @@ def _request_stop(state_dir: Path, name: str, by: str) -> None:
 
 def _is_over(store: Store, name: str) -> bool:
     status, _ = store.run_state(name)
-    return status in TERMINAL
+    return RunStatus.of(status).terminal
 
 
 def _ended(state_dir: Path, name: str) -> int:
@@ -196,7 +196,7 @@ def _ended(state_dir: Path, name: str) -> int:
     finally:
         store.close()
     last: Any = attempts[-1] if attempts else None
-    if status not in TERMINAL:
+    if not RunStatus.of(status).terminal:
         print(f"{SAY} {name} is {status} (the daemon stopped before it ended); `babysit up` babysits it on",
               file=sys.stderr)
         return adhoc.EXIT_DETACHED
