@@ -20,12 +20,11 @@ from typing import Any
 
 import structlog
 
-from babysit import logtail, reading, runstate, sources, stopcheck
-from babysit.campaign.hook import after_final_verdict
+from babysit import logtail, runstate, sources, stopcheck
 from babysit.clock import SYSTEM, Clock
 from babysit.core import classify, guards, nonfinite, readable, retry, run_machine, smoke, snapshot
 from babysit.core import run_events as ev
-from babysit.core.errors import BabysitError, PreregTampered
+from babysit.core.errors import BabysitError
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import LogRecord, ProgressPoint
@@ -38,6 +37,8 @@ from babysit.faults import crash_point
 from babysit.polling import PollCalendar
 from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.run_errors import RunErrors, short_error
+from babysit.run_verdict import RunVerdicts
 from babysit.sources.sniff import sniff
 from babysit.stackdump import stack_dump
 from babysit.store import Attempt, PollRow, Store
@@ -92,18 +93,17 @@ class RunSupervisor:
         self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
         self.total_steps: int | None = spec.total_steps  # or a record's total_steps / max_steps
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
-        self.provisional: dict[str, Any] | None = None
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
-        self.internal_errors_logged: set[str] = set()  # digests of internal errors already logged (one traceback)
-        self.chart: tuple[Path | None, BaseException | None] = (None, None)  # the FINAL verdict's chart, drawn
+        self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
         self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
         self.past_gpu_seconds: tuple[int, float] | None = None  # (live attempt, the other attempts' sum), cached
         self.argv_steps: tuple[int, int | None] | None = None  # (attempt, its --steps), cached
-        self.last_provisional_post = 0.0
-        self.series_cache: reading.SeriesCache | None = None  # made on the first verdict read
+        self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self._message,
+                                    internal_error=self.internal_error, feed=self._feed, read_log=self.read_log,
+                                    attempt_n=lambda: self.attempt.n if self.attempt else None)
         _, facts = ctx.store.run_state(self.run)
         self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
         # the source pump first: it reconciles babysit's record log with the persisted state
@@ -208,15 +208,15 @@ class RunSupervisor:
                     return "polled"
                 return "not polled: the poll failed (the daemon log says why)"
             case ev.ReadVerdict(full=True):
-                self._maybe_final_verdict()
+                self.verdicts.final()
             case ev.ReadVerdict():
-                self._read_verdict()
+                self.verdicts.read()
             case ev.SaveVerdict():
-                self._save_verdict(dict(e.body), e.stored)
+                self.verdicts.save(dict(e.body), e.stored)
             case ev.Chart():
-                self._draw_chart(dict(e.body))
+                self.verdicts.draw_chart(dict(e.body))
             case ev.PostVerdict():
-                self._post_verdict(dict(e.body))
+                self.verdicts.post(dict(e.body))
             case ev.Forget():
                 self._forget()
             case ev.Reply():
@@ -253,7 +253,7 @@ class RunSupervisor:
         """Adopt a live attempt, finish one that ended while the daemon was down, or launch: the store's
         state fed to the run's transition as `Registered` (run_machine), as a restarted daemon does."""
         with self.lock:
-            self._check_prereg()
+            self.verdicts.check_prereg()
             now = self.ctx.now()
             self.state = runstate.restore(self.ctx.store, self.spec, now)
             last = self.state.last
@@ -263,24 +263,6 @@ class RunSupervisor:
                 self._deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
                 return
             self._feed(ev.Registered(now))
-
-    def _check_prereg(self) -> None:
-        """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
-        incident is recorded once per hash pair whoever sees it first (this daemon or `babysit verdict`),
-        and the daemon posts it once."""
-
-        try:
-            reading.check_frozen(self.spec, self.frozen_sha)
-        except reading.PreregChanged as exc:
-            key = f"{self.run}:tampered:{exc.current_sha256}"
-            if self.ctx.store.has_message(key):
-                return
-            reading.record_tamper_incident(self.ctx.store, self.run, exc, self.ctx.now())
-            detail = {"registered_sha256": exc.registered_sha256, "current_sha256": exc.current_sha256}
-            self._message("incident", {"attempt": self.attempt.n if self.attempt else None,
-                                       "incident": reading.TAMPER_INCIDENT, "message": exc.message, "detail": detail,
-                                       "mention": list(self.spec.notify.mention_on_incident)}, key)
-            log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message)
 
     def _adopt(self, attempt: Attempt) -> None:
         """A live attempt of a dead daemon: one recorded but never started is started now (once), else
@@ -535,7 +517,7 @@ class RunSupervisor:
             self.last_record_wall = self.ctx.now()
         self._save_tail()
         if new_eval:
-            self._read_verdict()
+            self.verdicts.read()
         return len(read.records)
 
     def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
@@ -578,118 +560,9 @@ class RunSupervisor:
             self.nonfinite = (record.step, bad[0], bad[1])
             self._note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
 
-    def _read_verdict(self, *, full: bool = False) -> None:
-        """Read the verdict now. An unexpected error (a value the verdict or its files cannot take) is an
-        internal-error incident on this run, never an exception into the tick, guard, poll or watcher
-        thread that asked, so one run's data cannot stop the daemon or the other runs."""
-        try:
-            self._read_verdict_now(full=full)
-        except BabysitError:
-            raise
-        except Exception as exc:
-            self.internal_error("reading the verdict", exc)
-
-    def _read_verdict_now(self, *, full: bool = False) -> None:
-        """Read the verdict: from the run's series cache (only new log bytes are parsed), or with
-        `full` from the whole log as a finished file (its unterminated last line counts)."""
-        if self.spec.prereg is None:
-            return
-
-        if self.series_cache is None:
-            self.series_cache = reading.SeriesCache(self.spec.prereg)
-        try:
-            verdict = reading.read_registered_verdict(self.spec, self.frozen_sha, self.ctx.store,
-                                                      cache=None if full else self.series_cache)
-        except PreregTampered:
-            self._check_prereg()
-            return
-        except BabysitError as exc:
-            log.warning("verdict read failed", run=self.run, error=exc.message)
-            return
-        body = verdict.to_json(self.run, self.spec.prereg.sha256)
-        self.provisional = {k: body.get(k) for k in ("status", "label", "delta", "at_step", "read_step", "reason")}
-        if body["status"] == "FINAL":
-            stored = self.ctx.store.final_verdict(self.run)  # saved already (a dead daemon, `babysit verdict`)
-            self._feed(ev.VerdictRead(self.ctx.now(), stored.body if stored else body, stored=stored is not None))
-            return
-        self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=False)
-        # A provisional read is posted at most once per poll interval (evals can come every few
-        # steps); every poll and the live header carry the latest one in between.
-        now = self.ctx.now()
-        if body["status"] == "PROVISIONAL" and now - self.last_provisional_post >= self.spec.poll.every_minutes * \
-                self.ctx.scale:
-            self.last_provisional_post = now
-            self._message("provisional", {"verdict": body, "precision": self.spec.prereg.precision},
-                          key=f"{self.run}:provisional:{body.get('at_step')}")
-
-    def _maybe_final_verdict(self) -> None:
-        """After the run's last exit (and at start-up): read the FINAL verdict if none is saved, or post the
-        saved one a dead daemon never queued. Never raises: the run still ends when its verdict cannot be
-        read (an internal-error incident says why; a restarted daemon reads it again)."""
-        if self.spec.prereg is None:
-            return
-        try:
-            stored = self.ctx.store.final_verdict(self.run)
-            if stored is None:
-                self.read_log()
-                self._read_verdict(full=True)
-            else:  # saved, maybe never posted: the machine posts it unless it was
-                self._feed(ev.VerdictRead(self.ctx.now(), stored.body, stored=True))
-        except BabysitError as exc:
-            log.error("final verdict not read; a restarted daemon reads it", run=self.run, error=exc.message)
-        except Exception as exc:
-            self.internal_error("reading the final verdict", exc)
-
-    def _save_verdict(self, body: dict[str, Any], stored: bool) -> None:
-        """The FINAL verdict's JSON written, then the verdict saved (a stored one: its JSON rewritten if
-        lost). The chart is drawn next, best effort, before the post (so Slack can attach it)."""
-        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
-        if not stored:
-            reading.write_json_atomic(json_path, body)
-            chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
-            self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(chart_path))
-            log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
-        elif not json_path.is_file():
-            reading.write_json_atomic(json_path, body)
-
-    def _draw_chart(self, body: dict[str, Any]) -> None:
-        """The verdict's chart; its failure is an incident, never the verdict's (the post says it)."""
-        chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
-        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path)
-        if self.chart[1] is not None:
-            self.internal_error("drawing the verdict chart", self.chart[1])
-
-    def _post_verdict(self, body: dict[str, Any]) -> None:
-        drawn, error = self.chart
-        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
-        self._message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
-                                  "chart_error": None if error is None else _short_error(error),
-                                  "json_path": str(json_path),
-                                  "precision": self.spec.prereg.precision if self.spec.prereg else 4,
-                                  "channel": self.spec.notify.channel or self.ctx.default_channel},
-                      key=runstate.verdict_key(self.run), thread=False)
-        after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
-
     def internal_error(self, where: str, exc: BaseException) -> None:
-        """Record an exception met while handling this run: the traceback to the daemon log, an
-        `internal-error` incident (once per attempt, place and error) to the channel. Never raises."""
-        import hashlib
-
-        error = _short_error(exc)
-        n = self.attempt.n if self.attempt else None
-        digest = hashlib.sha256(f"{n}\n{where}\n{error}".encode()).hexdigest()[:16]
-        seen = self.internal_errors_logged
-        if digest in seen:  # a job meeting the same error every tick: one traceback per daemon is enough
-            return
-        seen.add(digest)
-        log.error("internal error", run=self.run, where=where, error=error, exc_info=exc)
-        try:
-            self.incident("internal-error", f"babysit failed while {where}: {error} (traceback in daemon.log); "
-                           "the daemon and the other runs go on", {"where": where, "error": error},
-                           key=f"{self.run}:internal-error:{digest}")
-        except Exception:
-            seen.discard(digest)  # recorded next time it happens
-            log.exception("could not record the internal error", run=self.run, where=where)
+        """An unexpected exception met while handling this run: an internal-error incident, once (run_errors)."""
+        self.errors.internal_error(where, exc)
 
     def _end_after_internal_error(self, n: int, exc: Exception) -> None:
         """After an internal error in deciding: attempt n is ended (it did exit) and, unless a later attempt
@@ -702,7 +575,7 @@ class RunSupervisor:
             row = self.ctx.store.attempt(self.run, n)
             info = self.executor.exit_info(row) if row.status != AttemptStatus.ENDED else None
             self.attempt = row
-            self._feed(ev.InternalError(now, n, _short_error(exc), ended_at=info.ended_at if info else None,
+            self._feed(ev.InternalError(now, n, short_error(exc), ended_at=info.ended_at if info else None,
                                         exit_code=info.exit_code if info else None,
                                         signal=info.signal if info else None))
         except Exception:
@@ -829,7 +702,7 @@ class RunSupervisor:
             gpu_hours_used=obs.gpu_hours_used, gpu_hours_cap=self.spec.guards.gpu_hours_cap, n_gpus=len(obs.gpus),
             view=obs.view, host=obs.host, gpus=obs.gpus,
             run_pids=(obs.run_pids | obs.past_run_pids) if obs.host is not None else None,
-            latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.provisional,
+            latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.verdicts.provisional,
             starvation_util_pct=self.spec.poll.starvation_util_pct,
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
             seconds_since_last_record=obs.seconds_since_last_record,
@@ -932,12 +805,8 @@ class RunSupervisor:
             self.ctx.polls.due(self, self.ctx.now() + POLL_RETRY_MINUTES * self.ctx.scale)
 
     def failed(self, where: str, exc: BaseException) -> None:
-        """An error met on this run by a job: a BabysitError (the store failing, a refused read) is logged
-        and the job comes again; anything else is an internal-error incident. Never raises."""
-        if isinstance(exc, BabysitError):
-            log.error(f"{where} failed", run=self.run, error=exc.message, exc_info=exc)
-        else:
-            self.internal_error(where, exc)
+        """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
+        self.errors.failed(where, exc)
 
     def guard(self) -> None:
         """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory; the
@@ -994,11 +863,6 @@ class RunSupervisor:
             self._feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
 
         self._later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
-
-def _short_error(exc: BaseException) -> str:
-    """`Type: message`, cut short: for incidents and messages (the traceback goes to the daemon log)."""
-    return f"{type(exc).__name__}: {exc}"[:300]
-
 
 def _note_lines(notes: Any) -> list[str]:
     if not notes:

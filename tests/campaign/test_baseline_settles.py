@@ -89,7 +89,7 @@ class Demo:
             sup = self.supervisors[run] = RunSupervisor(self.ctx, load_spec(reg.spec_path(entry)),
                                                         entry.prereg_sha256)
         sup.read_log()
-        sup._read_verdict(full=True)
+        sup.verdicts.read(full=True)
         verdict = self.store.final_verdict(run) or self.store.latest_verdict(run)
         assert verdict is not None
         return verdict.body
