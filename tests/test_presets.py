@@ -200,6 +200,26 @@ def test_a_more_specific_preset_replaces_tqdm_when_its_line_comes(tmp_path):
     assert {i.step for i in later.items} == {10}  # at the training bar's step
 
 
+def test_a_flood_of_progress_bars_reads_the_same_records_as_line_by_line(tmp_path):
+    """A read of many lines looks only at those holding a pattern's literal (or a colour code, which may
+    split one): the records are the same as parsing every line."""
+    lines = []
+    for n in range(1, 3001):
+        if n % 500 == 0:
+            lines.append(f"iter {n // 500}: loss {1.0 / n:.4f}, time 1.00ms, mfu 1.00%")
+        elif n == 1234:
+            lines.append("it\x1b[0mer 99: loss 0.5000, time 1.00ms, mfu 1.00%")  # "iter" only once colour is gone
+        else:
+            lines.append(f" 40%|████      | {n}/3000 [00:01<00:02, 99999.00it/s]")
+    src = source({"kind": "stdout", "preset": "nanogpt"})
+    flood = read_lines(src, tmp_path / "a", "\n".join(lines) + "\n")
+    one_by_one = [i for k in range(0, len(lines), 50) for i in
+                  read_lines(src, tmp_path / f"b{k}", "\n".join(lines[k:k + 50]) + "\n").items]  # 50: the slow path
+    assert [(i.step, dict(i.metrics)) for i in flood.items] == [(i.step, dict(i.metrics)) for i in one_by_one]
+    assert [i.step for i in flood.items] == [1, 2, 99, 3, 4, 5, 6]
+    assert flood.lines == 3000 and flood.sample.startswith("40%|")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework, preset", [("hf", "huggingface"), ("lightning", "lightning")])
 def test_presets_read_a_live_real_training(tmp_path, framework, preset):

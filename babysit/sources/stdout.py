@@ -15,21 +15,32 @@ from __future__ import annotations
 import os
 import re
 import time
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import re2
 
 from babysit.core import expr
-from babysit.core.source_spec import AUTO, RESERVED, STEP_GROUP, SourcePattern, SourceSpec, compile_regex
+from babysit.core.source_spec import (
+    AUTO,
+    RESERVED,
+    STEP_GROUP,
+    SourcePattern,
+    SourceSpec,
+    compile_regex,
+    required_literal,
+)
 from babysit.sources import lines as ln
 from babysit.sources.records import Item
 
 STREAMS = ("stdout.log", "stderr.log")
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (torchtitan colours its metrics)
 SAMPLE_CHARS = 200
+FAST_LINES = 64  # reads of more lines than this look only at the lines a pattern's literal is in
 UNANCHORED = re2._Anchor.UNANCHORED
 
 
@@ -123,6 +134,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     own = matchers(source)
     compiled = own + (matchers(source, dict(source.candidates).get(preset, ())) if preset is not None else [])
     candidates = _candidates(source, preset)
+    filters = _filters(compiled)
     attempt = state.get("attempt")
     for path in captured_files(run_dir) if files is None else files:
         key = f"{path.parent.name}/{path.name}"
@@ -133,12 +145,22 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         more = more or got.more
         if got.dropped:
             _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
-        for raw in got.lines:
+        lines = got.lines
+        if filters is not None and not candidates and len(lines) > FAST_LINES:
+            # a flood (progress bars): only the lines holding a pattern's literal (or a colour code, which
+            # may split one) are looked at, found by C-speed searches of the whole read
+            lines, skipped, last_skipped = _worth_parsing(lines, filters)
+            seen += skipped
+            sample = last_skipped if last_skipped is not None else sample
+        for raw in lines:
             text = (ANSI.sub(b"", raw) if b"\x1b" in raw else raw).strip()
             if not text:
                 continue
             seen += 1
-            matched = parse_line(source, compiled, text, items, problems, ctx)
+            if filters is not None and not any(lit in text for lit in filters):
+                matched = False  # no pattern can match it (each needs its literal): no call per line
+            else:
+                matched = parse_line(source, compiled, text, items, problems, ctx)
             if candidates and not matched:
                 # no preset yet, or a line the chosen one does not read: a more specific preset ahead of it
                 # may (tqdm's bar first, then HF's dicts: HF prints that bar too)
@@ -147,6 +169,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
                                                                                problems, ctx):
                         preset, matched, candidates = name, True, candidates[:k]
                         compiled = own + tried
+                        filters = _filters(compiled)
                         ctx.notices.append(("preset", name))
                         break
             if not matched:
@@ -168,6 +191,8 @@ def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, o
     end = len(text)
     offset = source.step_offset
     for m in matchers:
+        if m.literal and m.literal not in text:
+            continue  # it cannot match: no regex run (core.source_spec.required_literal)
         match, groups = m.regexp.Match, m.groups
         pos = 0
         while True:
@@ -268,6 +293,7 @@ class Matcher:
     forward_only: bool = False
     key: str = ""  # the regex: a forward-only pattern's last step is kept under it
     all_groups: tuple[tuple[int, str], ...] = ()  # (index, name) of every named group, for step expressions
+    literal: bytes = b""  # in every match: a line without it is skipped unmatched
 
 
 def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = None) -> list[Matcher]:
@@ -277,8 +303,31 @@ def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = No
         index = p.compiled.groupindex
         groups = tuple((index[g], g, source.rename(g)) for g in p.metric_groups if source.rename(g) not in RESERVED)
         out.append(Matcher(i, _program(p.compiled), index.get(STEP_GROUP, -1), groups, p.step, p.forward_only,
-                           p.regex, tuple(sorted(((n, g) for g, n in index.items()), key=lambda x: x[0]))))
+                           p.regex, tuple(sorted(((n, g) for g, n in index.items()), key=lambda x: x[0])),
+                           required_literal(p.regex)))
     return out
+
+
+def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tuple[list[bytes], int, bytes | None]:
+    """(the lines that may match, in order; how many were skipped; the last skipped one). A line is
+    skipped when it holds none of `filters` and no escape byte; every read line is non-empty."""
+    blob = b"\n".join(lines)
+    starts = [0, *accumulate(n + 1 for n in map(len, lines))]
+    keep: set[int] = set()
+    for needle in (*filters, b"\x1b"):
+        pos = blob.find(needle)
+        while pos != -1:
+            i = bisect_right(starts, pos) - 1
+            keep.add(i)
+            pos = blob.find(needle, starts[i + 1]) if i + 1 < len(starts) else -1
+    last = next((lines[i] for i in range(len(lines) - 1, -1, -1) if i not in keep), None)
+    return [lines[i] for i in sorted(keep)], len(lines) - len(keep), last.strip() if last is not None else None
+
+
+def _filters(compiled: list[Matcher]) -> tuple[bytes, ...] | None:
+    """The literals a line must hold one of to be worth parsing; None when some pattern has none."""
+    literals = tuple(m.literal for m in compiled)
+    return literals if literals and all(literals) else None
 
 
 def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[Matcher], Any]]:
