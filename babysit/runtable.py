@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from babysit.core import progress
 from babysit.core.fmt import fmt_duration, hours
 from babysit.runview import RunRow
 
@@ -33,16 +34,15 @@ def cells(row: RunRow, now: float) -> dict[str, str]:
         attempt = f"{row.attempt}/{row.max_attempts}" if row.max_attempts else str(row.attempt)
         if row.profile:
             attempt += f" {row.profile}"
-    step = NONE if row.step is None else str(row.step)
-    if row.step is not None and row.target_step is not None:
-        step += f"/{row.target_step}"
-    sps = NONE if row.seconds_per_step is None else f"{row.seconds_per_step:.3g}"
-    eta = NONE if row.eta_seconds is None else fmt_duration(row.eta_seconds)
+    p = row.progress  # said in core/progress.py's words, as polls say it
+    step, sps, eta = progress.step_text(p), progress.pace_text(p), progress.eta_text(p)
     if not row.gpus:  # a CPU run: no GPU to read, no GPU-hours to count
         gpu, gpu_h = "cpu", NONE
     else:
         gpu = "/".join(f"{u:.0f}%" for u in row.gpu_util_pct) or NONE
-        gpu_h = hours(row.gpu_hours) + (f"/{hours(row.gpu_hours_cap)}" if row.gpu_hours_cap else "")  # as polls say it
+        gpu_h = progress.gpu_hours_text(p)
+        if row.gpu_hours_cap_file is not None:  # run.toml edited since the daemon loaded it: say both
+            gpu_h += f" (run.toml: {hours(row.gpu_hours_cap_file)})"
     if row.ended is not None:  # a run that is over shows how it ended, not a stale incident
         last = f"ended {row.ended.outcome}" + (f" {_ago(row.ended.at, now)}" if row.ended.at else "")
     elif row.last_incident is not None:

@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from babysit import logtail, registry, sources
+from babysit.core import progress
 from babysit.core.errors import BabysitError
+from babysit.core.progress import Progress, declared_end, eta_seconds, target_step
 from babysit.core.records import LogRecord, seconds_per_step
-from babysit.core.snapshot import steps_from_argv
 from babysit.core.spec import RunSpec, load_spec
+
+__all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
+           "eta_seconds", "target_step"]
 from babysit.store import Attempt, Row, Store
 
 ENDED = ("finished", "failed", "stopped")  # run states no daemon acts on again
@@ -67,16 +71,14 @@ class RunRow:
     max_attempts: int | None = None
     profile: str | None = None
     outcome: str | None = None  # the last attempt's outcome, once it ended
-    step: int | None = None
-    target_step: int | None = None  # prereg.read_step until it is reached, then the command's --steps
-    seconds_per_step: float | None = None
-    eta_seconds: float | None = None  # only while the run is running
+    progress: Progress = field(default_factory=lambda: progress.derive(
+        step=None, seconds_per_step=None, read_step=None, end_step=None, gpu_hours_used=0.0, gpu_hours_cap=None,
+        n_gpus=0, running=False))  # step, s/step, ETA (only while running) and its step, GPU-hours, the cap
     progress_from: str | None = None  # where the step came from: "log" (read now) | "daemon" | "poll" | None
     last_record_ts: float | None = None  # the newest log record's own timestamp
     gpus: int = 0
     gpu_util_pct: tuple[float, ...] = ()  # from the attempt's last poll; () when not measured
-    gpu_hours: float = 0.0
-    gpu_hours_cap: float | None = None
+    gpu_hours_cap_file: float | None = None  # run.toml's cap when it is not the one the daemon enforces
     last_poll_at: float | None = None
     last_incident: Incident | None = None
     ended: Ended | None = None  # set once the run is finished, failed or stopped
@@ -87,6 +89,30 @@ class RunRow:
     preset_pending: bool = False  # preset = "auto" and no printed line matched a preset yet
     log_hint: str | None = None  # an empty JSONL log while it prints: what its first poll found in its lines
 
+    @property
+    def step(self) -> int | None:
+        return self.progress.step
+
+    @property
+    def target_step(self) -> int | None:
+        return self.progress.target_step
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.progress.seconds_per_step
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return self.progress.eta_seconds
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.progress.gpu_hours_used
+
+    @property
+    def gpu_hours_cap(self) -> float | None:
+        return self.progress.gpu_hours_cap
+
     def to_dict(self) -> dict[str, Any]:
         """The `status --json` shape (also what the Slack bot reads)."""
         return {
@@ -95,8 +121,11 @@ class RunRow:
             "step": self.step, "target_step": self.target_step,
             "seconds_per_step": self.seconds_per_step, "eta_seconds": self.eta_seconds,
             "progress_from": self.progress_from, "last_record_ts": self.last_record_ts,
+            "end_step": self.progress.end_step, "read_step": self.progress.read_step,
             "gpus": self.gpus, "gpu_util_pct": list(self.gpu_util_pct), "gpu_hours": self.gpu_hours,
-            "gpu_hours_cap": self.gpu_hours_cap, "last_poll_at": self.last_poll_at,
+            "gpu_hours_projected": self.progress.gpu_hours_projected,
+            "gpu_hours_cap": self.gpu_hours_cap, "gpu_hours_cap_file": self.gpu_hours_cap_file,
+            "last_poll_at": self.last_poll_at,
             "last_incident": None if self.last_incident is None else
             {"kind": self.last_incident.kind, "at": self.last_incident.at},
             "ended": None if self.ended is None else
@@ -110,37 +139,12 @@ class RunRow:
         }
 
 
-def target_step(read_step: int | None, end_step: int | None, step: int | None) -> int | None:
-    """The step the ETA counts to: the verdict's read step, then (once it is passed) the command's end."""
-    if read_step is not None and (step is None or step < read_step or end_step is None or end_step <= read_step):
-        return read_step
-    return end_step
-
-
-def declared_end(records: Sequence[LogRecord]) -> int | None:
-    """The last step a record declares (`total_steps`, or `max_steps`: what the HF and Lightning
-    integrations write), the newest declaration winning; None when no record says."""
-    for record in reversed(records):
-        for key in ("total_steps", "max_steps"):
-            value = record.metrics.get(key)
-            if value is not None and value > 0:
-                return int(value)
-    return None
-
-
-def eta_seconds(step: int | None, target: int | None, seconds_per_step: float | None) -> float | None:
-    if step is None or target is None:
-        return None
-    if step >= target:
-        return 0.0
-    return None if seconds_per_step is None else (target - step) * seconds_per_step
-
-
 def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Sequence[Attempt],
-              poll: Row | None, incident: Row | None, verdict: Row | None, gpu_seconds: float,
+              poll: Row | None, incident: Row | None, verdict: Row | None, now: float,
               spec: RunSpec | None, records: Sequence[LogRecord] | None, note: str | None = None) -> RunRow:
-    """One run's row. `records` are the newest records of its log (None: the log could not be read);
-    `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read."""
+    """One run's row at `now`. `records` are the newest records of its log (None: the log could not be
+    read); `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read. Its
+    progress is `core.progress`'s, as the poll derives it; the cap is the one the daemon enforces."""
     last = attempts[-1] if attempts else None
     live = status in ("running", "stopping")
     shown_status = status if attempts or status != "pending" else "registered"
@@ -162,9 +166,15 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
             step, source = this_poll.body["step"], "poll"
 
     read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
-    end_step = ((spec.total_steps if spec is not None else None) or declared_end(records or ())
-                or (steps_from_argv(last.argv) if last is not None else None))
-    target = target_step(read_step, end_step, step)
+    end_step = progress.end_step(spec.total_steps if spec is not None else None, declared_end(records or ()),
+                                 last.argv if last is not None else None)
+    file_cap = spec.guards.gpu_hours_cap if spec is not None else None
+    enforced = facts.get("enforced")
+    cap = enforced.get("gpu_hours_cap") if isinstance(enforced, Mapping) else file_cap
+    n_gpus = len(spec.gpus) if spec is not None else (last.gpus if last else 0)
+    progressed = progress.derive(step=step, seconds_per_step=sps, read_step=read_step, end_step=end_step,
+                                 gpu_hours_used=progress.gpu_hours_used(attempts, now), gpu_hours_cap=cap,
+                                 n_gpus=n_gpus, running=live)
     utils = tuple(g["util_pct"] for g in (this_poll.body.get("gpus") or ()) if g.get("util_pct") is not None) \
         if this_poll is not None else ()
     v = verdict.body if verdict is not None else None
@@ -173,12 +183,8 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
         max_attempts=(int((facts.get("relaunched") or {}).get("after", 0)) + spec.retry.max_attempts
                       if spec is not None else None),  # a relaunched run's sequence goes on from its last attempt
         profile=last.profile if last else None, outcome=last.outcome if last else None,
-        step=step, target_step=target, seconds_per_step=sps,
-        eta_seconds=eta_seconds(step, target, sps) if live else None,
-        progress_from=source, last_record_ts=last_ts,
-        gpus=len(spec.gpus) if spec is not None else (last.gpus if last else 0), gpu_util_pct=utils,
-        gpu_hours=round(gpu_seconds / 3600, 4),
-        gpu_hours_cap=spec.guards.gpu_hours_cap if spec is not None else None,
+        progress=progressed, progress_from=source, last_record_ts=last_ts, gpus=n_gpus, gpu_util_pct=utils,
+        gpu_hours_cap_file=file_cap if spec is not None and file_cap != cap else None,
         last_poll_at=poll.at if poll is not None else None,
         last_incident=Incident(incident.kind, incident.at) if incident is not None else None,
         ended=Ended(facts.get("ended") or last.outcome, last.ended_at, facts.get("end_reason"))
@@ -230,7 +236,7 @@ class Reader:
             spec, note = self._specs.get(reg.spec_path(entry))
             if store is None:
                 out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,
-                                     verdict=None, gpu_seconds=0.0, spec=spec, records=None, note=note))
+                                     verdict=None, now=now, spec=spec, records=None, note=note))
                 continue
             status, facts = store.run_state(name)
             attempts = store.attempts(name)
@@ -240,7 +246,7 @@ class Reader:
             out.append(build_row(
                 name, status=status, facts=facts, attempts=attempts, poll=polls[0] if polls else None,
                 incident=incidents[0] if incidents else None, verdict=store.latest_verdict(name),
-                gpu_seconds=sum(a.gpu_seconds(now) for a in attempts), spec=spec, records=records, note=note))
+                now=now, spec=spec, records=records, note=note))
         return out
 
     def _open_store(self) -> Store | None:

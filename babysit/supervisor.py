@@ -7,7 +7,6 @@ losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing 
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -22,7 +21,7 @@ import structlog
 
 from babysit import logtail, runstate, sources, stopcheck
 from babysit.clock import SYSTEM, Clock
-from babysit.core import classify, guards, nonfinite, readable, retry, run_machine, smoke, snapshot
+from babysit.core import classify, guards, nonfinite, progress, readable, retry, run_machine, smoke, snapshot
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
 from babysit.core.observation import Observation, observe
@@ -91,7 +90,7 @@ class RunSupervisor:
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
         self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
-        self.total_steps: int | None = spec.total_steps  # or a record's total_steps / max_steps
+        self.declared_end: int | None = None  # the newest record's total_steps / max_steps
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
@@ -99,8 +98,7 @@ class RunSupervisor:
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
         self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
-        self.past_gpu_seconds: tuple[int, float] | None = None  # (live attempt, the other attempts' sum), cached
-        self.argv_steps: tuple[int, int | None] | None = None  # (attempt, its --steps), cached
+        self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self._message,
                                     internal_error=self.internal_error, feed=self._feed, read_log=self.read_log,
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
@@ -129,6 +127,12 @@ class RunSupervisor:
     def stopping(self) -> bool:
         """A stop of the live attempt was requested (it has not exited yet)."""
         return self.state.stopping
+
+    def _record_enforced(self) -> None:
+        """What this daemon enforces from the spec it loaded, for `status` and the web page to show (the
+        run.toml may have been edited since: the daemon reads it again only when it starts the run)."""
+        enforced = {"gpu_hours_cap": self.spec.guards.gpu_hours_cap}
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), enforced=enforced)
 
     def _set(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
@@ -276,6 +280,7 @@ class RunSupervisor:
                                         pid_create_time=found.pid_create_time, job_id=found.job_id)
             attempt = self.ctx.store.attempt(self.run, attempt.n)
         self.attempt = attempt
+        self._record_enforced()
         log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id,
                  stopping=self.state.stop is not None and self.state.stop.attempt == attempt.n)
         self._feed(ev.Adopted(self.ctx.now(), attempt.n, attempt.started_at))
@@ -338,6 +343,7 @@ class RunSupervisor:
         self.latest_shown.clear()
         self.last_record_wall = self.ctx.now()
         self.first_output_wall = None
+        self._record_enforced()
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
         row = self.attempt
         self._feed(ev.Launched(self.ctx.now(), row.n, row.profile, row.gpus, row.started_at or self.ctx.now(),
@@ -549,11 +555,9 @@ class RunSupervisor:
         for name, value in numbers.items():
             if isinstance(value, (int, float)) and snapshot.shown(self.spec.poll.show, metric, name):
                 self.latest_shown[name] = (record.step, float(value))
-        for key in ("total_steps", "max_steps"):
-            value = record.metrics.get(key)
-            if self.spec.total_steps is None and isinstance(value, (int, float)) and math.isfinite(value) \
-                    and value > 0:
-                self.total_steps = int(value)
+        declared = progress.declared_by(record.metrics)
+        if declared is not None:
+            self.declared_end = declared
         bad = nonfinite.first_bad(numbers, self.spec.guards.nonfinite_metrics)
         attempt = self.attempt
         if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
@@ -608,12 +612,8 @@ class RunSupervisor:
                           key=f"{self.run}:{attempt.n}:log-unreadable")
 
     def _end_step(self, attempt: Attempt) -> int | None:
-        """The run's last step: [run].total_steps, else a record's total_steps / max_steps, else --steps."""
-        if self.total_steps:
-            return self.total_steps
-        if self.argv_steps is None or self.argv_steps[0] != attempt.n:
-            self.argv_steps = (attempt.n, snapshot.steps_from_argv(attempt.argv))
-        return self.argv_steps[1]
+        """The run's last step, by the rule status and the web page apply (`progress.end_step`)."""
+        return progress.end_step(self.spec.total_steps, self.declared_end, attempt.argv)
 
     def _quiet_seconds(self, now: float) -> float | None:
         """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty
@@ -671,42 +671,36 @@ class RunSupervisor:
         t2 = time.perf_counter()
         if t2 - t0 > 0.25:  # a check must cost its run nothing: say where the time went
             log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
-        since_record = self._quiet_seconds(now)
-        since_launch = None if attempt.started_at is None else now - attempt.started_at
-        per_s = 60 / self.ctx.scale  # declared seconds per real second (60 when --accelerated)
         prereg = self.spec.prereg
-        return observe(
+        return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
             run=self.run, attempt=attempt.n, at=now, points=tuple(self.points),
             read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt), gpus=self.spec.gpus,
-            gpu_hours_used=self._gpu_seconds(attempt, now) / 3600, view=view, host=host,
-            run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
-            seconds_since_last_record=None if since_record is None else since_record * per_s,
-            seconds_since_launch=None if since_launch is None else since_launch * per_s,
-            data_wait_frac=self._data_wait_frac(), nonfinite=self.nonfinite)
+            gpu_hours_used=self._gpu_hours(attempt, now), gpu_hours_cap=self.spec.guards.gpu_hours_cap,
+            view=view, host=host, run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
+            seconds_since_last_record=self._quiet_seconds(now),
+            seconds_since_launch=None if attempt.started_at is None else now - attempt.started_at,
+            data_wait_frac=self._data_wait_frac(), nonfinite=self.nonfinite, minute_seconds=self.ctx.scale)
 
-    def _gpu_seconds(self, attempt: Attempt, now: float) -> float:
-        """GPU-seconds over every attempt: the ended ones' sum read from the store once per attempt
-        (it cannot change), the live one's counted up to `now`."""
-        if self.past_gpu_seconds is None or self.past_gpu_seconds[0] != attempt.n:
-            past = sum(a.gpu_seconds(now) for a in self.ctx.store.attempts(self.run) if a.n != attempt.n)
-            self.past_gpu_seconds = (attempt.n, past)
-        return self.past_gpu_seconds[1] + attempt.gpu_seconds(now)
+    def _gpu_hours(self, attempt: Attempt, now: float) -> float:
+        """GPU-hours over every attempt (`progress.gpu_hours_used`, the rule status and the web page
+        apply): the ended attempts read from the store once per attempt (they cannot change)."""
+        if self.past_attempts is None or self.past_attempts[0] != attempt.n:
+            self.past_attempts = (attempt.n, tuple(a for a in self.ctx.store.attempts(self.run) if a.n != attempt.n))
+        return progress.gpu_hours_used((*self.past_attempts[1], attempt), now)
 
     def snapshot(self, kind: str, obs: Observation | None = None) -> snapshot.Snapshot:
         """The poll's snapshot of an observation (a fresh one through the poll window when none is given):
         the same step, pace, projection, GPUs, host and pids the guards decide on."""
         obs = obs if obs is not None else self.observe(self.poll_window)
         return snapshot.build_snapshot(
-            run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, points=obs.points, step=obs.step,
-            seconds_per_step=obs.seconds_per_step, read_step=obs.read_step, end_step=obs.end_step,
-            gpu_hours_used=obs.gpu_hours_used, gpu_hours_cap=self.spec.guards.gpu_hours_cap, n_gpus=len(obs.gpus),
+            run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, progress=obs.progress,
             view=obs.view, host=obs.host, gpus=obs.gpus,
             run_pids=(obs.run_pids | obs.past_run_pids) if obs.host is not None else None,
             latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.verdicts.provisional,
             starvation_util_pct=self.spec.poll.starvation_util_pct,
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
             seconds_since_last_record=obs.seconds_since_last_record,
-            stall_seconds=self.spec.guards.stall_minutes * 60,
+            stall_seconds=self.spec.guards.stall_minutes * obs.minute_seconds,
             note=self.executor.status_note(self.attempt) if self.attempt is not None else None,
             log_path=str(self.records_log), seconds_since_launch=obs.seconds_since_launch,
             data_wait_frac=obs.data_wait_frac,
@@ -741,7 +735,7 @@ class RunSupervisor:
             seconds_since_last_record=obs.seconds_since_last_record, process_alive=True,
             available_ram_bytes=obs.host.available_ram_bytes if obs.host is not None else None,
             already_warned=self._warned(), past_run_pids=obs.past_run_pids,
-            sightings=dict(self.sightings), nonfinite=obs.nonfinite)
+            sightings=dict(self.sightings), nonfinite=obs.nonfinite, minute_seconds=obs.minute_seconds)
 
     def _gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
         """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe

@@ -56,7 +56,7 @@ def records(steps: range, *, t0: float, dt: float) -> tuple[LogRecord, ...]:
 
 def row(spec: RunSpec | None, **kw: object) -> RunRow:
     args: dict = {"status": "running", "facts": {}, "attempts": (attempt(),), "poll": None, "incident": None,
-                  "verdict": None, "gpu_seconds": 0.0, "spec": spec, "records": None}
+                  "verdict": None, "now": T0, "spec": spec, "records": None}
     args.update(kw)
     return build_row("r", **args)
 
@@ -123,7 +123,7 @@ def test_a_finished_run_shows_how_it_ended_not_its_stale_incident(spec: RunSpec)
 def test_the_table_says_unknown_as_a_dash_and_fences_a_provisional_read(spec: RunSpec) -> None:
     verdict = Row(id=1, run="r", at=T0, kind="PROVISIONAL", body={"status": "PROVISIONAL", "label": "HEALTHY",
                                                                    "delta": 0.0123, "at_step": 500})
-    r = row(spec, verdict=verdict, gpu_seconds=2 * 3600.0)
+    r = row(spec, verdict=verdict, now=T0 + 3600.0)  # two GPUs for an hour
     header, line = status_table([r, row(None, status="pending", attempts=())], T0).splitlines()[:2]
     assert header.split()[:4] == ["RUN", "STATE", "ATTEMPT", "STEP"]
     assert "PROVISIONAL@500 HEALTHY Δ +0.0123" in line
@@ -135,7 +135,7 @@ def test_the_table_says_unknown_as_a_dash_and_fences_a_provisional_read(spec: Ru
 def test_a_change_line_names_only_what_is_known(spec: RunSpec) -> None:
     r = row(spec, records=records(range(601, 621), t0=T0, dt=0.5))
     text = change_line(r, T0)
-    assert "r: running · attempt 1/2 p1 · step 620/1000 · 0.5 s/step · ETA 3m10s · GPU —, GPU-h 0/12.0" in text
+    assert "r: running · attempt 1/2 p1 · step 620/1000 · 0.5 s/step · ETA 3m10s to step 1000 · GPU —, GPU-h 0/12.0" in text
     assert "incident" not in text
     broken = row(None, facts={"step": 7}, note="run.toml unreadable: run.toml: poll.bogus: …")
     assert "step 7/2000" in change_line(broken, T0) and change_line(broken, T0).endswith("poll.bogus: …"), \

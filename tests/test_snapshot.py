@@ -121,6 +121,12 @@ def test_eta_target(read_step, end_step, target, eta):
     assert (s.target_step, s.eta_seconds) == (target, eta)
 
 
+def test_past_the_read_step_the_eta_counts_to_the_end_as_status_does():
+    """Polls counted to the read step for ever (ETA 0 once past it) while status counted on to the end."""
+    s = snap(points=(), step=1500, seconds_per_step=2.0, read_step=1000, end_step=2000)
+    assert (s.target_step, s.eta_seconds) == (2000, 500 * 2.0)
+
+
 def test_explicit_progress_overrides_points():
     s = snap(points=(), step=500, seconds_per_step=10.0)
     assert (s.step, s.eta_seconds) == (500, 5000.0)

@@ -32,9 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from babysit.core.fmt import GIB, gib, hours
-from babysit.core.observation import past_cap
-from babysit.core.readings import GpuView
+from babysit.core.fmt import GIB, fmt_duration, gib, hours
+from babysit.core.progress import projection_words
+from babysit.core.readings import GpuProcess, GpuView
 from babysit.core.spec import GuardsSpec
 
 WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
@@ -77,17 +77,29 @@ class LiveFacts:
     run_pids: frozenset[int]
     gpu_hours_used: float
     gpu_hours_projected_at_end: float | None  # None: cannot project yet
-    seconds_since_last_record: float | None  # pass seconds since launch while no record exists yet
+    seconds_since_last_record: float | None  # real seconds; pass those since launch while no record exists yet
     process_alive: bool
     available_ram_bytes: int | None
     already_warned: frozenset[str] = frozenset()
     past_run_pids: frozenset[int] = frozenset()  # every pid the run's tree ever held (all attempts)
     sightings: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, pid) -> consecutive reads
     nonfinite: tuple[int, str, float] | None = None  # (step, metric, value): a watched metric went NaN/inf
+    minute_seconds: float = 60.0  # real seconds a declared minute lasts (1 under --accelerated)
 
 
 CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
 CONFIRM_READS_INVISIBLE = 3  # a pid with no process here: gone (an exit NVML lags on) or another namespace
+
+
+def is_foreign(proc: GpuProcess, run_pids: frozenset[int]) -> bool:
+    """The one foreign-holder predicate (the guards and the poll): a process on the run's GPU that is not
+    the run's (`run_pids`: now or ever) and has not exited (a zombie NVML still lists is gone)."""
+    return proc.pid not in run_pids and not proc.zombie
+
+
+def below_ram_floor(available_ram_bytes: int | None, floor_gib: float | None) -> bool:
+    """The one RAM-floor predicate (the guard's incident and the poll's flag): measured, a floor set, under it."""
+    return available_ram_bytes is not None and bool(floor_gib) and available_ram_bytes < (floor_gib or 0) * GIB
 
 
 def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:
@@ -100,7 +112,7 @@ def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]
         if reading is None:
             continue
         for proc in reading.processes:
-            if proc.pid not in run_pids and not proc.zombie:
+            if is_foreign(proc, run_pids):
                 holders.append(Holder(index, proc.pid, proc.name, proc.used_memory_bytes))
     return tuple(holders)
 
@@ -174,17 +186,17 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
         out.append(Action("stop", "diverged", f"{metric} = {value} at step {step} — stopping the run; it ends "
                           "classified diverged (retried per retry.on)",
                           {"step": step, "metric": metric, "value": str(value)}))
-    stall_s = guards.stall_minutes * 60
+    stall_s = guards.stall_minutes * facts.minute_seconds  # a declared limit, in real seconds
     since = facts.seconds_since_last_record
     if facts.process_alive and since is not None and since >= stall_s:
+        limit = f"{guards.stall_minutes:g} min" if facts.minute_seconds == 60 else \
+            f"stall_minutes = {guards.stall_minutes:g}: {fmt_duration(stall_s)} under --accelerated"
         out.append(Action("stop", "stalled",
-                          f"no new log record and no output for {since / 60:.1f} min (limit "
-                          f"{guards.stall_minutes:g} min) while the process is alive — taking a stack dump, "
-                          "then stopping",
+                          f"no new log record and no output for {fmt_duration(since)} (limit {limit}) while the "
+                          "process is alive — taking a stack dump, then stopping",
                           {"seconds_since_last_record": since, "stall_minutes": guards.stall_minutes}))
-    floor = guards.min_free_host_ram_gib * GIB
     ram = facts.available_ram_bytes
-    if ram is not None and floor > 0 and ram < floor:
+    if ram is not None and below_ram_floor(ram, guards.min_free_host_ram_gib):
         out.append(Action("incident", "host-memory-pressure",
                           f"host RAM available {gib(ram)} < {guards.min_free_host_ram_gib:g} GiB floor — "
                           "the next attempt halves the [machinery] knobs if this one fails",
@@ -277,10 +289,9 @@ def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     if used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR:  # 80 %, without 0.8 * 12 = 9.600000000000001
         out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {hours(used)} passed 80 % of the cap {hours(cap)}",
                           detail, key="gpu-hours-80"))
-    if past_cap(projected, cap):
-        out.append(Action("warn", "gpu-hours-cap", f"GPU-hours projected to the end {hours(projected)} exceed the cap "
-                          f"{hours(cap)} (used {hours(used)}): the run will be stopped at the cap", detail,
-                          key="gpu-hours-projection"))
+    sentence = projection_words(used, projected, cap)
+    if sentence is not None:
+        out.append(Action("warn", "gpu-hours-cap", sentence, detail, key="gpu-hours-projection"))
     return out
 
 

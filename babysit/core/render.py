@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import babysit.campaign.render as campaign_words  # pure (tests/test_layering.py)
-from babysit.core import tails
+from babysit.core import progress, tails
 from babysit.core.blocks import code, context, divider, header, section
-from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise, hours
+from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise
+from babysit.core.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,16 @@ def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
 
 
 def snapshot_line(s: Mapping[str, Any]) -> str:
-    """The live header: step, s/step, ETA, GPU-hours, util, provisional read."""
-    parts = [f"step {s.get('step') if s.get('step') is not None else '—'}"]
-    if s.get("seconds_per_step") is not None:
-        parts.append(f"{s['seconds_per_step']:.3g} s/step")
-    if s.get("eta_seconds") is not None:
-        parts.append(f"ETA {fmt_duration(s['eta_seconds'])}")
-    cap = s.get("gpu_hours_cap")
-    if s.get("gpu_hours_used") is not None and s.get("gpus"):  # a CPU run costs no GPU-hours: say nothing
-        used = hours(s["gpu_hours_used"])
-        parts.append(f"GPU-h {used}/{hours(cap)}" if cap else f"GPU-h {used}")
+    """The live header: step, s/step, ETA and its step, GPU-hours, util, provisional read. Progress is
+    said as `babysit status`, the live view and the web page say it (core/progress.py's words)."""
+    p = Progress.from_dict(s)
+    parts = [f"step {progress.step_text(p)}"]
+    if p.seconds_per_step is not None:
+        parts.append(f"{progress.pace_text(p)} s/step")
+    if p.eta_seconds is not None:
+        parts.append(f"ETA {progress.eta_text(p)}")
+    if p.n_gpus:  # a CPU run costs no GPU-hours: say nothing
+        parts.append(f"GPU-h {progress.gpu_hours_text(p)}")
     measured = [g for g in s.get("gpus") or () if g.get("util_pct") is not None]
     if measured:
         parts.append("util " + "/".join(f"{g['util_pct']:.0f}%" for g in measured) + _util_window(measured))
@@ -179,11 +180,8 @@ _FLAG_TEXT: dict[str, Any] = {
     "no-log-records-yet": lambda s: (
         f"no record in {s.get('log_path') or 'the log'} yet, {_since(s.get('seconds_since_launch'))} after launch "
         f"— is the trainer writing there? (the stall guard stops the run at {_since(s.get('stall_seconds'))})"),
-    "gpu-hours-projection": lambda s: (
-        f"GPU-hours projected to the end {hours(s['gpu_hours_projected'])} exceed the cap "
-        f"{hours(s['gpu_hours_cap'])}: the run will be stopped at the cap"
-        if s.get("gpu_hours_projected") is not None and s.get("gpu_hours_cap") is not None
-        else "GPU-hours projected past the cap"),
+    "gpu-hours-projection": lambda s: progress.projection_sentence(Progress.from_dict(s))
+    or "GPU-hours projected past the cap",
 }
 
 

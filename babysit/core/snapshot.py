@@ -8,22 +8,21 @@ not be taken appears as None with a note (`gpu_note`), never as zero.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from babysit.core.fmt import GIB
-from babysit.core.guards import low_util_flag
-from babysit.core.observation import past_cap, project_gpu_hours, steps_left
+from babysit.core.guards import below_ram_floor, is_foreign, low_util_flag
+from babysit.core.observation import project_gpu_hours
+from babysit.core.progress import Progress, derive, steps_from_argv
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import seconds_per_step as _seconds_per_step
+
+__all__ = ["FLAGS", "KINDS", "Snapshot", "build_snapshot", "project_gpu_hours", "shown", "steps_from_argv"]
 
 KINDS = ("first", "periodic", "on-demand", "final")
 FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",
          "no-log-records-yet", "gpu-hours-projection", "gpu-held", "gpu-fault", "gpu-unseen")  # each said in words
-# the run's last step as trainers take it: ours, HF (--max_steps), nanoGPT's configurator (--max_iters=N)
-_STEPS_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps", "--max-iters", "--max_iters")
 
 
 @dataclass(frozen=True)
@@ -32,12 +31,7 @@ class Snapshot:
     attempt: int
     at: float
     kind: str  # first | periodic | on-demand | final
-    step: int | None
-    seconds_per_step: float | None
-    eta_seconds: float | None  # to `target_step`; None when unknown
-    gpu_hours_used: float
-    gpu_hours_cap: float | None
-    gpu_hours_projected: float | None
+    progress: Progress  # step, s/step, ETA and its step, end step, GPU-hours used/projected, the cap
     gpus: tuple[dict, ...]
     gpu_note: str | None
     available_ram_bytes: int | None
@@ -47,24 +41,48 @@ class Snapshot:
     latest_eval_step: int | None
     provisional: Mapping[str, object] | None
     flags: tuple[str, ...]
-    target_step: int | None = None  # the step the ETA counts to: prereg.read_step, else the command's --steps
     total_ram_bytes: int | None = None
     note: str | None = None  # the executor's word (e.g. "PENDING (Resources)" on Slurm)
     log_path: str | None = None  # where records are read from: named in every "no records" line
-    seconds_since_launch: float | None = None
-    seconds_since_last_record: float | None = None
-    stall_seconds: float | None = None
+    seconds_since_launch: float | None = None  # real seconds (what a person reads), never declared ones
+    seconds_since_last_record: float | None = None  # real seconds
+    stall_seconds: float | None = None  # the stall guard's limit, in real seconds
     data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
     shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
     reading: str | None = None  # how its printed lines are read (a preset), said in the first poll
 
+    @property
+    def step(self) -> int | None:
+        return self.progress.step
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.progress.seconds_per_step
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return self.progress.eta_seconds
+
+    @property
+    def target_step(self) -> int | None:
+        return self.progress.target_step
+
+    @property
+    def gpu_hours_used(self) -> float:
+        return self.progress.gpu_hours_used
+
+    @property
+    def gpu_hours_cap(self) -> float | None:
+        return self.progress.gpu_hours_cap
+
+    @property
+    def gpu_hours_projected(self) -> float | None:
+        return self.progress.gpu_hours_projected
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run": self.run, "attempt": self.attempt, "at": self.at, "kind": self.kind,
-            "step": self.step, "seconds_per_step": self.seconds_per_step, "eta_seconds": self.eta_seconds,
-            "target_step": self.target_step,
-            "gpu_hours_used": self.gpu_hours_used, "gpu_hours_cap": self.gpu_hours_cap,
-            "gpu_hours_projected": self.gpu_hours_projected,
+            **self.progress.to_dict(),
             "gpus": [dict(g) for g in self.gpus], "gpu_note": self.gpu_note,
             "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes,
             "run_rss_bytes": self.run_rss_bytes, "run_cpu_pct": self.run_cpu_pct,
@@ -89,25 +107,10 @@ def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> b
     return name == prereg_metric or "loss" in lowered or lowered.startswith(("eval", "val"))
 
 
-def steps_from_argv(argv: Sequence[str]) -> int | None:
-    """The run's last step from "--steps N" / "--steps=N" (or --max-steps, --max_iters, …), the last one winning."""
-    found = None
-    for i, item in enumerate(argv):
-        for flag in _STEPS_FLAGS:
-            value = None
-            if item == flag and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif item.startswith(flag + "="):
-                value = item[len(flag) + 1:]
-            if value is not None and re.fullmatch(r"\d+", value):
-                found = int(value)
-    return found
-
-
-def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
+def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Progress | None = None,
                    points: Sequence[Any] = (), step: int | None = None, seconds_per_step: float | None = None,
                    read_step: int | None = None, end_step: int | None = None,
-                   gpu_hours_used: float, gpu_hours_cap: float | None, n_gpus: int | None = None,
+                   gpu_hours_used: float = 0.0, gpu_hours_cap: float | None = None, n_gpus: int | None = None,
                    view: GpuView | None = None, host: HostReading | None = None, gpus: Sequence[int] = (),
                    run_pids: frozenset[int] | None = None,
                    latest_eval: Mapping[str, float] | None = None, latest_eval_step: int | None = None,
@@ -118,27 +121,23 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
                    seconds_since_launch: float | None = None, data_wait_frac: float | None = None,
                    shown_metrics: Mapping[str, Sequence[float]] | None = None,
                    reading: str | None = None) -> Snapshot:
-    """Assemble a snapshot. Progress comes from `points` (records or ProgressPoints with .step/.ts)
-    unless `step` / `seconds_per_step` are given. The ETA counts to read_step (the verdict's read),
-    else end_step (e.g. `steps_from_argv(argv)`); the GPU-hours projection counts to end_step, else
-    read_step. `run_pids` defaults to host.run_pids; with neither, foreign holders are unknown (None).
+    """Assemble a snapshot. `progress` is the observation's (`core.progress`: one derivation for the poll,
+    the guards and every surface); without it, it is derived here from `points` (records or
+    ProgressPoints with .step/.ts) unless `step` / `seconds_per_step` are given. `run_pids` defaults to
+    host.run_pids; with neither, foreign holders are unknown (None). Durations are real seconds.
     Before the first record: `waiting-for-first-record` during the trainer's normal start-up (half the
     stall limit), `no-log-records-yet` after it. `data_wait_frac` is the evidence `input-starvation` needs.
     """
     if kind not in KINDS:
         raise ValueError(f"snapshot kind must be one of {KINDS}, got {kind!r}")
-    if step is None and points:
-        step = points[-1].step
-    if seconds_per_step is None and len(points) >= 2:
-        seconds_per_step = _seconds_per_step(points)
-    target = read_step if read_step is not None else end_step
-    eta = None
-    if target is not None and step is not None and seconds_per_step is not None:
-        eta = max(0, target - step) * seconds_per_step
-    elif target is not None and step is not None and step >= target:
-        eta = 0.0
-    n = len(gpus) if n_gpus is None else n_gpus
-    projected = project_gpu_hours(gpu_hours_used, seconds_per_step, steps_left(step, end_step, read_step), n)
+    if progress is None:
+        if step is None and points:
+            step = points[-1].step
+        if seconds_per_step is None and len(points) >= 2:
+            seconds_per_step = _seconds_per_step(points)
+        progress = derive(step=step, seconds_per_step=seconds_per_step, read_step=read_step, end_step=end_step,
+                          gpu_hours_used=gpu_hours_used, gpu_hours_cap=gpu_hours_cap,
+                          n_gpus=len(gpus) if n_gpus is None else n_gpus)
     if run_pids is None and host is not None:
         run_pids = host.run_pids
 
@@ -146,31 +145,29 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str,
     rows, gpu_note = _gpu_rows(gpus, view, run_pids, flags)
     utils = [r["util_pct"] for r in rows if r.get("util_pct") is not None]
     mean_util = sum(utils) / len(utils) if utils else None
-    advanced = seconds_per_step is not None if steps_advanced is None else steps_advanced
+    advanced = progress.seconds_per_step is not None if steps_advanced is None else steps_advanced
     util_flag = low_util_flag(mean_util, advanced, starvation_util_pct, data_wait_frac)
     if util_flag:
         flags.append(util_flag)
     available = host.available_ram_bytes if host else None
-    if available is not None and min_free_host_ram_gib and available < min_free_host_ram_gib * GIB:
+    if below_ram_floor(available, min_free_host_ram_gib):
         flags.append("host-memory-pressure")
     if seconds_since_last_record is not None and stall_seconds and seconds_since_last_record >= stall_seconds / 2:
         flags.append("stalled?")
-    if step is None:
+    if progress.step is None:
         starting = (seconds_since_launch is not None and stall_seconds is not None
                     and seconds_since_launch < stall_seconds / 2)
         flags.append("waiting-for-first-record" if starting else "no-log-records-yet")
-    if past_cap(projected, gpu_hours_cap):
+    if progress.past_cap:
         flags.append("gpu-hours-projection")
     return Snapshot(
-        run=run, attempt=attempt, at=at, kind=kind, step=step,
-        seconds_per_step=seconds_per_step, eta_seconds=eta,
-        gpu_hours_used=gpu_hours_used, gpu_hours_cap=gpu_hours_cap, gpu_hours_projected=projected,
+        run=run, attempt=attempt, at=at, kind=kind, progress=progress,
         gpus=tuple(rows), gpu_note=gpu_note,
         available_ram_bytes=available, run_rss_bytes=host.run_rss_bytes if host else None,
         run_cpu_pct=host.run_cpu_pct if host else None,
         latest_eval=None if latest_eval is None else dict(latest_eval), latest_eval_step=latest_eval_step,
         provisional=None if provisional is None else dict(provisional),
-        flags=tuple(dict.fromkeys(flags)), target_step=target,
+        flags=tuple(dict.fromkeys(flags)),
         total_ram_bytes=host.total_ram_bytes if host else None, note=note, log_path=log_path,
         seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds, data_wait_frac=data_wait_frac,
         seconds_since_last_record=seconds_since_last_record,
@@ -199,7 +196,7 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
         foreign = None
         if run_pids is not None and reading.processes_known:
             foreign = [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
-                       for p in reading.processes if p.pid not in run_pids and not p.zombie]
+                       for p in reading.processes if is_foreign(p, run_pids)]
             if foreign:
                 flags.append("gpu-held")
         if reading.faults:

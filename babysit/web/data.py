@@ -143,7 +143,7 @@ class Site:
                 return hit[1]
         row = runview.build_row(
             name, status=status, facts=known, attempts=attempts, poll=poll, incident=incident, verdict=verdict,
-            gpu_seconds=sum(a.gpu_seconds(now) for a in attempts), spec=spec,
+            now=now, spec=spec,
             records=self.tail(log) if log is not None else None, note=note)
         if key is not None:
             with self._lock:

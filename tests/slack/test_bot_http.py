@@ -118,7 +118,7 @@ def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bot]:
     shutil.copy(FIXTURES / "rigonly_train_log.jsonl", root)
     (root / "babysit.toml").write_text(f'[daemon]\nchannel = "{CHANNEL}"\nabort_allow_list = ["{ALLOWED}"]\n')
     register(root, DONE, None)
-    register(root, EARLY, 4)
+    register(root, EARLY, 5)  # through the eval at 750 (4 lines stopped at the baseline: no read)
     gpu_file = root / "gpus.json"
     fake = FakeSlack(TOKEN).start()
     env = {**os.environ, "SLACK_BOT_TOKEN": TOKEN, "SLACK_SIGNING_SECRET": SECRET,
