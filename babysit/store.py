@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit import wake
+from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 
@@ -383,7 +384,7 @@ class Store:
 
     def gpu_seconds(self, run: str, now: float) -> float:
         """Wall time x GPUs over every attempt of the run, the live one counted up to `now`."""
-        return sum(a.gpu_seconds(now) for a in self.attempts(run))
+        return progress.gpu_hours_used(self.attempts(run), now) * 3600  # one rule (core/progress.py)
 
     # -- run state --------------------------------------------------------------------------------------
     def run_state(self, run: str) -> tuple[str, dict[str, Any]]:

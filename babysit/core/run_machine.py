@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core import retry
+from babysit.core import progress, retry
 from babysit.core import run_events as ev
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
@@ -140,7 +140,7 @@ class RunState:
     def gpu_hours(self, now: float | None = None) -> float:
         """GPU-hours used over every attempt, the live one counted to `now` (the newest event's time)."""
         at = self.clock if now is None else max(now, self.clock)
-        return sum(a.gpu_seconds(at) for a in self.attempts) / 3600
+        return progress.gpu_hours_used(self.attempts, at)  # the rule status and polls apply
 
     def history(self) -> tuple[retry.PastAttempt, ...]:
         return tuple(a.past() for a in self.attempts if a.status is AttemptStatus.ENDED)
