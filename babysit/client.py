@@ -78,8 +78,10 @@ class JsonlWriter:
                                               f"`{key}` is the record's own (rename it)")
                 continue
             values[str(key)] = plain(value)  # a CUDA scalar syncs here, so `ts` below is after it
-        record = {"step": at, "ts": time.time(), **values}
-        line = (json.dumps(record, allow_nan=True, default=str) + "\n").encode("utf-8")
+        ts = time.time()
+        line = _line(at, ts, values)
+        if line is None:  # a string, a list, a nested dict: json's encoder, the same format
+            line = (json.dumps({"step": at, "ts": ts, **values}, allow_nan=True, default=str) + "\n").encode("utf-8")
         try:
             fd = _open(path)
         except OSError as exc:
@@ -168,6 +170,30 @@ def env_rank() -> int:
             except ValueError:
                 return 0
     return 0
+
+
+_KEYS: dict[str, str] = {}  # a key as json writes it, with its ": " (encoded once, not per record)
+_NONFINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _line(step: int, ts: float, values: Mapping[str, Any]) -> bytes | None:
+    """The record's line when every value is a plain int or float (the common case), byte for byte what
+    `json.dumps` writes — float repr, NaN/Infinity/-Infinity, ", " and ": " — at a fraction of its cost
+    (bench/logger_cost.py); None for anything else."""
+    parts = [f'{{"step": {step!r}, "ts": {ts!r}']
+    for key, value in values.items():
+        kind = type(value)
+        if kind is float:
+            text = repr(value) if math.isfinite(value) else ("NaN" if value != value else _NONFINITE[value])
+        elif kind is int:
+            text = repr(value)
+        else:
+            return None
+        name = _KEYS.get(key)
+        if name is None:
+            name = _KEYS.setdefault(key, json.dumps(key) + ": ")
+        parts.append(name + text)
+    return (", ".join(parts) + "}\n").encode("utf-8")
 
 
 def _open(path: str) -> int:

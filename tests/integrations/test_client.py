@@ -219,3 +219,19 @@ def test_importing_babysit_and_its_integrations_package_imports_no_ml_framework(
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
     assert babysit.log is client.log
+
+
+def test_the_fast_line_is_byte_for_byte_what_json_writes() -> None:
+    """Plain ints and floats skip json's encoder (bench/logger_cost.py); the bytes must not change."""
+    import random
+
+    random.seed(0)
+    values = [0.1, 1e-320, 1.7e308, math.nan, math.inf, -math.inf, -0.0, 3, -7, 2**70, 1 / 3, 5e-324]
+    keys = ["loss", "eval/loss", "ü", 'a"b', "lr", "tab\tkey"]
+    for _ in range(5000):
+        record = {random.choice(keys): random.choice(values) for _ in range(3)}
+        step, ts = random.randint(-2**63, 2**63 - 1), random.random() * 2e9
+        expected = (json.dumps({"step": step, "ts": ts, **record}, allow_nan=True, default=str) + "\n").encode()
+        assert client._line(step, ts, record) == expected
+    assert client._line(1, 1.0, {"note": "text"}) is None  # anything else: json's encoder, as before
+    assert client._line(1, 1.0, {"flag": True}) is None
