@@ -35,7 +35,7 @@ def families(rows: Sequence[RunRow], incidents: Mapping[str, Mapping[str, int]],
     util = gauge("babysit_run_gpu_utilization_percent", "GPU utilization at the attempt's last poll",
                  ("run", "gpu"))
     used = gauge("babysit_run_gpu_hours", "GPU-hours used over all attempts")
-    cap = gauge("babysit_run_gpu_hours_cap", "the run's [guards].gpu_hours_cap")
+    cap = gauge("babysit_run_gpu_hours_cap", "the [guards].gpu_hours_cap the daemon enforces (the spec it loaded)")
     verdict = gauge("babysit_run_verdict", "1 for the latest verdict read: its status (PROVISIONAL | FINAL | "
                     "NO-READ) and label", ("run", "status", "label"))
     delta = gauge("babysit_run_verdict_delta", "the latest read's delta from baseline")
