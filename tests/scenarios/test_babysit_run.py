@@ -206,3 +206,32 @@ first_after_minutes = 2
     status = babysit("status", "--registry", str(workspace / "babysit.toml"), cwd=workspace, env=ENV)
     assert 'plain: no record in its log ($BABYSIT_LOG) yet, but its printed lines match preset "nanogpt"' \
         in status.stdout
+
+
+def test_a_computed_step_that_goes_backwards_is_an_incident_once_with_the_line(workspace: Path) -> None:
+    printer = [PY, "-c", "import time\nfor epoch in range(3):\n    for b in (10, 20, 30):\n"
+               "        print(f'batch {b} loss {1.0 / (b + epoch):.4f}', flush=True)\n        time.sleep(0.2)\n"]
+    spec = workspace / "reset.toml"
+    spec.write_text(f"""[run]
+name = "reset"
+command = {json.dumps(printer)}
+
+[source]
+kind = "stdout"
+[[source.patterns]]
+regex = 'batch (?P<batch>\\d+) loss (?P<loss>[-+.\\w]+)'
+step = "batch"
+
+[guards]
+min_free_host_ram_gib = 0.1
+""")
+    assert babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
+                   cwd=workspace, env=ENV).returncode == 0
+    daemon = Daemon(workspace, "--exit-when-idle", "--no-view", env=ENV)
+    assert daemon.wait(timeout=120) == 0, daemon.output()
+    incidents = [r for r in channel(workspace, "incident") if "step-backwards" in r["text"]]
+    assert len(incidents) == 1, channel(workspace, "incident")
+    assert "30 → 10" in incidents[0]["text"] and "batch 10 loss" in incidents[0]["text"]
+    records = [json.loads(x) for x in (workspace / ".babysit" / "runs" / "reset" / "records.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records] == [10, 20, 30] * 3  # kept as computed, in the order printed

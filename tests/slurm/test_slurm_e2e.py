@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -206,3 +207,19 @@ def test_a_stop_reaches_the_trainer_alone_not_its_dataloader_workers(bench: Benc
     assert notes.read_text().splitlines()[2:] == [f"leader {signal.Signals(sig).name}"], notes.read_text()
     info = executor.exit_info(running)
     assert info is not None and info.exit_code == 10, info
+
+
+def test_babysit_run_with_the_slurm_executor_submits_it_follows_it_and_exits_0(bench: Bench) -> None:
+    """`babysit run --executor slurm -- CMD`: the command becomes a job, its output (Slurm's --output file,
+    which the stdout source reads too) comes through, its printed lines are read by a preset, exit 0."""
+    name = unique("adhoc")
+    bench.runs.append(name)
+    res = subprocess.run([sys.executable, "-m", "babysit", "run", "--accelerated", "--no-view", "--executor",
+                          "slurm", "--name", name, "--registry", str(bench.registry), "--", sys.executable, "-m",
+                          "babysit.demo.nanogpt_like", "--iters", "60", "--sleep", "0.02"],
+                         cwd=bench.root, env=bench.env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    attempt = only_attempt(bench, name)
+    assert attempt.job_id and attempt.outcome == "completed"
+    assert "iter 60: loss" in res.stdout and 'preset "nanogpt"' in res.stdout
+    assert 'executor = "slurm"' in (bench.root / "runs" / f"{name}.toml").read_text()
