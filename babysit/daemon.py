@@ -36,6 +36,7 @@ from babysit.clock import SYSTEM, Clock
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning
 from babysit.core.spec import check_cadence, load_spec
 from babysit.core.status import RunStatus
+from babysit.db.url import open_store
 from babysit.delivery import DeliveryWorker
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
@@ -46,7 +47,7 @@ from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
 from babysit.sources import wandbfile
-from babysit.store import Row, Store
+from babysit.store import Row
 from babysit.supervisor import DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
@@ -84,7 +85,7 @@ class Daemon:
         self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
-        self.store = Store.in_dir(self.state_dir)
+        self.store = open_store(self.registry)
         self.exits = ExitWatcher()
         self._own_timers = timers is None  # the scheduler's, once run() starts it
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,

@@ -14,8 +14,8 @@ from typing import Any
 from babysit import reading
 from babysit.atomic import write_private_json
 from babysit.core.amendment import amendment_sha256
+from babysit.db.url import open_existing
 from babysit.sources import records_path
-from babysit.store import Store
 
 
 def keep_frozen_copy(state_dir: Path, name: str, sha256: str, canonical: str, now: str) -> Path:
@@ -59,10 +59,9 @@ def collect(registry_path: Path, name: str) -> dict[str, Any]:
     what `babysit prereg show` prints and the web page's prereg panel shows."""
     reg, entry, spec = reading.load_registered(registry_path, name)
     prereg = spec.prereg
-    db = reg.state_dir / "state.db"
     amendments = []
-    if db.exists():
-        store = Store(db)
+    store = open_existing(reg)
+    if store is not None:
         try:
             amendments = store.amendments(spec.name)
         finally:

@@ -63,11 +63,12 @@ def register(spec_file: Path, registry_path: Path, *, shown: str | None = None, 
                                                         registered_at=stamp, prereg_sha256=sha))
 
     outcome = registry.update(registry_path, change)
-    state_dir = registry.load(registry_path).state_dir
+    registered = registry.load(registry_path)
+    state_dir = registered.state_dir
     if spec.prereg is not None:
         keep_frozen_copy(state_dir, spec.name, spec.prereg.sha256, spec.prereg.canonical, stamp)
     if joining is not None:
-        campaign_join.record(joining, spec, state_dir)
+        campaign_join.record(joining, spec, registered)
     changed = _changes_since_last_register(state_dir, spec, stamp, first=outcome == "added")
     woke = wake.wake(state_dir) if wake_daemon else False  # a running daemon picks the run up now
     return Registration(spec, registry_path, state_dir, outcome, tuple(notes), tuple(warnings), changed, woke)

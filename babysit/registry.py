@@ -52,6 +52,16 @@ class DaemonSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    url: str | None = None  # postgresql://… for a fleet (docs/fleet.md); None: SQLite in the state directory
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    name: str | None = None  # this box's name in a fleet; None: $BABYSIT_HOST, else the hostname
+
+
+@dataclass(frozen=True)
 class RunEntry:
     name: str
     spec: str  # as written: relative to the registry file's directory, or absolute
@@ -64,6 +74,8 @@ class Registry:
     path: Path  # absolute path of babysit.toml (which need not exist yet)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     runs: tuple[RunEntry, ...] = ()
+    store: StoreSettings = field(default_factory=StoreSettings)
+    host: HostSettings = field(default_factory=HostSettings)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -127,6 +139,8 @@ def load(path: Path) -> Registry:
         return Registry(absolute)
     top = tomlfile.Table(tomlfile.load(path, display), display)
     daemon = _daemon(top.table("daemon"))
+    store = _store(top.table("store"))
+    host = _host(top.table("host"))
     runs: list[RunEntry] = []
     seen: dict[str, int] = {}
     for i, t in enumerate(top.tables("runs")):
@@ -137,7 +151,7 @@ def load(path: Path) -> Registry:
         seen[entry.name] = i
         runs.append(entry)
     top.finish()
-    return Registry(absolute, daemon, tuple(runs))
+    return Registry(absolute, daemon, tuple(runs), store, host)
 
 
 def with_run(registry: Registry, entry: RunEntry) -> tuple[Registry, str]:
@@ -204,6 +218,10 @@ def dumps(registry: Registry) -> str:
         sample = d.gpu_sample_seconds
         daemon["gpu_sample_seconds"] = int(sample) if float(sample).is_integer() else sample
     doc: dict[str, Any] = {"daemon": daemon}
+    if registry.store.url is not None:
+        doc["store"] = {"url": registry.store.url}
+    if registry.host.name is not None:
+        doc["host"] = {"name": registry.host.name}
     if registry.runs:
         doc["runs"] = [_run_dict(r) for r in registry.runs]
     return HEADER + tomli_w.dumps(doc)
@@ -258,6 +276,24 @@ def _daemon(t: tomlfile.Table | None) -> DaemonSettings:
                             hint="find it in Slack: profile → ⋮ → Copy member ID")
     t.finish()
     return settings
+
+
+def _store(t: tomlfile.Table | None) -> StoreSettings:
+    if t is None:
+        return StoreSettings()
+    url = t.str("url", None, check=lambda v: v.startswith(("postgresql://", "postgres://")),
+                expected='a PostgreSQL url like "postgresql://babysit@db.lab/babysit" (docs/fleet.md)')
+    t.finish()
+    return StoreSettings(url)
+
+
+def _host(t: tomlfile.Table | None) -> HostSettings:
+    if t is None:
+        return HostSettings()
+    name = t.str("name", None, check=re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}").fullmatch,
+                 expected="a host name of letters, digits, '.', '_' or '-' (at most 63)")
+    t.finish()
+    return HostSettings(name)
 
 
 def _run(t: tomlfile.Table) -> RunEntry:

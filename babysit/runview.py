@@ -27,6 +27,7 @@ from babysit.core.errors import BabysitError
 from babysit.core.progress import Progress, declared_end, eta_seconds, target_step
 from babysit.core.records import LogRecord, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
+from babysit.db.url import open_existing
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]
@@ -252,9 +253,7 @@ class Reader:
     def _open_store(self) -> Store | None:
         """The store once it exists: `status` never creates a state directory the daemon has not."""
         if self._store is None:
-            db = self.state_dir / "state.db"
-            if db.exists():
-                self._store = Store(db)
+            self._store = open_existing(self.registry)
         return self._store
 
 

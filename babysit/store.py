@@ -8,6 +8,7 @@ while the daemon writes. All SQL lives here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -24,7 +25,7 @@ from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
 LIVE = ("launching", "running")
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
@@ -86,6 +87,19 @@ _MIGRATIONS: dict[int, str] = {
     CREATE TABLE owner_call_clicks (
         id INTEGER PRIMARY KEY, call_id INTEGER, at REAL NOT NULL, user TEXT, action TEXT,
         outcome TEXT NOT NULL, reason TEXT NOT NULL);
+    """,
+    3: """
+    CREATE TABLE hosts (
+        name TEXT PRIMARY KEY, started_at REAL NOT NULL, renewed_at REAL NOT NULL, lease_until REAL NOT NULL,
+        pid INTEGER, version TEXT NOT NULL DEFAULT '', gateway_until REAL, lost_at REAL,
+        info TEXT NOT NULL DEFAULT '{}');
+    CREATE TABLE runs (
+        run TEXT PRIMARY KEY, host TEXT NOT NULL, registered_at REAL NOT NULL);
+    ALTER TABLE control ADD COLUMN host TEXT;
+    ALTER TABLE control ADD COLUMN claimed_by TEXT;
+    ALTER TABLE control ADD COLUMN claimed_at REAL;
+    CREATE INDEX control_pending ON control (host, handled_at);
+    ALTER TABLE outbox ADD COLUMN host TEXT;
     """,
 }
 
@@ -190,21 +204,31 @@ class Row:
 
 
 class Store:
-    """A thread-safe handle on `state.db`; one per process."""
+    """A thread-safe handle on the state database; one per process. This class is the SQLite backend
+    (`state.db` in the state directory) and holds the SQL every backend shares: it is written in the
+    subset SQLite and PostgreSQL both speak (`?` parameters, `ON CONFLICT`, ids through `_insert_id`), and
+    `babysit.db.postgres.PostgresStore` runs it on PostgreSQL, overriding only the connection, the
+    version check and the wake-ups. `babysit.db.interface.StateStore` is what the shell may ask of it."""
+
+    backend = "sqlite"
+    host: str | None = None  # the fleet's name of this box; None on SQLite (one box, no fleet)
+    # what a failed write raises inside the driver: turned into StateError (transient: babysit resumes)
+    _write_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+    _begin = "BEGIN IMMEDIATE"  # SQLite: take the write lock at the start, never upgrade mid-way
+    IntegrityError: type[Exception] = sqlite3.IntegrityError  # a duplicate (an attempt's number taken)
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.where = str(self.path)  # how errors name the database
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not self.path.exists()
         if fresh:  # owner-only from the first byte: the state says who ran what
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._lock = threading.RLock()
-        self._batch_depth = 0  # > 0 while the lock's holder is inside batch()
-        self._local = threading.local()  # deferred_facts' pending merges, per thread
-        self.on_enqueue: Callable[[], None] | None = None
+        self._init_common()
         try:
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
-                                       isolation_level=None)
+            self._db: Any = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+                                            isolation_level=None)
+            self._db.row_factory = sqlite3.Row
             _enable_wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -212,6 +236,12 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StateError(f"{self.path}: cannot open the state database: {exc}",
                              hint="check the disk and permissions of the state directory") from exc
+
+    def _init_common(self) -> None:
+        self._lock = threading.RLock()
+        self._batch_depth = 0  # > 0 while the lock's holder is inside batch()
+        self._local = threading.local()  # deferred_facts' pending merges, per thread
+        self.on_enqueue: Callable[[], None] | None = None
 
     @classmethod
     def in_dir(cls, state_dir: Path) -> Store:
@@ -221,47 +251,63 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def schema_version(self) -> int:
+        """The schema version the database is at (SQLite keeps it in `PRAGMA user_version`)."""
+        return int(self._query("PRAGMA user_version")[0][0])
+
     # -- plumbing ---------------------------------------------------------------------------------------
+    def _write_failed(self, exc: BaseException) -> StateError:
+        return StateError(f"{self.where}: write failed: {exc}",
+                          hint="free space on the state directory's disk; babysit resumes")
+
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[Any]:
         """One write transaction; committed before the caller acts on what it wrote. Inside `batch()`
         it is a savepoint of the batch's transaction: all of it or none of it, committed with the batch."""
         with self._lock:
             if self._batch_depth:
                 yield from self._savepoint()
                 return
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(self._begin)
+            except self._write_errors as exc:
+                raise self._write_failed(exc) from exc
             try:
                 yield self._db
-            except sqlite3.OperationalError as exc:  # disk full mid-statement: SQLite may have rolled back already
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise StateError(f"{self.path}: write failed: {exc}",
-                                 hint="free space on the state directory's disk; babysit resumes") from exc
+            except self._write_errors as exc:  # disk full mid-statement: SQLite may have rolled back already
+                self._rollback()
+                raise self._write_failed(exc) from exc
             except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
             else:
                 try:
                     self._db.execute("COMMIT")
-                except sqlite3.OperationalError as exc:  # disk full, I/O error: fail loudly, nothing half-written
-                    if self._db.in_transaction:  # a failed COMMIT of a full disk has rolled back already
-                        self._db.execute("ROLLBACK")
-                    raise StateError(f"{self.path}: write failed: {exc}",
-                                     hint="free space on the state directory's disk; babysit resumes") from exc
+                except self._write_errors as exc:  # disk full, I/O error: fail loudly, nothing half-written
+                    self._rollback()  # a failed COMMIT of a full disk has rolled back already
+                    raise self._write_failed(exc) from exc
 
-    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+    @staticmethod
+    def _insert_id(db: Any, sql: str, args: tuple) -> int:
+        """Run an INSERT, return the new row's id (SQLite's lastrowid: no RETURNING, which needs 3.35)."""
+        return db.execute(sql, args).lastrowid
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(*self._write_errors):  # a lost connection rolled back by itself
+                self._db.execute("ROLLBACK")
+
+    def _savepoint(self) -> Iterator[Any]:
         self._db.execute("SAVEPOINT part")
         try:
             yield self._db
         except BaseException as exc:
             if self._db.in_transaction:  # a full disk may have rolled the whole batch back already
-                self._db.execute("ROLLBACK TO part")
-                self._db.execute("RELEASE part")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise StateError(f"{self.path}: write failed: {exc}",
-                                 hint="free space on the state directory's disk; babysit resumes") from exc
+                with contextlib.suppress(*self._write_errors):
+                    self._db.execute("ROLLBACK TO part")
+                    self._db.execute("RELEASE part")
+            if isinstance(exc, self._write_errors):
+                raise self._write_failed(exc) from exc
             raise
         self._db.execute("RELEASE part")
 
@@ -307,17 +353,16 @@ class Store:
             self._local.facts = {}
             self._merge_facts(pending)
 
-    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, args: tuple = ()) -> list[Any]:
+        """Rows that read by name and by position (sqlite3.Row; the PostgreSQL backend's rows alike)."""
         with self._lock:
-            cur = self._db.execute(sql, args)
-            cur.row_factory = sqlite3.Row
-            return cur.fetchall()
+            return self._db.execute(sql, args).fetchall()
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StateError(
-                f"{self.path} has schema version {version}; this babysit knows up to {SCHEMA_VERSION}",
+                f"{self.where} has schema version {version}; this babysit knows up to {SCHEMA_VERSION}",
                 hint="upgrade babysit, or point --registry at another state directory",
             )
         for target in range(version + 1, SCHEMA_VERSION + 1):
@@ -421,8 +466,8 @@ class Store:
     # -- polls and incidents ----------------------------------------------------------------------------
     def add_poll(self, run: str, attempt: int | None, at: float, kind: str, snapshot: dict[str, Any]) -> int:
         with self.tx() as db:
-            return db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
-                              (run, attempt, at, kind, json.dumps(snapshot))).lastrowid
+            return self._insert_id(db, "INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
+                                   (run, attempt, at, kind, json.dumps(snapshot)))
 
     def record_poll(self, run: str, attempt: int, at: float, kind: str, snapshot: dict[str, Any],
                     thread_of: int | None, payload: dict[str, Any]) -> None:
@@ -439,20 +484,21 @@ class Store:
         outbox_rows = []
         with self.tx() as db:
             for p in polls:
-                poll_id = db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
-                                     (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot))).lastrowid
+                poll_id = self._insert_id(db, "INSERT INTO polls (run, attempt, at, kind, snapshot)"
+                                          " VALUES (?, ?, ?, ?, ?)",
+                                          (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot)))
                 for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
                     outbox_rows.append((p.run, message_kind, json.dumps({**head, "poll_id": poll_id}), p.thread_of,
-                                        p.at, p.at))
-            db.executemany("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at)"
-                           " VALUES (?, ?, ?, ?, ?, ?)", outbox_rows)
+                                        p.at, p.at, self.host))
+            db.executemany("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at, host)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?)", outbox_rows)
         if self.on_enqueue is not None:
             self.on_enqueue()
 
     def add_incident(self, run: str, attempt: int | None, at: float, kind: str, detail: dict[str, Any]) -> int:
         with self.tx() as db:
-            return db.execute("INSERT INTO incidents (run, attempt, at, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                              (run, attempt, at, kind, json.dumps(detail))).lastrowid
+            return self._insert_id(db, "INSERT INTO incidents (run, attempt, at, kind, detail)"
+                                   " VALUES (?, ?, ?, ?, ?)", (run, attempt, at, kind, json.dumps(detail)))
 
     def polls(self, run: str, limit: int = 50) -> list[Row]:
         rows = self._query("SELECT * FROM polls WHERE run=? ORDER BY id DESC LIMIT ?", (run, limit))
@@ -474,10 +520,10 @@ class Store:
                 row = db.execute("SELECT id FROM outbox WHERE dedupe_key=?", (dedupe_key,)).fetchone()
                 if row:
                     return row[0]
-            new_id = db.execute(
-                "INSERT INTO outbox (run, kind, payload, thread_of, dedupe_key, next_try_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run, kind, json.dumps(payload), thread_of, dedupe_key, now, now)).lastrowid
+            new_id = self._insert_id(
+                db, "INSERT INTO outbox (run, kind, payload, thread_of, dedupe_key, next_try_at, created_at, host)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run, kind, json.dumps(payload), thread_of, dedupe_key, now, now, self.host))
         if self.on_enqueue is not None:  # committed: wake the delivery worker now rather than polling often
             self.on_enqueue()
         return new_id
@@ -547,11 +593,11 @@ class Store:
                 row = db.execute("SELECT id FROM verdicts WHERE run=? AND final=1", (run,)).fetchone()
                 if row:
                     return row[0]
-            return db.execute(
-                "INSERT INTO verdicts (run, status, at_step, computed_at, body, chart_path, final)"
+            return self._insert_id(
+                db, "INSERT INTO verdicts (run, status, at_step, computed_at, body, chart_path, final)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run, body.get("status", ""), body.get("at_step"), now, json.dumps(body), chart_path,
-                 int(final))).lastrowid
+                 int(final)))
 
     def final_verdict(self, run: str) -> Row | None:
         rows = self._query("SELECT * FROM verdicts WHERE run=? AND final=1", (run,))
@@ -588,10 +634,16 @@ class Store:
         """Queue a control request, then wake the daemon (committed first: a wake finds it, and a daemon
         that is not up finds it when it starts)."""
         with self.tx() as db:
-            request_id = db.execute("INSERT INTO control (run, action, requested_by, requested_at) "
-                                    "VALUES (?, ?, ?, ?)", (run, action, requested_by, now)).lastrowid
-        wake.wake(self.path.parent)
+            # addressed to the box that owns the run (none on SQLite: the one daemon of the state directory)
+            request_id = self._insert_id(db, "INSERT INTO control (run, action, requested_by, requested_at, host)"
+                                         " VALUES (?, ?, ?, ?, (SELECT host FROM runs WHERE run=?))",
+                                         (run, action, requested_by, now, run))
+        self._wake_daemon(run)
         return request_id
+
+    def _wake_daemon(self, run: str) -> None:
+        """SQLite: SIGUSR1 to the daemon holding the state directory's lock (`babysit.wake`)."""
+        wake.wake(self.path.parent)
 
     def pending_requests(self) -> list[Row]:
         rows = self._query("SELECT * FROM control WHERE handled_at IS NULL ORDER BY id")
@@ -657,7 +709,7 @@ class Store:
                          delta: dict[str, Any], grid: str, grid_sha256: str, now: float) -> dict[str, Any]:
         """A run joins a campaign with its delta and its grid, frozen: a second call returns the first record."""
         with self.tx() as db:
-            db.execute("INSERT OR IGNORE INTO campaign_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO campaign_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                        (run, campaign, spec, parent, suspect, json.dumps(delta), grid, grid_sha256, now))
         found = self.campaign_run(run)
         assert found is not None
@@ -679,9 +731,9 @@ class Store:
                 row = db.execute("SELECT id FROM campaign_events WHERE dedupe_key=?", (dedupe_key,)).fetchone()
                 if row:
                     return row[0]
-            return db.execute("INSERT INTO campaign_events (campaign, run, at, kind, body, dedupe_key)"
-                              " VALUES (?, ?, ?, ?, ?, ?)",
-                              (campaign, run, now, kind, json.dumps(body), dedupe_key)).lastrowid
+            return self._insert_id(db, "INSERT INTO campaign_events (campaign, run, at, kind, body, dedupe_key)"
+                                   " VALUES (?, ?, ?, ?, ?, ?)",
+                              (campaign, run, now, kind, json.dumps(body), dedupe_key))
 
     def campaign_events(self, campaign: str, kind: str | None = None) -> list[Row]:
         sql, args = "SELECT * FROM campaign_events WHERE campaign=? ORDER BY id", (campaign,)
@@ -696,8 +748,8 @@ class Store:
                         body: dict[str, Any], now: float, dedupe_key: str) -> OwnerCall:
         """Record an owner call before it is posted; the same key twice returns the first."""
         with self.tx() as db:
-            db.execute("INSERT OR IGNORE INTO owner_calls (campaign, run, question, options, body, created_at,"
-                       " dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO owner_calls (campaign, run, question, options, body, created_at,"
+                       " dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                        (campaign, run, question, json.dumps(list(options)), json.dumps(body), now, dedupe_key))
         return _owner_call(self._query("SELECT * FROM owner_calls WHERE dedupe_key=?", (dedupe_key,))[0])
 
@@ -723,10 +775,10 @@ class Store:
                   now: float) -> int:
         """Every owner-call click, accepted or refused (forged, replayed, not allowed, already decided)."""
         with self.tx() as db:
-            return db.execute("INSERT INTO owner_call_clicks (call_id, at, user, action, outcome, reason)"
-                              " VALUES (?, ?, ?, ?, ?, ?)",
+            return self._insert_id(db, "INSERT INTO owner_call_clicks (call_id, at, \"user\", action, outcome, reason)"
+                                   " VALUES (?, ?, ?, ?, ?, ?)",
                               (call_id, now, (user or "")[:64] or None, (action or "")[:64] or None, outcome,
-                               reason[:300])).lastrowid
+                               reason[:300]))
 
     def clicks(self, call_id: int | None = None) -> list[dict[str, Any]]:
         if call_id is None:
@@ -787,7 +839,7 @@ def _enable_wal(db: sqlite3.Connection) -> None:
         pause = min(pause * 2, 0.2)
 
 
-def _merge_run_state(db: sqlite3.Connection, run: str, status: str | None, facts: dict[str, Any],
+def _merge_run_state(db: Any, run: str, status: str | None, facts: dict[str, Any],
                      now: float) -> None:
     """Inside a write transaction: merge `facts` into the run's, setting its status unless None."""
     row = db.execute("SELECT status, facts FROM run_state WHERE run=?", (run,)).fetchone()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from babysit import registry
+from babysit.db.url import open_store
 from babysit.store import Store
 
 
@@ -26,7 +27,7 @@ class BotConfig:
 def opened(cfg: BotConfig) -> Iterator[tuple[registry.Registry, Store]]:
     """The registry as it is now (new registrations show at once) and a store handle on its state."""
     reg = registry.load(cfg.registry_path)
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         yield reg, store
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -142,3 +143,27 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, build:
         value = build()
         cached.write_text(json.dumps(value))
         return value
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """This worker's PostgreSQL server (tests/postgres.py); skips where the binaries are missing."""
+    from tests import postgres as pg
+
+    pg.require()
+    cluster = once_per_session(tmp_path_factory, "pg-cluster",
+                               lambda: pg.make_cluster(shared_dir(tmp_path_factory, "pg")))
+    server = pg.start_worker_server(Path(cluster))
+    try:
+        yield server
+    finally:
+        server.stop(mode="immediate")
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(postgres: Any) -> str:
+    """A fresh database at the current schema, this test's alone."""
+    from tests import postgres as pg
+
+    return pg.fresh_database(postgres)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,15 @@ def test_every_parser_names_a_command_that_exists():
     assert len(found) >= 13
     for path, (module, function) in found:
         assert callable(getattr(importlib.import_module(f"babysit.commands.{module}"), function, None)), path
+
+
+def test_status_on_sqlite_imports_no_database_library(tmp_path: Path) -> None:
+    """SQLAlchemy, Alembic and psycopg load only for a PostgreSQL url or a migration (docs/fleet.md)."""
+    code = ("import sys; from babysit.cli import main; main(['status']); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic', 'psycopg'}))")
+    env = {k: v for k, v in os.environ.items() if k != "BABYSIT_STORE_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"

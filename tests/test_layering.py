@@ -80,6 +80,10 @@ def test_babysit_never_imports_bot_except_where_the_cli_starts_it():
 LOCAL_IMPORTS_ALLOWED = {
     ("babysit/commands/status.py", "babysit.watch"):
         "only `status --watch` needs it, and it imports structlog and rich (~0.2 s): `babysit status` stays fast",
+    ("babysit/db/url.py", "babysit.db.postgres"):
+        "psycopg (~0.35 s) only where a PostgreSQL url is configured: a SQLite box never loads it",
+    ("babysit/commands/db.py", "babysit.db.postgres"): "psycopg only for a PostgreSQL url (`db version` on SQLite)",
+    ("babysit/commands/db.py", "babysit.db.copy"): "psycopg only for `db copy`",
 }
 
 

@@ -95,7 +95,7 @@ def test_the_written_file_reads_back_equal_in_a_stable_order(here: Path) -> None
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[daemon\n", "babysit.toml: expected valid TOML, got <syntax error: "),
-    ("colour = 1\n", "babysit.toml: colour: expected a known key (daemon, runs), got <unknown key>"),
+    ("colour = 1\n", "babysit.toml: colour: expected a known key (daemon, host, runs, store), got <unknown key>"),
     ("[daemon]\nchanel = '#x'\n",
      "babysit.toml: daemon.chanel: expected a known key (abort_allow_list, channel, gpu_sample_seconds, "
      "guard_interval_seconds, state_dir), got <unknown key>"),
@@ -413,3 +413,19 @@ def test_a_writer_killed_at_random_instants_never_leaves_a_partial_file(here: Pa
     update(path, add(entry("after")))
     assert [p for p in here.iterdir() if p.name.endswith(".tmp")] == []
     assert load(path).names[-1] == "after"
+
+
+def test_store_url_and_host_name_are_read_validated_and_kept_by_a_registration(tmp_path: Path) -> None:
+    path = tmp_path / "babysit.toml"
+    path.write_text('[store]\nurl = "postgresql://babysit@db.lab/babysit"\n[host]\nname = "box-a"\n')
+    reg = registry.load(path)
+    assert (reg.store.url, reg.host.name) == ("postgresql://babysit@db.lab/babysit", "box-a")
+    entry = registry.RunEntry(name="r", spec="r.toml", registered_at="2026-08-17T18:41:02Z")
+    registry.update(path, lambda r: registry.with_run(r, entry))  # the file is rewritten: both stay
+    again = registry.load(path)
+    assert (again.store, again.host, again.names) == (reg.store, reg.host, ("r",))
+    for text, key in (('[store]\nurl = "mysql://x"\n', "store.url"), ('[host]\nname = "a b"\n', "host.name")):
+        path.write_text(text)
+        with pytest.raises(SpecError) as info:
+            registry.load(path)
+        assert key in str(info.value)

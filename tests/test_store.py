@@ -1,11 +1,17 @@
-"""The state database: schema versioning, attempts, GPU-seconds, outbox order and dedupe, verdicts, amendments."""
+"""The state database: schema versioning, attempts, GPU-seconds, outbox order and dedupe, verdicts, amendments.
+
+The conformance suite of the store's backends: every test taking `store` (or `backend`) runs against
+SQLite and against a real PostgreSQL (tests/postgres.py); the few about SQLite's file take `sqlite_store`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,12 +20,47 @@ from babysit.core.errors import StateError
 from babysit.store import SCHEMA_VERSION, Store
 
 
+class Backend:
+    """One backend's database for a test: `open()` a store on it (again), `reader()` a second connection,
+    as `babysit status` in another process reads it."""
+
+    def __init__(self, name: str, tmp_path: Path, url: str | None) -> None:
+        self.name, self.tmp_path, self.url = name, tmp_path, url
+
+    def open(self) -> Store:
+        if self.url is None:
+            return Store.in_dir(self.tmp_path / "state")
+        from babysit.db.postgres import PostgresStore
+
+        return PostgresStore(self.url, host="box-a")
+
+    def reader(self) -> Any:
+        if self.url is None:
+            return sqlite3.connect(self.tmp_path / "state" / "state.db")
+        from babysit.db.postgres import PgConnection
+
+        return PgConnection(self.url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    return Backend(request.param, tmp_path, url)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(backend: Backend) -> Iterator[Store]:
+    opened = backend.open()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Store:
     return Store.in_dir(tmp_path / "state")
 
 
-def test_a_new_store_is_owner_only_wal_and_at_the_current_schema(tmp_path: Path, store: Store) -> None:
+def test_a_new_store_is_owner_only_wal_and_at_the_current_schema(tmp_path: Path, sqlite_store: Store) -> None:
     assert oct(os.stat(tmp_path / "state").st_mode & 0o777) == "0o700"
     assert oct(os.stat(tmp_path / "state" / "state.db").st_mode & 0o777) == "0o600"
     db = sqlite3.connect(tmp_path / "state" / "state.db")
@@ -27,8 +68,8 @@ def test_a_new_store_is_owner_only_wal_and_at_the_current_schema(tmp_path: Path,
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_a_store_from_a_newer_babysit_is_refused_with_a_hint(tmp_path: Path, store: Store) -> None:
-    store.close()
+def test_a_store_from_a_newer_babysit_is_refused_with_a_hint(tmp_path: Path, sqlite_store: Store) -> None:
+    sqlite_store.close()
     db = sqlite3.connect(tmp_path / "state" / "state.db")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.commit()
@@ -38,11 +79,11 @@ def test_a_store_from_a_newer_babysit_is_refused_with_a_hint(tmp_path: Path, sto
     assert "schema version" in info.value.message and info.value.hint
 
 
-def test_reopening_keeps_everything(tmp_path: Path, store: Store) -> None:
+def test_reopening_keeps_everything(backend: Backend, store: Store) -> None:
     a = store.begin_attempt("r", 1, "p", ["x"], "local", 2, "/a", now=100.0)
     store.mark_running(a.id, started_at=110.0, pid=1, pid_create_time=5.0)
     store.close()
-    again = Store.in_dir(tmp_path / "state")
+    again = backend.open()
     assert again.attempt("r", 1).pid == 1
 
 
@@ -63,7 +104,7 @@ def test_an_attempt_is_ended_once_and_two_attempts_cannot_share_a_number(store: 
     store.mark_ended(a.id, ended_at=5.0, outcome="oom", detail={"x": 1})
     store.mark_ended(a.id, ended_at=9.0, outcome="completed")
     assert (store.attempt("r", 1).outcome, store.attempt("r", 1).ended_at) == ("oom", 5.0)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(store.IntegrityError):
         store.begin_attempt("r", 1, "p", ["x"], "local", 0, "/a", now=0.0)
 
 
@@ -148,9 +189,9 @@ def test_a_poll_is_recorded_with_its_post_and_header_update_in_one_go(store: Sto
     assert store.message(post.id).payload["snapshot"] == {"step": 7}
 
 
-def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(tmp_path: Path, store: Store) -> None:
+def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(backend: Backend, store: Store) -> None:
     store.record_poll("r", 1, 5.0, "first", {"step": 7, "pad": "x" * 5000}, thread_of=None, payload={"run": "r"})
-    reader = _other_reader(tmp_path)
+    reader = backend.reader()
     try:
         (poll_id,) = reader.execute("SELECT id FROM polls").fetchone()
         payloads = [json.loads(p) for (p,) in reader.execute("SELECT payload FROM outbox ORDER BY id")]
@@ -161,14 +202,9 @@ def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(tmp_path: Path, s
     assert [m.payload["snapshot"]["step"] for m in store.due_messages(now=10.0)] == [7]  # the run's head: its post
 
 
-def _other_reader(tmp_path: Path) -> sqlite3.Connection:
-    """A second connection, as `babysit status` in another process would read the store."""
-    return sqlite3.connect(tmp_path / "state" / "state.db")
-
-
-def test_deferred_run_facts_land_in_one_commit_at_the_end_and_keep_the_status(tmp_path: Path, store: Store) -> None:
+def test_deferred_run_facts_land_in_one_commit_at_the_end_and_keep_the_status(backend: Backend, store: Store) -> None:
     store.set_run_state("a", "running", 1.0, launched=True)
-    reader = _other_reader(tmp_path)
+    reader = backend.reader()
     with store.deferred_facts():
         store.merge_run_facts("a", 2.0, step=10)
         store.merge_run_facts("b", 2.0, step=3)  # a run with no state yet stays pending
@@ -181,22 +217,22 @@ def test_deferred_run_facts_land_in_one_commit_at_the_end_and_keep_the_status(tm
     assert reader.execute("SELECT updated_at FROM run_state WHERE run='a'").fetchone()[0] == 3.0
 
 
-def test_outside_a_deferred_block_run_facts_are_written_at_once(tmp_path: Path, store: Store) -> None:
+def test_outside_a_deferred_block_run_facts_are_written_at_once(backend: Backend, store: Store) -> None:
     store.merge_run_facts("a", 1.0, step=5)
-    assert _other_reader(tmp_path).execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
+    assert backend.reader().execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
 
 
-def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(tmp_path: Path, store: Store) -> None:
+def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(backend: Backend, store: Store) -> None:
     with store.deferred_facts():
         store.merge_run_facts("a", 1.0, step=5)
         store.merge_run_facts("a", 1.0, at_once=True, stop={"sent_at": 1.0})
-        seen = _other_reader(tmp_path).execute("SELECT facts FROM run_state").fetchone()[0]
+        seen = backend.reader().execute("SELECT facts FROM run_state").fetchone()[0]
         assert seen == '{"stop": {"sent_at": 1.0}}'  # the stop now; the step with the block's end
     assert store.run_state("a")[1] == {"stop": {"sent_at": 1.0}, "step": 5}
 
 
-def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(tmp_path: Path, store: Store) -> None:
-    reader = _other_reader(tmp_path)
+def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(backend: Backend, store: Store) -> None:
+    reader = backend.reader()
     with store.batch():
         store.add_poll("a", 1, 1.0, "first", {"step": 1})
         with pytest.raises(ZeroDivisionError), store.tx() as db:  # one part fails: only it is undone

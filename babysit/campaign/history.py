@@ -19,6 +19,7 @@ from babysit.campaign.spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.verdict import build_rules
+from babysit.db.url import open_store
 from babysit.reading import read_series, records_log
 from babysit.store import OwnerCall, Row, Store
 
@@ -71,7 +72,7 @@ class View:
 def collect(registry_path: Path, name: str, *, curves: bool = False) -> View:
     """The view of campaign `name`; `curves` also reads each run's log for the saga chart."""
     reg = registry_mod.load(registry_path)
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         row = store.campaign(name)
         if row is None:

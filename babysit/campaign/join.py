@@ -18,7 +18,7 @@ from babysit.campaign import wording
 from babysit.campaign.delta import Delta, compute, refusal
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import RunSpec, load_spec
-from babysit.store import Store
+from babysit.db.url import open_store
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def prepare(spec: RunSpec, registry_path: Path, shown: str) -> Joining | None:
             raise refusal(delta, shown)
         warnings = wording.echo_warnings(shown, link.parent, wording.echoed_keys(spec.prereg, parent.prereg))
     reg = registry_mod.load(registry_path)
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         joined = store.campaign_run(spec.name)
     finally:
@@ -74,10 +74,10 @@ def prepare(spec: RunSpec, registry_path: Path, shown: str) -> Joining | None:
     return Joining(campaign, link, delta, warnings)
 
 
-def record(joining: Joining, spec: RunSpec, state_dir: Path, now: float | None = None) -> None:
+def record(joining: Joining, spec: RunSpec, reg: registry_mod.Registry, now: float | None = None) -> None:
     """After the registry took the run: the campaign, the run's delta and its frozen grid, in the store."""
     now = time.time() if now is None else now
-    store = Store.in_dir(state_dir)
+    store = open_store(reg)
     try:
         c = joining.campaign
         store.save_campaign(c.name, str(c.file), c.sha256, now)

@@ -6,21 +6,20 @@ import argparse
 import getpass
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from babysit import registry
+from babysit.db.url import open_existing, open_store
 from babysit.registry import utc_timestamp
-from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
     reg = registry.load(registry.resolve_registry_path(args.registry))
     reg.get(args.run)  # an unknown run: exit 2, the registered runs listed
-    over = ended(reg.state_dir, args.run)
+    over = ended(reg, args.run)
     if over is not None:  # nothing will take a request for a run that is over: say so now, not in 10 s
         print(f"{args.run} {over}; nothing to abort")
         return 0
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     request = store.request(args.run, "abort", f"cli:{getpass.getuser()}", time.time())
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
@@ -34,12 +33,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def ended(state_dir: Path, run: str) -> str | None:
+def ended(reg: registry.Registry, run: str) -> str | None:
     """'already finished (completed at …)' for a run no daemon will act on again, else None; read-only."""
-    db = state_dir / "state.db"
-    if not db.exists():
+    store = open_existing(reg)
+    if store is None:
         return None
-    store = Store(db)
     try:
         status, facts = store.run_state(run)
         attempts = store.attempts(run)

@@ -19,6 +19,7 @@ from babysit.core.amendment import AmendmentSpec, check_against, last_metric_ste
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.records import metric_series
 from babysit.core.spec import RunSpec
+from babysit.db.url import open_store
 from babysit.logtail import read_all
 from babysit.registry import resolve_registry_path
 from babysit.sources import records_path
@@ -30,7 +31,7 @@ def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) 
     reg, entry, spec = reading.load_registered(registry_path, name)
     reading.check_frozen(spec, entry.prereg_sha256)
     amendment = load_amendment(file, str(file))
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         record = record_amendment(store, spec, amendment, now)
         _reconcile_campaigns(store, spec.name, reg, now)

@@ -20,7 +20,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
                 add_relaunch, add_smoke,
-                add_bot, add_probe, add_demo, add_web, add_campaign):
+                add_bot, add_probe, add_demo, add_web, add_campaign, add_db):
         add(sub)
 
 
@@ -317,3 +317,28 @@ def add_campaign(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--chart", type=Path, default=None, metavar="PNG", help="also draw the saga chart here")
     add_registry_option(show)
     show.set_defaults(handler=("campaign", "run_show"))
+
+
+def add_db(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("db", help="the state database: its schema version, upgrade, copy to PostgreSQL (docs/fleet.md)",
+                       description="The state database: SQLite in the state directory, or the PostgreSQL of "
+                                   "[store] url / $BABYSIT_STORE_URL. See docs/fleet.md.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    up = verbs.add_parser("upgrade", help="migrate the state database to this babysit's schema",
+                          description="Migrate the configured state database to this babysit's schema. Daemons "
+                                      "on PostgreSQL refuse to start on another version and name this command.")
+    add_registry_option(up)
+    up.set_defaults(handler=("db", "run_upgrade"))
+    ver = verbs.add_parser("version", help="the schema version of the state database and of this babysit",
+                           description="Print which database is configured, its schema version and this babysit's.")
+    add_registry_option(ver)
+    ver.set_defaults(handler=("db", "run_version"))
+    cp = verbs.add_parser("copy", help="copy this box's SQLite history into a PostgreSQL (ids and hashes kept)",
+                          description="Copy every row of this box's state.db into an empty PostgreSQL database "
+                                      "at the same schema, in one transaction, then compare both sides table by "
+                                      "table. The box's registered runs become its own in the fleet.")
+    cp.add_argument("--to", required=True, metavar="URL", help="postgresql://… (run `babysit db upgrade` on it first)")
+    cp.add_argument("--host", default=None, metavar="NAME",
+                    help="the box's name in the fleet (default: $BABYSIT_HOST, [host] name, the hostname)")
+    add_registry_option(cp)
+    cp.set_defaults(handler=("db", "run_copy"))

@@ -19,14 +19,14 @@ from babysit.campaign.render import show_text
 from babysit.campaign.saga import render_saga
 from babysit.campaign.spec import load_campaign
 from babysit.cli import main as cli_main
-from babysit.store import Store
+from babysit.db.url import open_store
 
 
 def run_register(args: argparse.Namespace) -> int:
     campaign = load_campaign(Path(args.file), display=args.file)
     path = registry.resolve_registry_path(args.registry)
     reg = registry.load(path)
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         now = time.time()
         store.save_campaign(campaign.name, str(campaign.file), campaign.sha256, now)

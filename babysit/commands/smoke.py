@@ -40,12 +40,13 @@ from babysit.core.smoke import (
     train_evidence,
 )
 from babysit.core.spec import load_spec
+from babysit.db.url import open_store
 from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import read_host
 from babysit.reading import write_json_atomic
 from babysit.smoke_record import GpuInfo, Hardware, build_record, declared_attempt, validate
-from babysit.store import Attempt, Store
+from babysit.store import Attempt
 
 SAMPLE_S = 0.5
 _FRAMEWORK_PROBE = (
@@ -313,7 +314,7 @@ def _record_selection(registry_arg: str | None, spec: Any, out: Path, record: di
         print(f"WARNING: '{selected.profile}' is a [smoke] candidate, not a declared [[attempts]] profile: the "
               "daemon cannot run it, selection not recorded (declare it in [[attempts]])", file=sys.stderr)
         return
-    store = Store.in_dir(reg.state_dir)
+    store = open_store(reg)
     try:
         if store.attempts(spec.name):
             print(f"WARNING: '{spec.name}' already has attempts: the selection only applies to attempt 1, so it "

@@ -23,8 +23,8 @@ from babysit.core.errors import BadInput, PreregTampered
 from babysit.core.fmt import fmt_delta, fmt_duration
 from babysit.core.spec import load_spec
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
+from babysit.db.url import open_store
 from babysit.registry import resolve_registry_path
-from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             raise BadInput("--log is for offline reads (RUN.toml --log PATH); a registered run reads its own log",
                            hint=f"drop --log, or read offline: babysit verdict RUN.toml --log {args.log}")
         reg, entry, spec = reading.load_registered(resolve_registry_path(args.registry), args.target)
-        store = Store.in_dir(reg.state_dir)
+        store = open_store(reg)
         try:
             reading.check_frozen(spec, entry.prereg_sha256)
             recorded = reading.stored_amendments(store, spec.name)

@@ -24,6 +24,7 @@ from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.verdict import evaluate
+from babysit.db.url import open_existing
 from babysit.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
 from babysit.store import Attempt, Row, Store
 from babysit.web import svg
@@ -104,10 +105,10 @@ class Site:
         """This thread's connection, once the database exists (never created here)."""
         store = getattr(self._local, "store", None)
         if store is None:
-            db = self.state_dir / "state.db"
-            if not db.exists():
+            store = open_existing(self.registry())
+            if store is None:
                 return None
-            store = self._local.store = Store(db)
+            self._local.store = store
         return store
 
     # -- the runs table --------------------------------------------------------------------------------

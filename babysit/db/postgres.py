@@ -1,0 +1,182 @@
+"""The PostgreSQL backend: `babysit.store.Store`'s SQL on a psycopg 3 connection, for a fleet of boxes
+sharing one database (docs/fleet.md).
+
+One connection a store, as SQLite has: the store's writes are serialised by its lock anyway, and a box
+then holds two connections in all (this one and its lease/LISTEN one, `babysit.db.fleet`), which keeps
+50 boxes inside PostgreSQL's default `max_connections`. A connection lost (a restart, a failover) is
+reopened at the next call: a read is tried once more on the new connection, a write fails as a
+StateError (transient: the daemon's callers already retry those, as they do a full disk on SQLite).
+The schema is never changed here: a database at another version is refused, naming `babysit db upgrade`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from babysit.core.errors import StateError
+from babysit.db.url import redact
+from babysit.store import SCHEMA_VERSION, Store
+
+VERSION_TABLE = "babysit_schema_version"
+CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to
+CONNECT_TIMEOUT_S = 10
+
+
+class PgRow:
+    """A row read by position and by name, like sqlite3.Row, so the shared SQL reads both alike."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, index: dict[str, int], values: Sequence[Any]) -> None:
+        self._index = index
+        self._values = values
+
+    def __getitem__(self, key: int | str) -> Any:
+        return self._values[key] if isinstance(key, int) else self._values[self._index[key]]
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __iter__(self) -> Any:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"PgRow({dict(zip(self._index, self._values, strict=True))!r})"
+
+
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], PgRow]:
+    index = {d.name: i for i, d in enumerate(cursor.description or ())}
+    return lambda values: PgRow(index, values)
+
+
+@lru_cache(maxsize=512)
+def _pg_sql(sql: str) -> str:
+    """The shared SQL's `?` parameters as psycopg's `%s` (a literal % doubled). None of babysit's SQL has
+    a `?` inside a quoted literal: values always travel as parameters."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class PgConnection:
+    """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
+    psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
+                                         connect_timeout=CONNECT_TIMEOUT_S, application_name="babysit")
+        return self._conn
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        return self._connection().execute(_pg_sql(sql), tuple(args))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._connection().cursor() as cur:
+            cur.executemany(_pg_sql(sql), rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        return conn.info.transaction_status != pq.TransactionStatus.IDLE
+
+    @property
+    def lost(self) -> bool:
+        return self._conn is not None and (self._conn.closed or self._conn.broken)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+class PostgresStore(Store):
+    """The store on PostgreSQL. `host` is this process's box name: what it writes as a daemon (the
+    outbox rows it sends, the requests it carries out) is addressed by it."""
+
+    backend = "postgresql"
+    _write_errors = (psycopg.OperationalError, psycopg.errors.AdminShutdown)
+    IntegrityError = psycopg.IntegrityError
+    _begin = "BEGIN"
+
+    def __init__(self, url: str, *, host: str | None = None) -> None:
+        self.url = url
+        self.where = redact(url)
+        self.host = host
+        self.path = None  # type: ignore[assignment]  # no file: SQLite's state.db has none here
+        self._init_common()
+        self._read_lock = threading.Lock()
+        try:
+            self._db = PgConnection(url)
+            version = self.schema_version()
+        except psycopg.Error as exc:
+            raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
+                             hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
+        check_version(version, self.where)
+
+    @staticmethod
+    def _insert_id(db: Any, sql: str, args: tuple) -> int:
+        return db.execute(sql + " RETURNING id", args).fetchone()[0]
+
+    def schema_version(self) -> int:
+        """The Alembic revision recorded in babysit's own version table; 0: none (an empty database)."""
+        rows = self._query("SELECT to_regclass(?) IS NOT NULL", (VERSION_TABLE,))
+        if not rows[0][0]:
+            return 0
+        found = self._query(f"SELECT version_num FROM {VERSION_TABLE}")
+        return int(found[0][0]) if found else 0
+
+    def _write_failed(self, exc: BaseException) -> StateError:
+        return StateError(f"{self.where}: write failed: {type(exc).__name__}: {exc}".strip(),
+                          hint="PostgreSQL is down or unreachable; babysit keeps the runs and resumes when it returns")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[Any]:
+        """A read, tried once more on a fresh connection when the old one was lost (a server restart)."""
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return self._db.execute(sql, args).fetchall()
+                except psycopg.OperationalError as exc:
+                    if self._db.in_transaction or attempt == 2 or not self._db.lost:
+                        raise StateError(f"{self.where}: read failed: {exc}".strip(),
+                                         hint="PostgreSQL is down or unreachable; babysit retries") from exc
+        raise AssertionError("unreachable")
+
+    def data_version(self) -> int:
+        """Changes when anyone queues a request or a message (the newest ids): the daemon's cue to look
+        at requests and wake its delivery, as SQLite's data_version is."""
+        row = self._query("SELECT (SELECT COALESCE(MAX(id), 0) FROM control)"
+                          " + (SELECT COALESCE(MAX(id), 0) FROM outbox)")[0]
+        return int(row[0])
+
+    def _wake_daemon(self, run: str) -> None:
+        """NOTIFY the run's box (every box LISTENs; each acts only on requests addressed to it)."""
+        host = self._query("SELECT host FROM runs WHERE run=?", (run,))
+        self._query("SELECT pg_notify(?, ?)", (CONTROL_CHANNEL, host[0][0] if host else ""))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def check_version(version: int, where: str) -> None:
+    """A database at another schema version is refused, naming the command that fixes it."""
+    if version == SCHEMA_VERSION:
+        return
+    if version > SCHEMA_VERSION:
+        raise StateError(f"{where} has schema version {version}; this babysit knows up to {SCHEMA_VERSION}",
+                         hint="upgrade babysit on this box to the version the other boxes run")
+    raise StateError(f"{where} has schema version {version}; this babysit needs {SCHEMA_VERSION}",
+                     hint="run `babysit db upgrade` (with the same [store] url) to migrate it, then start again")

@@ -1,0 +1,64 @@
+"""Which state database a box uses: `[store] url` in babysit.toml or $BABYSIT_STORE_URL (this one wins);
+none: SQLite in the state directory, as babysit has always done. Nothing heavy imported here."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+
+from babysit.core.errors import RegistryError
+from babysit.registry import Registry
+from babysit.store import Store
+
+URL_ENV = "BABYSIT_STORE_URL"
+HOST_ENV = "BABYSIT_HOST"
+SCHEMES = ("postgresql://", "postgres://")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def store_url(registry: Registry, environ: Mapping[str, str] | None = None) -> str | None:
+    """The configured PostgreSQL url, or None for SQLite; anything else is refused by name."""
+    env = os.environ if environ is None else environ
+    url = env.get(URL_ENV) or registry.store.url
+    if not url:
+        return None
+    if not url.startswith(SCHEMES):
+        source = f"${URL_ENV}" if env.get(URL_ENV) else f"{registry.path}: store.url"
+        raise RegistryError(f"{source}: expected a postgresql://… url, got {redact(url)!r}",
+                            hint="leave it out for SQLite in the state directory (docs/fleet.md)")
+    return url
+
+
+def host_name(registry: Registry, environ: Mapping[str, str] | None = None) -> str:
+    """This box's name in the fleet: $BABYSIT_HOST, else [host] name, else the machine's hostname."""
+    env = os.environ if environ is None else environ
+    name = env.get(HOST_ENV) or registry.host.name or socket.gethostname().split(".")[0]
+    if not HOST_NAME.fullmatch(name):
+        raise RegistryError(f"host name {name!r} (${HOST_ENV}, [host] name or the hostname): expected letters, "
+                            "digits, '.', '_' or '-', at most 63", hint="set [host] name in babysit.toml")
+    return name
+
+
+def redact(url: str) -> str:
+    """The url without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def open_store(registry: Registry, environ: Mapping[str, str] | None = None) -> Store:
+    """The box's store: PostgreSQL when a url is configured (psycopg imported only then), else SQLite."""
+    url = store_url(registry, environ)
+    if url is None:
+        return Store.in_dir(registry.state_dir)
+    from babysit.db.postgres import PostgresStore
+
+    return PostgresStore(url, host=host_name(registry, environ))
+
+
+def open_existing(registry: Registry, environ: Mapping[str, str] | None = None) -> Store | None:
+    """The box's store for a reader (`status`, the web page, the bot): None on SQLite while no daemon has
+    made `state.db` yet (a reader never creates the state directory)."""
+    if store_url(registry, environ) is None and not (registry.state_dir / "state.db").exists():
+        return None
+    return open_store(registry, environ)

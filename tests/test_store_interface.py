@@ -1,0 +1,29 @@
+"""Both backends are the interface the shell asks for (babysit/db/interface.py), signature for signature."""
+
+from __future__ import annotations
+
+import inspect
+
+from babysit.db.interface import StateStore
+from babysit.store import Store
+
+MEMBERS = [n for n, v in vars(StateStore).items() if callable(v) and not n.startswith("_")]
+
+
+def test_the_interface_names_every_public_method_of_the_store() -> None:
+    public = {n for n, v in vars(Store).items() if callable(v) and not n.startswith("_") and n != "in_dir"
+              and not isinstance(v, type)}
+    assert public - set(MEMBERS) == set(), "a store method missing from StateStore"
+    assert len(MEMBERS) >= 60
+
+
+def test_sqlite_and_postgresql_stores_match_the_interface_signature_for_signature() -> None:
+    from babysit.db.postgres import PostgresStore
+
+    for cls in (Store, PostgresStore):
+        for name in MEMBERS:
+            ours = inspect.signature(getattr(cls, name))
+            declared = inspect.signature(getattr(StateStore, name))
+            assert list(ours.parameters) == list(declared.parameters), (cls.__name__, name)
+            assert str(ours.return_annotation) == str(declared.return_annotation) or name in (
+                "tx", "batch", "deferred_facts"), (cls.__name__, name)

@@ -1,0 +1,176 @@
+"""The schema on both backends: what each migration arrives at is what babysit/db/schema.py declares; a
+file yesterday's babysit wrote is upgraded with every row kept; a PostgreSQL at another version is
+refused naming `babysit db upgrade`; `babysit db copy` moves a box's history over, ids and hashes intact."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from babysit.core.amendment import amendment_sha256
+from babysit.core.errors import StateError
+from babysit.db import schema
+from babysit.db.copy import digest
+from babysit.store import SCHEMA_VERSION, Store
+
+ROOT = Path(__file__).resolve().parents[1]
+V2 = ROOT / "tests" / "fixtures" / "store" / "state_v2.db"
+V2_TABLES = ("attempts", "run_state", "polls", "incidents", "outbox", "verdicts", "amendments", "control",
+             "campaigns", "campaign_runs", "campaign_events", "owner_calls", "owner_call_clicks")
+
+
+def schema_diff(url: str) -> list[Any]:
+    """What the database at `url` lacks or has beyond the declared schema (Alembic's comparison)."""
+    import sqlalchemy as sa
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from babysit.db.migrate import sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            return [d for d in compare_metadata(ctx, schema.metadata)
+                    if not (isinstance(d, tuple) and d[0] == "remove_table" and d[1].name == schema.VERSION_TABLE)
+                    and not (url.startswith("sqlite") and _sqlite_text_key(d))]
+    finally:
+        engine.dispose()
+
+
+def _sqlite_text_key(diff: Any) -> bool:
+    """SQLite's one quirk the comparison sees: a TEXT PRIMARY KEY reflects as nullable (SQLite's legacy rule
+    lets NULL into a key that is not the rowid; babysit never writes one)."""
+    return isinstance(diff, list) and all(
+        d[0] == "modify_nullable" and schema.metadata.tables[d[2]].c[d[3]].primary_key for d in diff)
+
+
+def _rows(db: sqlite3.Connection, table: str, columns: list[str]) -> str:
+    names = ", ".join(f'"{c}"' for c in columns)
+    return digest(db.execute(f"SELECT {names} FROM {table} ORDER BY rowid").fetchall())
+
+
+def test_a_fresh_sqlite_store_is_the_declared_schema(tmp_path: Path) -> None:
+    Store.in_dir(tmp_path).close()
+    assert schema_diff(f"sqlite:///{tmp_path / 'state.db'}") == []
+
+
+def test_a_state_db_of_the_previous_babysit_is_upgraded_with_every_row_kept(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    shutil.copy(V2, path)
+    old = sqlite3.connect(V2)
+    before = {t: (_rows(old, t, [r[1] for r in old.execute(f"PRAGMA table_info({t})")]),
+                  [r[1] for r in old.execute(f"PRAGMA table_info({t})")]) for t in V2_TABLES}
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 2
+    old.close()
+
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION
+    new = sqlite3.connect(path)
+    for table, (rows, columns) in before.items():
+        assert _rows(new, table, columns) == rows, table
+    new.close()
+    # and the store reads what yesterday's wrote
+    assert [(a.n, a.outcome) for a in store.attempts("r1")] == [(1, "oom"), (2, None)]
+    chain = store.amendments("r1")
+    assert chain[1].prev_sha256 == chain[0].sha256 == amendment_sha256(chain[0].text, None)
+    assert store.messages("r1")[1].payload["snapshot"] == {"step": 70, "loss": 3.25}
+    assert store.final_verdict("r3").body["label"] == "confirmed"
+    assert store.owner_calls("sweep")[0].result == "relaunched as attempt 2"
+    store.request("r1", "abort", "cli", now=2000.0)  # the new columns work on the old rows' table
+    store.close()
+    assert schema_diff(f"sqlite:///{path}") == []
+
+
+def test_postgres_is_migrated_to_the_declared_schema_under_babysits_own_version_table(postgres: Any) -> None:
+    import psycopg
+
+    from babysit.db.migrate import upgrade_postgres
+    from tests.postgres import empty_database
+
+    url = empty_database(postgres)
+    with psycopg.connect(url, autocommit=True) as conn:  # another tool's Alembic lives in the same database
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('their_head')")
+    assert upgrade_postgres(url) == (0, SCHEMA_VERSION)
+    assert upgrade_postgres(url) == (SCHEMA_VERSION, SCHEMA_VERSION)  # twice: nothing to do
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("their_head",)]
+        assert conn.execute(f"SELECT version_num FROM {schema.VERSION_TABLE}").fetchall() == [("0003",)]
+    diff = [d for d in schema_diff(url) if not (d[0] == "remove_table" and d[1].name == "alembic_version")]
+    assert diff == []
+
+
+def test_a_postgres_database_at_another_schema_is_refused_naming_the_command(postgres: Any, pg_url: str) -> None:
+    import psycopg
+
+    from babysit.db.postgres import PostgresStore
+    from tests.postgres import empty_database
+
+    with pytest.raises(StateError) as info:
+        PostgresStore(empty_database(postgres))
+    assert "schema version 0" in info.value.message and "babysit db upgrade" in info.value.hint
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema.VERSION_TABLE} SET version_num = '0099'")
+    with pytest.raises(StateError) as info:
+        PostgresStore(pg_url)
+    assert "knows up to" in info.value.message and "upgrade babysit" in info.value.hint
+
+
+def _babysit(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full.pop("BABYSIT_STORE_URL", None) if env is None or "BABYSIT_STORE_URL" not in env else None
+    return subprocess.run([sys.executable, "-m", "babysit", *args], cwd=cwd, env=full, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_db_upgrade_migrates_the_configured_postgres_and_a_daemon_needs_it(postgres: Any, tmp_path: Path) -> None:
+    from tests.postgres import empty_database
+
+    url = empty_database(postgres)
+    (tmp_path / "babysit.toml").write_text(f'[store]\nurl = "{url}"\n')
+    refused = _babysit("status", cwd=tmp_path)
+    assert refused.returncode != 0 and "babysit db upgrade" in refused.stderr, refused.stderr
+    done = _babysit("db", "upgrade", cwd=tmp_path)
+    assert done.returncode == 0 and f"schema 0 -> {SCHEMA_VERSION}" in done.stdout, done.stderr
+    again = _babysit("db", "version", cwd=tmp_path)
+    assert again.returncode == 0 and f"schema {SCHEMA_VERSION} (this babysit: {SCHEMA_VERSION})" in again.stdout
+
+
+def test_db_copy_moves_a_boxs_history_to_postgres_with_ids_and_hashes_intact(pg_url: str, tmp_path: Path) -> None:
+    state = tmp_path / ".babysit"
+    state.mkdir()
+    shutil.copy(V2, state / "state.db")
+    (tmp_path / "babysit.toml").write_text(
+        '[[runs]]\nname = "r1"\nspec = "r1.toml"\nregistered_at = "2026-08-17T18:41:02Z"\n'
+        '[[runs]]\nname = "r2"\nspec = "r2.toml"\nregistered_at = "2026-08-17T18:41:02Z"\n')
+    out = _babysit("db", "copy", "--to", pg_url, "--host", "box-a", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "every table compared equal" in out.stdout
+
+    from babysit.db.postgres import PostgresStore
+
+    src, dst = Store.in_dir(state), PostgresStore(pg_url, host="box-a")
+    try:
+        assert dst.all_attempts() == src.all_attempts()
+        assert dst.messages() == src.messages()  # ids, threads, the polls' snapshots they name
+        assert dst.amendments("r1") == src.amendments("r1")
+        assert dst.latest_verdicts() == src.latest_verdicts()
+        assert dst.owner_calls("sweep") == src.owner_calls("sweep") and dst.clicks() == src.clicks()
+        assert dst.run_states() == src.run_states() and dst.campaign_runs("sweep") == src.campaign_runs("sweep")
+        assert dst._query("SELECT run, host FROM runs ORDER BY run") and \
+            [tuple(r) for r in dst._query("SELECT run, host FROM runs ORDER BY run")] == [("r1", "box-a"), ("r2", "box-a")]
+        newest = max(m.id for m in src.messages())
+        assert dst.enqueue("r1", "text", {}, now=3000.0) == newest + 1  # ids go on after the copied ones
+    finally:
+        src.close()
+        dst.close()
+    again = _babysit("db", "copy", "--to", pg_url, "--host", "box-a", cwd=tmp_path)
+    assert again.returncode != 0 and "already holds rows" in again.stderr
