@@ -33,10 +33,10 @@ from babysit import registry as registry_mod
 from babysit import relaunch, sources, wake
 from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
-from babysit.core.errors import BabysitError, DaemonAlreadyRunning
+from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError
 from babysit.core.spec import check_cadence, load_spec
 from babysit.core.status import RunStatus
-from babysit.db.url import open_store
+from babysit.db.url import HOST_ENV, open_store
 from babysit.delivery import DeliveryWorker
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
@@ -52,8 +52,10 @@ from babysit.supervisor import DaemonContext, RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
-if TYPE_CHECKING:  # a type only: APScheduler itself loads when the daemon starts
+if TYPE_CHECKING:  # types only: APScheduler loads when the daemon starts, psycopg only for a fleet
     from apscheduler.schedulers.background import BackgroundScheduler
+
+    from babysit.db.fleet import FleetMember
 
 log = structlog.get_logger("babysit.daemon")
 
@@ -86,6 +88,13 @@ class Daemon:
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
         self.store = open_store(self.registry)
+        if self.store.backend == "sqlite" and (self.registry.host.name or os.environ.get(HOST_ENV)):
+            self.store.close()
+            raise RegistryError(
+                f"{self.registry_path}: a host name is set ([host] name or ${HOST_ENV}) but no [store] url: "
+                "a fleet of boxes needs a PostgreSQL (SQLite is one box's file)",
+                hint="set [store] url (docs/fleet.md), or remove the host name to babysit this box alone")
+        self.fleet: FleetMember | None = None  # a box of a fleet (PostgreSQL): its lease and LISTEN
         self.exits = ExitWatcher()
         self._own_timers = timers is None  # the scheduler's, once run() starts it
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,
@@ -166,6 +175,12 @@ class Daemon:
             self.ctx.timers = SchedulerTimers(self.scheduler)
         self.scheduler.add_job(self.guards, "interval", seconds=self.guard_seconds, id="guards")
         self.store.on_enqueue = self.delivery.wake
+        if self.store.backend == "postgresql":
+            from babysit.db.fleet import FleetMember
+
+            self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
+                                     on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds)
+            self.fleet.start()
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
         self._control()  # every registered run started; requests queued while no daemon was up
@@ -187,7 +202,8 @@ class Daemon:
     def _on_wake(self) -> None:
         """SIGUSR1: a control request (or a registration) is waiting: act on it now, on this thread."""
         try:
-            self._control()
+            if self._control():
+                self.delivery.wake()  # another process (or box) wrote: what it queued for us goes out now
             self._sync_jobs()
         except Exception:
             log.exception("handling a wake failed")
@@ -238,6 +254,8 @@ class Daemon:
         self.deliver()
         self.ctx.gpu_probe.close()
         log.info("daemon down: runs keep running; `babysit up` re-adopts them")
+        if self.fleet is not None:
+            self.fleet.close()
         self.store.close()
         if self._lock_file is not None:
             self._lock_file.close()
@@ -308,6 +326,14 @@ class Daemon:
                     self.store.enqueue(entry.name, "text", {"run": entry.name, "text":
                                        f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, self.ctx.now(),
                                        dedupe_key=f"{entry.name}:spec-refused:{message}")
+                continue
+            owner = self.store.claim_run(entry.name, self.ctx.now())
+            if owner is not None and owner != self.store.host:  # a fleet's run names are the fleet's
+                message = (f"run {entry.name} belongs to box {owner} in the fleet's database; this box "
+                           f"({self.store.host}) does not babysit it (runs never move: rename it here)")
+                if self._broken_specs.get(entry.name) != message:
+                    self._broken_specs[entry.name] = message
+                    log.error("run owned by another box; not babysitting it", run=entry.name, owner=owner)
                 continue
             self.executor(spec.executor)
             try:

@@ -59,6 +59,7 @@ class StoreSettings:
 @dataclass(frozen=True)
 class HostSettings:
     name: str | None = None  # this box's name in a fleet; None: $BABYSIT_HOST, else the hostname
+    lease_seconds: float = 30.0  # a box silent this long is lost: the others alert (docs/fleet.md)
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,11 @@ def dumps(registry: Registry) -> str:
     doc: dict[str, Any] = {"daemon": daemon}
     if registry.store.url is not None:
         doc["store"] = {"url": registry.store.url}
-    if registry.host.name is not None:
-        doc["host"] = {"name": registry.host.name}
+    if registry.host != HostSettings():
+        host: dict[str, Any] = {} if registry.host.name is None else {"name": registry.host.name}
+        if registry.host.lease_seconds != HostSettings.lease_seconds:
+            host["lease_seconds"] = registry.host.lease_seconds
+        doc["host"] = host
     if registry.runs:
         doc["runs"] = [_run_dict(r) for r in registry.runs]
     return HEADER + tomli_w.dumps(doc)
@@ -292,8 +296,9 @@ def _host(t: tomlfile.Table | None) -> HostSettings:
         return HostSettings()
     name = t.str("name", None, check=re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}").fullmatch,
                  expected="a host name of letters, digits, '.', '_' or '-' (at most 63)")
+    lease = t.number("lease_seconds", HostSettings.lease_seconds, positive=True)
     t.finish()
-    return HostSettings(name)
+    return HostSettings(name, lease)
 
 
 def _run(t: tomlfile.Table) -> RunEntry:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,22 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     )
 
 
+LIVE_STATUSES = ("pending", "running", "stopping", "retrying", "registered")
+
+
+def host_states(hosts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """box -> "up" | "lost" (its lease lapsed: another box noticed) | "down" (its daemon was stopped)."""
+    out = {}
+    for h in hosts:
+        if h["lost_at"] is not None:
+            out[h["name"]] = "lost"
+        elif (h["info"] or {}).get("stopped"):
+            out[h["name"]] = "down"
+        else:
+            out[h["name"]] = "up"
+    return out
+
+
 class Reader:
     """Rows of every registered run, read with a connection of its own (read-only queries).
 
@@ -228,13 +244,21 @@ class Reader:
             self._store = None
 
     def rows(self, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
+        """The rows of `names` (default: every registered run and, in a fleet, every other box's runs, read
+        from the database alone: their run.toml and logs are on their boxes). A run whose box is lost shows
+        `host-lost`, one whose daemon was stopped `host-down`: not failed, only out of sight."""
         now = time.time() if now is None else now
         reg = self.registry
         store = self._open_store()
+        owners = store.run_hosts() if store is not None and store.host is not None else {}
+        away = host_states(store.hosts()) if owners else {}
+        wanted = list(reg.names if names is None else names)
+        if names is None:
+            wanted += sorted(set(owners) - set(wanted))
         out = []
-        for name in reg.names if names is None else names:
-            entry = reg.get(name)
-            spec, note = self._specs.get(reg.spec_path(entry))
+        for name in wanted:
+            entry = reg.get(name) if names is not None or name in reg.names else None
+            spec, note = self._specs.get(reg.spec_path(entry)) if entry is not None else (None, None)
             if store is None:
                 out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,
                                      verdict=None, now=now, spec=spec, records=None, note=note))
@@ -244,10 +268,16 @@ class Reader:
             polls, incidents = store.polls(name, 1), store.incidents(name, 1)
             records = (self._tails.get(sources.records_path(spec, reg.state_dir))
                        if spec is not None and attempts else None)
-            out.append(build_row(
+            if entry is None:
+                note = f"on box {owners.get(name, '?')}"
+            row = build_row(
                 name, status=status, facts=facts, attempts=attempts, poll=polls[0] if polls else None,
                 incident=incidents[0] if incidents else None, verdict=store.latest_verdict(name),
-                now=now, spec=spec, records=records, note=note))
+                now=now, spec=spec, records=records, note=note)
+            box_state = away.get(owners.get(name, ""))
+            if box_state in ("lost", "down") and row.status in LIVE_STATUSES:
+                row = replace(row, status=f"host-{box_state}")
+            out.append(row)
         return out
 
     def _open_store(self) -> Store | None:
@@ -255,6 +285,30 @@ class Reader:
         if self._store is None:
             self._store = open_existing(self.registry)
         return self._store
+
+
+def fleet_boxes(reg: registry.Registry) -> list[str]:
+    """One line a box of the fleet: its state, how long since its lease was renewed (its staleness), its
+    runs. Empty on SQLite (one box)."""
+    store = open_existing(reg)
+    if store is None or store.host is None:
+        if store is not None:
+            store.close()
+        return []
+    try:
+        hosts, owners, now = store.hosts(), store.run_hosts(), store.now()
+    finally:
+        store.close()
+    states = host_states(hosts)
+    lines = []
+    for h in hosts:
+        runs = sorted(r for r, box in owners.items() if box == h["name"])
+        state = states[h["name"]]
+        ago = max(0.0, now - h["renewed_at"])
+        shown = {"up": "up", "lost": "LOST", "down": "down (daemon stopped)"}[state]
+        lines.append(f"box {h['name']}: {shown}, lease renewed {ago:.0f} s ago, {len(runs)} run(s)"
+                     + (f": {', '.join(runs)}" if runs else ""))
+    return lines
 
 
 def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:

@@ -268,10 +268,7 @@ class Store:
             if self._batch_depth:
                 yield from self._savepoint()
                 return
-            try:
-                self._db.execute(self._begin)
-            except self._write_errors as exc:
-                raise self._write_failed(exc) from exc
+            self._start_tx()
             try:
                 yield self._db
             except self._write_errors as exc:  # disk full mid-statement: SQLite may have rolled back already
@@ -286,6 +283,12 @@ class Store:
                 except self._write_errors as exc:  # disk full, I/O error: fail loudly, nothing half-written
                     self._rollback()  # a failed COMMIT of a full disk has rolled back already
                     raise self._write_failed(exc) from exc
+
+    def _start_tx(self) -> None:
+        try:
+            self._db.execute(self._begin)
+        except self._write_errors as exc:
+            raise self._write_failed(exc) from exc
 
     @staticmethod
     def _insert_id(db: Any, sql: str, args: tuple) -> int:
@@ -529,10 +532,12 @@ class Store:
         return new_id
 
     def due_messages(self, now: float, limit: int = 100) -> list[OutboxMessage]:
-        """The oldest pending message of each run, if due: a run's messages go out strictly in order."""
+        """The oldest pending message of each run, if due: a run's messages go out strictly in order. In a
+        fleet, this box's messages only (each is sent by the box that wrote it: once)."""
         rows = self._query(
-            "SELECT * FROM outbox WHERE id IN (SELECT MIN(id) FROM outbox WHERE status='pending' GROUP BY run)"
-            " AND next_try_at <= ? ORDER BY id LIMIT ?", (now, limit))
+            "SELECT * FROM outbox WHERE id IN (SELECT MIN(id) FROM outbox WHERE status='pending'"
+            " AND COALESCE(host, '') = ? GROUP BY run) AND next_try_at <= ? ORDER BY id LIMIT ?",
+            (self.host or "", now, limit))
         return self._messages(rows)
 
     def message(self, message_id: int) -> OutboxMessage:
@@ -576,13 +581,39 @@ class Store:
         behind its run's head waits for the head, whatever its own next_try_at). None: nothing pending."""
         return self._query(
             "SELECT MIN(next_try_at) AS t FROM outbox WHERE id IN"
-            " (SELECT MIN(id) FROM outbox WHERE status='pending' GROUP BY run)")[0]["t"]
+            " (SELECT MIN(id) FROM outbox WHERE status='pending' AND COALESCE(host, '') = ? GROUP BY run)",
+            (self.host or "",))[0]["t"]
 
     def has_message(self, dedupe_key: str) -> bool:
         return bool(self._query("SELECT 1 FROM outbox WHERE dedupe_key=?", (dedupe_key,)))
 
     def pending_count(self) -> int:
-        return self._query("SELECT COUNT(*) AS n FROM outbox WHERE status='pending'")[0]["n"]
+        """Messages this box has still to send."""
+        return self._query("SELECT COUNT(*) AS n FROM outbox WHERE status='pending' AND COALESCE(host, '') = ?",
+                           (self.host or "",))[0]["n"]
+
+    # -- the fleet (docs/fleet.md; on SQLite there is one box and these find nothing) ------------------
+    def now(self) -> float:
+        """The clock leases are measured on: the database's (PostgreSQL), this machine's (SQLite)."""
+        return time.time()
+
+    def claim_run(self, run: str, now: float) -> str | None:
+        """Record this box as the run's owner unless another box owns it; the owner. None on SQLite."""
+        if self.host is None:
+            return None
+        with self.tx() as db:
+            db.execute("INSERT INTO runs (run, host, registered_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                       (run, self.host, now))
+            return db.execute("SELECT host FROM runs WHERE run=?", (run,)).fetchone()[0]
+
+    def run_hosts(self) -> dict[str, str]:
+        """run -> the box that owns it."""
+        return {r["run"]: r["host"] for r in self._query("SELECT run, host FROM runs")}
+
+    def hosts(self) -> list[dict[str, Any]]:
+        """Every box of the fleet with its lease (the database's clock: `now`), lost or stopped."""
+        return [{**dict(r), "info": json.loads(r["info"])} for r in self._query(
+            "SELECT name, started_at, renewed_at, lease_until, pid, version, lost_at, info FROM hosts ORDER BY name")]
 
     # -- verdicts ---------------------------------------------------------------------------------------
     def save_verdict(self, run: str, body: dict[str, Any], now: float, *, final: bool,
@@ -646,6 +677,7 @@ class Store:
         wake.wake(self.path.parent)
 
     def pending_requests(self) -> list[Row]:
+        """Requests not yet answered (on PostgreSQL: those addressed to this box, claimed by it)."""
         rows = self._query("SELECT * FROM control WHERE handled_at IS NULL ORDER BY id")
         return [Row(r["id"], r["run"], r["requested_at"], r["action"], {"requested_by": r["requested_by"]})
                 for r in rows]

@@ -84,6 +84,7 @@ LOCAL_IMPORTS_ALLOWED = {
         "psycopg (~0.35 s) only where a PostgreSQL url is configured: a SQLite box never loads it",
     ("babysit/commands/db.py", "babysit.db.postgres"): "psycopg only for a PostgreSQL url (`db version` on SQLite)",
     ("babysit/commands/db.py", "babysit.db.copy"): "psycopg only for `db copy`",
+    ("babysit/daemon.py", "babysit.db.fleet"): "psycopg only for a daemon of a fleet (a PostgreSQL url)",
 }
 
 

@@ -251,3 +251,63 @@ def test_an_error_out_of_a_batch_undoes_all_of_it(store: Store) -> None:
     assert store.polls("a") == []
     store.add_poll("a", 1, 2.0, "first", {})  # and the store is usable after it
     assert len(store.polls("a")) == 1
+
+
+# -- the fleet's parts of the store: two boxes' handles on one PostgreSQL (SQLite has one box) -----------
+@pytest.fixture
+def two_boxes(pg_url: str) -> Iterator[tuple[Store, Store]]:
+    from babysit.db.postgres import PostgresStore
+
+    a, b = PostgresStore(pg_url, host="box-a"), PostgresStore(pg_url, host="box-b")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_run_belongs_to_the_box_that_claimed_it_first(two_boxes: tuple[Store, Store], sqlite_store: Store) -> None:
+    a, b = two_boxes
+    assert a.claim_run("r", now=1.0) == "box-a"
+    assert b.claim_run("r", now=2.0) == "box-a"  # runs never move
+    assert b.claim_run("s", now=2.0) == "box-b"
+    assert a.run_hosts() == {"r": "box-a", "s": "box-b"}
+    assert sqlite_store.claim_run("r", now=1.0) is None and sqlite_store.run_hosts() == {}
+
+
+def test_a_boxs_delivery_sees_only_the_messages_it_wrote(two_boxes: tuple[Store, Store]) -> None:
+    a, b = two_boxes
+    ma = a.enqueue("r", "launch", {}, now=0.0)
+    a.record_poll("r", 1, 1.0, "first", {"step": 1}, thread_of=ma, payload={"run": "r"})
+    mb = b.enqueue("s", "launch", {}, now=0.0)
+    assert [m.id for m in a.due_messages(now=5.0)] == [ma] and [m.id for m in b.due_messages(now=5.0)] == [mb]
+    assert (a.pending_count(), b.pending_count()) == (3, 1)
+    assert len(a.messages()) == 4  # a reader sees every box's
+
+
+def test_a_request_is_claimed_by_the_owning_box_once(two_boxes: tuple[Store, Store], pg_url: str) -> None:
+    from babysit.db.postgres import PostgresStore
+
+    a, b = two_boxes
+    a.claim_run("r", now=1.0)
+    rid = b.request("r", "abort", "slack:U1", now=2.0)  # asked on box-b, addressed to box-a
+    assert b.pending_requests() == []
+    twin = PostgresStore(pg_url, host="box-a")  # a second process under box-a's name
+    try:
+        assert [q.id for q in a.pending_requests()] == [rid]
+        a.finish_request(rid, "stopping", now=3.0)
+        assert twin.pending_requests() == [] and b.request_result(rid) == "stopping"
+    finally:
+        twin.close()
+
+
+def test_a_read_survives_a_database_restart_and_a_write_after_it_succeeds(postgres: Any, pg_url: str) -> None:
+    from babysit.db.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, host="box-a")
+    try:
+        store.enqueue("r", "launch", {}, now=0.0)
+        postgres.restart("fast")
+        assert len(store.messages("r")) == 1  # the lost connection reopened, the read tried again
+        store.enqueue("r", "poll", {}, now=1.0)  # and a transaction begins on a fresh connection
+        assert len(store.messages("r")) == 2
+    finally:
+        store.close()

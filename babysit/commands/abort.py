@@ -8,13 +8,14 @@ import time
 from datetime import datetime, timezone
 
 from babysit import registry
-from babysit.db.url import open_existing, open_store
+from babysit.db.url import open_existing, open_store, store_url
 from babysit.registry import utc_timestamp
 
 
 def run(args: argparse.Namespace) -> int:
     reg = registry.load(registry.resolve_registry_path(args.registry))
-    reg.get(args.run)  # an unknown run: exit 2, the registered runs listed
+    if not _in_fleet(reg, args.run):  # a fleet: any box may ask for any box's run (its box carries it out)
+        reg.get(args.run)  # an unknown run: exit 2, the registered runs listed
     over = ended(reg, args.run)
     if over is not None:  # nothing will take a request for a run that is over: say so now, not in 10 s
         print(f"{args.run} {over}; nothing to abort")
@@ -49,3 +50,14 @@ def ended(reg: registry.Registry, run: str) -> str | None:
     outcome = facts.get("ended") or last.outcome or status
     when = "" if last.ended_at is None else " at " + utc_timestamp(datetime.fromtimestamp(last.ended_at, timezone.utc))
     return f"already {status} ({outcome}{when}, attempt {last.n})"
+
+
+def _in_fleet(reg: registry.Registry, run: str) -> bool:
+    """Whether the run belongs to a box of this box's fleet (never on SQLite)."""
+    if store_url(reg) is None:
+        return False
+    store = open_store(reg)
+    try:
+        return run in store.run_hosts()
+    finally:
+        store.close()

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput("--watch and --json do not go together",
                            hint="`babysit status --json` for one look, `babysit status --watch` for the live table")
         return watch(reg.path, names if args.run else None, interval=args.interval)
-    rows = runview.collect(reg.path, names)
+    rows = runview.collect(reg.path, names if args.run else None)  # None: in a fleet, every box's runs too
     if args.json:
         dicts = [row.to_dict() for row in rows]
         print(json.dumps(dicts if not args.run else dicts[0], indent=2))
@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs registered in {reg.path}; `babysit register RUN.toml` adds one")
         return 0
     print(status_table(rows, time.time()))
+    for line in runview.fleet_boxes(reg):  # a fleet: every box, with its staleness (docs/fleet.md)
+        print(line)
     for r in rows:
         if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
             print(f"{r.run}: {r.note}")

@@ -21,7 +21,7 @@ from psycopg import pq
 
 from babysit.core.errors import StateError
 from babysit.db.url import redact
-from babysit.store import SCHEMA_VERSION, Store
+from babysit.store import SCHEMA_VERSION, Row, Store
 
 VERSION_TABLE = "babysit_schema_version"
 CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to
@@ -130,6 +130,17 @@ class PostgresStore(Store):
     def _insert_id(db: Any, sql: str, args: tuple) -> int:
         return db.execute(sql + " RETURNING id", args).fetchone()[0]
 
+    def _start_tx(self) -> None:
+        """BEGIN, once more on a fresh connection when the old one was lost (a server restart): nothing was
+        done yet, so trying again repeats nothing."""
+        for attempt in (1, 2):
+            try:
+                self._db.execute(self._begin)
+                return
+            except psycopg.OperationalError as exc:
+                if attempt == 2 or not self._db.lost:
+                    raise self._write_failed(exc) from exc
+
     def schema_version(self) -> int:
         """The Alembic revision recorded in babysit's own version table; 0: none (an empty database)."""
         rows = self._query("SELECT to_regclass(?) IS NOT NULL", (VERSION_TABLE,))
@@ -165,6 +176,23 @@ class PostgresStore(Store):
         """NOTIFY the run's box (every box LISTENs; each acts only on requests addressed to it)."""
         host = self._query("SELECT host FROM runs WHERE run=?", (run,))
         self._query("SELECT pg_notify(?, ?)", (CONTROL_CHANNEL, host[0][0] if host else ""))
+
+    def pending_requests(self) -> list[Row]:
+        """The requests addressed to this box, claimed by it (`FOR UPDATE SKIP LOCKED`: two processes under
+        one host name never both take one); a claim of this box's left unanswered by a daemon that died is
+        taken again."""
+        with self.tx() as db:
+            rows = db.execute(
+                "UPDATE control SET claimed_by=?, claimed_at=extract(epoch from clock_timestamp()) WHERE id IN"
+                " (SELECT id FROM control WHERE handled_at IS NULL AND (claimed_by IS NULL OR claimed_by=?)"
+                " AND COALESCE(host, ?) = ? ORDER BY id FOR UPDATE SKIP LOCKED) RETURNING *",
+                (self.host, self.host, self.host, self.host)).fetchall()
+        return [Row(r["id"], r["run"], r["requested_at"], r["action"], {"requested_by": r["requested_by"]})
+                for r in sorted(rows, key=lambda r: r["id"])]
+
+    def now(self) -> float:
+        """The database's clock (leases are measured on it, so boxes' clocks need not agree)."""
+        return float(self._query("SELECT extract(epoch from clock_timestamp())")[0][0])
 
     def close(self) -> None:
         with self._lock:

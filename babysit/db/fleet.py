@@ -1,0 +1,177 @@
+"""A box's place in the fleet (docs/fleet.md): its lease, the lookout for boxes whose lease lapsed, and
+the LISTEN that wakes it for requests addressed to it. All on one connection of its own, one thread.
+
+- The lease: one row a box in `hosts`, renewed by ONE UPDATE every `lease_s / 3` (never one write a
+  run: a heartbeat storm is what Optuna's heartbeats made of a busy study). Times are the database's
+  clock, so boxes whose clocks disagree still agree on who lapsed.
+- The lookout, on every renewal: one UPDATE marks every other box whose lease ran out `lost` and, in
+  the same transaction, queues one alert for each (an outbox row with a dedupe key, sent by this box):
+  when two boxes look at once, the row lock lets one mark it and the other finds nothing to mark.
+- LISTEN `babysit_control`: a NOTIFY naming this host wakes the daemon at once; polling (the guard
+  round) stays the fallback. A connection that drops delivers no notifications and says nothing
+  (psycopg/psycopg2#1679), so every renewal also proves the connection, and after a reconnection the
+  daemon is woken to look at everything once (what was notified meanwhile is lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import structlog
+
+from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL
+
+log = structlog.get_logger("babysit.fleet")
+
+LEASE_S = 30.0  # a box silent this long is lost (alerted within LEASE_S + LEASE_S / 3)
+NOW = "extract(epoch from clock_timestamp())"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("babysit")
+    except PackageNotFoundError:
+        return "dev"
+
+
+class FleetMember:
+    """Start it after the daemon's store is open; `close()` at shutdown marks the box stopped (its
+    runs are then shown `host-down`, not alerted as lost: someone stopped it on purpose)."""
+
+    def __init__(self, url: str, host: str, *, on_wake: Callable[[], None], on_alert: Callable[[], None],
+                 lease_s: float = LEASE_S, pid: int | None = None) -> None:
+        self.url = url
+        self.host = host
+        self.on_wake = on_wake  # a request may be waiting (a NOTIFY for this host, or a reconnection)
+        self.on_alert = on_alert  # this member queued a message (lost / back): wake the delivery thread
+        self.lease_s = lease_s
+        self.renew_s = lease_s / 3
+        self.pid = pid if pid is not None else os.getpid()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+        self.queries = 0  # every statement this member sent (the idle-load bench reads it)
+        self.lost_seen: list[str] = []  # boxes this member marked lost (tests, logs)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Take the lease now (raising if the database cannot be reached), then keep it on a thread."""
+        self._connect()
+        self._thread = threading.Thread(target=self._loop, name="fleet", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(f"UPDATE hosts SET lease_until = {NOW}, info = %s WHERE name = %s AND pid = %s",
+                             (json.dumps({"stopped": True}), self.host, self.pid))
+            conn.close()
+
+    # -- the connection -------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                               application_name=f"babysit-fleet:{self.host}")
+        was_lost = self._register(conn)
+        conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+        self.queries += 2
+        self._conn = conn
+        self.connected.set()
+        if was_lost:
+            log.warning("this box had been marked lost; it re-adopts its runs", host=self.host)
+            self.on_alert()
+
+    def _register(self, conn: psycopg.Connection[Any]) -> bool:
+        """Take (or retake) the lease; True when the other boxes had marked this one lost, in which case
+        one 'back' message is queued with it."""
+        with conn.transaction():
+            row = conn.execute("SELECT lost_at FROM hosts WHERE name = %s FOR UPDATE", (self.host,)).fetchone()
+            conn.execute(
+                f"INSERT INTO hosts (name, started_at, renewed_at, lease_until, pid, version, lost_at, info)"
+                f" VALUES (%s, {NOW}, {NOW}, {NOW} + %s, %s, %s, NULL, '{{}}')"
+                f" ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, renewed_at = EXCLUDED.renewed_at,"
+                f" lease_until = EXCLUDED.lease_until, pid = EXCLUDED.pid, version = EXCLUDED.version,"
+                f" lost_at = NULL, info = '{{}}'",
+                (self.host, self.lease_s, self.pid, _version()))
+            was_lost = bool(row and row[0] is not None)
+            if was_lost:
+                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (self.host,))]
+                text = (f"✅ box {self.host} is back: its daemon re-adopted its runs"
+                        + (f" ({', '.join(runs)})" if runs else ""))
+                _queue_alert(conn, self.host, text, f"host-back:{self.host}:{row[0]}")
+        self.queries += 3
+        return was_lost
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_renew = time.monotonic() + self.renew_s
+        pause = 0.5
+        while not self._stop.is_set():
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self.connected.clear()
+                    self._connect()
+                    pause = 0.5
+                    self.on_wake()  # reconnected: whatever was notified meanwhile is lost; look at all once
+                    next_renew = time.monotonic() + self.renew_s
+                wait = max(0.0, next_renew - time.monotonic())
+                for note in self._conn.notifies(timeout=min(wait, 1.0), stop_after=1):
+                    if note.payload in (self.host, ""):
+                        self.on_wake()
+                if time.monotonic() >= next_renew:
+                    self._renew_and_look_out()
+                    next_renew = time.monotonic() + self.renew_s
+            except psycopg.Error as exc:
+                self.connected.clear()
+                log.warning("fleet connection lost; retrying", host=self.host, error=str(exc)[:200])
+                with contextlib.suppress(psycopg.Error):
+                    if self._conn is not None:
+                        self._conn.close()
+                self._conn = None
+                if self._stop.wait(pause):
+                    return
+                pause = min(pause * 2, 5.0)
+
+    def _renew_and_look_out(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        with conn.transaction():
+            renewed = conn.execute(f"UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s"
+                                   " WHERE name = %s AND pid = %s", (self.lease_s, self.host, self.pid)).rowcount
+            lost = conn.execute(
+                f"UPDATE hosts SET lost_at = {NOW} WHERE lease_until < {NOW} AND lost_at IS NULL AND name <> %s"
+                " AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at",
+                (self.host,)).fetchall()
+            for name, renewed_at, started_at in lost:
+                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
+                silent = time.time() - renewed_at
+                text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
+                        + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
+                _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
+                self.lost_seen.append(name)
+                log.error("box lost", box=name, silent_s=round(silent), runs=runs)
+        self.queries += 4 + 2 * len(lost)  # BEGIN, two UPDATEs, COMMIT; per lost box its runs and its alert
+        if lost:
+            self.on_alert()
+        if not renewed:  # another daemon took this host's name (same BABYSIT_HOST on two boxes)
+            log.error("another process holds this host's lease; two daemons share a host name?", host=self.host)
+
+
+def _queue_alert(conn: psycopg.Connection[Any], sender: str, text: str, key: str) -> None:
+    """One message of the fleet (no run): sent by `sender`; the key makes a second notice of it a no-op."""
+    conn.execute(f"INSERT INTO outbox (run, kind, payload, dedupe_key, next_try_at, created_at, host)"
+                 f" VALUES ('', 'text', %s, %s, {NOW}, {NOW}, %s) ON CONFLICT DO NOTHING",
+                 (json.dumps({"run": "", "text": text}), key, sender))

@@ -1,0 +1,225 @@
+"""Three daemons with different host names on one machine against one real PostgreSQL (docs/fleet.md):
+each babysits its own run; an abort asked on one box reaches the owning box through NOTIFY (the guard
+round, the polling fallback, is an hour away, so nothing else could carry it); a daemon SIGKILLed for
+good is noticed by the others and alerted exactly once, its run shown `host-lost`; a `pg_ctl restart -m
+fast` mid-run cuts every connection and the boxes carry on (LISTEN again included); the lost box comes
+back and re-adopts its run as after a restart. And fleet mode on SQLite is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reliability.harness import gpu_file
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+FAKE = ROOT / "tests" / "reliability" / "fake_trainer.py"
+BOXES = ("box-a", "box-b", "box-c")
+LEASE_S = 3.0
+
+
+def _registry(box: Path, name: str, url: str | None) -> None:
+    store = f'[store]\nurl = "{url}"\n' if url else ""
+    (box / "babysit.toml").write_text(f"[daemon]\nguard_interval_seconds = 3600\n{store}"
+                                      f'[host]\nname = "{name}"\nlease_seconds = {LEASE_S}\n')
+
+
+def _spec(box: Path, run: str) -> Path:
+    cmd = [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
+    path = box / f"{run}.toml"
+    path.write_text(f"""[run]
+name = "{run}"
+command = {json.dumps(cmd)}
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = [0]
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 20
+stall_minutes = 120
+
+[poll]
+first_after_minutes = 30
+every_minutes = 60
+""")
+    return path
+
+
+def _env(box: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BABYSIT_GPU_PROBE": f"file:{box / 'gpus.json'}"}
+    for key in ("SLACK_BOT_TOKEN", "BABYSIT_STORE_URL", "BABYSIT_HOST", "BABYSIT_CRASH_AT"):
+        env.pop(key, None)
+    return env
+
+
+def babysit(box: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "babysit", *args, "--registry", str(box / "babysit.toml")], cwd=box,
+                          env=_env(box), capture_output=True, text=True, timeout=timeout)
+
+
+class Fleet:
+    def __init__(self, root: Path, url: str) -> None:
+        self.root, self.url = root, url
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        for name in BOXES:
+            box = self.box(name)
+            box.mkdir(parents=True)
+            gpu_file(box / "gpus.json")
+            _registry(box, name, url)
+            out = babysit(box, "register", str(_spec(box, f"run-{name[-1]}")), "--accelerated")
+            assert out.returncode == 0, out.stderr
+
+    def box(self, name: str) -> Path:
+        return self.root / name
+
+    def up(self, name: str) -> None:
+        box = self.box(name)
+        log = open(box / "daemon-out.txt", "ab")  # noqa: SIM115 - closed with the process
+        self.procs[name] = subprocess.Popen(
+            [PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")], cwd=box,
+            env=_env(box), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)  # the daemon only: its runs live in sessions of their own
+        proc.wait(10)
+
+    def store(self) -> Any:
+        from babysit.db.postgres import PostgresStore
+
+        return PostgresStore(self.url, host="test")
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs.pop(name)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        store = self.store()
+        try:
+            for a in store.live_attempts():
+                if a.pid:
+                    try:
+                        os.killpg(a.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        finally:
+            store.close()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, pg_url: str) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, pg_url)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def _running(store: Any, run: str) -> Any:
+    live = [a for a in store.live_attempts() if a.run == run and a.status == "running"]
+    return live[0] if live else None
+
+
+def _channel_texts(box: Path) -> list[str]:
+    path = box / ".babysit" / "channel.jsonl"
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_three_boxes_share_one_postgres_abort_by_notify_host_lost_once_and_a_database_restart(
+        fleet: Fleet, postgres: Any) -> None:
+    for name in BOXES:
+        fleet.up(name)
+    store = fleet.store()
+    try:
+        first = {f"run-{n[-1]}": wait_for(f"run-{n[-1]} running", lambda n=n: _running(store, f"run-{n[-1]}"))
+                 for n in BOXES}
+        assert store.run_hosts() == {"run-a": "box-a", "run-b": "box-b", "run-c": "box-c"}
+        # each box launched its own run: the attempt's directory is under its own state directory
+        for run, attempt in first.items():
+            assert attempt.attempt_dir.startswith(str(fleet.box(f"box-{run[-1]}"))), attempt.attempt_dir
+
+        shown = babysit(fleet.box("box-a"), "status")
+        assert shown.returncode == 0, shown.stderr
+        for name in BOXES:
+            assert f"box {name}: up" in shown.stdout and f"run-{name[-1]}" in shown.stdout, shown.stdout
+
+        # an abort asked on box-a for box-b's run: carried out on box-b, woken by NOTIFY
+        asked = time.monotonic()
+        out = babysit(fleet.box("box-a"), "abort", "run-b", timeout=30)
+        took = time.monotonic() - asked
+        assert out.returncode == 0 and "abort run-b: stopping" in out.stdout, (out.stdout, out.stderr)
+        assert took < 10, f"the abort took {took:.1f}s: NOTIFY did not wake box-b"
+        ended = wait_for("run-b's attempt ended", lambda: store.attempt("run-b", 1).status == "ended"
+                         and store.attempt("run-b", 1))
+        assert ended.outcome == "stopped"
+
+        # box-c's daemon is SIGKILLed for good: the others notice its lapsed lease and alert once
+        fleet.kill("box-c")
+        killed = time.monotonic()
+        alert = wait_for("the host-lost alert sent", lambda: [m for m in store.messages("")
+                                                          if "box box-c lost" in m.payload.get("text", "")
+                                                          and m.status == "sent"], timeout=LEASE_S * 10)
+        noticed = time.monotonic() - killed
+        assert len(alert) == 1 and noticed < LEASE_S * 3 + 5
+        time.sleep(LEASE_S * 2)  # further rounds of both lookouts: still one alert
+        lost_rows = [m for m in store.messages("") if "box box-c lost" in m.payload.get("text", "")]
+        assert len(lost_rows) == 1 and "run-c" in lost_rows[0].payload["text"]
+        posted = [t for name in ("box-a", "box-b") for t in _channel_texts(fleet.box(name)) if "box-c lost" in t]
+        assert len(posted) == 1, posted
+        shown = babysit(fleet.box("box-a"), "status")
+        assert "box box-c: LOST" in shown.stdout and "host-lost" in shown.stdout, shown.stdout
+        assert _running(store, "run-c") is not None  # its run goes on; only its babysitter is gone
+
+        # the database restarts mid-run: every connection is cut; the boxes reconnect and LISTEN again
+        postgres.restart("fast")
+        time.sleep(1.0)
+        asked = time.monotonic()
+        out = babysit(fleet.box("box-b"), "abort", "run-a", timeout=60)
+        assert out.returncode == 0 and "abort run-a: stopping" in out.stdout, (out.stdout, out.stderr)
+        assert time.monotonic() - asked < 15, "after the restart the abort waited for a fallback"
+        wait_for("run-a stopped", lambda: store.attempt("run-a", 1).outcome == "stopped")
+
+        # box-c comes back: it re-adopts its run (the same attempt, the same process) and says so
+        fleet.up("box-c")
+        wait_for("box-c back", lambda: [m for m in store.messages("") if "box box-c is back" in
+                                        m.payload.get("text", "") and m.status == "sent"], timeout=60)
+        assert store.attempt("run-c", 1).status == "running" and store.attempt("run-c", 1).pid == first["run-c"].pid
+        assert next(h for h in store.hosts() if h["name"] == "box-c")["lost_at"] is None
+        shown = babysit(fleet.box("box-a"), "status")
+        assert "box box-c: up" in shown.stdout and "host-lost" not in shown.stdout, shown.stdout
+    finally:
+        store.close()
+
+
+def test_a_host_name_without_a_postgres_url_is_refused_saying_why(tmp_path: Path) -> None:
+    _registry(tmp_path, "box-a", None)
+    out = subprocess.run([PY, "-m", "babysit", "up", "--accelerated", "--exit-when-idle", "--registry",
+                          str(tmp_path / "babysit.toml")], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "a fleet of boxes needs a PostgreSQL" in out.stderr and "[store] url" in out.stderr
