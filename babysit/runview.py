@@ -257,7 +257,9 @@ class Reader:
             wanted += sorted(set(owners) - set(wanted))
         out = []
         for name in wanted:
-            entry = reg.get(name) if names is not None or name in reg.names else None
+            entry = reg.find(name)
+            if entry is None and name not in owners:
+                entry = reg.get(name)  # unknown here and in the fleet: UnknownRun, the registered runs listed
             spec, note = self._specs.get(reg.spec_path(entry)) if entry is not None else (None, None)
             if store is None:
                 out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,

@@ -20,6 +20,7 @@ from babysit import relaunch as relaunch_mod
 from babysit import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
+from babysit.db.url import fleet_owner
 from babysit.store import Store
 from bot import messages as msg
 from bot.context import BotConfig, opened
@@ -35,11 +36,12 @@ Ack = Callable[..., Any]
 Respond = Callable[..., Any]
 
 
-def known_run(reg: registry_mod.Registry, name: str | None, usage: str) -> Rendered | None:
-    """None when `name` is registered, else the message to answer with."""
+def known_run(reg: registry_mod.Registry, name: str | None, usage: str, *, fleet: bool = False) -> Rendered | None:
+    """None when `name` is registered (with `fleet`: here or on another box of the fleet, which carries
+    out a request for it), else the message to answer with."""
     if not name:
         return msg.missing_run(usage)
-    if reg.find(name) is None:
+    if reg.find(name) is None and not (fleet and fleet_owner(reg, name) is not None):
         return msg.unknown_run(name, close_names(name, reg.names), len(reg.runs))
     return None
 
@@ -81,22 +83,22 @@ def help_(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
 
 def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     reg = registry_mod.load(cfg.registry_path)
-    if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]")):
+    if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]", fleet=True)):
         ack(**answer(problem))
         return
-    rows = runview.collect(reg.path, [cmd.run] if cmd.run else list(reg.names))
-    ack(**answer(msg.status_message(rows, time.time())))
+    rows = runview.collect(reg.path, [cmd.run] if cmd.run else None)  # None: in a fleet, every box's runs
+    ack(**answer(msg.status_message(rows, time.time(), runview.fleet_boxes(reg))))
 
 
 def runs(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     reg = registry_mod.load(cfg.registry_path)
-    rows = [row.to_dict() for row in runview.collect(reg.path, list(reg.names))]  # the `status --json` shape
+    rows = [row.to_dict() for row in runview.collect(reg.path, None)]  # the `status --json` shape, every box's
     ack(**answer(msg.runs_message(rows)))
 
 
 def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     with opened(cfg) as (reg, store):
-        if problem := known_run(reg, cmd.run, "/babysit poll RUN"):
+        if problem := known_run(reg, cmd.run, "/babysit poll RUN", fleet=True):
             ack(**answer(problem))
             return
         run = str(cmd.run)
@@ -113,7 +115,7 @@ def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
 def abort(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     """Step one of two: refuse, or show the confirm button. Nothing is queued here."""
     reg = registry_mod.load(cfg.registry_path)
-    if problem := known_run(reg, cmd.run, "/babysit abort RUN"):
+    if problem := known_run(reg, cmd.run, "/babysit abort RUN", fleet=True):
         ack(**answer(problem))
         return
     user = user_of(body)
@@ -129,7 +131,7 @@ def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: 
     ack()
     run, user = action_value(body, msg.ABORT_ACTION_ID), user_of(body)
     with opened(cfg) as (reg, store):
-        if problem := known_run(reg, run, "/babysit abort RUN"):
+        if problem := known_run(reg, run, "/babysit abort RUN", fleet=True):
             respond(**answer(problem, replace=True))
             return
         if not may_abort(user, reg.daemon.abort_allow_list):

@@ -128,10 +128,13 @@ def poll_result(run: str, result: str, snapshot: Mapping[str, Any] | None) -> Re
     return reply(f"📊 `{run}` (poll on demand): {snapshot_line(snapshot)}\nThe full poll is in the run's thread.")
 
 
-def status_message(rows: Sequence[RunRow], now: float) -> Rendered:
+def status_message(rows: Sequence[RunRow], now: float, boxes: Sequence[str] = ()) -> Rendered:
+    """The status table; in a fleet, one line a box after it (its state and its lease's staleness)."""
     if not rows:
         return reply("No runs are registered. `babysit register RUN.toml` on the babysat host adds one.")
     table = status_table(rows, now)
+    if boxes:
+        table += "\n" + "\n".join(boxes)
     return Rendered(table, [section(code(table))])
 
 

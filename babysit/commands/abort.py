@@ -8,7 +8,7 @@ import time
 from datetime import datetime, timezone
 
 from babysit import registry
-from babysit.db.url import open_existing, open_store, store_url
+from babysit.db.url import fleet_owner, open_existing, open_store
 from babysit.registry import utc_timestamp
 
 
@@ -54,10 +54,4 @@ def ended(reg: registry.Registry, run: str) -> str | None:
 
 def _in_fleet(reg: registry.Registry, run: str) -> bool:
     """Whether the run belongs to a box of this box's fleet (never on SQLite)."""
-    if store_url(reg) is None:
-        return False
-    store = open_store(reg)
-    try:
-        return run in store.run_hosts()
-    finally:
-        store.close()
+    return fleet_owner(reg, run) is not None

@@ -37,8 +37,9 @@ def find_bin_dir() -> Path:
 class LocalPostgres:
     """One cluster under `root` (data in root/data, the socket in root/sock), started and stopped here."""
 
-    def __init__(self, root: Path, *, bin_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, *, bin_dir: Path | None = None, settings: str = "") -> None:
         self.root = Path(root)
+        self.settings = settings  # more `-c name=value` options (a bench turns statement logging on)
         self.bin_dir = bin_dir or find_bin_dir()
         self.data = self.root / "data"
         self.sock = self.root / "sock"
@@ -82,7 +83,7 @@ class LocalPostgres:
         self.init()
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.data / "server.log"), "-w", "-t", "60",
                   "-o", f"-k {self.sock} -c listen_addresses='' -c fsync=off -c synchronous_commit=off "
-                        "-c full_page_writes=off -c max_connections=200", "start")
+                        f"-c full_page_writes=off -c max_connections=200 {self.settings}", "start")
 
     def restart(self, mode: str = "fast") -> None:
         """`pg_ctl restart -m fast`: every connection is cut, as a managed database's failover does."""

@@ -69,14 +69,15 @@ class PgConnection:
     """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
     psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, name: str = "babysit") -> None:
         self.url = url
+        self.name = name  # PostgreSQL's application_name: which box a connection is, in pg_stat_activity
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=CONNECT_TIMEOUT_S, application_name="babysit")
+                                         connect_timeout=CONNECT_TIMEOUT_S, application_name=self.name)
         return self._conn
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
@@ -119,7 +120,7 @@ class PostgresStore(Store):
         self._init_common()
         self._read_lock = threading.Lock()
         try:
-            self._db = PgConnection(url)
+            self._db = PgConnection(url, f"babysit:{host}" if host else "babysit")
             version = self.schema_version()
         except psycopg.Error as exc:
             raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),

@@ -62,3 +62,14 @@ def open_existing(registry: Registry, environ: Mapping[str, str] | None = None) 
     if store_url(registry, environ) is None and not (registry.state_dir / "state.db").exists():
         return None
     return open_store(registry, environ)
+
+
+def fleet_owner(registry: Registry, run: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The box that owns `run` in this box's fleet; None on SQLite (no query) or when no box does."""
+    if store_url(registry, environ) is None:
+        return None
+    store = open_store(registry, environ)
+    try:
+        return store.run_hosts().get(run)
+    finally:
+        store.close()
