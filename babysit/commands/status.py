@@ -29,11 +29,13 @@ def run(args: argparse.Namespace) -> int:
         dicts = [row.to_dict() for row in rows]
         print(json.dumps(dicts if not args.run else dicts[0], indent=2))
         return 0
+    boxes = runview.fleet_boxes(reg)  # a fleet: every box, with its staleness (docs/fleet.md)
     if not rows:
         print(f"no runs registered in {reg.path}; `babysit register RUN.toml` adds one")
+        print("\n".join(boxes) if boxes else "", end="\n" if boxes else "")
         return 0
     print(status_table(rows, time.time()))
-    for line in runview.fleet_boxes(reg):  # a fleet: every box, with its staleness (docs/fleet.md)
+    for line in boxes:
         print(line)
     for r in rows:
         if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
