@@ -106,6 +106,9 @@ class Daemon:
         # runs only while a run with GPUs is active
         self.sampler = Sampler(gpu_probe.sample, self.registry.daemon.gpu_sample_seconds)
         self.supervisors: dict[str, RunSupervisor] = {}
+        subscribe = getattr(gpu_probe, "subscribe", None)  # NVML: an event wakes the guards of its GPU's runs
+        if subscribe is not None:
+            subscribe(self._on_gpu_signal)
         self.stop_event = threading.Event()
         self._wakeup = threading.Event()  # set by SIGUSR1 (a control request), SIGINT and SIGTERM
         self._jobs_lock = threading.Lock()
@@ -351,6 +354,15 @@ class Daemon:
                 log.error("run could not start", run=entry.name, error=exc.message)
             except Exception as exc:  # one run's data never stops the daemon's start-up or the other runs
                 supervisor.internal_error("starting", exc)
+
+    def _on_gpu_signal(self, index: int, signals: tuple[Any, ...]) -> None:
+        """On the probe's event thread: the runs on GPU `index` check their guards now, on the timers (an
+        Xid reaches its run within a second, not at the next guard round)."""
+        for supervisor in list(self.supervisors.values()):
+            attempt = supervisor.attempt
+            if attempt is not None and attempt.status == "running" and index in supervisor.spec.gpus:
+                supervisor._later(f"gpu-signal:{supervisor.run}", 0.0, supervisor.guard,
+                                  "checking its guards after a GPU event")
 
     # -- jobs -------------------------------------------------------------------------------------------
     def guards(self) -> None:

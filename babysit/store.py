@@ -25,7 +25,7 @@ from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 
-SCHEMA_VERSION = 3  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
+SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
 LIVE = ("launching", "running")
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
@@ -100,6 +100,11 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE control ADD COLUMN claimed_at REAL;
     CREATE INDEX control_pending ON control (host, handled_at);
     ALTER TABLE outbox ADD COLUMN host TEXT;
+    """,
+    4: """
+    CREATE TABLE gpu_quarantine (
+        uuid TEXT PRIMARY KEY, gpu INTEGER, reason TEXT NOT NULL, evidence TEXT NOT NULL DEFAULT '{}',
+        run TEXT, quarantined_by TEXT NOT NULL, at REAL NOT NULL);
     """,
 }
 
@@ -818,6 +823,26 @@ class Store:
         return [dict(r) for r in self._query("SELECT * FROM owner_call_clicks WHERE call_id=? ORDER BY id",
                                              (call_id,))]
 
+
+    # -- GPU quarantine (docs/guards.md, GPU health): a GPU a machine fault hit, kept off runs by UUID -------
+    def quarantine_gpu(self, uuid: str, gpu: int | None, reason: str, evidence: dict[str, Any], now: float, *,
+                       run: str | None = None, by: str = "babysit") -> bool:
+        """Quarantine GPU `uuid`; False when it already is (the first reason stays)."""
+        with self.tx() as db:
+            return db.execute("INSERT INTO gpu_quarantine (uuid, gpu, reason, evidence, run, quarantined_by, at)"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                              (uuid, gpu, reason[:500], json.dumps(evidence), run, by, now)).rowcount == 1
+
+    def release_gpu(self, uuid: str) -> bool:
+        """Lift a quarantine; False when the GPU was not quarantined."""
+        with self.tx() as db:
+            return db.execute("DELETE FROM gpu_quarantine WHERE uuid=?", (uuid,)).rowcount == 1
+
+    def quarantined_gpus(self) -> dict[str, dict[str, Any]]:
+        """UUID -> {uuid, gpu, reason, evidence, run, by, at}, oldest first."""
+        return {r["uuid"]: {"uuid": r["uuid"], "gpu": r["gpu"], "reason": r["reason"], "run": r["run"],
+                            "by": r["quarantined_by"], "at": r["at"], "evidence": json.loads(r["evidence"])}
+                for r in self._query("SELECT * FROM gpu_quarantine ORDER BY at, uuid")}
 
 
 def _statements(script: str) -> list[str]:

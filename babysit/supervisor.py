@@ -7,6 +7,7 @@ losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from babysit import logtail, runstate, sources, stopcheck
+from babysit import gpufault, logtail, nccl, runstate, sources, stopcheck
 from babysit.clock import SYSTEM, Clock
 from babysit.core import classify, guards, nonfinite, progress, readable, retry, run_machine, smoke, snapshot
 from babysit.core import run_events as ev
@@ -48,6 +49,7 @@ log = structlog.get_logger("babysit.supervisor")
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
+GPU_WAIT_MINUTES = 1.0  # a run waiting for a quarantined GPU looks again this many declared minutes later
 
 
 @dataclass
@@ -81,6 +83,7 @@ class RunSupervisor:
         self.run = spec.name
         self.frozen_sha = registered_prereg_sha256
         self.executor = ctx.executors[spec.executor]
+        self.declared_gpus = spec.gpus  # spec.gpus is the attempt's: a quarantined GPU may be swapped out
         self.lock = threading.RLock()
         self.attempt: Attempt | None = None
         self.launch_msg: int | None = None
@@ -241,9 +244,10 @@ class RunSupervisor:
         if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
             return  # a guard that stopped it for this very reason (stalled, diverged) has said it already
         detail = dict(e.detail)
-        if e.stacks_of is not None:  # a stall: where the trainer's threads are, and where babysit saw no record
+        if e.stacks_of is not None and "stacks" not in detail:  # a stall: where the trainer's threads are
             detail["stacks"] = stack_dump(e.stacks_of)
-            detail["log"] = str(self.records_log)
+        if e.stacks_of is not None:
+            detail["log"] = str(self.records_log)  # where babysit saw no record
         self.incident(e.kind, e.message, detail, key=e.key)
 
     def _ended_message(self, attempt: Attempt) -> None:
@@ -262,7 +266,7 @@ class RunSupervisor:
             self.state = runstate.restore(self.ctx.store, self.spec, now)
             last = self.state.last
             if last is not None and not last.live and self.state.status in (RunStatus.RUNNING, RunStatus.RETRYING,
-                                                                            RunStatus.STOPPING):
+                                                                            RunStatus.STOPPING, RunStatus.WAITING_GPU):
                 # the daemon died between recording the exit and deciding: decide now
                 self._deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
                 return
@@ -271,6 +275,7 @@ class RunSupervisor:
     def _adopt(self, attempt: Attempt) -> None:
         """A live attempt of a dead daemon: one recorded but never started is started now (once), else
         found and watched (`Adopted`: a stop it was making is resumed)."""
+        self._use_gpus(attempt.detail.get("gpus"))
         if attempt.status == AttemptStatus.LAUNCHING:
             found = self.executor.find(attempt)
             if found is None:  # recorded, never started: start it now (once)
@@ -288,11 +293,23 @@ class RunSupervisor:
     # -- launch -----------------------------------------------------------------------------------------
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
         # A scheduler (Slurm) picks the GPUs on a node the daemon cannot see: no launch check from here.
+        self._use_gpus(None)
         gpus = () if self.executor.allocates_gpus else self.spec.gpus
         # this read also opens the attempt's poll window: the first poll averages from launch
         view = self.ctx.gpu_probe.read(gpus, window=self.poll_window) if gpus else None
-        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen))
-                    if a.kind == "refuse"]
+        if gpus and view is not None and view.available:  # a quarantined GPU: stand-ins, or wait for it
+            choice = gpufault.choose(self.ctx.gpu_probe, self.ctx.store, self.spec, self.declared_gpus, view)
+            if choice.gpus is None:
+                self._wait_for_gpu(n, choice.waiting_for, resume=resume, halvings=halvings, note=note)
+                return
+            if choice.gpus != tuple(gpus):
+                self._use_gpus(choice.gpus)
+                gpus = self.spec.gpus
+                view = self.ctx.gpu_probe.read(gpus, window=self.poll_window)
+                note = " · ".join(x for x in (note, choice.note) if x)
+        quarantined = {u: q["reason"] for u, q in self.ctx.store.quarantined_gpus().items()} if gpus else {}
+        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen),
+                                                quarantined) if a.kind == "refuse"]
         if refusals:
             self._feed(ev.LaunchRefused(self.ctx.now(), n, tuple(refusals)))
             return
@@ -309,6 +326,8 @@ class RunSupervisor:
             self.ctx.store.merge_attempt_detail(attempt.id, {"halvings": halvings})
         if selected_by:
             self.ctx.store.merge_attempt_detail(attempt.id, {"selected_by": selected_by})
+        if self.spec.gpus != self.declared_gpus:
+            self.ctx.store.merge_attempt_detail(attempt.id, {"gpus": list(self.spec.gpus)})
         merged = " · ".join(x for x in (note, *_note_lines(notes)) if x) or None
         self._start_attempt(attempt, note=merged)
 
@@ -330,6 +349,7 @@ class RunSupervisor:
         for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
             env.pop(secret, None)  # the trainer has no business with the bot's credentials
         env.update(self.executor.launch_env(self.spec.gpus))  # local: CUDA numbers GPUs as NVML does
+        env.update(nccl.flight_recorder_env(env, Path(attempt.attempt_dir)))  # unless the user set them
         if self.spec.log is not None:
             self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
@@ -446,6 +466,7 @@ class RunSupervisor:
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
             fresh = self.ctx.store.attempt(self.run, n)  # the exit's own read_log may have noted a NaN on it
+            evidence = gpufault.at_exit(self.ctx.gpu_probe, self.ctx.store, fresh, self.spec.gpus)
             cls = classify.classify_exit(
                 exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
@@ -454,9 +475,12 @@ class RunSupervisor:
                 nonfinite_seen=fresh.detail.get("nonfinite"),
                 nonfinite_metrics=self.spec.guards.nonfinite_metrics,
                 stop_sent_at=sent_at,
-                checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None)
+                checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None,
+                gpu_evidence=evidence)
             detail = {**fresh.detail, **dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
-                      "note": info.note or None, "state": info.state or None}
+                      "note": info.note or None, "state": info.state or None, "gpu_evidence": evidence}
+            if cls.outcome == "gpu-fault":  # before the retry chooses its GPUs
+                self._quarantine(n, evidence)
             if stop_requested and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.
@@ -477,10 +501,40 @@ class RunSupervisor:
             self.internal_error(where, exc)
             self._end_after_internal_error(n, exc)
 
+    def _quarantine(self, n: int, evidence: list[dict[str, Any]]) -> None:
+        """After a machine fault: the GPUs it hit are quarantined (by UUID), each said once."""
+        for e in gpufault.quarantine(self.ctx.store, self.run, evidence, self.ctx.now()):
+            self.incident("gpu-quarantined", f"GPU {e.get('gpu')} ({e.get('uuid')}) quarantined after "
+                          f"{e.get('name')}: {e.get('meaning')} — {e.get('action_words')}, then "
+                          f"`babysit gpu release {e.get('uuid')}`", {"evidence": [e]},
+                          key=f"{self.run}:{n}:quarantined:{e.get('uuid')}")
+
+    def _use_gpus(self, gpus: Any) -> None:
+        """The attempt's GPUs (recorded on it when they differ from the declared ones)."""
+        chosen = tuple(int(g) for g in gpus) if gpus else self.declared_gpus
+        if chosen != self.spec.gpus:
+            self.spec = dataclasses.replace(self.spec, gpus=chosen)
+
+    def _wait_for_gpu(self, n: int, waiting_for: tuple[int, ...], *, resume: bool, halvings: int,
+                      note: str | None) -> None:
+        """A quarantined GPU the run needs, and no stand-in: wait (said once), look again every minute."""
+        which = ", ".join(f"GPU {g}" for g in waiting_for)
+        self._set(RunStatus.WAITING_GPU.value, waiting_for=list(waiting_for))
+        self.incident("gpu-quarantined", f"attempt {n} waits: {which} quarantined (`babysit gpu release` lifts "
+                      "it once the GPU is reset); declare gpus = \"any N\" or spare_gpus to run on another",
+                      {"waiting_for": list(waiting_for), "attempt": n}, key=f"{self.run}:{n}:waiting-gpu")
+
+        def again() -> None:
+            with self.lock:
+                if self.status == RunStatus.WAITING_GPU:
+                    self._launch(n, resume=resume, halvings=halvings, note=note)
+
+        self._later(f"gpu-wait:{self.run}", GPU_WAIT_MINUTES * self.ctx.scale, again, "waiting for its GPU")
+
     def _forget(self) -> None:
         """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
         self.ctx.polls.cancel(self.run)
-        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}"):
+        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}", f"gpu-wait:{self.run}"):
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.poll_window)
 
@@ -814,10 +868,11 @@ class RunSupervisor:
                 self.sightings = guards.track_sightings(
                     self.sightings, guards.foreign_holders(obs.view, self.spec.gpus, obs.run_pids | obs.past_run_pids))
             actions = guards.live(self.spec.guards, self._live_facts(obs))
+            run_pids = obs.host.run_pids if obs.host is not None else frozenset()
+            actions = gpufault.examine(self.ctx.store, attempt, actions, run_pids, self.spec.gpus)
             # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
             exited = any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None
-            self._feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited,
-                                       run_pids=obs.host.run_pids if obs.host is not None else frozenset()))
+            self._feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited, run_pids=run_pids))
 
     def _recheck_soon(self, action: guards.Action) -> None:
         """A holder seen once: read again in a moment instead of waiting a whole guard interval."""

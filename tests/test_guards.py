@@ -128,7 +128,11 @@ G = GuardsSpec(gpu_hours_cap=12.0, min_free_host_ram_gib=8, stall_minutes=20)
     pytest.param(G, facts(view=view(gpu(0, [HIDDEN]))), [("stop", "gpu-held")],
                  id="invisible-pid-that-stays-stops"),
     pytest.param(G, facts(view=view(gpu(0, faults=["device lost"]))), [("stop", "gpu-fault")], id="lost-device-stops"),
-    pytest.param(G, facts(view=view(gpu(0, faults=["xid 79"]))), [("incident", "gpu-fault")], id="xid-is-incident"),
+    pytest.param(G, facts(view=view(gpu(0, faults=["xid 79"]))), [("stop", "gpu-fault")], id="machine-xid-stops"),
+    pytest.param(G, facts(view=view(gpu(0, faults=["xid 63"]))), [("incident", "gpu-fault")],
+                 id="machine-xid-without-stop-is-incident"),
+    pytest.param(G, facts(view=view(gpu(0, faults=["xid 31"]))), [("incident", "gpu-app-error")],
+                 id="trainer-xid-blames-the-trainer"),
     pytest.param(G, facts(view=view(gpu(1))), [("warn", "gpu-unseen")], id="gpu-vanished-warns"),
     pytest.param(G, facts(view=NO_DRIVER), [("warn", "gpu-unseen")], id="blind-guard-warns-never-silent"),
     pytest.param(G, facts(view=view(gpu(0, known=False))), [("warn", "gpu-unseen")], id="unlistable-warns"),
@@ -158,7 +162,8 @@ def test_live(guards, f, expected):
     (facts(gpu_hours_used=9.6), "gpu-hours-80"),
     (facts(gpu_hours_projected_at_end=12.5), "gpu-hours-projection"),
     (facts(available_ram_bytes=GIB), "host-memory-pressure"),
-    (facts(view=view(gpu(0, faults=["xid 79"]))), "gpu-fault:0:xid 79"),
+    (facts(view=view(gpu(0, faults=["xid 63"]))), "gpu-fault:0:xid 63"),
+    (facts(view=view(gpu(0, faults=["xid 13"]))), "gpu-app-error:0:xid 13"),
     (facts(view=NO_DRIVER), "gpu-unseen"),
 ])
 def test_warnings_are_raised_once_per_attempt(f, key):

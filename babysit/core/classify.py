@@ -9,12 +9,15 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
 2. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
 3. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
-   timeouts on the others), GPU faults (Xid, uncorrectable ECC, GPU lost, or NVML faults the daemon
-   saw), divergence (a `diverged` record, a watched metric's NaN/inf, "loss is nan"), NCCL timeouts,
-   SIGKILL without a stop request (the kernel OOM killer when host memory was low), else crashed.
+   timeouts on the others), GPU faults (a machine-side signal on one of the run's GPUs during the
+   attempt — an Xid the catalog blames on the machine, double-bit/uncorrectable ECC, GPU lost or
+   unresponsive, a recovery action — or such an Xid or ECC error in stderr), divergence (a `diverged`
+   record, a watched metric's NaN/inf, "loss is nan"), NCCL timeouts, SIGKILL without a stop request
+   (the kernel OOM killer when host memory was low), else crashed.
 
 An illegal memory access is classified `crashed`: it is almost always a software bug (an
-out-of-bounds index in a kernel), and a retry on the same code fails the same way.
+out-of-bounds index in a kernel), and a retry on the same code fails the same way. So is an Xid the
+catalog (babysit/core/xid_catalog.toml) puts on the application (13, 31, 43): the GPU stays healthy.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core import nonfinite, tails
+from babysit.core import gpuhealth, nonfinite, tails, xid
 from babysit.core.spec import ClassifyRule
 
 TAIL_LINES = 20
@@ -47,7 +50,7 @@ _OOM_OTHER = re.compile(r"torch(?:\.cuda)?\.OutOfMemoryError|CUDA out of memory|
 _NAN_TEXT = re.compile(r"(?i)\b(?:non-finite|nan|inf)\s+loss\b|\bloss\b\s*(?:is|=|:)\s*[-+]?(?:nan|inf)")
 _NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL[^\n]*(?:timeout|timed out)"
                    r"|ProcessGroupNCCL[^\n]*timed out", re.I)
-_GPU_FAULT = re.compile(r"\bXid\b[^\n]*|uncorrectable ECC error[^\n]*|GPU is lost|fallen off the bus", re.I)
+_GPU_FAULT = re.compile(r"uncorrectable ECC error[^\n]*|GPU is lost|fallen off the bus", re.I)
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,16 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                   stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
                   host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
                   nonfinite_metrics: Sequence[str] | None = None,
-                  stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None
-                  ) -> ExitClass:
+                  stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None,
+                  gpu_evidence: Sequence[Mapping[str, Any]] = ()) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
     class so that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on
-    the run's GPUs during the attempt. host_memory_pressure: available RAM was under the floor.
+    the run's GPUs during the attempt (probe texts: "xid 79"). gpu_evidence: the health signals the
+    daemon recorded on the run's GPUs during the attempt (gpuhealth.evidence dicts: gpu, uuid, kind,
+    xid, at, side, action); only machine-side ones make a gpu-fault. host_memory_pressure: available
+    RAM was under the floor.
     nonfinite_seen: what the daemon saw go non-finite in the log while the attempt ran ("train_loss =
     nan at step 120"): a trainer that logs NaN and exits 0 (HF Trainer does) diverged, not completed.
     nonfinite_metrics: the run's `[guards] nonfinite_metrics` (None: the default rule), the metrics whose
@@ -138,10 +144,28 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                          {**base, "stop_reason": "external"})
     if _OOM_OTHER.search(stderr_tail) or _CPU_ALLOC.search(stderr_tail):
         return _oom(stderr_tail, base, status)
+    machine = gpuhealth.machine_evidence(gpu_evidence)
+    legacy = [f for f in gpu_faults if gpuhealth.assess(gpuhealth.parse_fault(f)).machine]
+    codes = xid.codes_in(stderr_tail)
+    machine_codes = [c for c in codes if xid.lookup(c).machine]
     fault = _GPU_FAULT.search(stderr_tail)
-    if gpu_faults or fault:
-        what = ", ".join(gpu_faults) if gpu_faults else fault.group(0).strip()[:120]  # type: ignore[union-attr]
-        return ExitClass("gpu-fault", None, f"GPU fault: {what} ({status})", {**base, "faults": list(gpu_faults)})
+    if machine or legacy or machine_codes or fault:
+        said = [_evidence_words(e) for e in machine] + legacy + [
+            f"Xid {c} ({xid.lookup(c).name}) in stderr" for c in machine_codes]
+        if not said and fault:
+            said = [fault.group(0).strip()[:120]]
+        return ExitClass("gpu-fault", None, f"GPU fault, the machine's: {'; '.join(said)} ({status})",
+                         {**base, "faults": list(gpu_faults), "gpu_evidence": machine,
+                          "stderr_xids": list(machine_codes)})
+    app = [e for e in gpu_evidence if e.get("side") == "application"]
+    app_codes = [c for c in codes if xid.lookup(c).side == "application"]
+    app_detail: dict[str, object] = {}
+    if app or app_codes:
+        named = [f"{e.get('name')} on GPU {e.get('gpu')}" for e in app] + [
+            f"Xid {c} ({xid.lookup(c).name})" for c in app_codes if c not in {e.get("xid") for e in app}]
+        app_detail = {"app_gpu_errors": [dict(e) for e in app] + [{"xid": c} for c in app_codes],
+                      "note": f"the trainer's own GPU error: {'; '.join(named)} — the GPU stays healthy"}
+        base = {**base, **app_detail}
     nan_text = _NAN_TEXT.search(stderr_tail)
     if nonfinite_detail or nan_text:
         what = nonfinite_detail.get("nonfinite") or (nan_text.group(0) if nan_text else None) or "non-finite loss"
@@ -156,6 +180,8 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         return ExitClass("crashed", None, "crashed: killed by SIGKILL, not by babysit (OOM killer? check dmesg)",
                          {**base, "note": "killed (OOM killer?)"})
     last = lines[-1].strip() if lines else "no stderr"
+    if app_detail:
+        return ExitClass("crashed", None, f"crashed ({status}), {app_detail['note']}: {last[:120]}", base)
     return ExitClass("crashed", None, f"crashed ({status}): {last[:160]}", base)
 
 
@@ -274,6 +300,12 @@ def _signame(signal: int | None) -> str | None:
         return _signal.Signals(signal).name
     except ValueError:
         return f"signal {signal}"
+
+
+def _evidence_words(e: Mapping[str, Any]) -> str:
+    """"GPU 1 (GPU-8f…): Xid 79 (GPU has fallen off the bus) — reboot the machine"."""
+    uuid = f" ({e.get('uuid')})" if e.get("uuid") not in (None, "?") else ""
+    return f"GPU {e.get('gpu')}{uuid}: {e.get('name')} — {e.get('action_words') or e.get('action')}"
 
 
 def _reason(stop_reason: str | None) -> str:

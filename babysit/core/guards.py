@@ -32,9 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from babysit.core import gpuhealth
 from babysit.core.fmt import GIB, fmt_duration, gib, hours
 from babysit.core.progress import projection_words
-from babysit.core.readings import GpuProcess, GpuView
+from babysit.core.readings import GpuProcess, GpuReading, GpuView
 from babysit.core.spec import GuardsSpec
 
 WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
@@ -130,11 +131,14 @@ def confirmed(holder: Holder, view: GpuView, sightings: Mapping[tuple[int, int],
 
 
 def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView,
-              past_run_pids: frozenset[int] = frozenset()) -> tuple[Action, ...]:
+              past_run_pids: frozenset[int] = frozenset(),
+              quarantined: Mapping[str, str] | None = None) -> tuple[Action, ...]:
     """Whether an attempt may start on `gpus`. Any "refuse" in the result means: do not launch.
 
     `past_run_pids`: the run's earlier attempts' processes; an OOM'd attempt's pid NVML still lists
-    while the retry starts is not a holder."""
+    while the retry starts is not a holder. `quarantined`: UUID -> why, for GPUs babysit quarantined
+    after a machine fault (`babysit gpu release` lifts it). Only machine-side signals refuse: a
+    trainer's own Xid (13/31/43) leaves the GPU healthy, and a warning (throttling) is no fault."""
     if not gpus:
         return ()
     if not view.available:
@@ -152,11 +156,18 @@ def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView,
         reading = view.gpu(index)
         if reading is None:
             continue
-        if reading.faults:
+        if quarantined and reading.uuid in quarantined:
+            actions.append(Action("refuse", "gpu-quarantined",
+                                  f"GPU {index} ({reading.uuid}) is quarantined: {quarantined[reading.uuid]} — "
+                                  f"`babysit gpu release {reading.uuid}` once it is reset or replaced",
+                                  {"gpu": index, "uuid": reading.uuid}))
+        machine = [s for s in gpuhealth.signals_of(reading) if gpuhealth.assess(s).machine]
+        if machine:
+            said = ", ".join(dict.fromkeys(s.text or s.kind for s in machine))
             actions.append(Action("refuse", "gpu-fault",
-                                  f"GPU {index} reports {', '.join(reading.faults)}, refusing to launch — "
+                                  f"GPU {index} reports {said}, refusing to launch — "
                                   "reset or drain the GPU (`nvidia-smi -q -d ECC,PAGE_RETIREMENT`)",
-                                  {"gpu": index, "faults": list(reading.faults)}))
+                                  {"gpu": index, "uuid": reading.uuid, "faults": [s.text or s.kind for s in machine]}))
         if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults:
             actions.append(Action("refuse", "gpu-unseen",
                                   f"cannot list the processes on GPU {index}, so exclusivity cannot be checked; "
@@ -242,16 +253,9 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
             out.append(Action("warn", "gpu-unseen", f"GPU {index} is no longer visible to NVML — fallen off the bus? "
                               "check `nvidia-smi` and the kernel log", {"gpu": index}, key=f"gpu-unseen:{index}"))
             continue
-        for fault in reading.faults:
-            if fault == "device lost":
-                out.append(Action("stop", "gpu-fault", f"GPU {index}: device lost — stopping the run; "
-                                  "the GPU needs a reset (`nvidia-smi -r` or a reboot)",
-                                  {"gpu": index, "fault": fault}))
-            else:
-                out.append(Action("incident", "gpu-fault", f"GPU {index}: {fault} — check `nvidia-smi -q` and "
-                                  "the kernel log (dmesg | grep -i xid)", {"gpu": index, "fault": fault},
-                                  key=f"gpu-fault:{index}:{fault}"))
-        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults:
+        out.extend(_health_actions(index, reading))
+        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults \
+                and not any(s.kind == "unresponsive" for s in reading.signals):
             out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
                               "is not being checked", {"gpu": index, "errors": list(reading.errors)},
                               key=f"gpu-unseen:procs:{index}"))
@@ -271,6 +275,37 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
         out.append(Action("confirm", "gpu-held", "; ".join(h.describe() for h in unsure)
                           + " looks foreign: reading again before acting",
                           {"holders": [h.to_dict() for h in unsure]}, key="gpu-held:confirm"))
+    return out
+
+
+def _health_actions(index: int, reading: GpuReading) -> list[Action]:
+    """What one GPU's health signals call for (babysit/core/gpuhealth.py): a machine fault that stops
+    stops the run (classified gpu-fault), one that does not is an incident; a trainer's own Xid is an
+    incident that blames the trainer; a warning is one warning per kind and GPU. Each machine-side
+    action carries its evidence, which the supervisor records on the attempt."""
+    out = []
+    for sig in gpuhealth.signals_of(reading):
+        a = gpuhealth.assess(sig)
+        text = gpuhealth.describe(index, sig)
+        what = sig.text or sig.kind
+        detail: dict[str, object] = {"gpu": index, "uuid": reading.uuid, "fault": what,
+                                     "evidence": [gpuhealth.evidence(reading, sig, sig.at)]}
+        if a.machine and a.stop:
+            out.append(Action("stop", "gpu-fault", f"{text} — stopping the run (classified gpu-fault; retried "
+                              "per retry.on on a healthy GPU)", detail))
+        elif a.machine:
+            out.append(Action("incident", "gpu-fault", f"{text} — check `nvidia-smi -q` and the kernel log "
+                              "(dmesg | grep -i xid)", detail, key=f"gpu-fault:{index}:{what}"))
+        elif a.side == "application":
+            out.append(Action("incident", "gpu-app-error", f"{text}: the trainer's bug, not the machine's",
+                              detail, key=f"gpu-app-error:{index}:{what}"))
+        elif a.side == "warn":
+            out.append(Action("warn", "gpu-health", text, {"gpu": index, "uuid": reading.uuid, "signal": sig.kind,
+                                                          "value": sig.value, "text": what},
+                              key=f"gpu-health:{index}:{sig.kind}"))
+        else:
+            out.append(Action("warn", "gpu-health", text, {"gpu": index, "uuid": reading.uuid, "text": what},
+                              key=f"gpu-health:{index}:{what}"))
     return out
 
 

@@ -19,6 +19,22 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class GpuSignal:
+    """One health signal of one GPU, as the probe saw it; babysit/core/gpuhealth.py says what it means.
+
+    kind: xid | ecc-dbe | ecc-uncorrectable | ecc-sbe | ecc-sbe-storm | remap-pending | remap-failure |
+    recovery-action | unavailable | lost | unresponsive | pcie-replay | nvlink-errors | throttle |
+    temperature (docs/guards.md, GPU health). `code`: the Xid or the recovery action; `value`: the count,
+    the reasons mask or the degrees below the slowdown threshold; `at`: the wall time it was seen."""
+
+    kind: str
+    code: int | None = None
+    value: float | None = None
+    at: float | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class GpuReading:
     index: int
     name: str
@@ -32,6 +48,7 @@ class GpuReading:
     processes_known: bool = True  # False: listing failed; `processes == ()` then means "not measured"
     errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
     util_min_pct: float | None = None  # the lowest sample of the window
+    signals: tuple[GpuSignal, ...] = ()  # health signals seen since the last read (NVML); () from a file probe
 
 
 @dataclass(frozen=True)

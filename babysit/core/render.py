@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import babysit.campaign.render as campaign_words  # pure (tests/test_layering.py)
@@ -197,7 +198,7 @@ def _incident(p: Mapping[str, Any]) -> Rendered:
         lines.append("last stderr lines:")
         lines.extend("  " + line for line in tail)
         blocks.append(section("last stderr lines:\n" + code("\n".join(tail))))
-    for head, body in _stall_evidence(p.get("detail") or {}):
+    for head, body in (*_gpu_evidence(p.get("detail") or {}), *_stall_evidence(p.get("detail") or {})):
         lines.append(head)
         lines.extend("  " + line for line in body)
         blocks.append(section(head + ("\n" + code("\n".join(body)) if body else "")))
@@ -205,6 +206,23 @@ def _incident(p: Mapping[str, Any]) -> Rendered:
 
 
 STACK_LINES = 14  # of the dump shown in the channel; the whole dump is in the incident's record
+
+
+def _gpu_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """A GPU fault's evidence (which GPU, what, what it means, the catalog's action, when) and a hung
+    collective's explanation (docs/guards.md, GPU health)."""
+    out: list[tuple[str, list[str]]] = []
+    items = [e for e in detail.get("gpu_evidence") or detail.get("evidence") or () if isinstance(e, Mapping)]
+    if items:
+        lines = [f"GPU {e.get('gpu')} {e.get('uuid')}: {e.get('name')} — {e.get('meaning')}; "
+                 f"{'the machine' if e.get('side') == 'machine' else 'the trainer'}: {e.get('action_words')}"
+                 + (f" (at {datetime.fromtimestamp(float(e['at']), timezone.utc):%H:%M:%S} UTC)"
+                    if isinstance(e.get("at"), (int, float)) else "") for e in items[:6]]
+        out.append(("GPU evidence:", lines))
+    hang = detail.get("collective")
+    if isinstance(hang, Mapping) and hang.get("summary"):
+        out.append((f"hung collective ({hang.get('source') or 'no evidence'}): {hang['summary']}", []))
+    return out
 
 
 def _stall_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:

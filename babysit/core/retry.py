@@ -6,6 +6,10 @@ there is an attempt k. The one thing a failure changes besides that is the decla
 `[machinery]` knobs (loader workers, prefetch), halved after host-memory pressure, because they
 are declared not to touch the training math.
 
+A `gpu-fault` (the machine's fault, never the method's) has its own budget: `[retry] gpu_fault_max`
+retries, which do not count against `max_attempts`; the supervisor quarantines the faulty GPU and
+relaunches on healthy ones (a run with `gpus = "any N"` or spare GPUs) or waits for it.
+
 Never retried: a completed attempt, a stop on request, a guard stop (gpu-held, gpu-hours-cap,
 abort), an outcome outside `[retry].on` unless a `[[classify]]` rule said retry = true, and any
 outcome a rule marked retry = false.
@@ -78,8 +82,12 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     on = spec.retry.on
     if last.retry_override is not True and last.outcome not in on:
         return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
-    most = after + spec.retry.max_attempts
-    if last.n >= most:
+    faults = sum(1 for a in history if a.outcome == "gpu-fault")
+    if last.outcome == "gpu-fault" and faults > spec.retry.gpu_fault_max:
+        return no(f"attempt {last.n} ended gpu-fault, the {_nth(faults)} machine fault: no gpu-fault retries left "
+                  f"(retry.gpu_fault_max = {spec.retry.gpu_fault_max})")
+    most = after + spec.retry.max_attempts + faults  # a machine fault costs the method no attempt
+    if last.outcome != "gpu-fault" and last.n >= most:
         return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1
     halve = last.host_memory_pressure and bool(spec.machinery_knobs)
@@ -87,7 +95,9 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     resume = spec.retry.resume == "latest-checkpoint"
     why = "a [[classify]] rule said retry" if last.retry_override else f"{last.outcome} is in retry.on"
     profile = spec.profile_for(n - after)
-    reason = (f"attempt {last.n} ended {last.outcome} ({why}): attempt {n} of {most}, "
+    of = (f"gpu-fault retry {faults} of {spec.retry.gpu_fault_max}" if last.outcome == "gpu-fault"
+          else f"attempt {n} of {most}")
+    reason = (f"attempt {last.n} ended {last.outcome} ({why}): {of}, "
               f"profile {profile.profile}" + (", resuming from the latest checkpoint" if resume else ", fresh")
               + (", [machinery] knobs halved after host-memory pressure" if halve else ""))
     return RetryDecision(True, reason, n, profile, resume, halve, halvings)
@@ -154,3 +164,7 @@ def _halve(value: str, factor: int) -> str | None:
     if number <= 1:
         return str(number)
     return str(max(1, number // factor))
+
+
+def _nth(k: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(k, f"{k}th")

@@ -168,8 +168,9 @@ def _registered(s: RunState, e: ev.Registered) -> Step:
         by = s.relaunch.by if s.relaunch is not None else "?"
         return s, (ev.Launch(last.n + 1, resume=s.relaunch is not None and s.relaunch.resume, halvings=0,
                              note=f"relaunched by {by} after attempt {last.n}"),)
-    if last is not None and s.status in (RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.STOPPING):
-        return _decide(s, last)  # the daemon died between recording the exit and deciding
+    if last is not None and s.status in (RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.STOPPING,
+                                         RunStatus.WAITING_GPU):
+        return _decide(s, last)  # the daemon died between recording the exit and deciding (or waited for a GPU)
     return s, (_launch_next(s, resume=False, halvings=0, note=None),)
 
 

@@ -22,7 +22,7 @@ from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
 from babysit.core.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
-FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled")
+FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
 CLASSIFY_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
 MIN_POLL_MINUTES = 30  # >= 30-minute cadence after the first poll (docs/spec.md, [poll])
 AMBIGUOUS_BY_INSTRUMENT = "AMBIGUOUS-BY-INSTRUMENT"
@@ -55,6 +55,7 @@ class RetrySpec:
     on: tuple[str, ...] = ("oom", "diverged")
     resume: str = "fresh"  # "fresh" | "latest-checkpoint"
     resume_args: tuple[str, ...] = ("--resume", "latest")  # appended on a latest-checkpoint retry
+    gpu_fault_max: int = 2  # gpu-fault retries (their own budget: they never count against max_attempts)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class RunSpec:
     workdir: Path
     checkpoints: Path
     gpus: tuple[int, ...] = ()
+    gpus_any: bool = False  # gpus = "any N": any N healthy GPUs of the box (gpus holds the first choice)
+    spare_gpus: tuple[int, ...] = ()  # [run] spare_gpus: stand-ins for a quarantined GPU of `gpus`
     executor: str = "local"
     env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     stop_signal: str = "SIGTERM"  # sent to the run's leader alone on a graceful stop (STOP_SIGNALS)
@@ -189,7 +192,10 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     log_text = run.str("log") if needs_run_log(top.data.get("source")) else run.str("log", None)
     log = workdir / _expand(log_text, subst, run, "log") if log_text is not None else None
     checkpoints = workdir / _expand(run.str("checkpoints", "outputs/{name}/checkpoints"), subst, run, "checkpoints")
-    gpus = run.int_list("gpus", ())
+    gpus, gpus_any = _gpus(run)
+    spare_gpus = run.int_list("spare_gpus", ())
+    if set(spare_gpus) & set(gpus) and not gpus_any:
+        raise run.error("spare_gpus", "GPUs not already in run.gpus", list(spare_gpus))
     executor = run.choice("executor", ("local", "slurm"), "local")
     env = run.str_map("env", {})
     stop_signal = run.choice("stop_signal", STOP_SIGNALS, "SIGTERM")
@@ -207,6 +213,8 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         workdir=workdir,
         checkpoints=checkpoints,
         gpus=gpus,
+        gpus_any=gpus_any,
+        spare_gpus=spare_gpus,
         executor=executor,
         env=MappingProxyType(env),
         stop_signal=stop_signal,
@@ -306,6 +314,17 @@ def _poll(t: Table | None) -> PollSpec:
     return p
 
 
+def _gpus(run: Table) -> tuple[tuple[int, ...], bool]:
+    """run.gpus: a list of GPU indices, or "any N" (any N healthy GPUs of the box, picked at launch)."""
+    value = run.raw("gpus", None)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*any\s+([1-9]\d*)\s*", value)
+        if m is None:
+            raise run.error("gpus", 'a list of GPU indices ([0, 1]) or "any N" (N a positive integer)', value)
+        return tuple(range(int(m.group(1)))), True
+    return run.int_list("gpus", ()), False
+
+
 def _retry(t: Table | None) -> RetrySpec:
     if t is None:
         return RetrySpec()
@@ -318,6 +337,7 @@ def _retry(t: Table | None) -> RetrySpec:
         on=on,
         resume=t.choice("resume", ("fresh", "latest-checkpoint"), d.resume),
         resume_args=t.str_list("resume_args", d.resume_args),
+        gpu_fault_max=t.int("gpu_fault_max", d.gpu_fault_max, minimum=0),
     )
     t.finish()
     return r

@@ -21,6 +21,7 @@ class RunStatus(StrEnum):
     STOPPED = "stopped"
     REFUSED = "refused"  # a launch was refused (the GPUs are held or unseen): a restarted daemon tries again
     RELAUNCHING = "relaunching"  # `babysit relaunch` took an ended run: its next attempt is being launched
+    WAITING_GPU = "waiting-gpu"  # the next attempt waits for a quarantined GPU (`babysit gpu release`)
 
     @property
     def terminal(self) -> bool:

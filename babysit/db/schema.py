@@ -139,6 +139,11 @@ runs = Table(  # which box a run belongs to: the one that registered it (runs ne
     "runs", metadata, Column("run", Text, primary_key=True), Column("host", Text, nullable=False),
     Column("registered_at", TIME, nullable=False),
 )
+gpu_quarantine = Table(  # a GPU a machine fault hit, kept off runs by UUID until released (docs/guards.md)
+    "gpu_quarantine", metadata, Column("uuid", Text, primary_key=True), Column("gpu", Integer),
+    Column("reason", Text, nullable=False), _json("evidence"), Column("run", Text),
+    Column("quarantined_by", Text, nullable=False), Column("at", TIME, nullable=False),
+)
 
 # `babysit db copy`'s order: a table's rows before the rows that point at them
 COPY_ORDER = tuple(metadata.sorted_tables)

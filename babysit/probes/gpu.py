@@ -23,15 +23,20 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from babysit.core import gpuhealth
 from babysit.core.errors import BadInput
-from babysit.core.readings import GpuProcess, GpuReading, GpuView
+from babysit.core.readings import GpuProcess, GpuReading, GpuSignal, GpuView
+from babysit.probes import health
 from babysit.probes.host import process_state
 
+HISTORY = 512  # health signals kept for the exit's classification (signals_since)
 SAMPLE_BUFFER = 256  # nvmlSample_t slots for one nvmlDeviceGetSamples call (the driver keeps fewer)
 NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
 
@@ -76,10 +81,27 @@ class NvmlGpuProbe:
 
     `library` is the pynvml module (imported lazily when None); tests inject a stand-in with the same
     functions to exercise the sampling and fault logic on machines without a GPU.
+
+    Health (babysit/probes/health.py): with `events_thread` (the default for the real pynvml) one thread
+    waits on the NVML event set and hands each event to the subscribers (`subscribe`) within a second;
+    without it, read() drains the set. Every read() runs its NVML calls on a worker with a timeout
+    (`call_timeout_s`): a GPU whose call blocks is read as `unresponsive`, never a blocked guard round.
     """
 
-    def __init__(self, *, library: Any = None, sample_buffer: bool = False) -> None:
+    def __init__(self, *, library: Any = None, sample_buffer: bool = False, events_thread: bool | None = None,
+                 call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
+        self._events_thread = (library is None) if events_thread is None else events_thread
+        self._call_timeout = call_timeout_s
+        self._clock = clock
+        self._caller = health.NvmlCaller()
+        self._watcher: health.EventWatcher | None = None
+        self._fields: dict[int, health.FieldState] = {}
+        self._sig_lock = threading.Lock()  # the event thread adds, read() takes
+        self._pending: dict[int, list[GpuSignal]] = {}
+        self._history: deque[tuple[int, str, GpuSignal]] = deque(maxlen=HISTORY)
+        self._listeners: list[Callable[[int, tuple[GpuSignal, ...]], None]] = []
+        self._registered: dict[int, int] = {}  # gpu -> the event mask registered on it
         self._sample_buffer = sample_buffer
         self._nv: Any = library
         self._ok = False
@@ -89,7 +111,6 @@ class NvmlGpuProbe:
         self._util: dict[int, _Util] = {}
         self._windows: dict[int, dict[str, _Window]] = {}  # gpu -> window name -> running sum
         self._events: Any = None
-        self._pending_faults: dict[int, list[str]] = {}
         self._ecc_base: dict[int, int] = {}
         self._lost: set[int] = set()
         self._errors: dict[int | None, list[str]] = {}
@@ -111,6 +132,7 @@ class NvmlGpuProbe:
             call, fn = fn, fn.__name__
         else:
             call = getattr(nv, fn, None) or _missing(fn)
+        self._caller.current_gpu = gpu  # a timeout names the GPU whose call blocked
         try:
             return call(*args)
         except nv.NVMLError as exc:
@@ -154,6 +176,9 @@ class NvmlGpuProbe:
         for i in range(self._count):
             self._handle(i)
         self._errors.clear()
+        if self._events is not None and self._events_thread and self._watcher is None:
+            self._watcher = health.EventWatcher(nv, self._events, self._deliver, self._clock)
+            self._watcher.start()
         return True
 
     def _handle(self, i: int) -> Any:
@@ -164,26 +189,83 @@ class NvmlGpuProbe:
                 self._handles[i] = h
                 self._register_events(i, h)
                 nv = self._nv
-                base = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                  nv.NVML_VOLATILE_ECC, default=None, gpu=i, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
-                if base is not None:
-                    self._ecc_base[i] = int(base)
+                if hasattr(nv, "nvmlDeviceGetFieldValues"):  # the batch read's first values are the base
+                    self._fields[i] = health.FieldState()
+                    health.read_fields(self._call_for(i), nv, h, self._fields[i], self._clock())
+                else:
+                    base = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                      nv.NVML_VOLATILE_ECC, default=None, gpu=i,
+                                      on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+                    if base is not None:
+                        self._ecc_base[i] = int(base)
         return h
+
+    def _call_for(self, i: int) -> Callable[..., Any]:
+        def call(fn: str, *args: Any, default: Any = None, on: Mapping[int, Any] | None = None) -> Any:
+            return self._nvml(fn, *args, default=default, gpu=i, on=on)
+        return call
 
     def _register_events(self, i: int, h: Any) -> None:
         nv = self._nv
         if self._events is None:
             return
-        wanted = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
+        wanted = health.event_mask(nv)
         supported = self._nvml("nvmlDeviceGetSupportedEventTypes", h, default=0, gpu=i,
                                on={nv.NVML_ERROR_NOT_SUPPORTED: 0})
-        if supported & wanted:
-            self._nvml("nvmlDeviceRegisterEvents", h, supported & wanted, self._events, gpu=i,
-                       on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+        mask = int(supported) & wanted
+        if mask:
+            failed = object()
+            got = self._nvml("nvmlDeviceRegisterEvents", h, mask, self._events, default=failed, gpu=i,
+                             on={nv.NVML_ERROR_NOT_SUPPORTED: failed})
+            if got is not failed:
+                self._registered[i] = mask
+
+    def registered_events(self, index: int) -> int:
+        """The NVML event mask registered on GPU `index` (0: none: the GPU supports none of them)."""
+        return self._registered.get(index, 0)
+
+    def subscribe(self, listener: Callable[[int, tuple[GpuSignal, ...]], None]) -> None:
+        """`listener(index, signals)` on the event thread for every NVML event (the daemon wakes the runs
+        on that GPU). It must return quickly and never raise."""
+        self._listeners.append(listener)
+
+    def signals_since(self, indices: Sequence[int], since: float) -> list[tuple[int, str, GpuSignal]]:
+        """Every health signal seen on `indices` at or after `since` (wall time): (gpu, uuid, signal)."""
+        wanted = set(indices)
+        with self._sig_lock:
+            return [(i, u, s) for i, u, s in self._history if i in wanted and (s.at or 0.0) >= since]
+
+    def health_values(self, index: int) -> dict[str, float]:
+        """The newest raw values of GPU `index`'s batch read (the bench and the GPU tests print them)."""
+        state = self._fields.get(index)
+        return dict(state.values) if state is not None else {}
+
+    def _deliver(self, index: int, signals: list[GpuSignal]) -> None:
+        uuid = self._ident.get(index, ("?", "?"))[1]
+        with self._sig_lock:
+            self._pending.setdefault(index, []).extend(signals)
+            for sig in signals:
+                self._history.append((index, uuid, sig))
+        for listener in list(self._listeners):
+            try:
+                listener(index, tuple(signals))
+            except Exception:  # a listener's bug must not end the event thread
+                pass
+
+    def _note(self, index: int, signals: Sequence[GpuSignal]) -> None:
+        """Signals a read found (fields, a lost GPU): kept for signals_since, not delivered again."""
+        if signals:
+            uuid = self._ident.get(index, ("?", "?"))[1]
+            with self._sig_lock:
+                for sig in signals:
+                    self._history.append((index, uuid, sig))
 
     def close(self) -> None:
         with self._lock:
-            if self._ok:
+            if self._watcher is not None:
+                self._watcher.stop()
+                self._watcher = None
+            if self._ok and not self._caller.stuck:
                 if self._events is not None:
                     self._nvml("nvmlEventSetFree", self._events)
                 self._nvml("nvmlShutdown")
@@ -198,10 +280,16 @@ class NvmlGpuProbe:
 
     def sample(self) -> None:
         with self._lock:
-            if not self._ok:
+            if not self._ok or self._caller.stuck:
                 return  # never initialise here: sample() must stay cheap; read() initialises
-            for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
-                self._sample_gpu(i)
+
+            def work() -> None:
+                for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
+                    self._sample_gpu(i)
+            try:
+                self._caller.call(work, self._call_timeout)
+            except health.Unresponsive:
+                return  # the next read() says so, on the GPU that blocked
 
     def _sample_gpu(self, i: int) -> None:
         h = self._handle(i)
@@ -265,8 +353,9 @@ class NvmlGpuProbe:
         return value_type.value, buf[: count.value]
 
     def _drain_events(self) -> None:
+        """Without the event thread: the events queued since the last read, taken now."""
         nv = self._nv
-        if self._events is None:
+        if self._events is None or self._watcher is not None:
             return
         for _ in range(256):
             data = self._nvml("nvmlEventSetWait", self._events, 0, default=None, on={nv.NVML_ERROR_TIMEOUT: None})
@@ -275,30 +364,61 @@ class NvmlGpuProbe:
             index = self._nvml("nvmlDeviceGetIndex", data.device, default=None)
             if index is None:
                 continue
-            if data.eventType & nv.nvmlEventTypeXidCriticalError:
-                self._pending_faults.setdefault(int(index), []).append(f"xid {int(data.eventData)}")
-            if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
-                self._pending_faults.setdefault(int(index), []).append("ecc double-bit")
+            signals = health.event_signals(nv, int(data.eventType), int(data.eventData), self._clock())
+            if signals:
+                self._deliver(int(index), signals)
 
     # -- reading --------------------------------------------------------------------------------
 
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         with self._lock:
-            if not self._ensure_init():
-                return GpuView(False, self._reason, ())
-            wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
-            self._watched.update(wanted)
-            for i in wanted:
-                self._sample_gpu(i)  # close the window with the newest samples
-            self._drain_events()
-            readings = tuple(self._read_gpu(i, window) for i in wanted)
-            self._errors.pop(None, None)
-            return GpuView(True, None, readings)
+            timeout = self._call_timeout if self._ok else max(self._call_timeout, health.INIT_TIMEOUT_S)
+            try:
+                return self._caller.call(lambda: self._read_now(indices, window), timeout)
+            except health.Unresponsive as exc:
+                return self._unresponsive_view(indices, exc)
+
+    def _read_now(self, indices: Sequence[int], window: str) -> GpuView:
+        if not self._ensure_init():
+            return GpuView(False, self._reason, ())
+        wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
+        self._watched.update(wanted)
+        for i in wanted:
+            self._sample_gpu(i)  # close the window with the newest samples
+        self._drain_events()
+        readings = tuple(self._read_gpu(i, window) for i in wanted)
+        self._errors.pop(None, None)
+        return GpuView(True, None, readings)
+
+    def _unresponsive_view(self, indices: Sequence[int], exc: health.Unresponsive) -> GpuView:
+        """NVML blocked: the GPU whose call blocked is `unresponsive` (a machine-side signal); the others
+        of the read are not measured this round (NVML is busy with the blocked call)."""
+        if not self._ok:
+            return GpuView(False, f"NVML did not answer within {exc.seconds:g} s while initialising — check "
+                                  "`nvidia-smi` (a hung GPU or driver)", ())
+        wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
+        blocked = exc.gpu if exc.gpu is not None else None
+        now = self._clock()
+        out = []
+        for i in wanted:
+            name, uuid = self._ident.get(i, ("?", "?"))
+            if blocked is None or i == blocked:
+                sig = GpuSignal("unresponsive", value=round(exc.seconds, 3), at=now,
+                                text=f"unresponsive: an NVML call did not return within {exc.seconds:g} s")
+                self._note(i, [sig])
+                out.append(GpuReading(i, name, uuid, None, 0, None, None, (), (sig.text,), processes_known=False,
+                                      errors=(str(exc),), signals=(sig,)))
+            else:
+                out.append(GpuReading(i, name, uuid, None, 0, None, None, (), (), processes_known=False,
+                                      errors=(f"not read: NVML is blocked on GPU {blocked}",)))
+        return GpuView(True, None, tuple(out))
 
     def _read_gpu(self, i: int, window: str) -> GpuReading:
         nv = self._nv
         h = self._handle(i)
-        faults = self._pending_faults.pop(i, [])
+        with self._sig_lock:
+            signals = self._pending.pop(i, [])
+        found: list[GpuSignal] = []
         windows = self._windows.setdefault(i, {})
         acc = windows.get(window) or _Window()
         windows[window] = _Window()  # this reader's next window starts now
@@ -322,16 +442,25 @@ class NvmlGpuProbe:
             if listed is not None:
                 known = True
                 procs = tuple(_process(p.pid, p.usedGpuMemory) for p in listed)
-            ecc = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                             nv.NVML_VOLATILE_ECC, default=None, gpu=i, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
-            if ecc is not None and int(ecc) > self._ecc_base.get(i, 0):
-                faults.append(f"ecc uncorrectable volatile {int(ecc)}")
+            state = self._fields.get(i)
+            if state is not None:
+                found.extend(health.read_fields(self._call_for(i), nv, h, state, self._clock()))
+            else:
+                ecc = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                 nv.NVML_VOLATILE_ECC, default=None, gpu=i, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+                if ecc is not None and int(ecc) > self._ecc_base.get(i, 0):
+                    found.append(GpuSignal("ecc-uncorrectable", value=float(ecc), at=self._clock(),
+                                           text=f"ecc uncorrectable volatile {int(ecc)}"))
         if i in self._lost:
-            faults.append("device lost")
+            found.append(GpuSignal("lost", at=self._clock(), text="device lost"))
             util, low, samples = None, None, 0
+        self._note(i, [s for s in found if gpuhealth.assess(s).machine])
+        signals.extend(found)
+        # the fault texts (status, /babysit gpus) name what is not a mere warning
+        faults = tuple(dict.fromkeys(s.text for s in signals if gpuhealth.assess(s).side != "warn"))
         errors = tuple(self._errors.pop(i, []))
-        return GpuReading(i, name, uuid, util, samples, used, total, procs, tuple(dict.fromkeys(faults)),
-                          processes_known=known, errors=errors, util_min_pct=low)
+        return GpuReading(i, name, uuid, util, samples, used, total, procs, faults,
+                          processes_known=known, errors=errors, util_min_pct=low, signals=tuple(signals))
 
     def close_window(self, window: str) -> None:
         """Forget a reader's window (a run that ended), so samples stop feeding it."""

@@ -1,0 +1,291 @@
+"""GPU health through NVML: the calls that never block the guard round, the event thread, the batch read.
+
+Three pieces, used by `NvmlGpuProbe` (babysit/probes/gpu.py):
+
+- `NvmlCaller` runs NVML work on one worker thread and waits for it with a timeout. A call that does
+  not return in time is itself a signal (`unresponsive`, NVIDIA/DCGM#313 saw calls block > 45 s on a
+  degrading GPU): the caller returns at the deadline, and while the stuck call has not returned every
+  later call answers "unresponsive" at once instead of queueing behind it.
+- `EventWatcher`: one thread for all GPUs waiting on the NVML event set (Xid critical errors,
+  double-bit ECC, single-bit ECC storm, GPU unavailable, GPU recovery action, row remapping failure),
+  so an event reaches the run within a second (`on_signal` wakes its guard).
+- `read_fields`: every guard round's batch read of one GPU: one `nvmlDeviceGetFieldValues` (volatile
+  single/double-bit ECC, remapped rows pending/failure, PCIe replays, NVLink CRC/replay/recovery
+  errors, the driver's recovery action), the clock-event reasons and the temperature against its
+  slowdown threshold (read once). Counters are judged against the first value seen, so a count the
+  GPU had before babysit looked is never news.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from babysit.core.gpuhealth import TEMPERATURE_MARGIN_C
+from babysit.core.readings import GpuSignal
+
+CALL_TIMEOUT_S = 2.0  # one guard round's NVML work for a run's GPUs, at most
+INIT_TIMEOUT_S = 60.0  # nvmlInit and the first handles: seconds on a box of many GPUs
+EVENT_WAIT_MS = 500  # the event thread's wait: an event is seen within this, a stop within twice this
+WATCHER_STALE_S = 15.0  # an event wait that has not come back for this long: NVML is blocked
+
+# event type bits (pynvml.nvmlEventType*), with the signal each becomes
+EVENT_KINDS = (("nvmlEventTypeXidCriticalError", "xid"), ("nvmlEventTypeDoubleBitEccError", "ecc-dbe"),
+               ("nvmlEventTypeSingleBitEccErrorStorm", "ecc-sbe-storm"),
+               ("nvmlEventTypeGpuUnavailableError", "unavailable"),
+               ("nvmlEventTypeGpuRecoveryAction", "recovery-action"),
+               ("nvmlEventTypeDramRetirementFailure", "remap-failure"))
+
+# field id names (pynvml.NVML_FI_DEV_*), read in one nvmlDeviceGetFieldValues call
+FIELDS = {"sbe": "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "dbe": "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+          "remap_pending": "NVML_FI_DEV_REMAPPED_PENDING", "remap_failure": "NVML_FI_DEV_REMAPPED_FAILURE",
+          "pcie_replay": "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+          "nvlink_crc_flit": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+          "nvlink_crc_data": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+          "nvlink_replay": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+          "nvlink_recovery": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+          "recovery_action": "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"}
+NVLINK = ("nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay", "nvlink_recovery")
+THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake
+
+
+class Unresponsive(Exception):
+    """NVML work did not return within its timeout (or an earlier call is still stuck)."""
+
+    def __init__(self, gpu: int | None, seconds: float) -> None:
+        super().__init__(f"NVML did not answer within {seconds:g} s")
+        self.gpu = gpu
+        self.seconds = seconds
+
+
+@dataclass
+class _Job:
+    fn: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+    started: float = 0.0
+
+
+class NvmlCaller:
+    """NVML work on one worker thread, waited for with a timeout (see the module docstring).
+
+    `current_gpu` is set by the work itself before each per-GPU call, so a timeout names the GPU whose
+    call blocked."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stuck: _Job | None = None
+        self.current_gpu: int | None = None
+        self.stuck_gpu: int | None = None
+
+    def call(self, fn: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
+        stuck = self._stuck
+        if stuck is not None:
+            if not stuck.done.is_set():
+                raise Unresponsive(self.stuck_gpu, time.monotonic() - stuck.started)
+            self._stuck, self.stuck_gpu = None, None
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="babysit-nvml", daemon=True)
+            self._thread.start()
+        job = _Job(fn, started=time.monotonic())
+        self.current_gpu = None
+        self._jobs.put(job)
+        if not job.done.wait(timeout):
+            self._stuck, self.stuck_gpu = job, self.current_gpu
+            raise Unresponsive(self.current_gpu, timeout)
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    @property
+    def stuck(self) -> bool:
+        return self._stuck is not None and not self._stuck.done.is_set()
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.result = job.fn()
+            except BaseException as exc:  # handed to the caller, who decides
+                job.error = exc
+            finally:
+                job.done.set()
+
+
+@dataclass
+class FieldState:
+    """What one GPU's batch read remembers: the counters' first values, the slowdown threshold."""
+
+    base: dict[str, float] = field(default_factory=dict)
+    slowdown_c: float | None = None
+    threshold_read: bool = False
+    field_ids: list[int] | None = None  # None: not built yet; []: nvmlDeviceGetFieldValues unsupported
+    names: list[str] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)  # the latest raw values (the bench prints them)
+
+
+def field_ids(nv: Any, state: FieldState) -> list[int]:
+    if state.field_ids is None:
+        pairs = [(name, getattr(nv, const, None)) for name, const in FIELDS.items()]
+        pairs = [(n, c) for n, c in pairs if isinstance(c, int)]
+        state.names = [n for n, _ in pairs]
+        state.field_ids = [c for _, c in pairs]
+    return state.field_ids
+
+
+def field_value(nv: Any, fv: Any) -> float | None:
+    """One nvmlFieldValue_t's value, or None when the GPU does not have that field."""
+    if int(getattr(fv, "nvmlReturn", 0)) != 0:
+        return None
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(
+        int(getattr(fv, "valueType", 3)), "ullVal")
+    return float(getattr(fv.value, attr))
+
+
+def read_fields(call: Callable[..., Any], nv: Any, h: Any, state: FieldState, now: float) -> list[GpuSignal]:
+    """The batch read of one GPU (see the module docstring); `call(fn_name, *args, on=...)` is the probe's
+    NVML wrapper (errors recorded, a default returned). Returns the signals the values show."""
+    signals: list[GpuSignal] = []
+    ids = field_ids(nv, state)
+    values: dict[str, float] = {}
+    if ids:
+        got = call("nvmlDeviceGetFieldValues", h, ids, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+        if got is not None:
+            for name, fv in zip(state.names, got, strict=False):
+                value = field_value(nv, fv)
+                if value is not None:
+                    values[name] = value
+    state.values = values
+    for name in ("sbe", "dbe", "pcie_replay", *NVLINK):
+        if name in values:
+            state.base.setdefault(name, values[name])
+    rose = {n: values[n] - state.base[n] for n in values if n in state.base and values[n] > state.base[n]}
+    if "dbe" in rose:
+        signals.append(GpuSignal("ecc-uncorrectable", value=values["dbe"], at=now,
+                                 text=f"ecc uncorrectable volatile {int(values['dbe'])}"))
+    if values.get("remap_failure"):
+        signals.append(GpuSignal("remap-failure", value=values["remap_failure"], at=now, text="remapping failure"))
+    if values.get("remap_pending"):
+        signals.append(GpuSignal("remap-pending", value=values["remap_pending"], at=now, text="remapped rows pending"))
+    if values.get("recovery_action"):
+        code = int(values["recovery_action"])
+        signals.append(GpuSignal("recovery-action", code=code, at=now, text=f"recovery action {code}"))
+    if "sbe" in rose:
+        signals.append(GpuSignal("ecc-sbe", value=rose["sbe"], at=now, text=f"single-bit ECC +{int(rose['sbe'])}"))
+    if "pcie_replay" in rose:
+        signals.append(GpuSignal("pcie-replay", value=rose["pcie_replay"], at=now,
+                                 text=f"PCIe replays +{int(rose['pcie_replay'])}"))
+    nvlink = sum(rose.get(n, 0.0) for n in NVLINK)
+    if nvlink:
+        signals.append(GpuSignal("nvlink-errors", value=nvlink, at=now, text=f"NVLink errors +{int(nvlink)}"))
+    reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+    if reasons is not None:
+        state.values["clock_event_reasons"] = float(reasons)
+        if int(reasons) & THROTTLE_MASK:
+            signals.append(GpuSignal("throttle", value=float(int(reasons) & THROTTLE_MASK), at=now,
+                                     text=f"clock events 0x{int(reasons):x}"))
+    if not state.threshold_read:
+        state.threshold_read = True
+        limit = call("nvmlDeviceGetTemperatureThreshold", h, getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1),
+                     default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+        state.slowdown_c = None if limit is None else float(limit)
+    temp = call("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0), default=None,
+                on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+    if temp is not None:
+        state.values["temperature_c"] = float(temp)
+        if state.slowdown_c is not None:
+            state.values["slowdown_c"] = state.slowdown_c
+            margin = state.slowdown_c - float(temp)
+            if margin <= TEMPERATURE_MARGIN_C:
+                signals.append(GpuSignal("temperature", value=margin, at=now,
+                                         text=f"{float(temp):g} °C, {margin:g} °C below slowdown"))
+    return signals
+
+
+def event_mask(nv: Any) -> int:
+    """Every event type babysit waits on that this pynvml knows."""
+    mask = 0
+    for const, _ in EVENT_KINDS:
+        mask |= int(getattr(nv, const, 0) or 0)
+    return mask
+
+
+def event_signals(nv: Any, event_type: int, event_data: int, now: float) -> list[GpuSignal]:
+    """The signals one NVML event payload carries (one event may set several type bits)."""
+    out = []
+    for const, kind in EVENT_KINDS:
+        bit = int(getattr(nv, const, 0) or 0)
+        if bit and event_type & bit:
+            if kind == "xid":
+                out.append(GpuSignal("xid", code=int(event_data), at=now, text=f"xid {int(event_data)}"))
+            elif kind == "recovery-action":
+                out.append(GpuSignal(kind, code=int(event_data), at=now, text=f"recovery action {int(event_data)}"))
+            else:
+                out.append(GpuSignal(kind, at=now, text={"ecc-dbe": "ecc double-bit"}.get(kind, kind)))
+    return out
+
+
+class EventWatcher:
+    """One thread waiting on the NVML event set for every GPU (see the module docstring).
+
+    `deliver(index, signals)` is called on this thread for each event; `heartbeat` is the monotonic time
+    the last wait came back, so a wait that blocks is seen (`stale`)."""
+
+    def __init__(self, nv: Any, event_set: Any, deliver: Callable[[int, list[GpuSignal]], None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self._nv = nv
+        self._set = event_set
+        self._deliver = deliver
+        self._clock = clock
+        self._stop = threading.Event()
+        self.heartbeat = time.monotonic()
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="babysit-nvml-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=EVENT_WAIT_MS / 1000 * 4)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stale(self) -> bool:
+        return self.alive and time.monotonic() - self.heartbeat > WATCHER_STALE_S
+
+    def _loop(self) -> None:
+        nv = self._nv
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                data = nv.nvmlEventSetWait(self._set, EVENT_WAIT_MS)
+            except nv.NVMLError as exc:
+                self.heartbeat = time.monotonic()
+                if exc.value != nv.NVML_ERROR_TIMEOUT:
+                    self.errors = [*self.errors[-9:], f"nvmlEventSetWait: {exc}"]
+                    if exc.value == getattr(nv, "NVML_ERROR_UNINITIALIZED", 1):
+                        return  # NVML shut down under it: the probe closed
+                # a wait that came back early (a driver that does not block) must not spin
+                self._stop.wait(max(0.0, EVENT_WAIT_MS / 1000 - (time.monotonic() - began)))
+                continue
+            except Exception as exc:  # a broken binding: say it, stop watching
+                self.errors = [*self.errors[-9:], f"nvmlEventSetWait: {type(exc).__name__}: {exc}"]
+                return
+            self.heartbeat = time.monotonic()
+            try:
+                index = int(nv.nvmlDeviceGetIndex(data.device))
+            except Exception as exc:  # an event of a GPU that cannot be named
+                self.errors = [*self.errors[-9:], f"nvmlDeviceGetIndex: {exc}"]
+                continue
+            signals = event_signals(nv, int(data.eventType), int(data.eventData), self._clock())
+            if signals:
+                self._deliver(index, signals)
