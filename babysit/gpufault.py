@@ -10,6 +10,7 @@ as the trainer dies is counted even when no guard round saw it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,13 @@ def release_target(store: Store, target: str, uuids: Mapping[int, str]) -> str |
             if row.get("gpu") == index:
                 return uuid
     return None
+
+
+def quarantine_lines(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line a quarantined GPU: index, UUID, why, since when, by whom."""
+    out = []
+    for uuid, q in rows.items():
+        when = datetime.fromtimestamp(float(q["at"]), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        index = "" if q.get("gpu") is None else f"GPU {q['gpu']} "
+        out.append(f"{index}{uuid}: quarantined {when} by {q.get('by')}: {q.get('reason')}")
+    return out

@@ -181,7 +181,8 @@ def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
     ack(**answer(msg.reply("🖥 Reading the GPUs…")))
     with opened(cfg) as (_, store):
         owners = run_owners(store)
-    lines, reason = read_gpus(owners, cfg.gpu_probe)
+        quarantined = store.quarantined_gpus()
+    lines, reason = read_gpus(owners, cfg.gpu_probe, quarantined)
     respond(**answer(msg.gpus_message(lines, reason)))
 
 

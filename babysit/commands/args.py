@@ -20,7 +20,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
                 add_relaunch, add_smoke,
-                add_bot, add_probe, add_demo, add_web, add_campaign, add_db):
+                add_bot, add_probe, add_demo, add_web, add_campaign, add_db, add_gpu):
         add(sub)
 
 
@@ -212,6 +212,19 @@ def add_relaunch(sub: argparse._SubParsersAction) -> None:
                    help="how long to wait for the daemon to take the request (default 10)")
     add_registry_option(p)
     p.set_defaults(handler=("relaunch", "run"))
+
+
+def add_gpu(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpu", help="list, quarantine or release the GPUs babysit keeps off runs",
+                       description="A GPU a machine fault hit (an Xid the catalog blames on the machine, a "
+                                   "double-bit ECC error, a lost GPU) is quarantined by UUID: no run launches on "
+                                   "it. `release` lifts it once the GPU is reset or replaced (docs/guards.md).")
+    p.add_argument("action", choices=("list", "quarantine", "release"))
+    p.add_argument("target", nargs="?", metavar="UUID|INDEX", help="the GPU: its UUID (GPU-…) or NVML index")
+    p.add_argument("--reason", default=None, help="why (quarantine; shown in status and /babysit gpus)")
+    add_gpu_probe_option(p)
+    add_registry_option(p)
+    p.set_defaults(handler=("gpu", "run"))
 
 
 def add_smoke(sub: argparse._SubParsersAction) -> None:

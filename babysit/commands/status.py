@@ -10,6 +10,8 @@ import time
 from babysit import registry, runview
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import preset_line
+from babysit.db.url import open_existing
+from babysit.gpufault import quarantine_lines
 from babysit.runtable import status_table
 
 
@@ -37,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     print(status_table(rows, time.time()))
     for line in boxes:
         print(line)
+    quarantined = _quarantined(reg)
+    if quarantined:
+        print("quarantined GPUs (`babysit gpu release UUID` lifts one):")
+        print("\n".join("  " + line for line in quarantined))
     for r in rows:
         if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
             print(f"{r.run}: {r.note}")
@@ -54,3 +60,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def _quarantined(reg: registry.Registry) -> list[str]:
+    """The quarantined GPUs' lines, read-only (no state database yet: none)."""
+    store = open_existing(reg)
+    if store is None:
+        return []
+    try:
+        return quarantine_lines(store.quarantined_gpus())
+    finally:
+        store.close()

@@ -25,6 +25,7 @@ from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.verdict import evaluate
 from babysit.db.url import open_existing
+from babysit.gpufault import quarantine_lines
 from babysit.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
 from babysit.store import Attempt, Row, Store
 from babysit.web import svg
@@ -241,6 +242,11 @@ class Site:
             return None
         path = self.state_dir / "campaigns" / f"{name}.png"
         return path if path.is_file() else None
+
+    def quarantined(self) -> list[str]:
+        """The quarantined GPUs, one line each (babysit/commands/gpu.py words them)."""
+        store = self._store()
+        return quarantine_lines(store.quarantined_gpus()) if store is not None else []
 
     # -- /metrics --------------------------------------------------------------------------------------
     def incident_counts(self) -> dict[str, dict[str, int]]:

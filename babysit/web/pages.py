@@ -73,12 +73,18 @@ def verdict_html(row: RunRow, text: str) -> str:
     return f'<span class="badge {kind}">{esc(v.status)}</span>{esc(rest)}'
 
 
-def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] = ()) -> str:
-    """What the runs page streams: the campaigns (when there are), the table and when it was read."""
+def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] = (),
+                  quarantined: Sequence[str] = ()) -> str:
+    """What the runs page streams: the campaigns (when there are), quarantined GPUs, the table and when
+    it was read."""
     above = ""
     if campaigns:
         links = ", ".join(f'<a href="{esc(campaign_href(n))}">{esc(n)}</a>' for n in campaigns)
         above = f'<p class="campaigns">campaigns: {links}</p>'
+    if quarantined:
+        items = "".join(f"<li>{esc(line)}</li>" for line in quarantined)
+        above += (f'<div class="quarantine"><p>quarantined GPUs (<code>babysit gpu release UUID</code> lifts one):'
+                  f"</p><ul>{items}</ul></div>")
     if not rows:
         return (f"<h1>Runs</h1>{above}<p class=\"empty\">no runs registered yet; <code>babysit register RUN.toml"
                 "</code> adds one</p>" + _as_of(now))
@@ -105,8 +111,10 @@ def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] =
             f"<tbody>{''.join(body)}</tbody></table>" + _as_of(now))
 
 
-def runs_page(rows: Sequence[RunRow], now: float, footer: str, campaigns: Sequence[str] = ()) -> str:
-    return layout("runs", runs_fragment(rows, now, campaigns), stream="/events?page=runs", footer=footer)
+def runs_page(rows: Sequence[RunRow], now: float, footer: str, campaigns: Sequence[str] = (),
+              quarantined: Sequence[str] = ()) -> str:
+    return layout("runs", runs_fragment(rows, now, campaigns, quarantined), stream="/events?page=runs",
+                  footer=footer)
 
 
 def _as_of(now: float) -> str:

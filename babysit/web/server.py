@@ -140,7 +140,8 @@ def build_app(site: Site, settings: Settings) -> Any:
     async def runs(_: Any) -> Any:
         now = time.time()
         rows = await off_loop(site.rows, now)
-        return html(pages.runs_page(rows, now, footer, await off_loop(site.campaign_names)))
+        return html(pages.runs_page(rows, now, footer, await off_loop(site.campaign_names),
+                                    await off_loop(site.quarantined)))
 
     async def run(request: Any) -> Any:
         name, now = request.match_info["name"], time.time()
@@ -172,7 +173,7 @@ def build_app(site: Site, settings: Settings) -> Any:
     def fragment(page: str, name: str | None) -> str:
         now = time.time()
         if page == "runs":
-            return pages.runs_fragment(site.rows(now), now, site.campaign_names())
+            return pages.runs_fragment(site.rows(now), now, site.campaign_names(), site.quarantined())
         if page == "campaign":
             view, note = site.campaign(name or "")
             return campaign_page.campaign_fragment(view, site.saga_png(name or "") is not None, now) \
