@@ -74,6 +74,16 @@ def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw
     pytest.param(dict(gpu_faults=["xid 48"]), "gpu-fault", id="nvml-saw-a-fault"),
     pytest.param(dict(stderr="RuntimeError: CUDA error: an illegal memory access was encountered"), "crashed",
                  id="illegal-access-is-a-bug"),
+    pytest.param(dict(stderr="NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception"), "crashed",
+                 id="trainers-xid-in-stderr"),
+    pytest.param(dict(gpu_evidence=[{"gpu": 0, "kind": "xid", "code": 31, "xid": 31, "side": "application",
+                                     "name": "Xid 31 (GPU memory page fault)"}]), "crashed",
+                 id="trainers-xid-seen-by-nvml"),
+    pytest.param(dict(gpu_evidence=[{"gpu": 1, "uuid": "GPU-1", "kind": "xid", "code": 79, "xid": 79,
+                                     "side": "machine", "name": "Xid 79", "action_words": "reboot"}]), "gpu-fault",
+                 id="machine-xid-seen-by-nvml"),
+    pytest.param(dict(stderr=NCCL, gpu_evidence=[{"gpu": 1, "kind": "ecc-dbe", "side": "machine"}]), "gpu-fault",
+                 id="nccl-timeout-after-a-machine-fault"),
     pytest.param(dict(exit_code=None, sig=signal.SIGKILL), "crashed", id="sigkill-unrequested"),
     pytest.param(dict(exit_code=137), "crashed", id="exit-137"),
     pytest.param(dict(exit_code=None, sig=signal.SIGKILL, host_memory_pressure=True), "oom", id="host-oom-killer"),
@@ -233,3 +243,19 @@ def test_a_stop_behind_a_launcher_that_exits_1_is_told_clean_or_not_from_what_th
 def test_a_stop_the_exit_status_shows_clean_needs_no_other_evidence():
     got = run(exit_code=10, stop=True, stop_reason="abort")
     assert got.summary == "stopped on request (abort), exit 10" and got.detail["clean_stop"]["by"] == "exit"
+
+
+def test_machine_evidence_names_the_gpu_the_fault_and_the_catalogs_action():
+    got = run(gpu_evidence=[{"gpu": 1, "uuid": "GPU-8f", "kind": "xid", "code": 79, "xid": 79, "side": "machine",
+                             "name": "Xid 79 (GPU has fallen off the bus)", "action_words": "reboot the machine"}])
+    assert got.summary == ("GPU fault, the machine's: GPU 1 (GPU-8f): Xid 79 (GPU has fallen off the bus) — "
+                           "reboot the machine (exit 1)")
+    assert got.detail["gpu_evidence"][0]["uuid"] == "GPU-8f"
+
+
+def test_the_trainers_xid_is_said_as_the_trainers_with_a_healthy_gpu():
+    got = run(stderr="RuntimeError: CUDA error: an illegal memory access was encountered",
+              gpu_evidence=[{"gpu": 0, "kind": "xid", "code": 31, "xid": 31, "side": "application",
+                             "name": "Xid 31 (GPU memory page fault)"}])
+    assert got.outcome == "crashed"
+    assert "the trainer's own GPU error: Xid 31 (GPU memory page fault) on GPU 0 — the GPU stays healthy" in got.summary

@@ -135,3 +135,27 @@ def test_a_relaunched_run_starts_a_new_sequence_its_numbers_going_on():
     assert not spent.retry and "attempt 6 of 6" in spent.reason
     assert build_argv(SPEC, 4, resume=False, halvings=0, after=3)[0][-4:] == ["--batch-size", "2", "--grad-accum", "8"]
     assert build_argv(SPEC, 4, resume=False, halvings=0)[0][-1] == "--grad-checkpointing", "without after: profile 2"
+
+
+GPU_SPEC = replace(SPEC, retry=RetrySpec(max_attempts=2, on=("oom", "gpu-fault"), gpu_fault_max=2))
+
+
+@pytest.mark.parametrize(("history", "retry", "reason_has"), [
+    pytest.param([past(1, "gpu-fault")], True, "gpu-fault retry 1 of 2", id="gpu-fault-retries"),
+    pytest.param([past(1, "oom"), past(2, "gpu-fault")], True, "gpu-fault retry 1 of 2",
+                 id="a-machine-fault-costs-the-method-no-attempt"),
+    pytest.param([past(1, "gpu-fault"), past(2, "oom")], True, "attempt 3 of 3",
+                 id="the-method-keeps-its-attempts-after-a-machine-fault"),
+    pytest.param([past(1, "gpu-fault"), past(2, "oom"), past(3, "oom")], False, "no attempts left",
+                 id="then-max-attempts"),
+    pytest.param([past(1, "gpu-fault"), past(2, "gpu-fault"), past(3, "gpu-fault")], False,
+                 "no gpu-fault retries left (retry.gpu_fault_max = 2)", id="gpu-fault-max"),
+])
+def test_gpu_fault_has_its_own_budget(history, retry, reason_has):
+    d = next_attempt(history, GPU_SPEC)
+    assert d.retry is retry and reason_has in d.reason
+
+
+def test_gpu_fault_is_not_retried_unless_in_retry_on():
+    d = next_attempt([past(1, "gpu-fault")], SPEC)
+    assert d.retry is False and "not in retry.on" in d.reason

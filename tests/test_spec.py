@@ -110,6 +110,9 @@ args = ["--batch-size", "1", "--grad-checkpointing"]
     ('[notify]\nmention_on_incident = "U1"', "run.toml: notify.mention_on_incident: expected a list of Slack user IDs"),
     ('[slurm]\ntime_limit = "soon"', "run.toml: slurm.time_limit: expected a Slurm time limit"),
     ('[smoke]\nsteps = 0', "run.toml: smoke.steps: expected a positive integer, got 0"),
+    ('[retry]\ngpu_fault_max = -1', "run.toml: retry.gpu_fault_max: expected"),
+    ('[retry]\non = ["gpu-faults"]', "run.toml: retry.on: expected a list of failure classes (oom | diverged | crashed | "
+                                     "stalled | gpu-fault)"),
     ('[extra]\nx = 1', "run.toml: extra: expected a known key"),
 ])
 def test_bad_values_are_refused_naming_file_key_and_expectation(tmp_path: Path, fragment: str, message: str) -> None:
@@ -125,6 +128,10 @@ def test_bad_values_are_refused_naming_file_key_and_expectation(tmp_path: Path, 
     ('name = "r"\ncommand = ["x"]\nlog = "{nme}/l"', "run.toml: run.log: expected a path whose only placeholder is {name}"),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [0, 0]', "run.toml: run.gpus: expected a list of non-negative integers"),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [-1]', "run.toml: run.gpus: expected a list of non-negative integers"),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = "any"', 'run.toml: run.gpus: expected a list of GPU indices ([0, 1]) or "any N"'),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = "any 0"', 'run.toml: run.gpus: expected a list of GPU indices ([0, 1]) or "any N"'),
+    ('name = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [0]\nspare_gpus = [0]',
+     "run.toml: run.spare_gpus: expected GPUs not already in run.gpus, got [0]"),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\nexecutor = "k8s"', 'run.toml: run.executor: expected one of "local" | "slurm"'),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\nenv = { A = 1 }', "run.toml: run.env.A: expected a string, got 1"),
     ('name = "r"\ncommand = ["x"]\nlog = "l"\nstop_signal = "SIGKILL"',
@@ -358,3 +365,13 @@ def test_exclusive_gpu_is_accepted_wherever_it_means_something_or_is_not_written
         tmp_path: Path, gpus: str, guards: str) -> None:
     spec = load_spec(write(tmp_path, MINIMAL.replace("[run]", f"[run]\ngpus = {gpus}") + guards))
     assert spec.gpus == tuple(json.loads(gpus))
+
+
+def test_gpus_any_n_and_spares_and_the_gpu_fault_budget(tmp_path: Path) -> None:
+    from babysit.core.spec import load_spec
+
+    spec = load_spec(write(tmp_path, '[run]\nname = "r"\ncommand = ["x"]\nlog = "l"\ngpus = "any 2"\n'
+                                     '[retry]\non = ["gpu-fault"]\ngpu_fault_max = 5\n'))
+    assert (spec.gpus, spec.gpus_any, spec.retry.on, spec.retry.gpu_fault_max) == ((0, 1), True, ("gpu-fault",), 5)
+    spare = load_spec(write(tmp_path, '[run]\nname = "r"\ncommand = ["x"]\nlog = "l"\ngpus = [0]\nspare_gpus = [3]\n'))
+    assert (spare.gpus, spare.gpus_any, spare.spare_gpus, spare.retry.gpu_fault_max) == ((0,), False, (3,), 2)

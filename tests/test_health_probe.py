@@ -1,0 +1,239 @@
+"""The GPU health watcher (babysit/probes/health.py through NvmlGpuProbe) over an NVML stand-in at the
+pynvml boundary: the stand-in raises the real `pynvml.NVMLError` codes, hands out real
+`c_nvmlEventData_t` payloads from a blocking nvmlEventSetWait and real `c_nvmlFieldValue_t` arrays, and
+can block a call the way a degrading GPU does. Everything above it (the event thread, the timed calls,
+the batch read, the judgement, the daemon's wake) is babysit's real code."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from babysit.core import gpuhealth
+from babysit.probes.gpu import NvmlGpuProbe
+
+pynvml = pytest.importorskip("pynvml")
+GIB = 2**30
+
+
+def handle(i: int):
+    return ctypes.cast(ctypes.c_void_p(0x1000 + i), pynvml.c_nvmlDevice_t)
+
+
+def index_of(h) -> int:
+    return ctypes.cast(h, ctypes.c_void_p).value - 0x1000
+
+
+class StandIn:
+    """pynvml's names the probe uses; NVMLError and every constant are pynvml's own."""
+
+    def __init__(self, gpus: int = 2) -> None:
+        self._real = pynvml
+        self.count = gpus
+        self.events: list = []
+        self.cv = threading.Condition()
+        self.fields = {i: {} for i in range(gpus)}  # gpu -> field id -> value (absent: NOT_SUPPORTED)
+        self.reasons = {i: 0 for i in range(gpus)}
+        self.temp = {i: 40 for i in range(gpus)}
+        self.lost: set[int] = set()
+        self.block: threading.Event | None = None  # set: nvmlDeviceGetMemoryInfo blocks until it is set
+        self.block_gpu: int | None = None
+        self.registered: dict[int, int] = {}
+        self.waits = 0
+
+    def __getattr__(self, name):  # constants, structs, NVMLError: pynvml's
+        return getattr(self._real, name)
+
+    def _check(self, h) -> int:
+        i = index_of(h)
+        if i in self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return i
+
+    def post(self, gpu: int, event_type: int, data: int = 0) -> None:
+        ev = pynvml.c_nvmlEventData_t()
+        ev.device, ev.eventType, ev.eventData = handle(gpu), event_type, data
+        with self.cv:
+            self.events.append(ev)
+            self.cv.notify_all()
+
+    def nvmlInit(self): return None
+    def nvmlShutdown(self): return None
+    def nvmlDeviceGetCount(self): return self.count
+    def nvmlEventSetCreate(self): return "set"
+    def nvmlEventSetFree(self, s): return None
+    def nvmlDeviceGetHandleByIndex(self, i): return handle(i)
+    def nvmlDeviceGetIndex(self, h): return index_of(h)
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H200"
+    def nvmlDeviceGetUUID(self, h): return f"GPU-{index_of(h)}"
+    def nvmlDeviceGetSupportedEventTypes(self, h): return pynvml.nvmlEventTypeAll
+
+    def nvmlDeviceRegisterEvents(self, h, mask, s):
+        self.registered[index_of(h)] = mask
+
+    def nvmlEventSetWait(self, s, timeout_ms):
+        with self.cv:
+            self.waits += 1
+            if not self.events:
+                self.cv.wait(timeout_ms / 1000)
+            if not self.events:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            return self.events.pop(0)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._check(h)
+        return SimpleNamespace(gpu=80, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        i = self._check(h)
+        if self.block is not None and i == self.block_gpu:
+            self.block.wait()
+        return SimpleNamespace(used=3 * GIB, total=141 * GIB, free=138 * GIB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        self._check(h)
+        return []
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        i = self._check(h)
+        out = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for k, fid in enumerate(ids):
+            out[k].fieldId = fid
+            if fid in self.fields[i]:
+                out[k].nvmlReturn, out[k].valueType = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                out[k].value.ullVal = self.fields[i][fid]
+            else:
+                out[k].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return out
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.reasons[self._check(h)]
+
+    def nvmlDeviceGetTemperatureThreshold(self, h, which):
+        assert which == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        return 87
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return self.temp[self._check(h)]
+
+
+@pytest.fixture
+def nv():
+    return StandIn()
+
+
+@pytest.fixture
+def probe(nv):
+    p = NvmlGpuProbe(library=nv, events_thread=True, call_timeout_s=0.5)
+    yield p
+    if nv.block is not None:
+        nv.block.set()
+    p.close()
+
+
+def kinds(reading) -> list[str]:
+    return [s.kind for s in reading.signals]
+
+
+def test_every_event_type_is_registered_before_a_launch_reads(nv, probe) -> None:
+    probe.read([0])
+    wanted = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+              | pynvml.nvmlEventTypeSingleBitEccErrorStorm | pynvml.nvmlEventTypeGpuUnavailableError
+              | pynvml.nvmlEventTypeGpuRecoveryAction | pynvml.nvmlEventTypeDramRetirementFailure)
+    assert nv.registered == {0: wanted, 1: wanted} and probe.registered_events(1) == wanted
+
+
+def test_an_xid_event_reaches_the_subscriber_within_a_second_and_the_next_read(nv, probe) -> None:
+    probe.read([0, 1])
+    got: list = []
+    seen = threading.Event()
+    probe.subscribe(lambda i, sigs: (got.append((i, sigs)), seen.set()))
+    t0 = time.monotonic()
+    nv.post(1, pynvml.nvmlEventTypeXidCriticalError, 79)
+    assert seen.wait(1.0), "no event within a second"
+    assert time.monotonic() - t0 < 1.0
+    (index, (sig,)), = got
+    assert (index, sig.kind, sig.code) == (1, "xid", 79)
+    view = probe.read([0, 1])
+    assert kinds(view.gpu(1)) == ["xid"] and view.gpu(1).faults == ("xid 79",) and not view.gpu(0).signals
+    assert [(i, u, s.code) for i, u, s in probe.signals_since([1], 0.0)] == [(1, "GPU-1", 79)]
+    assert probe.read([1]).gpu(1).signals == ()  # reported once
+
+
+def test_each_event_payload_becomes_its_signal(nv, probe) -> None:
+    probe.read([0])
+    seen = threading.Event()
+    got: list = []
+    probe.subscribe(lambda i, sigs: (got.extend(sigs), len(got) >= 5 and seen.set()))
+    nv.post(0, pynvml.nvmlEventTypeDoubleBitEccError)
+    nv.post(0, pynvml.nvmlEventTypeSingleBitEccErrorStorm)
+    nv.post(0, pynvml.nvmlEventTypeGpuUnavailableError)
+    nv.post(0, pynvml.nvmlEventTypeGpuRecoveryAction, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
+    nv.post(0, pynvml.nvmlEventTypeDramRetirementFailure)
+    assert seen.wait(2.0)
+    assert [s.kind for s in got] == ["ecc-dbe", "ecc-sbe-storm", "unavailable", "recovery-action", "remap-failure"]
+    sides = [(gpuhealth.assess(s).side, gpuhealth.assess(s).stop) for s in got]
+    assert sides == [("machine", True), ("warn", False), ("machine", True), ("machine", True), ("machine", True)]
+    assert gpuhealth.assess(got[3]).action == "reboot"
+
+
+def test_the_batch_read_judges_counters_against_their_first_value(nv, probe) -> None:
+    f = nv.fields[0]
+    f.update({pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 2, pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: 7,
+              pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 100, pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0,
+              pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 0})
+    first = probe.read([0]).gpu(0)
+    assert first.signals == ()  # counts the GPU had before babysit looked are no news
+    f[pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL] = 9
+    f[pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = 130
+    f[pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL] = 4
+    nv.reasons[0] = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonGpuIdle
+    nv.temp[0] = 84
+    warned = probe.read([0]).gpu(0)
+    assert kinds(warned) == ["ecc-sbe", "pcie-replay", "nvlink-errors", "throttle", "temperature"]
+    assert [s.value for s in warned.signals] == [2, 30, 4, 0x40, 3]
+    assert warned.faults == ()  # warnings are not faults
+    f[pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL] = 3
+    f[pynvml.NVML_FI_DEV_REMAPPED_PENDING] = 1
+    f[pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION] = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    bad = probe.read([0]).gpu(0)
+    assert kinds(bad)[:3] == ["ecc-uncorrectable", "remap-pending", "recovery-action"]
+    assert bad.faults[:3] == ("ecc uncorrectable volatile 3", "remapped rows pending", "recovery action 1")
+    assert probe.health_values(0)["temperature_c"] == 84 and probe.health_values(0)["slowdown_c"] == 87
+
+
+def test_gpu_is_lost_is_gpu_lost(nv, probe) -> None:
+    probe.read([0, 1])
+    nv.lost.add(1)
+    view = probe.read([0, 1])
+    assert "lost" in kinds(view.gpu(1)) and view.gpu(1).faults == ("device lost",)
+    assert gpuhealth.assess(view.gpu(1).signals[-1]).stop
+
+
+def test_a_blocking_nvml_call_is_gpu_unresponsive_and_never_blocks_the_next_round(nv, probe) -> None:
+    probe.read([0, 1])
+    nv.block, nv.block_gpu = threading.Event(), 1
+    t0 = time.monotonic()
+    view = probe.read([0, 1])
+    assert time.monotonic() - t0 < 1.5  # the 0.5 s timeout, not the blocked call
+    assert kinds(view.gpu(1)) == ["unresponsive"] and gpuhealth.assess(view.gpu(1).signals[0]).machine
+    assert view.gpu(0).signals == () and view.gpu(0).processes_known is False  # not measured this round
+    t1 = time.monotonic()
+    again = probe.read([0])  # the stuck call still has not returned: answered at once, not queued behind it
+    assert time.monotonic() - t1 < 0.2 and again.gpu(0).errors == ("not read: NVML is blocked on GPU 1",)
+    probe.sample()  # the sampler too returns at once
+    nv.block.set()
+    time.sleep(0.1)
+    healthy = probe.read([0, 1])
+    assert healthy.gpu(1).signals == () and healthy.gpu(1).processes_known
+
+
+def test_the_event_thread_waits_rather_than_spinning(nv, probe) -> None:
+    probe.read([0])
+    before = nv.waits
+    time.sleep(1.2)
+    assert nv.waits - before <= 4  # ~500 ms waits
