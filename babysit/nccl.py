@@ -77,9 +77,18 @@ def rank_of(pid: int) -> tuple[int, int | None] | None:
         return None
 
 
+def main_thread(stack: str) -> str:
+    """The main thread's frames of a py-spy dump (a rank's other threads — a data loader, a watchdog —
+    wait for other reasons); the whole text when no thread is named."""
+    blocks = re.split(r"(?m)^(?=Thread )", stack)
+    threads = [b for b in blocks if b.startswith("Thread ")]
+    main = next((b for b in threads if '"MainThread"' in b.splitlines()[0]), threads[0] if threads else stack)
+    return "\n".join(main.splitlines()[1:]) if main.startswith("Thread ") else main
+
+
 def top_frame(stack: str) -> str | None:
     """The innermost frame of the main thread in a py-spy dump ("all_reduce (…/distributed_c10d.py:2501)")."""
-    for line in stack.splitlines():
+    for line in main_thread(stack).splitlines():
         s = line.strip()
         if s and not s.startswith(("Process ", "Python ", "Thread ")):
             return s[:200]
@@ -210,7 +219,7 @@ def explain_stall(stacks: Mapping[str, str], attempt_dir: Path, gpus: Sequence[i
         rank, local = found
         gpu = gpus[local] if local is not None and 0 <= local < len(gpus) else None
         ranks[rank] = {"pid": int(pid_text), "local_rank": local, "gpu": gpu, "top": top_frame(stack),
-                       "in_collective": bool(_COLLECTIVE.search(stack))}
+                       "in_collective": bool(_COLLECTIVE.search(main_thread(stack)))}
         python = python or _exe(int(pid_text))
     if len(ranks) < 2:
         return None
