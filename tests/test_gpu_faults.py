@@ -161,3 +161,30 @@ def test_gpu_fault_retries_have_their_own_budget(rig) -> None:
     r.timers.advance(2)
     assert len(r.executor.launches) == 3 and r.sup.status == "failed"
     assert "no gpu-fault retries left (retry.gpu_fault_max = 2)" in r.store.run_state("r")[1]["end_reason"]
+
+
+def test_the_gpu_command_quarantines_lists_and_releases_by_uuid_or_index(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    def babysit(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "babysit", *args, "--registry", str(tmp_path / "babysit.toml")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "BABYSIT_GPU_PROBE": f"file:{gpus}"})
+
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [{"index": i, "uuid": f"GPU-sim-{i}"} for i in range(2)]}))
+    (tmp_path / "r.toml").write_text('[run]\nname = "r"\ncommand = ["python", "-c", "pass"]\nlog = "l.jsonl"\n')
+    assert babysit("register", "r.toml").returncode == 0
+    got = babysit("gpu", "quarantine", "1", "--reason", "Xid 79 seen by hand")
+    assert got.returncode == 0 and got.stdout.startswith("GPU GPU-sim-1 (index 1) quarantined"), got.stderr
+    listed = babysit("gpu", "list").stdout
+    assert listed.startswith("GPU 1 GPU-sim-1: quarantined ") and listed.rstrip().endswith("Xid 79 seen by hand")
+    assert "quarantined GPUs (`babysit gpu release UUID` lifts one):\n  GPU 1 GPU-sim-1" in babysit("status").stdout
+    bad = babysit("gpu", "quarantine", "7")
+    assert bad.returncode == 2 and "no GPU 7 visible here (visible: 0, 1)" in bad.stderr
+    assert babysit("gpu", "release", "0").returncode == 1  # not quarantined
+    released = babysit("gpu", "release", "1")
+    assert released.returncode == 0 and "GPU GPU-sim-1 released" in released.stdout
+    assert babysit("gpu", "list").stdout.strip() == "no GPU is quarantined"
