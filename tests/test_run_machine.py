@@ -65,16 +65,21 @@ def check(cond: bool, what: str) -> None:
         raise Violation(what)
 
 
-def allowed_next(prev: m.AttemptState, sp: RunSpec, after: int = 0) -> bool:
+def allowed_next(prev: m.AttemptState, sp: RunSpec, after: int = 0,
+                 ended: tuple[m.AttemptState, ...] = ()) -> bool:
     """The oracle: may attempt prev.n + 1 follow prev's end? (docs/guards.md, Retries; after a relaunch
-    after attempt `after`, attempts count from it: docs/spec.md, Relaunching)"""
+    after attempt `after`, attempts count from it: docs/spec.md, Relaunching). A gpu-fault has its own
+    budget (retry.gpu_fault_max) and costs the method no attempt (`ended`: the sequence's ended attempts)."""
     if prev.outcome in ("completed", "stopped") or prev.stopped_by in NEVER_RETRIED:
         return False
     if prev.retry_override is False:
         return False
     if prev.retry_override is not True and prev.outcome not in sp.retry.on:
         return False
-    return prev.n < after + sp.retry.max_attempts
+    faults = sum(1 for a in ended if a.n > after and a.outcome == "gpu-fault")
+    if prev.outcome == "gpu-fault":
+        return faults <= sp.retry.gpu_fault_max
+    return prev.n < after + sp.retry.max_attempts + faults
 
 
 class Driver:
@@ -123,7 +128,9 @@ class Driver:
                                                  and before.status in (RunStatus.RUNNING, RunStatus.RETRYING,
                                                                        RunStatus.STOPPING)):
                 after = (w.relaunched or {}).get("after", 0)
-                check(last is not None and allowed_next(last, self.spec, after), f"retry after {last} not allowed")
+                ended = tuple(a for a in w.attempts.values() if not a.live)
+                check(last is not None and allowed_next(last, self.spec, after, ended),
+                      f"retry after {last} not allowed")
                 assert last is not None
                 halve = last.host_memory_pressure and bool(self.spec.machinery_knobs)
                 check(effect.halvings == last.halvings + halve, f"halvings {effect.halvings} after {last}")
