@@ -572,3 +572,18 @@ def test_captured_files_follow_new_attempt_directories(tmp_path: Path) -> None:
     (run_dir / "attempt-2").mkdir()  # ...until the directory changes
     assert [p.name for p in files()] == ["stdout.log", "stderr.log"] * 2
     assert files()[-1].parent.name == "attempt-2"
+
+
+def test_splitting_a_read_into_lines_at_c_speed_gives_what_the_terminator_loop_gives() -> None:
+    import random
+
+    from babysit.sources import lines as ln
+
+    random.seed(1)
+    alphabet = [b"a", b"bb", b"\n", b"\r", b"\r\n", b"x" * 30, b" "]
+    for _ in range(3000):
+        data = b"".join(random.choice(alphabet) for _ in range(random.randint(0, 40)))
+        for skipping in (False, True):
+            for limit in (8, 40, 10_000):
+                assert ln.split_lines(data, skipping, limit) == ln._split_each(data, skipping, limit), \
+                    (data, skipping, limit)

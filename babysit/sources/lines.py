@@ -124,6 +124,22 @@ def split_lines(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[
     The bytes after the last terminator are a partial line left for later, unless they are already
     longer than a line may be: then they are dropped and the rest of that line skipped next time.
     """
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1  # just after the last terminator (0: none)
+    if not skipping and cut:
+        # the common case (no line to drop or to skip) at C speed: a flood of progress bars costs no
+        # Python step a line; what follows the last terminator is the empty last piece
+        pieces = data[:cut].replace(b"\r", b"\n").split(b"\n")
+        pieces.pop()
+        if max(map(len, pieces)) <= max_line_bytes:
+            lines = list(filter(None, pieces))
+            if len(data) - cut > max_line_bytes:
+                return lines, len(data), True, 1
+            return lines, cut, False, 0
+    return _split_each(data, skipping, max_line_bytes)
+
+
+def _split_each(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[bytes], int, bool, int]:
+    """`split_lines` a terminator at a time: an over-long line to drop, or the end of one to skip."""
     lines: list[bytes] = []
     dropped = 0
     pos = 0

@@ -312,7 +312,7 @@ def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tupl
     """(the lines that may match, in order; how many were skipped; the last skipped one). A line is
     skipped when it holds none of `filters` and no escape byte; every read line is non-empty."""
     blob = b"\n".join(lines)
-    starts = [0, *accumulate(n + 1 for n in map(len, lines))]
+    starts = [0, *accumulate(map((1).__add__, map(len, lines)))]  # where each line starts: no Python step a line
     keep: set[int] = set()
     for needle in (*filters, b"\x1b"):
         pos = blob.find(needle)
