@@ -15,10 +15,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -310,18 +308,24 @@ def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = No
 
 def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tuple[list[bytes], int, bytes | None]:
     """(the lines that may match, in order; how many were skipped; the last skipped one). A line is
-    skipped when it holds none of `filters` and no escape byte; every read line is non-empty."""
+    skipped when it holds none of `filters` and no escape byte; every read line is non-empty. The lines
+    are found by searching the read joined back together, each from the hit to its newlines."""
     blob = b"\n".join(lines)
-    starts = [0, *accumulate(map((1).__add__, map(len, lines)))]  # where each line starts: no Python step a line
-    keep: set[int] = set()
+    found: dict[int, bytes] = {}  # line start -> line
     for needle in (*filters, b"\x1b"):
         pos = blob.find(needle)
         while pos != -1:
-            i = bisect_right(starts, pos) - 1
-            keep.add(i)
-            pos = blob.find(needle, starts[i + 1]) if i + 1 < len(starts) else -1
-    last = next((lines[i] for i in range(len(lines) - 1, -1, -1) if i not in keep), None)
-    return [lines[i] for i in sorted(keep)], len(lines) - len(keep), last.strip() if last is not None else None
+            start = blob.rfind(b"\n", 0, pos) + 1
+            end = blob.find(b"\n", pos)
+            end = len(blob) if end == -1 else end
+            found.setdefault(start, blob[start:end])
+            pos = blob.find(needle, end)
+    last_start = len(blob) - len(lines[-1]) if lines else 0
+    last = None if not lines or last_start in found else lines[-1].strip()
+    if last is None and lines:  # the last line is a hit: the newest skipped one is before it
+        last = next((line.strip() for line in reversed(lines[:-1]) if not any(n in line for n in (*filters, b"\x1b"))),
+                    None)
+    return [found[k] for k in sorted(found)], len(lines) - len(found), last
 
 
 def _filters(compiled: list[Matcher]) -> tuple[bytes, ...] | None:
