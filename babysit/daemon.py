@@ -324,7 +324,7 @@ class Daemon:
                     f"internal error reading {path}: {type(exc).__name__}: {exc}"[:500]
                 if self._broken_specs.get(entry.name) != message:
                     self._broken_specs[entry.name] = message
-                    log.error("run spec refused; not babysitting it", run=entry.name, error=message,
+                    log.error("run spec refused; not babysitting it", run=entry.name, error=message, posted=True,
                               hint=getattr(exc, "hint", None), exc_info=None if isinstance(exc, BabysitError) else exc)
                     self.store.enqueue(entry.name, "text", {"run": entry.name, "text":
                                        f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, self.ctx.now(),
@@ -464,7 +464,7 @@ class Daemon:
         supervisor = RunSupervisor(self.ctx, spec, entry.prereg_sha256)
         self.supervisors[run] = supervisor
         self._broken_specs.pop(run, None)
-        log.warning("relaunch", run=run, by=by, after=after, resume=resume)
+        log.warning("relaunch", run=run, by=by, after=after, resume=resume, posted=True)  # the launch post says it
         supervisor.start()
         launched = supervisor.attempt
         if launched is None or launched.n <= after:

@@ -31,12 +31,20 @@ def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return {k: redact_text(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
+def _not_posted(record: logging.LogRecord) -> bool:
+    """The console shows each event once: an event logged with `posted=True` is also a channel message
+    (an incident, a refused spec), which the console channel prints rendered; daemon.log keeps it."""
+    return not (isinstance(record.msg, dict) and record.msg.get("posted"))
+
+
 def configure(state_dir: Path | None, *, console: bool | None = None, level: int = logging.INFO,
-              stream: TextIO | None = None) -> None:
+              stream: TextIO | None = None, hide_posted: bool = False) -> None:
     """Route structlog (and stdlib logging, e.g. APScheduler's) to daemon.log and, on a tty, stderr.
 
     `stream` replaces stderr for the console lines: `babysit up`'s live view passes the stream that
     prints above its table, so a warning never tears it (everything still goes to daemon.log).
+    `hide_posted`: the channel prints on this console too (the console channel): an event that is also a
+    message (logged with `posted=True`) is shown once, as the message, not again as a log line.
     """
     console = sys.stderr.isatty() if console is None else console
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
@@ -69,6 +77,8 @@ def configure(state_dir: Path | None, *, console: bool | None = None, level: int
                         structlog.dev.ConsoleRenderer(colors=False)],
             foreign_pre_chain=shared))
         handler.setLevel(logging.WARNING)
+        if hide_posted:
+            handler.addFilter(_not_posted)
         handler._babysit = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     root.setLevel(level)

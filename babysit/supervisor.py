@@ -152,7 +152,7 @@ class RunSupervisor:
         self.ctx.store.add_incident(self.run, n, self.ctx.now(), kind, detail)
         self._message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
                                    "mention": list(self.spec.notify.mention_on_incident)}, key)
-        log.warning("incident", run=self.run, attempt=n, incident=kind, message=message)
+        log.warning("incident", run=self.run, attempt=n, incident=kind, message=message, posted=True)
 
     # -- the machine ----------------------------------------------------------------------------------
     def _feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None:
@@ -242,7 +242,11 @@ class RunSupervisor:
 
     def _raise(self, e: ev.Incident) -> None:
         if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
-            return  # a guard that stopped it for this very reason (stalled, diverged) has said it already
+            # a guard that stopped it for this very reason (stalled, diverged) has said it already: the
+            # attempt's end is said on its own
+            if e.ends is not None:
+                self._ended_message(self._row(e.ends))
+            return
         detail = dict(e.detail)
         if e.stacks_of is not None and "stacks" not in detail:  # a stall: where the trainer's threads are
             detail["stacks"] = stack_dump(e.stacks_of)

@@ -300,7 +300,8 @@ def test_an_oom_is_retried_with_the_next_profile_and_a_completion_finishes_the_r
     state = run_one()
     state, effects = m.step(state, ev.ExitSeen(10.0, 1, "oom", "CUDA out of memory", ended_at=10.0))
     kinds = [type(e).__name__ for e in effects]
-    assert kinds == ["RecordExit", "Post", "Incident", "ReadVerdict", "SetStatus", "Incident", "Launch"]
+    assert kinds == ["RecordExit", "Incident", "ReadVerdict", "SetStatus", "Incident", "Launch"]
+    assert effects[1].ends == 1 and effects[1].detail["ended"], "one post says the attempt ended and why"
     assert state.status is RunStatus.RETRYING and effects[-1] == ev.Launch(2, False, 0, effects[-1].note)
     assert "oom is in retry.on" in effects[-1].note
     state, _ = m.step(state, ev.Launched(11.0, 2, "p2", 2, 11.0))

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     out = watcher.view.out if watcher is not None and watcher.view.live else None
     ok = False
     try:
-        logs.configure(reg.state_dir, stream=out)
+        logs.configure(reg.state_dir, stream=out, hide_posted=not slack_configured())  # each event shown once
         probe = open_gpu_probe(args.gpu_probe)
         daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out),
                         accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
@@ -79,8 +79,12 @@ def _start_view(path: Path, state_dir: Path, accelerated: bool) -> Watcher:
     return watcher
 
 
+def slack_configured() -> bool:
+    return bool(os.environ.get("SLACK_BOT_TOKEN"))
+
+
 def open_channel(state_dir: Path, stream: Any = None) -> Channel:
     """Slack when SLACK_BOT_TOKEN is set, else the console channel."""
-    if os.environ.get("SLACK_BOT_TOKEN"):
+    if slack_configured():
         return SlackChannel.from_env(state_dir)
     return ConsoleChannel(state_dir, stream)

@@ -188,11 +188,15 @@ _FLAG_TEXT: dict[str, Any] = {
 
 def _incident(p: Mapping[str, Any]) -> Rendered:
     mention = " ".join(f"<@{u}>" for u in p.get("mention") or ())
-    lines = [f"🚨 {p['run']} attempt {p.get('attempt')}: {p['incident']} — {p['message']}"]
+    if (p.get("detail") or {}).get("ended"):  # the attempt's exit is the incident: one post says both
+        lines = [f"❌ {p['run']} attempt {p.get('attempt')} ended: {p['incident']} — {p['message']}"]
+        head = f"❌ *{p['run']}* attempt {p.get('attempt')} ended: *{p['incident']}* — {p['message']}"
+    else:
+        lines = [f"🚨 {p['run']} attempt {p.get('attempt')}: {p['incident']} — {p['message']}"]
+        head = f"🚨 *{p['run']}* attempt {p.get('attempt')}: *{p['incident']}* — {p['message']}"
     if mention:
         lines[0] += f"  {mention}"
-    blocks = [section(f"🚨 *{p['run']}* attempt {p.get('attempt')}: *{p['incident']}* — {p['message']}"
-                      + (f"\n{mention}" if mention else ""))]
+    blocks = [section(head + (f"\n{mention}" if mention else ""))]
     tail = tails.collapse(str((p.get("detail") or {}).get("stderr_tail") or ""))[-8:]  # bars: their last state
     if tail:
         lines.append("last stderr lines:")

@@ -267,6 +267,7 @@ class Incident:
     key: str
     stacks_of: frozenset[int] | None = None
     unless_raised: str | None = None  # skip it when a guard raised this key already (the same cause)
+    ends: int | None = None  # it says attempt n ended (one post for a crash); skipped: n's `ended` post instead
 
 
 @dataclass(frozen=True)

@@ -302,10 +302,14 @@ def _end(attempt: AttemptState, outcome: str, ended_at: float) -> AttemptState:
 def _decide(s: RunState, attempt: AttemptState) -> Step:
     """After attempt's recorded end: say it, read the verdict, then the next attempt or the run's end."""
     outcome = attempt.outcome or "crashed"
-    effects: list[ev.Effect] = [ev.Post("ended", attempt.n)]
-    if outcome not in QUIET_OUTCOMES:  # a guard that stopped it for this reason has raised it already
-        effects.append(ev.Incident(outcome, attempt.summary or outcome, dict(attempt.detail),
-                                key=f"{s.run}:{attempt.n}:exit", unless_raised=f"{s.run}:{attempt.n}:{outcome}"))
+    effects: list[ev.Effect] = []
+    if outcome in QUIET_OUTCOMES:
+        effects.append(ev.Post("ended", attempt.n))
+    else:  # one post for one crash: the incident says the attempt ended, why, and its stderr (unless a guard
+        # that stopped it for this reason raised it already: then the end is posted on its own)
+        effects.append(ev.Incident(outcome, attempt.summary or outcome, {**attempt.detail, "ended": True},
+                                   key=f"{s.run}:{attempt.n}:exit", unless_raised=f"{s.run}:{attempt.n}:{outcome}",
+                                   ends=attempt.n))
     if not s.verdict_posted:
         effects.append(ev.ReadVerdict(full=True))
     after = s.relaunched_after

@@ -152,14 +152,34 @@ def test_messages_and_warnings_print_above_the_table_and_never_tear_it(workspace
     assert "EXIT=0" in "\n".join(lines)
     headers = [i for i, x in enumerate(lines) if x.split()[:3] == ["RUN", "STATE", "ATTEMPT"]]
     assert len(headers) == 1, "one table on the screen: every redraw replaced the last\n" + "\n".join(lines)
-    warning = next((i for i, x in enumerate(lines) if "incident" in x and "boom" in x and "[warning" in x), None)
+    crash = [i for i, x in enumerate(lines) if "boom attempt 1 ended: crashed" in x]
     launch = next((i for i, x in enumerate(lines) if "steady — attempt 1/3 launched" in x), None)
-    assert warning is not None and launch is not None, "\n".join(lines)
-    assert warning < headers[0] and launch < headers[0], "\n".join(lines)
+    assert len(crash) == 1 and launch is not None, "the crash is shown once\n" + "\n".join(lines)
+    assert crash[0] < headers[0] and launch < headers[0], "\n".join(lines)
+    assert not any("[warning" in x and "incident" in x for x in lines), "no raw log line beside the message"
     rows = [x for x in lines[headers[0]:] if x.startswith(("steady", "boom"))]
     assert len(rows) == 2 and re.match(r"steady\s+finished\s+1/3 default\s+120/120", rows[1] if "boom" in rows[0]
                                        else rows[0]), "\n".join(lines)
     assert any(re.match(r"boom\s+failed\s+1/3 default\s+.*ended crashed", r) for r in rows), "\n".join(lines)
+
+
+def test_each_event_is_shown_once_on_the_terminal_a_crash_and_its_incident_as_one_message(workspace: Path) -> None:
+    """Issue 25: beside the rendered crash `babysit up` printed the raw log line (`… [warning ] incident
+    attempt=1 incident=crashed …`), and the crash twice (an `ended` post and an `incident` post saying the
+    same). One message now says the attempt ended, why, and its stderr; daemon.log still has the event."""
+    fake_run(workspace, "boom", steps=0, command=[PY, "-c", "import sys; sys.stderr.write('bad\\n'); sys.exit(3)"])
+    term = Terminal([PY, "-m", "babysit", "up", "--accelerated", "--exit-when-idle",
+                     "--registry", str(workspace / "babysit.toml")], workspace)
+    assert term.wait(timeout=60) == 0, term.text[-3000:]
+    text = term.text
+    assert text.count("boom attempt 1 ended: crashed — crashed (exit 3): bad") == 1, text[-3000:]
+    assert "boom attempt 1: crashed" not in text, "no second post for the same crash"
+    assert "[warning" not in text and "incident=crashed" not in text, text[-3000:]
+    assert "last stderr lines:" in text
+    logged = [json.loads(x) for x in (workspace / ".babysit" / "daemon.log").read_text().splitlines()]
+    assert any(e.get("event") == "incident" and e.get("incident") == "crashed" for e in logged), "still logged"
+    (incident,) = store_of(workspace).incidents("boom")
+    assert incident.kind == "crashed" and incident.attempt == 1
 
 
 def test_status_watch_on_a_terminal_follows_the_run_and_ctrl_c_ends_it_cleanly(workspace: Path) -> None:

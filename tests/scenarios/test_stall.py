@@ -37,6 +37,9 @@ min_free_host_ram_gib = 0
         in stalled
     # py-spy ships with babysit: either the trainer's stack is in the message, or why it is not
     assert "py-spy dump of pid" in stalled or "⚠️ no stack dump" in stalled, stalled
+    # the guard said the cause: the end is said once, on its own (no second `stalled` incident for the exit)
+    assert [m["kind"] for m in messages if m["kind"] in ("ended", "incident") and "stalled" in m["text"]] == \
+        ["incident", "ended"], [m["text"] for m in messages]
 
 
 def test_the_dump_says_why_where_py_spy_cannot_read_a_process() -> None:
