@@ -20,7 +20,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
                 add_relaunch, add_smoke,
-                add_bot, add_probe, add_demo, add_web, add_campaign, add_db, add_gpu):
+                add_bot, add_slack, add_probe, add_demo, add_web, add_campaign, add_db, add_gpu):
         add(sub)
 
 
@@ -262,6 +262,23 @@ def add_bot(sub: argparse._SubParsersAction) -> None:
                    help="how long /babysit poll and abort wait for the daemon's answer (default 10)")
     add_registry_option(p)
     p.set_defaults(handler=("bot", "run"))
+
+
+def add_slack(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("slack", help="check the Slack setup: token, scopes, channels, a test post",
+                       description="Slack setup (docs/slack.md).")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    check = verbs.add_parser("check", help="auth.test, the scopes granted vs needed, each channel, a test post",
+                             description="Check SLACK_BOT_TOKEN with Slack itself: auth.test, the scopes granted "
+                                         "(x-oauth-scopes) against those babysit needs, each configured channel "
+                                         "(the bot a member, not archived) and a test post. Exit 0 when babysit "
+                                         "can post, 1 on a problem (each says what to do), 2 without a token.")
+    check.add_argument("--channel", action="append", metavar="ID",
+                       help="check this channel (repeatable); default: [daemon].channel and the runs' channels")
+    check.add_argument("--join", action="store_true", help="join a public channel the bot is not in")
+    check.add_argument("--no-post", action="store_true", help="no test post")
+    add_registry_option(check)
+    check.set_defaults(handler=("slack", "run_check_command"))
 
 
 def add_probe(sub: argparse._SubParsersAction) -> None:

@@ -1,7 +1,9 @@
 """A local stand-in for Slack's Web API: a real HTTP server on 127.0.0.1, an ephemeral port, a thread.
 
 It speaks what babysit uses — auth.test, chat.postMessage/update/postEphemeral, conversations.history
-/replies (with message metadata), the three-step file upload (each completion recorded as a post of
+/replies (with message metadata), conversations.info/join over the channels a test declares (with the
+bot's membership: a post to a declared channel the bot is not in is `not_in_channel`), the granted
+scopes in every answer's `x-oauth-scopes` header and `missing_scope` for a method they do not cover, the three-step file upload (each completion recorded as a post of
 the file in `shares`), files.info, apps.connections.open (the URL of a tests/slack/fake_socket.py
 server, under the app-level token), and response_url posts — records every
 request with its parsed body, and injects faults on demand: 5xx for the next N calls or for T seconds,
@@ -21,6 +23,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
+
+# the manifest's bot scopes (docs/slack.md) and the two `babysit slack check` may use
+ALL_SCOPES = ("chat:write", "files:write", "files:read", "commands", "channels:history", "groups:history",
+              "channels:read", "channels:join")
+NEEDS = {"chat.postMessage": "chat:write", "chat.update": "chat:write", "conversations.info": "channels:read",
+         "conversations.join": "channels:join", "conversations.history": "channels:history",
+         "files.getUploadURLExternal": "files:write", "files.info": "files:read"}
 
 
 @dataclass
@@ -58,6 +67,8 @@ class FakeSlack:
         self.messages: list[dict[str, Any]] = []  # every accepted post, with channel, ts, thread_ts, metadata
         self.uploads: dict[str, bytes] = {}
         self.faults = Faults()
+        self.scopes: list[str] = list(ALL_SCOPES)  # what the token was granted (x-oauth-scopes)
+        self.channels: dict[str, dict[str, Any]] = {}  # declared by a test: id -> name, is_private, is_member, …
         self.lock = threading.RLock()
         self._ts = itertools.count(1)
         self._files = itertools.count(1)
@@ -136,16 +147,38 @@ class FakeSlack:
         handler = getattr(self, "_" + method.replace(".", "_"), None)
         if handler is None:
             return {"ok": False, "error": "unknown_method"}
+        needed = NEEDS.get(method)
+        if needed is not None and needed not in self.scopes:
+            return {"ok": False, "error": "missing_scope", "needed": needed, "provided": ",".join(self.scopes)}
         return handler(body)
 
     def _auth_test(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "url": "https://fake.slack/", "team": "fake", "user": "babysit", "team_id": "T0001",
                 "user_id": "UBOT0001", "bot_id": "BBOT0001"}
 
+    def _conversations_info(self, body: dict[str, Any]) -> dict[str, Any]:
+        found = self.channels.get(str(body.get("channel")))
+        if found is None:
+            return {"ok": False, "error": "channel_not_found"}
+        if found.get("is_private") and not found.get("is_member"):
+            return {"ok": False, "error": "channel_not_found"}  # Slack hides a private channel from outsiders
+        return {"ok": True, "channel": {"id": body.get("channel"), "is_channel": True, "is_archived": False,
+                                        **found}}
+
+    def _conversations_join(self, body: dict[str, Any]) -> dict[str, Any]:
+        found = self.channels.get(str(body.get("channel")))
+        if found is None or found.get("is_private"):
+            return {"ok": False, "error": "channel_not_found" if found is None else "method_not_supported_for_channel_type"}
+        found["is_member"] = True
+        return {"ok": True, "channel": {"id": body.get("channel"), **found}}
+
     def _chat_postMessage(self, body: dict[str, Any]) -> dict[str, Any]:
         channel = str(body.get("channel") or "")
         if channel in ("", "C-MISSING", "#missing"):
             return {"ok": False, "error": "channel_not_found"}
+        declared = self.channels.get(channel)
+        if declared is not None and not declared.get("is_member"):
+            return {"ok": False, "error": "not_in_channel"}
         cid = channel if channel.startswith("C") else "C" + channel.lstrip("#").upper().replace("-", "")
         ts = f"{int(time.time())}.{next(self._ts):06d}"
         metadata = body.get("metadata")
@@ -274,9 +307,10 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
                     result = "ok"
                 else:
                     result = fake.answer(method, body, self.headers.get("Authorization"))
+                scopes = {"x-oauth-scopes": ",".join(fake.scopes)} if path.startswith("/api/") else {}
             if fault == "reset-after":
                 return self._reset()
-            self._send(200, result)
+            self._send(200, result, scopes)
 
         def _fault(self, method: str) -> str | None:
             f = fake.faults
