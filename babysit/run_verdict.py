@@ -57,7 +57,7 @@ class RunVerdicts:
             self.message("incident", {"attempt": self.attempt_n(),
                                       "incident": reading.TAMPER_INCIDENT, "message": exc.message, "detail": detail,
                                       "mention": list(self.spec.notify.mention_on_incident)}, key)
-            log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message)
+            log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message, posted=True)
 
     def read(self, *, full: bool = False) -> None:
         """Read the verdict now. An unexpected error (a value the verdict or its files cannot take) is an
