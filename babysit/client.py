@@ -45,7 +45,7 @@ class JsonlWriter:
     @property
     def path(self) -> str | None:
         """Where records go now; None: nowhere (no path given and `$BABYSIT_LOG` unset or empty)."""
-        return self._fixed if self._fixed is not None else (os.environ.get(ENV) or None)
+        return self._fixed if self._fixed is not None else (_getenv(ENV) or None)
 
     def log(self, step: Any, /, **metrics: Any) -> bool:
         """Append `{"step": step, "ts": now, **metrics}`; True when the line was written."""
@@ -70,14 +70,15 @@ class JsonlWriter:
             self._warn("unset", f"babysit.log: ${ENV} is not set (not running under babysit?): records are "
                                 "dropped. babysit sets it for every attempt; set it yourself to log elsewhere")
             return False
-        at = _as_step(step)
+        at = step if type(step) is int else _as_step(step)
         values: dict[str, Any] = {}
         for key, value in fields.items():
             if key in _RESERVED:
                 self._warn(f"reserved:{key}", f"babysit.log: a metric named {key!r} is ignored: "
                                               f"`{key}` is the record's own (rename it)")
                 continue
-            values[str(key)] = plain(value)  # a CUDA scalar syncs here, so `ts` below is after it
+            kind = type(value)  # a plain float or int as it is; anything else through plain(): a CUDA
+            values[str(key)] = value if kind is float or kind is int else plain(value)  # scalar syncs there
         ts = time.time()
         line = _line(at, ts, values)
         if line is None:  # a string, a list, a nested dict: json's encoder, the same format
@@ -160,10 +161,28 @@ def _as_step(step: Any) -> int:
     return got
 
 
+def _getenv(name: str) -> str | None:
+    """`os.environ.get(name)`, read live (a test or a launcher may set it after import) but without the
+    Mapping machinery and the key's encoding on every call: on POSIX, `os.environ` keeps its values in
+    the dict `_data` (bytes keys), which setenv/putenv through `os.environ` keep current. A third of a
+    `babysit.log` call went to three `os.environ.get`s (bench/logger_cost.py)."""
+    data = _ENV_DATA
+    if data is None:
+        return os.environ.get(name)
+    raw = data.get(_ENV_KEYS.get(name) or _ENV_KEYS.setdefault(name, os.fsencode(name)))
+    return None if raw is None else os.fsdecode(raw)
+
+
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not isinstance(_ENV_DATA, dict):
+    _ENV_DATA = None
+_ENV_KEYS: dict[str, bytes] = {}
+
+
 def env_rank() -> int:
     """This process's global rank as launchers say it; 0 when none does or it cannot be read."""
     for name in ("RANK", "SLURM_PROCID"):
-        raw = os.environ.get(name)
+        raw = _getenv(name)
         if raw:
             try:
                 return int(raw)
