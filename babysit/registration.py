@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from babysit import campaign_join as campaign_join
 from babysit import commandcheck, logcheck, registry, sources, wake
 from babysit.atomic import write_private_json
-from babysit.campaign import join as campaign_join
 from babysit.core.retry import build_argv
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.specdiff import Change, changes

@@ -23,10 +23,10 @@ from urllib.parse import parse_qs
 import structlog
 
 from babysit.campaign import actions
-from babysit.campaign import render as crender
 from babysit.campaign.history import view_of
-from babysit.campaign.spec import load_campaign
+from babysit.core import campaign_render as crender
 from babysit.core.blocks import section
+from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
 from bot.context import BotConfig, opened
@@ -35,7 +35,7 @@ from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
 
-# The action ids a Socket Mode client or a test sends (the buttons are drawn by babysit/campaign/render.py).
+# The action ids a Socket Mode client or a test sends (the buttons are drawn by babysit/core/campaign_render.py).
 LAUNCH_ACTION_ID, EXTEND_ACTION_ID, HOLD_ACTION_ID = crender.LAUNCH_ACTION_ID, crender.EXTEND_ACTION_ID, \
     crender.HOLD_ACTION_ID
 ACTION_IDS = crender.ACTION_IDS

@@ -1,10 +1,12 @@
-"""The architecture, checked: the pure core imports nothing with effects, and babysit never imports bot.
+"""The architecture, checked (docs/architecture.md): the pure core imports nothing with effects, no import
+circles, no arrow back up between the rooms, and babysit never imports bot.
 
 babysit/core/ holds the decisions (spec, verdict, amendment rules, guards, classify, retry, snapshot,
-smoke selection, rendering): it may import the standard library's pure modules and itself, nothing
-else — no store, probe, executor, Slack or third-party module. A campaign's pure modules (its spec,
-single-delta rule, grid and words) live with the campaign in babysit/campaign/ and are held to the
-same rule; the core may use them. bot/ (the slash-command app) depends on
+smoke selection, rendering, the run's transition, a campaign's spec, single-delta rule, grid and words):
+it may import the standard library's pure modules and itself, nothing else — no store, probe, executor,
+Slack or third-party module. A room is a package under babysit/ (core/, commands/, campaign/, …), a
+top-level module, or bot/: the rooms' imports form no cycle, so every arrow runs down (`farm-studio look`
+draws the same floors). bot/ (the slash-command app) depends on
 babysit; babysit depends on bot only where the CLI starts the bot (`babysit bot`, `babysit up --bot`).
 babysit's and bot's own modules are imported at the top of a module, never inside a function: only
 heavy third-party modules (torch, matplotlib, slack_sdk, …) are imported lazily.
@@ -41,13 +43,8 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-PURE_CAMPAIGN = ("babysit.campaign.spec", "babysit.campaign.delta", "babysit.campaign.grid",
-                 "babysit.campaign.render")
-
-
 def pure_modules() -> list[Path]:
-    return sorted((ROOT / "babysit" / "core").glob("*.py")) + [
-        ROOT / (name.replace(".", "/") + ".py") for name in PURE_CAMPAIGN]
+    return sorted((ROOT / "babysit" / "core").glob("*.py"))
 
 
 def test_the_core_imports_only_itself_and_pure_stdlib():
@@ -55,7 +52,7 @@ def test_the_core_imports_only_itself_and_pure_stdlib():
     for path in pure_modules():
         for line, module in imports(path):
             top = module.split(".")[0]
-            if module == "babysit.core" or module.startswith("babysit.core.") or module in PURE_CAMPAIGN:
+            if module == "babysit.core" or module.startswith("babysit.core."):
                 continue
             if top in sys.stdlib_module_names and top not in EFFECTFUL_STDLIB and top != "babysit":
                 continue
@@ -145,3 +142,149 @@ def test_only_the_cli_imports_the_commands():
         bad += [f"{rel}:{line} imports {module}" for line, module in imports(path)
                 if module == "babysit.commands" or module.startswith("babysit.commands.")]
     assert not bad, "library code depends on a CLI command:\n" + "\n".join(bad)
+
+
+# -- circles and arrows back up -----------------------------------------------------------------------------
+def module_graph(root: Path, packages: tuple[str, ...] = ("babysit", "bot")) -> dict[str, set[str]]:
+    """Every own module of `packages` under `root` -> the own modules it imports (anywhere in the file:
+    `from a import b` names module a.b when there is one, else a; relative imports resolved)."""
+    files: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(parts)] = path
+
+    def own(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        names: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                # `from a import b`: module a.b when there is one, else a (b is a name in it)
+                names += [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base for alias in node.names]
+        graph[module] = {target for name in names if (target := own(name)) is not None and target != module}
+    return graph
+
+
+def room(module: str, graph: dict[str, set[str]]) -> str:
+    """The room a module stands in: its package under babysit/ (babysit/core/), else itself; bot/ whole."""
+    parts = module.split(".")
+    if parts[0] != "babysit":
+        return parts[0] + "/"
+    if len(parts) > 2 or any(m.startswith(module + ".") for m in graph):  # a module of a package, or a package
+        return "/".join(parts[:2]) + "/"
+    return "/".join(parts) + (".py" if len(parts) > 1 else "/")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def rooms_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
+    """Room -> the rooms it imports, each with the module imports that make the arrow."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = room(module, graph), room(target, graph)
+            if a != b:
+                out.setdefault(a, {}).setdefault(b, []).append(f"{module} -> {target}")
+    return out
+
+
+def back_up_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Arrows between rooms that stand in one cycle of rooms: one of them must run back up."""
+    by_room = rooms_graph(graph)
+    bad = []
+    for cycle in cycles({a: set(bs) for a, bs in by_room.items()}):
+        for a in cycle:
+            for b in cycle:
+                if b in by_room.get(a, {}):
+                    bad.append(f"{a} -> {b} ({', '.join(sorted(by_room[a][b])[:3])})")
+    return bad
+
+
+def test_no_module_imports_itself_through_others():
+    """0 import circles: a circle is two modules that cannot be understood (or imported) one without the
+    other; what both need belongs in a module below them."""
+    found = cycles(module_graph(ROOT))
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_no_arrow_runs_back_up_between_the_rooms():
+    """The rooms (core/, commands/, campaign/, store.py, cli.py, bot/, …) stand on floors: each imports
+    only rooms below it. A command never calls cli.main (it calls the command's function); the core never
+    imports the shell (what both need lives in the core)."""
+    bad = back_up_arrows(module_graph(ROOT))
+    assert not bad, "rooms importing each other (move what both need down, or pass it in):\n" + "\n".join(bad)
+
+
+def test_the_circle_and_arrow_checks_see_a_violation(tmp_path: Path):
+    """A checker that sees nothing would pass everything: a circle, and two rooms that import each other
+    without a circle of modules (cli.py -> commands/args, commands/demo -> cli), are both found."""
+    pkg = tmp_path / "babysit"
+    (pkg / "commands").mkdir(parents=True)
+    (pkg / "core").mkdir()
+    for init in (pkg, pkg / "commands", pkg / "core"):
+        (init / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("from babysit.commands.args import build\n")
+    (pkg / "commands" / "args.py").write_text("import argparse\n")
+    (pkg / "commands" / "demo.py").write_text("from babysit.cli import main\nfrom . import args\n")
+    (pkg / "core" / "a.py").write_text("from babysit.core import b\n")
+    (pkg / "core" / "b.py").write_text("def f():\n    from .a import x\n")
+    graph = module_graph(tmp_path, ("babysit",))
+    assert graph["babysit.commands.demo"] == {"babysit.cli", "babysit.commands.args"}
+    assert cycles(graph) == [["babysit.core.a", "babysit.core.b"]]
+    assert sorted(b.split(" (")[0] for b in back_up_arrows(graph)) == ["babysit/cli.py -> babysit/commands/",
+                                                                       "babysit/commands/ -> babysit/cli.py"]
+    assert room("babysit.core.a", graph) == "babysit/core/" and room("babysit.cli", graph) == "babysit/cli.py"

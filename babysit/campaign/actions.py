@@ -23,11 +23,11 @@ import structlog
 
 from babysit import registration
 from babysit.atomic import write_atomic
-from babysit.campaign import grid as grid_mod
 from babysit.campaign import propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
-from babysit.campaign.spec import Campaign
+from babysit.core import campaign_grid as grid_mod
+from babysit.core.campaign_spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.tomlfile import load
 from babysit.store import OwnerCall, Store

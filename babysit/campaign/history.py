@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from babysit import registry as registry_mod
-from babysit.campaign import grid as grid_mod
 from babysit.campaign import settle
-from babysit.campaign.spec import Campaign, load_campaign
+from babysit.core import campaign_grid as grid_mod
+from babysit.core.campaign_spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.verdict import build_rules

@@ -22,8 +22,8 @@ from typing import Any
 import structlog
 
 from babysit.campaign import actions, settle
-from babysit.campaign import grid as grid_mod
-from babysit.campaign.spec import Campaign, load_campaign, parse_grid
+from babysit.core import campaign_grid as grid_mod
+from babysit.core.campaign_spec import Campaign, load_campaign, parse_grid
 from babysit.core.errors import BabysitError
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.tomlfile import Table

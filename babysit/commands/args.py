@@ -16,6 +16,46 @@ REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml
 SMOKE_TIMEOUT_S = 1800.0  # `babysit smoke --timeout-s`: per profile
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """`babysit`'s parser: the global options and every command's."""
+    parser = argparse.ArgumentParser(
+        prog="babysit",
+        description="Babysit GPU training runs: guards, retries, pre-registered verdicts, Slack chat-ops.",
+        epilog="Start with `babysit demo`. Docs: README.md and docs/.",
+    )
+    parser.add_argument("--version", action=_Version, help="print babysit's version and exit")
+    # Global options go before or after the command (`babysit --registry X status` as git and kubectl
+    # users type it). A command's own copy defaults to SUPPRESS, so it never overwrites the global value.
+    parser.add_argument("--registry", metavar="PATH", default=None, help=REGISTRY_HELP)
+    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    return parser
+
+
+class _Version(argparse.Action):
+    """`--version`, looked up only when asked (the metadata scan costs milliseconds on every call)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"babysit {package_version()}")
+        parser.exit()
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("babysit")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the repository)"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """A command line's arguments as `babysit` parses them, for a command that runs another's function."""
+    return build_parser().parse_args(argv)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from babysit import registry
 from babysit.campaign import history
-from babysit.campaign.render import show_text
 from babysit.campaign.saga import render_saga
-from babysit.campaign.spec import load_campaign
-from babysit.cli import main as cli_main
+from babysit.commands import register
+from babysit.commands.args import parse
+from babysit.core.campaign_render import show_text
+from babysit.core.campaign_spec import load_campaign
 from babysit.db.url import open_store
 
 
@@ -40,8 +41,8 @@ def run_register(args: argparse.Namespace) -> int:
           f"{len(campaign.banked)} banked run(s), sha256 {campaign.sha256[:16]}…")
     for spec in campaign.runs:
         print(f"$ babysit register {spec}" + (" --accelerated" if args.accelerated else ""))
-        code = cli_main(["register", str(spec), "--registry", str(path), *(["--accelerated"] if args.accelerated
-                                                                            else [])])
+        code = register.run(parse(["register", str(spec), "--registry", str(path),
+                                   *(["--accelerated"] if args.accelerated else [])]))
         if code:
             return code
     return 0

@@ -8,7 +8,10 @@ import sys
 import time
 
 from babysit import logs, registry
-from babysit.cli import main as cli_main
+from babysit.commands import adhoc, campaign, register, status
+from babysit.commands import amend as amend_command
+from babysit.commands.args import parse
+from babysit.core.errors import BabysitError
 from babysit.daemon import Daemon
 from babysit.demo import runner
 from babysit.notify import ConsoleChannel
@@ -29,13 +32,13 @@ def run(args: argparse.Namespace) -> int:
     for key, spec in wanted:
         if args.only in (None, key) or (args.only == "campaign" and key == "drift"):
             print(f"$ babysit register {spec.relative_to(root)} --accelerated")
-            code = cli_main(["register", str(spec), "--accelerated", "--registry", str(reg)])
+            code = register.run(parse(["register", str(spec), "--accelerated", "--registry", str(reg)]))
             if code:
                 return code
     if args.only in (None, "campaign"):  # drift_disc's single-delta child (docs/campaigns.md)
         print(f"$ babysit campaign register {(root / 'runs' / 'campaign.toml').relative_to(root)} --accelerated")
-        code = cli_main(["campaign", "register", str(root / "runs" / "campaign.toml"), "--accelerated",
-                         "--registry", str(reg)])
+        code = campaign.run_register(parse(["campaign", "register", str(root / "runs" / "campaign.toml"),
+                                            "--accelerated", "--registry", str(reg)]))
         if code:
             return code
     print("\n$ babysit up --accelerated --exit-when-idle   (declared minutes run as seconds)\n")
@@ -53,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
         def declare() -> int:
             print(f"\n$ babysit amend {runner.DRIFT_RUN} {amendment.relative_to(root)}   "
                   f"(the step-{runner.AMEND_AFTER_STEP} eval is in; the baseline is not)")
-            return cli_main(["amend", runner.DRIFT_RUN, str(amendment), "--registry", str(reg)])
+            try:  # on the amendment's own thread: said here, as `babysit amend` would say it
+                return amend_command.run(parse(["amend", runner.DRIFT_RUN, str(amendment), "--registry", str(reg)]))
+            except BabysitError as exc:
+                print(f"ERROR: {exc.message}" + (f"\nHINT: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+                return exc.exit_code
 
         amend = runner.AmendOnTime(log, declare)
         amend.start()
@@ -72,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
                    "--sleep", "0.05"]
         print(f"$ babysit run --accelerated --name {runner.ADHOC_RUN} -- python -m babysit.demo.nanogpt_like "
               "--iters 40   (no run.toml, no regex)\n")
-        cli_main(["run", "--accelerated", "--no-view", "--gpu-probe", "none", "--name", runner.ADHOC_RUN,
-                  "--registry", str(reg), "--", *command])
+        adhoc.run(parse(["run", "--accelerated", "--no-view", "--gpu-probe", "none", "--name", runner.ADHOC_RUN,
+                         "--registry", str(reg), "--", *command]))
         print()
-    cli_main(["status", "--registry", str(reg)])
+    status.run(parse(["status", "--registry", str(reg)]))
     verdict_json = state_dir / "verdicts" / f"{runner.DRIFT_RUN}.json"
     print("\nwhere things are:")
     print(f"  registry        {reg}")
@@ -98,6 +105,6 @@ def run(args: argparse.Namespace) -> int:
         proposals = root / "runs" / "proposals"  # none while the conclusion is pending or suspended
         print(f"\n$ babysit campaign show {runner.CAMPAIGN}   (saga chart: {saga}"
               + (f"; proposals: {proposals})" if proposals.is_dir() else ")"))
-        cli_main(["campaign", "show", runner.CAMPAIGN, "--registry", str(reg)])
+        campaign.run_show(parse(["campaign", "show", runner.CAMPAIGN, "--registry", str(reg)]))
     return 0
 

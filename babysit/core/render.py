@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import babysit.campaign.render as campaign_words  # pure (tests/test_layering.py)
+import babysit.core.campaign_render as campaign_words  # pure (tests/test_layering.py)
 from babysit.core import progress, tails
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise

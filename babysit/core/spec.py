@@ -15,8 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.campaign.spec import check_labels, load_campaign, merged_references, parse_link
 from babysit.core import expr
+from babysit.core.campaign_spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
 from babysit.core.errors import SpecError
 from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
 from babysit.core.tomlfile import Table, load
@@ -160,7 +160,7 @@ class RunSpec:
     slurm: SlurmSpec | None = None
     smoke: SmokeSpec = SmokeSpec()
     source: SourceSpec = field(default_factory=SourceSpec)  # [source]: where records come from
-    campaign: Any = None  # [campaign]: a campaign run's babysit.campaign.spec.RunLink (docs/campaigns.md)
+    campaign: RunLink | None = None  # [campaign]: a campaign run's link to its campaign (docs/campaigns.md)
 
     def profile_for(self, attempt: int) -> AttemptProfile:
         """Attempt k (1-based) uses attempts[min(k, len) - 1]; no [[attempts]] means one plain profile."""
@@ -431,7 +431,7 @@ def _bound(t: Table, key: str) -> expr.Expr | None:
         raise t.error(key, f"a number or arithmetic over numbers and reference names ({exc})", value)
 
 
-def _campaign(t: Table | None, base: Path) -> tuple[Any, Any]:
+def _campaign(t: Table | None, base: Path) -> tuple[RunLink | None, Campaign | None]:
     """[campaign]: the run's link and its campaign (whose banked deltas become references)."""
     if t is None:
         return None, None
@@ -440,7 +440,7 @@ def _campaign(t: Table | None, base: Path) -> tuple[Any, Any]:
     return link, load_campaign(link.file)
 
 
-def _prereg(t: Table | None, base: Path, campaign: Any = None) -> Prereg | None:
+def _prereg(t: Table | None, base: Path, campaign: Campaign | None = None) -> Prereg | None:
     if t is None:
         return None
     raw = t.data

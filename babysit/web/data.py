@@ -19,7 +19,7 @@ from typing import Any
 
 from babysit import logtail, prereg_record, reading, registry, runview, sources
 from babysit.campaign.history import view_of
-from babysit.campaign.spec import load_campaign
+from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec

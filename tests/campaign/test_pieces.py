@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.campaign import actions, delta, grid, propose
-from babysit.campaign.spec import Campaign, RunLink, Suspect, parse_campaign, parse_link
+from babysit.campaign import actions, propose
+from babysit.core import campaign_delta as delta
+from babysit.core import campaign_grid as grid
+from babysit.core.campaign_spec import Campaign, RunLink, Suspect, parse_campaign, parse_link
 from babysit.core.errors import SpecError
 from babysit.core.spec import AttemptProfile, RunSpec
 from babysit.core.tomlfile import Table, loads

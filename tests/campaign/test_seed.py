@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.campaign import delta, grid
-from babysit.campaign.join import parent_spec
-from babysit.campaign.spec import load_campaign
+from babysit.campaign_join import parent_spec
+from babysit.core import campaign_delta as delta
+from babysit.core import campaign_grid as grid
 from babysit.core.amendment import load_amendment, what_if
+from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import SpecError
 from babysit.core.spec import load_spec
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, evaluate, fixture_result, shown_bound

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from babysit import registry as registry_mod
-from babysit.campaign import spec as cspec
-from babysit.campaign import wording
-from babysit.campaign.delta import Delta, compute, refusal
+from babysit.core import campaign_spec as cspec
+from babysit.core import campaign_wording as wording
+from babysit.core.campaign_delta import Delta, compute, refusal
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import RunSpec, load_spec
 from babysit.db.url import open_store

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from babysit.campaign.spec import Campaign, RunLink
+from babysit.core.campaign_spec import Campaign, RunLink
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec
 
