@@ -9,7 +9,8 @@ from dataclasses import replace
 from babysit import registry
 from babysit.core.errors import RegistryError
 from babysit.db import migrate
-from babysit.db.url import host_name, redact, store_url
+from babysit.db.redact import redact
+from babysit.db.url import host_name, store_url
 from babysit.store import SCHEMA_VERSION, Store
 
 

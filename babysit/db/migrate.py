@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from babysit.db.redact import redact
 from babysit.db.schema import VERSION_TABLE
-from babysit.db.url import redact
 from babysit.store import SCHEMA_VERSION, Store
 
 MIGRATIONS = Path(__file__).with_name("migrations")

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import pq
 
 from babysit.core.errors import StateError
-from babysit.db.url import redact
+from babysit.db.redact import redact
 from babysit.store import SCHEMA_VERSION, Row, Store
 
 VERSION_TABLE = "babysit_schema_version"

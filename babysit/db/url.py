@@ -9,6 +9,7 @@ import socket
 from collections.abc import Mapping
 
 from babysit.core.errors import RegistryError
+from babysit.db.redact import redact
 from babysit.registry import Registry
 from babysit.store import Store
 
@@ -39,11 +40,6 @@ def host_name(registry: Registry, environ: Mapping[str, str] | None = None) -> s
         raise RegistryError(f"host name {name!r} (${HOST_ENV}, [host] name or the hostname): expected letters, "
                             "digits, '.', '_' or '-', at most 63", hint="set [host] name in babysit.toml")
     return name
-
-
-def redact(url: str) -> str:
-    """The url without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def open_store(registry: Registry, environ: Mapping[str, str] | None = None) -> Store:
