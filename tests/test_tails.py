@@ -20,6 +20,8 @@ def test_a_redrawn_line_keeps_its_last_state_and_repeats_are_dropped():
     assert tails.last_lines(text, 2) == "Traceback (most recent call last):\n  boom"
     assert tails.collapse("a\rb\r\n") == ["b"]  # a bar left on a trailing \r, then CRLF
     assert tails.collapse("") == []
+    assert tails.collapse("\r  0%| 0/2\x1b[A\r100%| 2/2\x1b[A\n") == ["100%| 2/2"]  # tqdm's nested bar
+    assert tails.collapse("\r  0%| 0/2\x1b[A\r100%| 2/2\x1b[A\n") == ["100%| 2/2"]  # tqdm's nested bar
 
 
 def test_the_executors_stderr_tail_is_collapsed(tmp_path: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_records_are_hf_log_history_exactly_at_global_step_with_total_steps(tmp_
 def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_path: Path, babysit_log: Path,
                                                                          capfd: pytest.CaptureFixture[str]) -> None:
     callback = hf.BabysitCallback()
-    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, nan_at=12)
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, nan_at=12, disable_tqdm=False)
     with pytest.raises(Diverged) as stopped:
         trainer.train()
     assert stopped.value.code == 11  # what the process exits with: babysit's `diverged`
@@ -63,11 +64,18 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
     # HF's logging_nan_inf_filter hides the NaN train loss; the grad norm shows it
     bad = next(r for r in records if r.step == 15 and "learning_rate" in r.metrics)
     assert "grad_norm" in bad.nonfinite
-    assert "non-finite grad_norm" in capfd.readouterr().err
+    stderr = capfd.readouterr().err  # HF's own tqdm bar, redrawn with \r, and the callback's line
+    assert "non-finite grad_norm" in stderr and "\r" in stderr
     for exit_code in (11, 1):  # the worker's own code, and a launcher (torchrun) reporting 1
-        got = classify_exit(exit_code=exit_code, signal=None, stderr_tail="", last_records=records[-16:],
+        got = classify_exit(exit_code=exit_code, signal=None, stderr_tail=stderr, last_records=records[-16:],
                             rules=(), stop_requested=False)
         assert got.outcome == "diverged", (exit_code, got.summary)
+        # the metric and its value, never "non-finite loss"; the tail as a terminal showed it
+        assert got.summary == f"diverged: grad_norm = nan at step 15 (exit {exit_code})", got.summary
+        tail = str(got.detail["stderr_tail"]).splitlines()
+        assert not any(c in got.detail["stderr_tail"] for c in "\r\x1b"), tail  # no redraws, no cursor moves
+        assert all(a != b for a, b in itertools.pairwise(tail)) and len(tail) < stderr.count("\r") / 3, tail
+        assert any("babysit: diverged: non-finite grad_norm" in line for line in tail), tail
 
 
 def test_with_exit_code_none_a_divergence_only_stops_training(tmp_path: Path, babysit_log: Path) -> None:
