@@ -77,7 +77,15 @@ def read_cost(n: int, json_path: str | None) -> int:
     parts = {"babysit's health batch (read_fields), all GPUs": time_calls(batch, n),
              "naive: one getter a counter, all GPUs": time_calls(naive, max(20, n // 5)),
              "NvmlGpuProbe.read of all GPUs (util, memory, processes, health)": time_calls(lambda: probe.read([]), n)}
-    rows, data = [], {"gpus": count, "values": {i: probe.health_values(i) for i in range(count)}}
+    rows, data = [], {"gpus": count, "values": {i: probe.health_values(i) for i in range(count)},
+                      "unsupported": {i: states[i].unsupported for i in range(count)}}
+    for name, const in health.FIELDS.items():  # each field alone: which ones cost
+        fid = getattr(nv, const, None)
+        if isinstance(fid, int):
+            s = summary(time_calls(lambda fid=fid: nv.nvmlDeviceGetFieldValues(handles[0], [fid]), 50))
+            rows.append([f"nvmlDeviceGetFieldValues([{name}]) alone, GPU 0", fmt_us(s["median_us"]),
+                         fmt_us(s["p90_us"]), "—"])
+            data[f"field {name}"] = s
     for name, samples in parts.items():
         s = summary(samples)
         rows.append([name, fmt_us(s["median_us"] / count), fmt_us(s["p90_us"] / count), fmt_us(s["median_us"])])
@@ -112,8 +120,9 @@ def event_latency(trials: int, json_path: str | None) -> int:
             probe = NvmlGpuProbe(library=nv, events_thread=True)
             clock = SYSTEM
             executor = FakeExecutor(clock, FakeHostProbe())  # type: ignore[arg-type]
+            timers = ThreadTimers()
             d = Daemon(root / "babysit.toml", gpu_probe=probe, channel=ConsoleChannel(root / ".babysit", None),
-                       clock=clock, host_probe=FakeHostProbe(), executors={"local": executor}, timers=ThreadTimers())
+                       clock=clock, host_probe=FakeHostProbe(), executors={"local": executor}, timers=timers)
             try:
                 d.reconcile_registry()
                 d.handle_requests()
@@ -126,6 +135,7 @@ def event_latency(trials: int, json_path: str | None) -> int:
                     time.sleep(0.002)
                 out.append(time.monotonic() - t0)
             finally:
+                timers.close()  # the stop's SIGKILL timer must not outlive the store
                 probe.close()
                 d.exits.close()
                 d.store.close()

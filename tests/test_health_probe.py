@@ -185,7 +185,7 @@ def test_the_batch_read_judges_counters_against_their_first_value(nv, probe) -> 
     f = nv.fields[0]
     f.update({pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 2, pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: 7,
               pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 100, pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0,
-              pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 0})
+              pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 0, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0})
     first = probe.read([0]).gpu(0)
     assert first.signals == ()  # counts the GPU had before babysit looked are no news
     f[pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL] = 9
@@ -237,3 +237,14 @@ def test_the_event_thread_waits_rather_than_spinning(nv, probe) -> None:
     before = nv.waits
     time.sleep(1.2)
     assert nv.waits - before <= 4  # ~500 ms waits
+
+
+def test_a_field_the_gpu_does_not_have_is_not_asked_for_again(nv, probe) -> None:
+    nv.fields[0].update({pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 0})  # no NVLink, no remapping here
+    asked: list[list[int]] = []
+    real = nv.nvmlDeviceGetFieldValues
+    nv.nvmlDeviceGetFieldValues = lambda h, ids: (asked.append(list(ids)), real(h, ids))[1]
+    probe.read([0])
+    probe.read([0])
+    assert len(asked[0]) == 10 and asked[-1] == [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]
+    assert "nvlink_crc_flit" in probe._fields[0].unsupported

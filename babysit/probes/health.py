@@ -128,6 +128,7 @@ class FieldState:
     field_ids: list[int] | None = None  # None: not built yet; []: nvmlDeviceGetFieldValues unsupported
     names: list[str] = field(default_factory=list)
     values: dict[str, float] = field(default_factory=dict)  # the latest raw values (the bench prints them)
+    unsupported: list[str] = field(default_factory=list)  # fields this GPU answered NOT_SUPPORTED: never asked again
 
 
 def field_ids(nv: Any, state: FieldState) -> list[int]:
@@ -157,10 +158,17 @@ def read_fields(call: Callable[..., Any], nv: Any, h: Any, state: FieldState, no
     if ids:
         got = call("nvmlDeviceGetFieldValues", h, ids, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
         if got is not None:
+            unsupported = []
             for name, fv in zip(state.names, got, strict=False):
                 value = field_value(nv, fv)
                 if value is not None:
                     values[name] = value
+                elif int(getattr(fv, "nvmlReturn", 0)) == nv.NVML_ERROR_NOT_SUPPORTED:
+                    unsupported.append(name)
+            if unsupported:  # a GPU without NVLink never grows it: not asked again (each field costs a call)
+                keep = [(n, i) for n, i in zip(state.names, ids, strict=False) if n not in unsupported]
+                state.names, state.field_ids = [n for n, _ in keep], [i for _, i in keep]
+                state.unsupported = [*state.unsupported, *unsupported]
     state.values = values
     for name in ("sbe", "dbe", "pcie_replay", *NVLINK):
         if name in values:
