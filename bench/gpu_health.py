@@ -94,7 +94,9 @@ def read_cost(n: int, json_path: str | None) -> int:
     target = data["babysit's health batch (read_fields), all GPUs"]["per_gpu_median_us"]
     emit("GPU health read (one guard round)", ["part", "per GPU (median)", "per GPU (p90)", "all GPUs"], rows, data,
          json_path, notes=[f"{count} GPU(s); target ≤ 100 µs per GPU: {'met' if target <= 100 else 'MISSED'} "
-                           f"({target:.1f} µs)"])
+                           f"({target:.1f} µs)",
+                           f"the costly warn-only fields ({', '.join(health.SLOW_FIELDS)}) are read once every "
+                           f"{health.SLOW_FIELD_S:g} s, not every round: their cost alone is in the rows above"])
     return 0
 
 

@@ -128,7 +128,7 @@ def nv():
 
 @pytest.fixture
 def probe(nv):
-    p = NvmlGpuProbe(library=nv, events_thread=True, call_timeout_s=0.5)
+    p = NvmlGpuProbe(library=nv, events_thread=True, call_timeout_s=0.5, slow_field_seconds=0.0)
     yield p
     if nv.block is not None:
         nv.block.set()
@@ -248,3 +248,22 @@ def test_a_field_the_gpu_does_not_have_is_not_asked_for_again(nv, probe) -> None
     probe.read([0])
     assert len(asked[0]) == 10 and asked[-1] == [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]
     assert "nvlink_crc_flit" in probe._fields[0].unsupported
+
+
+def test_the_costly_warn_only_fields_are_read_once_a_minute(nv) -> None:
+    p = NvmlGpuProbe(library=nv, events_thread=False)  # the default cadence
+    try:
+        nv.fields[0].update({pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 0, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 5})
+        asked: list[list[int]] = []
+        real = nv.nvmlDeviceGetFieldValues
+        nv.nvmlDeviceGetFieldValues = lambda h, ids: (asked.append(list(ids)), real(h, ids))[1]
+        p.read([0])
+        p.read([0])
+        assert pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER in asked[0]
+        assert asked[-1] == [pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL]  # not this round: its value is kept
+        assert p.health_values(0)["pcie_replay"] == 5
+        p._fields[0].slow_read_at = -1e9  # a minute later
+        nv.fields[0][pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = 9
+        assert [s.kind for s in p.read([0]).gpu(0).signals] == ["pcie-replay"]
+    finally:
+        p.close()

@@ -89,10 +89,12 @@ class NvmlGpuProbe:
     """
 
     def __init__(self, *, library: Any = None, sample_buffer: bool = False, events_thread: bool | None = None,
-                 call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time) -> None:
+                 call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time,
+                 slow_field_seconds: float = health.SLOW_FIELD_S) -> None:
         self._lock = threading.Lock()
         self._events_thread = (library is None) if events_thread is None else events_thread
         self._call_timeout = call_timeout_s
+        self._slow_field_s = slow_field_seconds  # the costly warn-only fields' cadence (health.SLOW_FIELDS)
         self._clock = clock
         self._caller = health.NvmlCaller()
         self._watcher: health.EventWatcher | None = None
@@ -190,7 +192,7 @@ class NvmlGpuProbe:
                 self._register_events(i, h)
                 nv = self._nv
                 if hasattr(nv, "nvmlDeviceGetFieldValues"):  # the batch read's first values are the base
-                    self._fields[i] = health.FieldState()
+                    self._fields[i] = health.FieldState(slow_every_s=self._slow_field_s)
                     health.read_fields(self._call_for(i), nv, h, self._fields[i], self._clock())
                 else:
                     base = self._nvml("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,

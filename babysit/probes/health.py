@@ -50,6 +50,10 @@ FIELDS = {"sbe": "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "dbe": "NVML_FI_DEV_ECC_DBE_VO
           "nvlink_recovery": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
           "recovery_action": "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"}
 NVLINK = ("nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay", "nvlink_recovery")
+# Fields that cost a firmware round trip each and only ever warn: read once a minute, not every round.
+# On the H200 the PCIe replay counter alone costs ~170 µs (GSP), every other field ~3 µs (bench/README.md).
+SLOW_FIELDS = ("pcie_replay",)
+SLOW_FIELD_S = 60.0
 THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake
 
 
@@ -129,6 +133,8 @@ class FieldState:
     names: list[str] = field(default_factory=list)
     values: dict[str, float] = field(default_factory=dict)  # the latest raw values (the bench prints them)
     unsupported: list[str] = field(default_factory=list)  # fields this GPU answered NOT_SUPPORTED: never asked again
+    slow_every_s: float = SLOW_FIELD_S
+    slow_read_at: float | None = None  # monotonic time SLOW_FIELDS were last read
 
 
 def field_ids(nv: Any, state: FieldState) -> list[int]:
@@ -153,20 +159,26 @@ def read_fields(call: Callable[..., Any], nv: Any, h: Any, state: FieldState, no
     """The batch read of one GPU (see the module docstring); `call(fn_name, *args, on=...)` is the probe's
     NVML wrapper (errors recorded, a default returned). Returns the signals the values show."""
     signals: list[GpuSignal] = []
-    ids = field_ids(nv, state)
-    values: dict[str, float] = {}
+    all_ids = field_ids(nv, state)
+    mono = time.monotonic()
+    slow_due = state.slow_read_at is None or mono - state.slow_read_at >= state.slow_every_s
+    if slow_due:
+        state.slow_read_at = mono
+    asked = [(n, i) for n, i in zip(state.names, all_ids, strict=False) if slow_due or n not in SLOW_FIELDS]
+    names, ids = [n for n, _ in asked], [i for _, i in asked]
+    values: dict[str, float] = {n: v for n, v in state.values.items() if n in SLOW_FIELDS and not slow_due}
     if ids:
         got = call("nvmlDeviceGetFieldValues", h, ids, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
         if got is not None:
             unsupported = []
-            for name, fv in zip(state.names, got, strict=False):
+            for name, fv in zip(names, got, strict=False):
                 value = field_value(nv, fv)
                 if value is not None:
                     values[name] = value
                 elif int(getattr(fv, "nvmlReturn", 0)) == nv.NVML_ERROR_NOT_SUPPORTED:
                     unsupported.append(name)
             if unsupported:  # a GPU without NVLink never grows it: not asked again (each field costs a call)
-                keep = [(n, i) for n, i in zip(state.names, ids, strict=False) if n not in unsupported]
+                keep = [(n, i) for n, i in zip(state.names, all_ids, strict=False) if n not in unsupported]
                 state.names, state.field_ids = [n for n, _ in keep], [i for _, i in keep]
                 state.unsupported = [*state.unsupported, *unsupported]
     state.values = values
