@@ -8,7 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.scenarios.conftest import PY, babysit, kill_runs, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import PY, babysit, kill_runs, store_of, wait_for
 
 # A daemon whose guard round is an hour away and that never exits when idle: only the wake can make it
 # take the relaunch of a run that is over.
@@ -29,21 +29,34 @@ d.run()
 
 PREREG = """
 [prereg]
-metric = "eval_chunk_mae"
+metric = "train_loss"
 baseline_step = 2
 read_step = 4
 [[prereg.bands]]
 label = "HEALTHY"
 max = 100
 """
+FAKE = Path(__file__).resolve().parents[1] / "reliability" / "fake_trainer.py"  # torch-free: seconds a run
 
 
 def typo_then_fixed(root: Path, extra: str = "") -> tuple[Path, str, str]:
     """A run.toml whose command has a typo'd flag (the trainer's argparse exits 2), and its fixed text."""
-    spec = tiny_run(root, "again", steps=6, extra=extra, args=("--eval-every", "2"))
-    # no stall stop while a loaded machine starts torch (accelerated, 30 declared minutes are 30 s)
-    fixed = spec.read_text().replace("stop_grace_seconds = 20\n", "stop_grace_seconds = 20\nstall_minutes = 30\n")
-    spec.write_text(fixed.replace('"--recipe"', '"--recpie"'))
+    spec = root / "again.toml"
+    command = [PY, str(FAKE), "outputs/again/log.jsonl", "--steps", "6", "--sleep", "0.05"]
+    fixed = f"""[run]
+name = "again"
+command = {json.dumps(command)}
+log = "outputs/{{name}}/log.jsonl"
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 5
+
+[poll]
+first_after_minutes = 60
+every_minutes = 60
+{extra}"""
+    spec.write_text(fixed.replace('"--steps"', '"--stpes"'))
     return spec, spec.read_text(), fixed
 
 
@@ -69,7 +82,7 @@ def test_a_failed_run_is_relaunched_with_its_fixed_command_by_a_running_daemon_a
         res = cli(workspace, "relaunch", "again", "--accelerated", "--wait", "30")
         assert res.returncode == 0, res.stdout + res.stderr
         lines = res.stdout.splitlines()
-        assert lines[0].startswith("  run.command: ") and "--recpie" in lines[0] and "--recipe" in lines[0]
+        assert lines[0].startswith("  run.command: [") and " → [" in lines[0], "the fixed field, listed"
         assert lines[1].startswith("relaunching again after attempt 1: run.toml re-read (1 field(s) changed")
         assert lines[-1] == "relaunch again: launched attempt 2", "taken at once: the daemon's round is an hour away"
         wait_for(lambda: store.run_state("again")[0] == "finished", 90, "the relaunched attempt to finish")
@@ -79,7 +92,7 @@ def test_a_failed_run_is_relaunched_with_its_fixed_command_by_a_running_daemon_a
         kill_runs(workspace)
     one, two = store.attempts("again")
     assert (one.n, one.outcome, two.n, two.outcome) == (1, "crashed", 2, "completed"), "the history is kept"
-    assert "--recipe" in two.argv and "--recpie" not in two.argv
+    assert "--steps" in two.argv and "--stpes" not in two.argv
     _, facts = store.run_state("again")
     assert facts["relaunched"]["after"] == 1 and facts["relaunched"]["by"].startswith("cli:")
     assert store.incidents("again")[0].kind == "crashed", "attempt 1's crash stays on record"
