@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from babysit.core.render import render
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
 from babysit.store import Store
@@ -96,6 +97,9 @@ def test_a_machine_xid_stops_quarantines_and_the_retry_runs_on_a_healthy_gpu_of_
     text = stop.payload["message"]
     assert "GPU 0" in text and "Xid 79 (GPU has fallen off the bus)" in text and "reboot the machine" in text
     assert stop.payload["detail"]["evidence"][0]["meaning"] == "the GPU is no longer reachable on the PCIe bus"
+    shown = render("incident", stop.payload).text  # what Slack (and the console) shows
+    assert ("GPU evidence:\n  GPU 0 GPU-sim-0: Xid 79 (GPU has fallen off the bus) — the GPU is no longer reachable "
+            "on the PCIe bus; the machine: reboot the machine") in shown
     assert "gpu-quarantined" in r.kinds()
 
 
