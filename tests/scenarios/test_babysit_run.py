@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from babysit import runview
 from babysit.core import adhoc
 from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
+from tests.scenarios.test_live_view import Terminal
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +237,15 @@ min_free_host_ram_gib = 0.1
     records = [json.loads(x) for x in (workspace / ".babysit" / "runs" / "reset" / "records.jsonl").read_text()
                .splitlines()]
     assert [r["step"] for r in records] == [10, 20, 30] * 3  # kept as computed, in the order printed
+
+
+def test_on_a_terminal_its_row_is_live_its_output_above_and_a_keyboard_ctrl_c_stops_it(workspace: Path) -> None:
+    term = Terminal([PY, "-m", "babysit", "run", "--accelerated", "--gpu-probe", "none", "--name", "tty",
+                     "--registry", str(workspace / "babysit.toml"), "--", *NANOGPT, "--iters", "100000",
+                     "--sleep", "0.02"], workspace)
+    term.wait_for(lambda text: re.search(r"tty\s+running\s+1/1 default\s+\d+", text), 60, "the run's live row")
+    term.wait_for(lambda text: "iter 40: loss" in text, 60, "its output above the table")
+    term.ctrl_c()  # the terminal's line discipline: SIGINT to babysit run (the trainer has a session of its own)
+    code = term.wait(90)
+    assert code == adhoc.EXIT_STOPPED, term.text[-3000:]
+    assert "stopping tty gracefully" in term.text and "saving checkpoint to out" in term.text
