@@ -239,6 +239,7 @@ min_free_host_ram_gib = 0.1
     assert [r["step"] for r in records] == [10, 20, 30] * 3  # kept as computed, in the order printed
 
 
+@pytest.mark.slow
 def test_on_a_terminal_its_row_is_live_its_output_above_and_a_keyboard_ctrl_c_stops_it(workspace: Path) -> None:
     term = Terminal([PY, "-m", "babysit", "run", "--accelerated", "--gpu-probe", "none", "--name", "tty",
                      "--registry", str(workspace / "babysit.toml"), "--", *NANOGPT, "--iters", "100000",
