@@ -190,6 +190,7 @@ class Daemon:
         campaign_hook.catch_up(self.ctx)  # campaign steps a killed daemon left due (docs/campaigns.md)
         self._sync_jobs()
         self.delivery.start()
+        self.ctx.reads.start()
         self.scheduler.start()
 
     def _interrupted(self) -> None:
@@ -241,6 +242,7 @@ class Daemon:
                 self.scheduler.remove_job(job_id)
 
     def shutdown(self) -> None:
+        self.ctx.reads.close()  # first: an exit's drain in a job stops at its next chunk, for the next daemon
         if self.scheduler is not None:
             # Not shutdown(wait=True): APScheduler waits for running jobs while holding its job-store
             # lock, and a job that schedules or cancels anything then (a guard round's job sync, an exit's
@@ -374,10 +376,9 @@ class Daemon:
             with self.store.deferred_facts():  # every run's log offsets in one commit at the end
                 for supervisor in list(self.supervisors.values()):
                     try:
-                        with supervisor.lock:
-                            running = supervisor.is_running()
-                            if running and not self.exits.is_watching(supervisor.run):
-                                supervisor.check_exit()  # no descriptor watched (Slurm), or its handling failed
+                        running = supervisor.is_running()
+                        if running and not self.exits.is_watching(supervisor.run):
+                            supervisor.check_exit_later()  # no descriptor watched (Slurm), or its handling failed
                         if running:
                             supervisor.guard()
                     except Exception as exc:
@@ -395,9 +396,8 @@ class Daemon:
                     if not supervisor.spec.source.copies:
                         continue
                     try:
-                        with supervisor.lock:
-                            if supervisor.is_running():
-                                supervisor.read_log()
+                        if supervisor.is_running():
+                            supervisor.read_log(wait=False)  # a budget's worth: a backlog goes to the reader thread
                     except Exception as exc:
                         supervisor.failed("reading its log", exc)
         except BabysitError as exc:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -81,6 +81,7 @@ class TailRead:
     reset: bool  # the file was truncated or replaced and was read again from 0
     missing: bool  # the file does not exist (yet); the state is returned unchanged
     partial_bytes: int  # bytes of an unterminated last line left for next time
+    more: bool = False  # the window was full: more of the file is waiting (read again)
 
 
 
@@ -118,7 +119,7 @@ def read_recent(path: Path, max_bytes: int = 32 * 1024) -> tuple[LogRecord, ...]
     return tuple(_parse(data, start, False, max_bytes, final=False).records)
 
 
-def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
+def read_new(path: Path, state: TailState, *, max_bytes: int = 4 * 2**20,
              max_line_bytes: int = 2**20) -> TailRead:
     """Read what was appended since `state`: at most max(max_bytes, max_line_bytes + 1) bytes.
 
@@ -137,7 +138,8 @@ def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
         reset = _replaced(state, file_id, st.st_size, head)
         if reset:
             state = replace(state, offset=0, skipping=False, head=None, head_len=0, resets=state.resets + 1)
-        data = os.pread(fd, min(window, max(0, st.st_size - state.offset)), state.offset)
+        want = max(0, st.st_size - state.offset)
+        data = os.pread(fd, min(window, want), state.offset)
     finally:
         os.close(fd)
     parsed = _parse(data, state.offset, state.skipping, max_line_bytes, final=False)
@@ -153,29 +155,48 @@ def read_new(path: Path, state: TailState, *, max_bytes: int = 64 * 2**20,
         garbage=state.garbage + parsed.garbage,
     )
     partial = len(data) - parsed.consumed
-    return TailRead(tuple(parsed.records), new_state, parsed.garbage, reset, False, partial)
+    return TailRead(tuple(parsed.records), new_state, parsed.garbage, reset, False, partial, len(data) < want)
 
 
 def read_all(path: Path, *, max_line_bytes: int = 2**20) -> tuple[list[LogRecord], int]:
-    """The offline whole-file read (verdicts, fixtures): (records, garbage lines).
+    """The offline whole-file read (fixtures, small logs): (records, garbage lines). A long log's
+    readers use `scan`, which holds one chunk at a time.
 
     Unlike a live tail, the file is taken as finished: an unterminated last line is parsed too (a
     torn write counts as garbage). A missing file raises FileNotFoundError: absent is not empty.
     """
-    size = os.stat(path).st_size
-    state = TailState()
     records: list[LogRecord] = []
     garbage = 0
+    for chunk in scan(path, max_line_bytes=max_line_bytes):
+        if chunk.reset:  # replaced while we read: start over on the new file
+            records, garbage = [], 0
+        records.extend(chunk.records)
+        garbage += chunk.garbage
+    return records, garbage
+
+
+@dataclass(frozen=True)
+class Chunk:
+    records: tuple[LogRecord, ...]
+    garbage: int
+    reset: bool  # the file was replaced while it was read: what came before this chunk is void
+
+
+CHUNK_BYTES = 1 << 20  # one read of a long log: ~15,000 records parsed and let go before the next
+
+
+def scan(path: Path, *, max_line_bytes: int = 2**20, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+    """A finished log read whole, CHUNK_BYTES at a time (memory: one chunk, whatever the log's length);
+    the unterminated last line is the last chunk's. A missing file raises FileNotFoundError."""
+    size = os.stat(path).st_size
+    state = TailState()
     while True:
-        got = read_new(path, state, max_line_bytes=max_line_bytes)
+        got = read_new(path, state, max_bytes=chunk_bytes, max_line_bytes=max_line_bytes)
         if got.missing:
             raise FileNotFoundError(path)
-        if got.reset:  # replaced while we read: start over on the new file
-            records, garbage = [], 0
-        records.extend(got.records)
-        garbage += got.garbage
         progressed = got.state.offset > state.offset or got.reset
         state = got.state
+        yield Chunk(got.records, got.garbage, got.reset)
         if not progressed or state.offset >= size:
             break
     if got.partial_bytes and not state.skipping:
@@ -183,10 +204,7 @@ def read_all(path: Path, *, max_line_bytes: int = 2**20) -> tuple[list[LogRecord
             f.seek(state.offset)
             tail = f.read(got.partial_bytes)
         last = _parse(tail, state.offset, False, max_line_bytes, final=True)
-        records.extend(last.records)
-        garbage += last.garbage
-    return records, garbage
-
+        yield Chunk(tuple(last.records), last.garbage, False)
 
 
 # --- internals ---------------------------------------------------------------------------------

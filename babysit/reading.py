@@ -6,6 +6,7 @@ and a tampered prereg can never produce a verdict, only a `prereg-tampered` inci
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -17,10 +18,10 @@ from babysit.chart import render_chart
 from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
-from babysit.core.records import metric_series
+from babysit.core.records import LogRecord
 from babysit.core.spec import Prereg, RunSpec, load_spec
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
-from babysit.logtail import TailState, read_all, read_new
+from babysit.logtail import TailState, read_new, scan
 from babysit.store import Amendment, Store
 
 TAMPER_INCIDENT = "prereg-tampered"
@@ -60,12 +61,25 @@ def require_prereg(spec: RunSpec) -> Prereg:
 def read_series(log: Path, prereg: Prereg) -> tuple[Series, Series, int]:
     """(metric series, train-metric series, garbage lines) of a whole log; a missing log is empty."""
 
+    series: dict[int, float] = {}
+    train: dict[int, float] = {}
+    garbage = 0
     try:
-        records, garbage = read_all(log)
+        for chunk in scan(log):  # one chunk in memory at a time: a 10,000,000-record log costs its series only
+            if chunk.reset:
+                series, train, garbage = {}, {}, 0
+            garbage += chunk.garbage
+            for record in chunk.records:
+                value = record.metrics.get(prereg.metric)
+                if value is not None:
+                    series[record.step] = value  # the last value logged for a step wins (metric_series)
+                if prereg.train_metric is not None:
+                    value = record.metrics.get(prereg.train_metric)
+                    if value is not None:
+                        train[record.step] = value
     except FileNotFoundError:
         return (), (), 0
-    train = metric_series(records, prereg.train_metric) if prereg.train_metric else ()
-    return metric_series(records, prereg.metric), train, garbage
+    return tuple(sorted(series.items())), tuple(sorted(train.items())), garbage
 
 
 def stored_amendments(store: Store, run: str) -> tuple[AmendmentRecord, ...]:
@@ -96,6 +110,23 @@ class SeriesCache:
         self._train: dict[int, float] = {}  # at eval steps only
         self._recent: dict[int, float] = {}  # the last TRAIN_WINDOW train values, by step
 
+    def feed(self, records: Sequence[LogRecord], start: int, state: TailState) -> None:
+        """The daemon's own read of the log, handed over (no second parse): `records` read from byte
+        `start` up to `state`. Ignored unless the cache had read up to `start` exactly (it is ahead, or
+        it reads from the start after a restart): `update` reads the rest itself."""
+        if start != self.state.offset or (state.file_id != self.state.file_id and self.state.offset):
+            return
+        self._take(records)
+        self.state = state
+
+    def complete(self, log: Path) -> bool:
+        """Whether the cache holds the whole log (a finished run's verdict can be read from it)."""
+        try:
+            size = os.stat(log).st_size
+        except OSError:
+            return False
+        return not self.state.skipping and self.state.offset == size
+
     def update(self, log: Path) -> tuple[Series, Series]:
 
         while True:
@@ -105,27 +136,30 @@ class SeriesCache:
                 return (), ()
             if got.reset:
                 self._series, self._train, self._recent = {}, {}, {}
-            for record in got.records:
-                step = record.step
-                if self.train_metric is not None:
-                    value = record.metrics.get(self.train_metric)
-                    if value is not None:
-                        self._recent.pop(step, None)
-                        self._recent[step] = value
-                        if len(self._recent) > self.TRAIN_WINDOW:
-                            del self._recent[next(iter(self._recent))]
-                        if step in self._series:
-                            self._train[step] = value
-                value = record.metrics.get(self.metric)
-                if value is not None:
-                    self._series[step] = value
-                    if step in self._recent:
-                        self._train[step] = self._recent[step]
+            self._take(got.records)
             progressed = got.state.offset > self.state.offset
             self.state = got.state
             if not progressed:
                 break
         return tuple(sorted(self._series.items())), tuple(sorted(self._train.items()))
+
+    def _take(self, records: Sequence[LogRecord]) -> None:
+        for record in records:
+            step = record.step
+            if self.train_metric is not None:
+                value = record.metrics.get(self.train_metric)
+                if value is not None:
+                    self._recent.pop(step, None)
+                    self._recent[step] = value
+                    if len(self._recent) > self.TRAIN_WINDOW:
+                        del self._recent[next(iter(self._recent))]
+                    if step in self._series:
+                        self._train[step] = value
+            value = record.metrics.get(self.metric)
+            if value is not None:
+                self._series[step] = value
+                if step in self._recent:
+                    self._train[step] = self._recent[step]
 
 
 def records_log(spec: RunSpec, store: Store | None) -> Path:

@@ -7,7 +7,7 @@ Every read goes through `reading.read_registered_verdict`, the definition `babys
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ from babysit import reading
 from babysit.campaign.hook import after_final_verdict
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError, PreregTampered
+from babysit.core.records import LogRecord
 from babysit.core.spec import RunSpec
+from babysit.logtail import TailState
 from babysit.run_errors import short_error
 from babysit.runstate import verdict_key
 
@@ -59,6 +61,15 @@ class RunVerdicts:
                                       "mention": list(self.spec.notify.mention_on_incident)}, key)
             log.warning("incident", run=self.run, incident=reading.TAMPER_INCIDENT, message=exc.message, posted=True)
 
+    def take_records(self, records: Sequence[LogRecord], start: int, state: TailState) -> None:
+        """The records the daemon's reader applied (read from byte `start` up to `state`): into the series
+        cache, so a verdict read parses no byte of the log a second time."""
+        if self.spec.prereg is None:
+            return
+        if self.series_cache is None:
+            self.series_cache = reading.SeriesCache(self.spec.prereg)
+        self.series_cache.feed(records, start, state)
+
     def read(self, *, full: bool = False) -> None:
         """Read the verdict now. An unexpected error (a value the verdict or its files cannot take) is an
         internal-error incident on this run, never an exception into the tick, guard, poll or watcher
@@ -78,9 +89,11 @@ class RunVerdicts:
 
         if self.series_cache is None:
             self.series_cache = reading.SeriesCache(self.spec.prereg)
+        log_path = reading.records_log(self.spec, self.ctx.store)  # whole in the cache: no second parse
         try:
             verdict = reading.read_registered_verdict(self.spec, self.frozen_sha, self.ctx.store,
-                                                      cache=None if full else self.series_cache)
+                                                      cache=self.series_cache if not full or
+                                                      self.series_cache.complete(log_path) else None)
         except PreregTampered:
             self.check_prereg()
             return

@@ -28,6 +28,7 @@ from babysit.core.errors import BabysitError
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import LogRecord, ProgressPoint
+from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.core.suggest import suggest
@@ -39,6 +40,7 @@ from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.run_errors import RunErrors, short_error
 from babysit.run_verdict import RunVerdicts
+from babysit.runreader import CHUNK_BYTES, Chunk, ReadInterrupted, ReadWorker, RunReader
 from babysit.sources.sniff import sniff
 from babysit.stackdump import stack_dump
 from babysit.store import Attempt, PollRow, Store
@@ -50,6 +52,9 @@ DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step 
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 GPU_WAIT_MINUTES = 1.0  # a run waiting for a quarantined GPU looks again this many declared minutes later
+READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
+GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
+READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
 
 
 @dataclass
@@ -67,6 +72,7 @@ class DaemonContext:
     host_probe: HostProbe = field(default_factory=ProcHostProbe)
     timers: Timers = field(default_factory=ThreadTimers)  # the daemon's: APScheduler date jobs
     exits: ExitWatcher = field(default_factory=ExitWatcher)
+    reads: ReadWorker = field(default_factory=ReadWorker)  # the reader thread: backlogs, off the guard path
     polls: PollCalendar = field(init=False)  # every run's next poll, on one of the timers
 
     def __post_init__(self) -> None:
@@ -103,14 +109,14 @@ class RunSupervisor:
         self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
         self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self._message,
-                                    internal_error=self.internal_error, feed=self._feed, read_log=self.read_log,
+                                    internal_error=self.internal_error, feed=self._feed,
+                                    read_log=lambda: self.read_log(drain=True),  # the FINAL one reads all
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
         _, facts = ctx.store.run_state(self.run)
-        self.tail = logtail.TailState.from_dict(facts.get("tail", {}))
-        # the source pump first: it reconciles babysit's record log with the persisted state
-        self.records_log = sources.records_path(spec, ctx.state_dir)
-        self.pump = sources.SourcePump(spec, ctx.state_dir, facts.get("source"))
-        self.pumped: sources.PumpResult | None = None
+        self.reader = RunReader(spec, ctx.state_dir, facts)  # the source, the record log, read in chunks
+        self.records_log = self.reader.records_log
+        self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
+        self.exiting: int | None = None  # the attempt whose exit a thread is draining
         self.last_output_wall: float | None = None
         self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
 
@@ -424,6 +430,23 @@ class RunSupervisor:
         if attempt is not None and self.is_running() and self.executor.exit_info(attempt) is not None:
             self.on_exit(attempt.n)
 
+    def check_exit_later(self) -> None:
+        """The guard round's backstop: an exit found is handled at once when its output is read to within
+        a chunk, else on a timer's thread (its output drained there), never on the round's."""
+        attempt = self.attempt
+        if self.exiting is not None:
+            return  # handled by the thread that saw it (the exit watcher, a timer)
+        if attempt is not None and self.is_running() and self.executor.exit_info(attempt) is not None \
+                and self.reader.unread_bytes() > CHUNK_BYTES:
+            n = attempt.n
+            self._later(f"exit:{self.run}:{n}", 0.0, lambda: self.on_exit(n), "handling its exit")
+            return
+        if self.lock.acquire(timeout=GUARD_LOCK_WAIT_SECONDS):  # a run busy with its exit is left to it
+            try:
+                self.check_exit()  # its start time kept on the job's (schedulers)
+            finally:
+                self.lock.release()
+
     def _sync_start(self, attempt: Attempt) -> Attempt:
         """Schedulers: keep the store's started_at on the job's real start, so a queued job costs no GPU-time.
 
@@ -444,8 +467,17 @@ class RunSupervisor:
         return self.ctx.store.attempt(self.run, attempt.n)
 
     def on_exit(self, n: int) -> None:
-        """The attempt's exit: classify, record, decide. Whatever goes wrong in between, the attempt ends
-        and the run reaches a defined state: the watcher thread never dies leaving a run `running`."""
+        """The attempt's exit: its output read to the end, then classify, record, decide. Whatever goes
+        wrong in between, the attempt ends and the run reaches a defined state: the watcher thread never
+        dies leaving a run `running`. The drain holds the run's lock a chunk at a time, never whole: the
+        guards and polls of this run and the others go on meanwhile."""
+        attempt = self.attempt
+        if attempt is not None and attempt.n == n and self.is_running():
+            self.exiting = n
+            try:
+                self.read_log(drain=True)
+            finally:
+                self.exiting = None
         with self.lock:
             try:
                 self._on_exit(n)
@@ -465,7 +497,7 @@ class RunSupervisor:
             if info is None:
                 return
             attempt = self._sync_start(attempt)
-            self.read_log()  # the last records (a diverged event) belong to the classification
+            self.read_log(drain=True)  # the last records (a diverged event, the final eval) belong to it
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
@@ -481,15 +513,21 @@ class RunSupervisor:
                 stop_sent_at=sent_at,
                 checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence)
-            detail = {**fresh.detail, **dict(cls.detail), "summary": cls.summary, "retry_override": cls.retry,
+            summary = cls.summary
+            vanished = self.reader.vanished(n)
+            if vanished:  # read as far as they existed: what they held after that is not known
+                summary = f"{summary} — not read to its end: {', '.join(vanished)} vanished"
+            detail = {**fresh.detail, **dict(cls.detail), "summary": summary, "retry_override": cls.retry,
                       "note": info.note or None, "state": info.state or None, "gpu_evidence": evidence}
+            if vanished:
+                detail["undrained"] = vanished
             if cls.outcome == "gpu-fault":  # before the retry chooses its GPUs
                 self._quarantine(n, evidence)
             if stop_requested and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.
                 detail["stopped_by"] = stop.get("reason")
-            seen = ev.ExitSeen(self.ctx.now(), n, cls.outcome, cls.summary, ended_at=info.ended_at or self.ctx.now(),
+            seen = ev.ExitSeen(self.ctx.now(), n, cls.outcome, summary, ended_at=info.ended_at or self.ctx.now(),
                                exit_code=info.exit_code, signal=info.signal, retry_override=cls.retry,
                                stopped_by=detail.get("stopped_by"), detail=detail)
         self._deciding(seen, n, f"deciding after attempt {n}'s exit")
@@ -543,45 +581,106 @@ class RunSupervisor:
         self.ctx.gpu_probe.close_window(self.poll_window)
 
     # -- the log ----------------------------------------------------------------------------------------
-    def read_log(self) -> int:
-        """Read new log records; returns how many. Stores the offset so a restart reads on from here."""
-        pumped = self.pumped = self.pump.pump(self.ctx.now())
-        self._say_notices(pumped.notices)
-        grew = pumped.output_grew
-        for _ in range(8):  # a backlog (a long stdout after a restart): read on, a bounded number of times
-            if not pumped.backlog:
+    @property
+    def tail(self) -> logtail.TailState:
+        return self.reader.tail
+
+    @property
+    def pump(self) -> sources.SourcePump:
+        return self.reader.pump
+
+    @property
+    def pumped(self) -> sources.PumpResult | None:
+        return self.reader.pumped
+
+    def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True) -> int:
+        """Read the source and the record log on, chunk by chunk; returns the records applied. `drain`:
+        to the end of what is written (an exit: the last lines belong to its classification and the
+        verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
+        `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
+        Each chunk's offsets are stored with its records, so a restart reads on from there."""
+        start = time.monotonic()
+        total = 0
+        reader = self.reader
+        while True:
+            if not reader.lock.acquire(blocking=wait):
+                return total  # the reader thread (or an exit's drain) is on it
+            try:
+                t0 = time.monotonic()
+                chunk = reader.next_chunk(self.ctx.now())
+                applied = self.lock.acquire(blocking=False)  # never wait on the run's lock while reading it
+                if applied:
+                    try:
+                        total += self._apply(chunk)
+                        reader.applied()
+                    finally:
+                        self.lock.release()
+                self._note_pace(chunk.more, time.monotonic() - t0)
+            finally:
+                reader.lock.release()
+            if applied and not chunk.more:
                 break
-            pumped = self.pumped = self.pump.pump(self.ctx.now())
+            if drain and self.ctx.reads.closed:
+                raise ReadInterrupted(f"{self.run}: the daemon stopped while the run's output was read for its "
+                                      "exit", hint="the next `babysit up` reads it to the end and handles the exit")
+            if not drain and (self.ctx.reads.closed or time.monotonic() - start >= budget):
+                self.ctx.reads.want(self)  # the rest on the daemon's reader thread, off every guard's path
+                break
+            if not applied:
+                if not wait:
+                    self.ctx.reads.want(self)
+                    break
+                time.sleep(0.005)  # the run's lock is held (a poll, a guard): the chunk is applied once it is free
+        if self.eval_unread and not self.reader.behind_since:
+            with self.lock:
+                if self.eval_unread:
+                    self.eval_unread = False
+                    self.verdicts.read()
+        return total
+
+    def _note_pace(self, more: bool, seconds: float) -> None:
+        """How long the reader has been behind (a reader that cannot keep up says so: `_check_reader`)."""
+        reader = self.reader
+        if not more:
+            reader.behind_since, reader.read_seconds = None, 0.0
+            return
+        if reader.behind_since is None:
+            reader.behind_since = self.ctx.now()
+        reader.read_seconds += seconds
+
+    def _apply(self, chunk: Chunk) -> int:
+        """Under the run's lock: one chunk's records to the run's state (progress, metrics shown, the
+        end step, divergence), and its offsets stored."""
+        pumped, read = chunk.pumped, chunk.read
+        if pumped is not None:
             self._say_notices(pumped.notices)
-            grew = grew or pumped.output_grew
-        if grew:
+        grew = pumped is not None and (pumped.output_grew or bool(pumped.lines_seen))
+        if pumped is not None and pumped.output_grew:
             self.last_output_wall = self.ctx.now()
             if self.first_output_wall is None:
                 self.first_output_wall = self.last_output_wall
-        read = logtail.read_new(self.records_log, self.tail)
         if read.missing:
-            if pumped.output_grew or pumped.lines_seen:
+            if grew:
                 self._save_tail()
             return 0
-        self.tail = read.state
-        new_eval = False
         metric = self.spec.prereg.metric if self.spec.prereg else None
+        if self.spec.prereg is not None:
+            self.verdicts.take_records(read.records, chunk.start, read.state)  # the verdict's series: no second parse
         for record in read.records:
             self.points.append(ProgressPoint(record.step, record.ts))
             self.recent.append(record)
             self._note_record(record)
-            evals = {k: v for k, v in record.metrics.items() if k.startswith("eval")}
-            if evals:
-                self.latest_eval, self.latest_eval_step = evals, record.step
-            new_eval = new_eval or (metric is not None and metric in record.metrics)
-        if not read.records and not read.reset and read.garbage == 0 and not pumped.output_grew \
-                and not pumped.lines_seen:
+            metrics = record.metrics
+            if any(k.startswith("eval") for k in metrics):
+                self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
+                self.latest_eval_step = record.step
+            if metric is not None and metric in metrics:
+                self.eval_unread = True
+        if not read.records and not read.reset and read.garbage == 0 and not grew:
             return 0  # nothing new: no write (this runs every tick for every run)
         if read.records:
             self.last_record_wall = self.ctx.now()
         self._save_tail()
-        if new_eval:
-            self.verdicts.read()
         return len(read.records)
 
     def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
@@ -644,6 +743,31 @@ class RunSupervisor:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
     # -- polls and guards -------------------------------------------------------------------------------
+    def _check_reader(self, attempt: Attempt) -> None:
+        """A reader that cannot keep up says so, once an attempt: how far behind (bytes, about how many
+        lines, since when), the time spent reading, and what it reads with. Nothing is dropped: it reads on."""
+        reader = self.reader
+        since = reader.behind_since
+        if since is None or self.ctx.now() - since < READER_BEHIND_MINUTES * self.ctx.scale:
+            return
+        behind = reader.unread_bytes()
+        per_line = reader.bytes_per_line()
+        lines = int(behind / per_line) if per_line else None
+        seconds = self.ctx.now() - since
+        source = describe(self.spec.source)
+        sample = (self.pumped.evidence.sample if self.pumped is not None else None)
+        message = (f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind (~{lines:,} lines) and has "
+                   f"been behind for {seconds:.0f} s ({reader.read_seconds:.1f} s spent reading): the trainer "
+                   "writes faster than babysit reads, or a line is slow to match. Nothing is dropped; the "
+                   "guards act on the records read so far" if lines is not None else
+                   f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind and has been for "
+                   f"{seconds:.0f} s: nothing is dropped; the guards act on the records read so far")
+        self.incident("reader-behind", message,
+                       {"unread_bytes": behind, "unread_lines": lines, "behind_seconds": round(seconds, 1),
+                        "read_seconds": round(reader.read_seconds, 2), "source": source,
+                        "line": sample, "log": str(self.records_log)},
+                       key=f"{self.run}:{attempt.n}:reader-behind")
+
     def _check_readable(self, attempt: Attempt) -> None:
         """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
         pumped = self.pumped
@@ -720,7 +844,8 @@ class RunSupervisor:
         attempt = self.attempt
         assert attempt is not None
         t0 = time.perf_counter()
-        self.read_log()
+        self.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
+        self._check_reader(attempt)
         now = self.ctx.now()
         host = self.ctx.host_probe.read(self.executor.root_pid(attempt)) if self.executor.runs_here else None
         run_pids = self._run_pids(host)
@@ -862,8 +987,12 @@ class RunSupervisor:
 
     def guard(self) -> None:
         """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory; the
-        guards' actions go through the run's transition (`GuardReading`)."""
-        with self.lock:
+        guards' actions go through the run's transition (`GuardReading`). A run whose lock is held (its
+        exit handled, its output drained) is left to that: the round goes on."""
+        if not self.lock.acquire(timeout=GUARD_LOCK_WAIT_SECONDS):
+            log.info("guard skipped: the run is busy (an exit, a drain)", run=self.run)
+            return
+        try:
             attempt = self.attempt
             if attempt is None or attempt.status != AttemptStatus.RUNNING or self.stopping:
                 return
@@ -877,6 +1006,8 @@ class RunSupervisor:
             # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
             exited = any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None
             self._feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited, run_pids=run_pids))
+        finally:
+            self.lock.release()
 
     def _recheck_soon(self, action: guards.Action) -> None:
         """A holder seen once: read again in a moment instead of waiting a whole guard interval."""

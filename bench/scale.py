@@ -19,7 +19,10 @@ poll round added, at the default cadence (48 polls a run-day, each with its poll
 rows). Targets at 1,000 runs: guard round ≤ 0.5 s, poll round ≤ 0.5 s, ≤ 20 threads, RSS ≤ 150 MB.
 The naive way, timed on the same logs: one `ps` + one whole-log re-parse per run. `--before DIR`
 also runs DIR/bench/scale.py (an export of the code before, e.g. `bash bench/export_before.sh REV
-DIR`) with DIR first on PYTHONPATH, and prints its rows beside these.
+DIR`) with DIR first on PYTHONPATH, and prints its rows beside these. `--pathological` measures each
+size again with one more run beside the N healthy ones (issue 32): a `[source] kind = "stdout"` run
+whose trainer has printed FLOOD_LINES lines at once and whose pattern is `^(?P<step>(a|aa)+)$`-style
+over `aaaa…ab` lines too, so its reader is far behind while the rounds are timed.
 """
 
 from __future__ import annotations
@@ -54,9 +57,21 @@ from _common import (
 
 HERE = Path(__file__).resolve().parent
 SHIM_MIB = 12  # a shim (python) + sleep, resident, measured here ~10 MiB
+FLOOD_LINES = 2_000_000  # the pathological run's backlog when the rounds are timed
+FLOOD = f"""
+import sys, time
+w = sys.stdout.write
+for i in range(1, {FLOOD_LINES} + 1):
+    w(f"iter {{i}}: loss 3.{{i % 1000:03d}}, time 1.00ms\\n")
+    if i % 50 == 0:
+        w("a" * 40 + "b\\n")  # what `(a|aa)+$` backtracks on in Python's re
+sys.stdout.flush()
+open(sys.argv[1], "w").close()
+time.sleep(100000)
+"""
 
 
-def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_size(n: int, args: argparse.Namespace, pathological: bool = False) -> dict[str, Any]:
     from babysit.daemon import Daemon
     from babysit.notify import ConsoleChannel
     from babysit.probes.gpu import FileGpuProbe
@@ -67,7 +82,26 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     write_gpu_file(gpu_file)
     for name in names:
         write_run(root, name, ["sleep", "100000"], gpus="[0]", extra="gpu_hours_cap = 100000\n")
-    write_registry(root, names, guard_interval_seconds=3600.0)
+    flooded = root / "flooded"
+    if pathological:  # one more run, beside the N healthy ones: its reader is far behind all along
+        (root / "flood.toml").write_text(f"""[run]
+name = "flood"
+command = {json.dumps([sys.executable, "-c", FLOOD, str(flooded)])}
+gpus = [0]
+
+[guards]
+min_free_host_ram_gib = 0.1
+gpu_hours_cap = 100000
+stop_grace_seconds = 5
+
+[source]
+kind = "stdout"
+[[source.patterns]]
+regex = '^(?P<step>(a|aa)+)$'
+[[source.patterns]]
+regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
+""")
+    write_registry(root, [*names, "flood"] if pathological else names, guard_interval_seconds=3600.0)
     (root / "logs").mkdir()
     logs = [str(root / "logs" / f"{name}.jsonl") for name in names]
     writer = subprocess.Popen([sys.executable, str(HERE / "_logwriter.py"), "--interval", "1", *logs],
@@ -83,6 +117,12 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         drain(daemon)  # the launch posts delivered: the rounds below are timed in the steady state
         launch_posts_s = time.perf_counter() - t
+        flood_behind = None
+        if pathological:
+            deadline = time.monotonic() + 300
+            while not flooded.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            flood_behind = daemon.supervisors["flood"].reader.unread_bytes()
         time.sleep(2)
         guard_rounds = []
         for _ in range(args.ticks):
@@ -126,7 +166,12 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     json.loads(line)
         naive_per_run = (time.perf_counter() - t) / len(sample)
         guard_rounds.sort()
-        return {"runs": n, "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,
+        flood_read = None
+        if pathological:
+            flood_read = daemon.supervisors["flood"].pump.state.get("lines")
+        return {"runs": n, "pathological": pathological, "flood_unread_bytes_at_start": flood_behind,
+                "flood_lines_read_by_the_end": flood_read, "guard_rounds_s": guard_rounds,
+                "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,
                 "guard_round_s": guard_rounds[len(guard_rounds) // 2], "poll_round_s": poll_round_s,
                 "poll_one_by_one_s": one_by_one_s,
                 "scheduled_poll_round_s": scheduled_round_s, "polls_recorded": polls,
@@ -179,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="10,100,1000")
     p.add_argument("--ticks", type=int, default=3, help="guard rounds timed per size (default 3)")
     p.add_argument("--before", metavar="DIR", help="also measure the code exported in DIR (its own bench)")
+    p.add_argument("--pathological", action="store_true",
+                   help="also time each size with one more run whose reader is far behind (a flood of lines)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     from babysit import logs
@@ -194,9 +241,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  {n} runs…", file=sys.stderr, flush=True)
         results.append(one_size(n, args))
+        if args.pathological:
+            print(f"  {n} runs + 1 pathological…", file=sys.stderr, flush=True)
+            results.append(one_size(n, args, pathological=True))
     if args.before:
         results += run_before(args.before, "scale.py", ["--sizes", args.sizes, "--ticks", str(args.ticks)])
-    rows = [[r.get("code", "before"), r["runs"], f"{r['launch_s']:.1f} s",
+    rows = [[r.get("code", "before") + (" + 1 pathological run" if r.get("pathological") else ""), r["runs"],
+              f"{r['launch_s']:.1f} s",
              fmt_us(r["guard_round_s"] * 1e6), f"**{fmt_us(r['poll_round_s'] * 1e6)}**",
              fmt_us(r["poll_one_by_one_s"] * 1e6) if "poll_one_by_one_s" in r else "—",
              fmt_us(r["scheduled_poll_round_s"] * 1e6) if "scheduled_poll_round_s" in r else "—",
@@ -209,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
                       "≤ 20 threads": r["threads"] <= 20, "RSS ≤ 150 MB": r["rss_bytes"] <= 150e6}
             notes.append(f"at {r['runs']} runs: " + "; ".join(f"{k}: {'met' if ok else 'MISSED'}"
                                                              for k, ok in checks.items()))
+    for r in results:
+        if r.get("pathological"):
+            behind = r["flood_unread_bytes_at_start"] / 2**20
+            notes.append(f"{r['runs']} runs + 1 pathological: its reader {behind:.0f} MiB "
+                         f"behind when the rounds began, {r['flood_lines_read_by_the_end']:,} lines read by the end; "
+                         f"guard rounds {', '.join(fmt_us(x * 1e6) for x in r['guard_rounds_s'])}")
     notes.append("threads (now): main, the scheduler, its worker pool (10 at most), the exit watcher, delivery; "
                  "before: one exit-watcher thread per run, and the in-process daemon had no scheduler threads")
     notes.append("poll round (now): every run's poll in one round (`PollCalendar.poll`); one by one: the same "

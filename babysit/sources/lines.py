@@ -19,7 +19,7 @@ from typing import Any
 
 HEAD_BYTES = 256  # the file's first bytes, hashed to notice a file rewritten in place
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" is no metric line: dropped
-WINDOW_BYTES = 4 * 2**20  # read at most this much of one file per call (~1 s of regexes); the rest next call
+WINDOW_BYTES = 2**20  # read at most this much per call (~25,000 lines); the rest next call
 _TERMINATOR = re.compile(rb"[\r\n]")
 
 

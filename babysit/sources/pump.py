@@ -22,7 +22,7 @@ from typing import Any
 
 from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
-from babysit.sources import csvfile, records, stdout, wandbfile
+from babysit.sources import csvfile, lines, records, stdout, wandbfile
 from babysit.sources.evidence import Evidence
 from babysit.sources.tensorboard import TensorBoardReader
 
@@ -86,7 +86,9 @@ class SourcePump:
             return self.source.preset
         return self._state.get("reader", {}).get("preset")
 
-    def pump(self, now: float) -> PumpResult:
+    def pump(self, now: float, budget: int = lines.WINDOW_BYTES) -> PumpResult:
+        """Read the source on, at most about `budget` bytes of it (stdout; csv and tensorboard bound
+        their reads themselves), and append what it gave to the record log; `backlog`: call again."""
         st = self._state
         items: tuple[records.Item, ...] = ()
         lines: int | None = None
@@ -99,7 +101,7 @@ class SourcePump:
         kind = self.source.kind
         captured = self._captured()
         if kind == "stdout":
-            got = stdout.read(self.source, self.run_dir, reader, captured)
+            got = stdout.read(self.source, self.run_dir, reader, captured, budget)
             items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
             reader, sample, notices = got.state, got.sample or sample, got.notices
         elif kind == "csv":
@@ -154,6 +156,21 @@ class SourcePump:
             state=st,
             notices=notices,
         )
+
+    def unread_bytes(self) -> int:
+        """Bytes the run's captured files hold beyond the cursors now (stdout; 0 for the other kinds):
+        what a reader that fell behind has still to read. A stat per file."""
+        if self.source.kind != "stdout":
+            return 0
+        cursors = self._state.get("reader", {}).get("cursors", {})
+        behind = 0
+        for path in self._captured():
+            try:
+                size = os.stat(path).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            behind += max(0, size - int(cursors.get(f"{path.parent.name}/{path.name}", {}).get("offset", 0)))
+        return behind
 
     def _reconcile(self, state: dict[str, Any]) -> dict[str, Any]:
         """The state to read on from, with the record log cut back to what it says was written."""

@@ -114,14 +114,15 @@ class CapturedFiles:
 
 
 def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
-         files: list[Path] | None = None) -> StdoutRead:
-    """Read every captured file on from its cursor (keyed by its path under the run directory).
-    `state`: the last read's `StdoutRead.state` ({} at first); `files`: the run's captured files when the
-    caller has them listed already."""
+         files: list[Path] | None = None, budget: int = ln.WINDOW_BYTES) -> StdoutRead:
+    """Read the captured files on from their cursors (keyed by path under the run directory), in
+    attempt order, `budget` bytes in all: the rest is `more`, read by the next call (one bounded chunk
+    in memory at a time, whatever the backlog). `state`: the last read's `StdoutRead.state` ({} at
+    first); `files`: the run's captured files when the caller has them listed already."""
     items: list[Item] = []
     problems: list[str] = []
-    new_cursors: dict[str, dict[str, Any]] = {}
     cursors = state.get("cursors", {})
+    new_cursors: dict[str, dict[str, Any]] = dict(cursors)  # a file not reached keeps its cursor
     ctx = LineContext(state.get("context"))
     ctx.track = any(p.step is not None for p in source.patterns) or \
         any(p.step is not None for _, pats in source.candidates for p in pats)
@@ -134,12 +135,18 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     candidates = _candidates(source, preset)
     filters = _filters(compiled)
     attempt = state.get("attempt")
+    left = budget
     for path in captured_files(run_dir) if files is None else files:
         key = f"{path.parent.name}/{path.name}"
+        if left <= 0:
+            more = True
+            break
         if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
             attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
-        got = ln.read_lines(path, ln.Cursor.from_dict(cursors.get(key)))
+        before = ln.Cursor.from_dict(cursors.get(key))
+        got = ln.read_lines(path, before, window=left)
         new_cursors[key] = got.cursor.to_dict()
+        left -= got.cursor.offset - (0 if got.reset else before.offset)
         more = more or got.more
         if got.dropped:
             _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")

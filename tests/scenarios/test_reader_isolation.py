@@ -1,0 +1,102 @@
+"""One run's log never blinds the other runs' guards (issue 32): beside a run whose pattern backtracks
+catastrophically in Python's `re` and a run that floods its stdout faster than babysit reads it, a
+run that stalls after 5 records is stopped within its stall limit plus one guard interval, the
+flooding run's reader says it is behind (nothing dropped), and `babysit up` stops at once on SIGTERM
+while that run is still being read.
+
+Before: the bad pattern's 40 `a`s took 314 s in one run's check; every guard round meanwhile was
+skipped and the stalled neighbour was stopped 57 s after its last record instead of ~5 s."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from babysit.store import Store
+from tests.scenarios.conftest import PY, Daemon, babysit, wait_for
+
+STALL_MINUTES = 5  # 5 s under --accelerated
+GUARD_SECONDS = 0.5  # the default 30 s guard interval, accelerated
+FLOOD_LINES = 1_500_000  # ~100 MB in a few seconds: far more than babysit reads in that time on 2 cores
+
+STALLS = """
+import time
+for i in range(1, 6):
+    print(f"iter {i}: loss {1 / i:.4f}", flush=True)
+    time.sleep(0.1)
+time.sleep(600)
+"""
+BACKTRACKS = """
+import time
+for i in range(120):  # log-unreadable needs 100 lines and 5 declared minutes
+    print("a" * 40 + "b", flush=True)  # (a|aa)+$ tries every split of the a's in re: ~1.6^40 paths
+time.sleep(600)
+"""
+FLOODS = f"""
+import sys, time
+w = sys.stdout.write
+for i in range(1, {FLOOD_LINES} + 1):
+    w(f"iter {{i}}: loss {{3 + (i % 1000) / 1000:.4f}}, time 1.00ms, mfu 1.20%, tokens/s 123456.7, lr 3e-4\\n")
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def register(root: Path, name: str, program: str, regex: str, stall_minutes: int) -> None:
+    spec = root / f"{name}.toml"
+    spec.write_text(f"""[run]
+name = "{name}"
+command = {json.dumps([PY, "-c", program])}
+
+[guards]
+min_free_host_ram_gib = 0.1
+stall_minutes = {stall_minutes}
+stop_grace_seconds = 5
+
+[poll]
+first_after_minutes = 1
+every_minutes = 1
+
+[source]
+kind = "stdout"
+[[source.patterns]]
+regex = '{regex}'
+""")
+    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_pathological_pattern_and_a_flooding_run_leave_a_stalled_neighbour_stopped_on_time(
+        workspace: Path) -> None:
+    register(workspace, "backtracks", BACKTRACKS, "^(?P<step>(a|aa)+)$", stall_minutes=60)
+    register(workspace, "floods", FLOODS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=60)
+    register(workspace, "stalls", STALLS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=STALL_MINUTES)
+    daemon = Daemon(workspace, "--no-view", "--gpu-probe", "none")
+    store = Store.in_dir(workspace / ".babysit")
+    try:
+        stalled = wait_for(lambda: [i for i in store.incidents("stalls") if i.kind == "stalled"], 90, "the stall")[0]
+        last_record = max(json.loads(line)["ts"] for line in
+                          (workspace / ".babysit" / "runs" / "stalls" / "records.jsonl").read_text().splitlines())
+        late = stalled.at - last_record
+        # its limit plus one guard interval, plus the reading interval and a second of a loaded 2-core box
+        assert late <= STALL_MINUTES + GUARD_SECONDS + 1.5, late
+        unreadable = wait_for(lambda: [i for i in store.incidents("backtracks") if i.kind == "log-unreadable"],
+                              60, "the bad pattern's incident")[0]
+        assert unreadable.body["records_parsed"] == 0 and unreadable.body["lines_seen"] >= 100
+        behind = wait_for(lambda: [i for i in store.incidents("floods") if i.kind == "reader-behind"], 60,
+                          "the flooding run's reader-behind incident")[0]
+        assert behind.body["unread_bytes"] > 0 and behind.body["unread_lines"] > 0, behind.body
+        assert behind.body["behind_seconds"] >= 2 and behind.body["source"]["kind"] == "stdout", behind.body
+        read = store.run_state("floods")[1]["source"]["lines"]
+        assert read < FLOOD_LINES, read  # still reading the flood: SIGTERM now
+        t0 = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, daemon.output()
+        took = time.monotonic() - t0
+        assert took < 10, (took, daemon.output()[0][-3000:])  # the chunk in hand and a round, never the flood
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.kill9()
+        store.close()
