@@ -12,6 +12,9 @@ has already taken every rank's stack (babysit/stackdump.py); then `explain_stall
    wait in; the same sequence number with different operations is a mismatch;
 3. without records (gloo before the recorder, a trainer that disabled it): the stacks say it — the
    ranks waiting in a collective and the ones that are not;
+   a rank whose process is stopped (state T: SIGSTOP, a debugger) is named whatever the records and
+   stacks say: it answers no dump request, and may have been stopped inside the collective itself,
+   where its stack looks like the others';
 4. the verdict: a missing rank whose GPU shows a machine-side signal → `gpu-fault`; the ranks named
    and their GPUs healthy → the trainer's bug (a rank that skipped or reordered a collective); nothing
    conclusive → said so.
@@ -32,6 +35,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from babysit.stackdump import proc_state
 
 TRACE_PREFIX = "nccl_trace_rank_"
 PIPE_PREFIX = "nccl_pipe_rank_"
@@ -219,7 +224,8 @@ def explain_stall(stacks: Mapping[str, str], attempt_dir: Path, gpus: Sequence[i
         rank, local = found
         gpu = gpus[local] if local is not None and 0 <= local < len(gpus) else None
         ranks[rank] = {"pid": int(pid_text), "local_rank": local, "gpu": gpu, "top": top_frame(stack),
-                       "in_collective": bool(_COLLECTIVE.search(main_thread(stack)))}
+                       "in_collective": bool(_COLLECTIVE.search(main_thread(stack))),
+                       "stopped": proc_state(int(pid_text)) in ("T", "t")}
         python = python or _exe(int(pid_text))
     if len(ranks) < 2:
         return None
@@ -230,7 +236,7 @@ def explain_stall(stacks: Mapping[str, str], attempt_dir: Path, gpus: Sequence[i
         time.sleep(0.2)
         records, bad = read_records(attempt_dir)
     out: dict[str, Any] = {"ranks": {str(r): v for r, v in sorted(ranks.items())}, "records": sorted(records),
-                           "unreadable_records": bad}
+                           "unreadable_records": bad, "no_record": sorted(set(ranks) - set(records))}
     if len(records) >= 2:
         found = behind(records)
         missing = sorted(found["missing"])
@@ -245,12 +251,22 @@ def explain_stall(stacks: Mapping[str, str], attempt_dir: Path, gpus: Sequence[i
         out.update(source="stacks", missing_ranks=missing, waiting_ranks=waiting)
         how = (f"rank {', '.join(map(str, waiting))} wait in a collective, rank {', '.join(map(str, missing))} "
                f"never entered it (stacks: {ranks[missing[0]]['top']})") if missing else ""
+    stopped = sorted(r for r, v in ranks.items() if v["stopped"])
+    if stopped and len(stopped) < len(ranks):
+        missing = sorted({*missing, *stopped})
+        out.update(missing_ranks=missing, stopped_ranks=stopped)
+        how = (f"rank {', '.join(map(str, stopped))} is stopped (process state T: SIGSTOP or a debugger) and the "
+               "others wait for it" + (f"; {how}" if how else ""))
     machine = {e.get("gpu") for e in evidence or () if e.get("side") == "machine"}
     faulty = [r for r in missing if ranks.get(r, {}).get("gpu") in machine]
     if faulty:
         out["verdict"] = "gpu-fault"
         out["summary"] = (f"{how}; GPU {ranks[faulty[0]]['gpu']} of rank {faulty[0]} shows a machine-side fault: "
                           "the machine's fault")
+    elif stopped and len(stopped) < len(ranks):
+        out["verdict"] = "stopped"
+        out["summary"] = (f"{how}; its GPU shows no fault: something stopped the process (a SIGSTOP, a debugger, "
+                          "job control) — SIGCONT resumes it")
     elif missing or out.get("mismatches"):
         out["verdict"] = "trainer"
         mism = out.get("mismatches") or []

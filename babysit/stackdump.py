@@ -17,6 +17,10 @@ def stack_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
     "note" says why, in words the incident's channel message shows, so nobody goes looking for a dump
     that was never taken. The dumps run side by side under one deadline: the guard waits at most
     `timeout_s`, however many processes the run has.
+
+    A stopped process (SIGSTOP, a debugger's stop: /proc state T or t) is read without suspending it
+    (`--nonblocking`): py-spy's suspend fails on it ("Failed to suspend process"), and it is the very
+    rank a hung job waits for. Its text then starts with STOPPED_MARK, so the reader knows.
     """
     beside = Path(sysconfig.get_path("scripts")) / "py-spy"  # the daemon's own environment, PATH or not
     exe = str(beside) if beside.is_file() else shutil.which("py-spy")
@@ -25,10 +29,13 @@ def stack_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
                         "with `pip install -e .`)"}
     running: dict[int, subprocess.Popen[str]] = {}
     failed: dict[int, str] = {}
+    stopped = {pid for pid in sorted(pids)[:16] if proc_state(pid) in ("T", "t")}
     for pid in sorted(pids)[:16]:
+        nonblocking = ["--nonblocking"] if pid in stopped else []
         try:
-            running[pid] = subprocess.Popen([exe, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            running[pid] = subprocess.Popen([exe, "dump", *nonblocking, "--pid", str(pid)],
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            stdin=subprocess.DEVNULL, text=True)
         except OSError as exc:
             failed[pid] = f"py-spy could not start ({exc.strerror or exc})"
     deadline = time.monotonic() + timeout_s
@@ -42,7 +49,7 @@ def stack_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
             failed[pid] = f"py-spy took longer than {timeout_s:g} s"
             continue
         if proc.returncode == 0 and stdout.strip():
-            out[str(pid)] = stdout[-8000:]
+            out[str(pid)] = (STOPPED_MARK if pid in stopped else "") + stdout[-8000:]
         else:
             failed[pid] = failure_reason(stderr or stdout)
     if failed:
@@ -54,6 +61,19 @@ def stack_dump(pids: frozenset[int], timeout_s: float = 20.0) -> dict[str, str]:
     elif not out:
         out["note"] = "no stack dump: babysit found no process of the run to dump"
     return out
+
+
+STOPPED_MARK = "(process stopped: state T, SIGSTOP or a debugger; read without suspending it)\n"
+
+
+def proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc/PID/stat (R, S, D, T, t, Z, …); None when unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 1:].split()  # the command name may hold spaces and parentheses
+    return rest[0] if rest else None
 
 
 def failure_reason(text: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from babysit import nccl
 from babysit.core.render import render
 from babysit.probes.host import process_tree
-from babysit.stackdump import stack_dump
+from babysit.stackdump import STOPPED_MARK, stack_dump
 
 HANG = Path(__file__).parent / "fixtures" / "nccl" / "gloo_hang.py"
 
@@ -148,3 +149,38 @@ def test_no_evidence_is_said(tmp_path: Path) -> None:
         nccl.rank_of = original
     assert hang is not None and hang["verdict"] == "unknown" and hang["summary"].startswith("no evidence")
     assert json.dumps(hang)  # it goes into the incident's JSON
+
+
+def test_a_sigstopped_rank_has_its_stack_read_and_is_named_as_the_one_the_others_wait_for(tmp_path: Path) -> None:
+    """SIGSTOP of rank 1 in a two-rank gloo job that never skips a collective: py-spy's suspend fails on a
+    stopped process, so its stack is read without suspending it; it answers no dump request, and it may
+    have been stopped inside the all-reduce (its stack then looks like rank 0's): its state names it."""
+    pytest.importorskip("torch.distributed")
+    log = tmp_path / "train_log.jsonl"
+    env = {**os.environ, **nccl.flight_recorder_env({}, tmp_path), "BABYSIT_LOG": str(log),
+           "SKIP_STEP": str(10**9), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(HANG)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            time.sleep(0.2)
+        pids = process_tree(proc.pid)
+        (rank1,) = [p for p in pids if (nccl.rank_of(p) or (None,))[0] == 1]
+        os.kill(rank1, signal.SIGSTOP)
+        time.sleep(1.0)
+        stacks = stack_dump(pids)
+        hang = nccl.explain_stall(stacks, tmp_path, (0, 1), None, wait_s=3.0)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert stacks[str(rank1)].startswith(STOPPED_MARK) and "main (" in stacks[str(rank1)], stacks
+    assert "note" not in stacks, stacks["note"]
+    assert hang is not None and set(hang["ranks"]) == {"0", "1"}
+    assert hang["ranks"]["1"]["stopped"] and not hang["ranks"]["0"]["stopped"]
+    assert (hang["stopped_ranks"], hang["missing_ranks"], hang["verdict"]) == ([1], [1], "stopped")
+    assert hang["records"] == [0] and hang["no_record"] == [1], "rank 0 answered the dump pipe; rank 1, stopped, cannot"
+    assert hang["summary"].startswith("rank 1 is stopped (process state T: SIGSTOP or a debugger) and the others "
+                                      "wait for it"), hang["summary"]
