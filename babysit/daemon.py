@@ -361,8 +361,7 @@ class Daemon:
         """On the probe's event thread: the runs on GPU `index` check their guards now, on the timers (an
         Xid reaches its run within a second, not at the next guard round)."""
         for supervisor in list(self.supervisors.values()):
-            attempt = supervisor.attempt
-            if attempt is not None and attempt.status == "running" and index in supervisor.spec.gpus:
+            if supervisor.is_running() and index in supervisor.spec.gpus:
                 supervisor._later(f"gpu-signal:{supervisor.run}", 0.0, supervisor.guard,
                                   "checking its guards after a GPU event")
 

@@ -27,13 +27,14 @@ from babysit.core.errors import BabysitError
 from babysit.core.progress import Progress, declared_end, eta_seconds, target_step
 from babysit.core.records import LogRecord, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
+from babysit.core.status import ENDED_STATUSES, RunStatus
 from babysit.db.url import open_existing
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]
 from babysit.store import Attempt, Row, Store
 
-ENDED = ("finished", "failed", "stopped")  # run states no daemon acts on again
+ENDED = ENDED_STATUSES  # run states no daemon acts on again
 CLOCK_SLACK_S = 2.0  # a record stamped this much before its attempt's start still counts as the attempt's
 LOG_WINDOW_BYTES = 32 * 1024  # the end of the log read per run per refresh: enough for ~100 records
 
@@ -147,8 +148,8 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     read); `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read. Its
     progress is `core.progress`'s, as the poll derives it; the cap is the one the daemon enforces."""
     last = attempts[-1] if attempts else None
-    live = status in ("running", "stopping")
-    shown_status = status if attempts or status != "pending" else "registered"
+    live = status in (RunStatus.RUNNING, RunStatus.STOPPING)
+    shown_status = status if attempts or status != RunStatus.PENDING else "registered"
 
     step: int | None = facts.get("step")  # the daemon's last reading of the log
     source: str | None = "daemon" if step is not None else None

@@ -26,7 +26,6 @@ from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 
 SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
-LIVE = ("launching", "running")
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
 _MIGRATIONS: dict[int, str] = {

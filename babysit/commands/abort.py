@@ -8,6 +8,7 @@ import time
 from datetime import datetime, timezone
 
 from babysit import registry
+from babysit.core.status import ENDED_STATUSES
 from babysit.db.url import fleet_owner, open_existing, open_store
 from babysit.registry import utc_timestamp
 
@@ -44,7 +45,7 @@ def ended(reg: registry.Registry, run: str) -> str | None:
         attempts = store.attempts(run)
     finally:
         store.close()
-    if status not in ("finished", "failed", "stopped") or not attempts:  # no daemon acts on these again
+    if status not in ENDED_STATUSES or not attempts:  # no daemon acts on these again
         return None
     last = attempts[-1]
     outcome = facts.get("ended") or last.outcome or status

@@ -22,6 +22,7 @@ from babysit.core.amendment import check_against, load_amendment, what_if
 from babysit.core.errors import BadInput, PreregTampered
 from babysit.core.fmt import fmt_delta, fmt_duration
 from babysit.core.spec import load_spec
+from babysit.core.status import RunStatus
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
 from babysit.db.url import open_store
 from babysit.registry import resolve_registry_path
@@ -116,7 +117,7 @@ def run_progress(row: runview.RunRow, read_step: int, now: float) -> str:
     due, from its step and s/step), not launched yet, or over before its read step."""
     status = row.status
     at = f"step {row.step}" if row.step is not None else "no step logged yet"
-    if status in ("running", "stopping", "retrying", "relaunching"):
+    if status in (RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.RETRYING, RunStatus.RELAUNCHING):
         pace = f" at {row.seconds_per_step:.3g} s/step" if row.seconds_per_step else ""
         head = f"still {status} (attempt {row.attempt}, {at}{pace})"
         eta = runview.eta_seconds(row.step, read_step, row.seconds_per_step)

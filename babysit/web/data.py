@@ -23,6 +23,7 @@ from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
+from babysit.core.status import AttemptStatus
 from babysit.core.verdict import evaluate
 from babysit.db.url import open_existing
 from babysit.gpufault import quarantine_lines
@@ -134,7 +135,7 @@ class Site:
         log = sources.records_path(spec, reg.state_dir) if spec is not None and attempts else None
         poll, incident, verdict = facts.polls.get(name), facts.incidents.get(name), facts.verdicts.get(name)
         key = None
-        if status in runview.ENDED and all(a.status == "ended" for a in attempts):
+        if status in runview.ENDED and all(a.status == AttemptStatus.ENDED for a in attempts):
             # settled: nothing in its row moves with the clock, so the same inputs give the same row
             key = (status, repr(sorted(known.items())), tuple((a.id, a.ended_at, a.outcome) for a in attempts),
                    poll and poll.id, incident and incident.id, verdict and verdict.id, id(spec), note,

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from babysit.core.status import SHOWN_STATUSES
 from babysit.runview import RunRow
 from babysit.web.data import DaemonFacts
 
-STATES = ("registered", "pending", "running", "stopping", "retrying", "finished", "failed", "stopped", "refused")
+STATES = SHOWN_STATUSES  # one gauge series each (core/status.py)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
