@@ -192,3 +192,22 @@ def test_the_gpu_command_quarantines_lists_and_releases_by_uuid_or_index(tmp_pat
     released = babysit("gpu", "release", "1")
     assert released.returncode == 0 and "GPU GPU-sim-1 released" in released.stdout
     assert babysit("gpu", "list").stdout.strip() == "no GPU is quarantined"
+
+
+def test_the_quarantine_is_shown_by_slack_and_the_web_page() -> None:
+    from babysit.core.readings import GpuReading, GpuView
+    from babysit.gpufault import quarantine_lines
+    from babysit.web.pages import runs_fragment
+    from bot.gpus import gpu_lines
+
+    q = {"GPU-sim-0": {"uuid": "GPU-sim-0", "gpu": 0, "reason": "Xid 79 (GPU has fallen off the bus) during r — "
+                       "reboot the machine", "by": "babysit", "at": 1_800_000_000.0, "evidence": {}},
+         "GPU-gone": {"uuid": "GPU-gone", "gpu": 3, "reason": "GPU lost", "by": "cli:ana", "at": 1_800_000_000.0,
+                      "evidence": {}}}
+    view = GpuView(True, None, (GpuReading(0, "NVIDIA H200", "GPU-sim-0", 0.0, 1, 0, 1, (), ()),))
+    lines = gpu_lines(view, {}, q)
+    assert lines[0].endswith("· QUARANTINED: Xid 79 (GPU has fallen off the bus) during r — reboot the machine "
+                             "(`babysit gpu release GPU-sim-0`)")
+    assert lines[-1] == "GPU 3 GPU-gone (not visible): QUARANTINED: GPU lost"
+    html = runs_fragment([], 1_800_000_000.0, (), quarantine_lines(q))
+    assert "quarantined GPUs" in html and "GPU 0 GPU-sim-0: quarantined 2027-01-15 08:00 UTC by babysit" in html

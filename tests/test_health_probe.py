@@ -267,3 +267,10 @@ def test_the_costly_warn_only_fields_are_read_once_a_minute(nv) -> None:
         assert [s.kind for s in p.read([0]).gpu(0).signals] == ["pcie-replay"]
     finally:
         p.close()
+
+
+def test_an_event_wait_that_blocks_is_said_on_every_reading(nv, probe, monkeypatch) -> None:
+    probe.read([0])
+    monkeypatch.setattr(probe._watcher, "heartbeat", time.monotonic() - 100)
+    errors = probe.read([0, 1]).gpu(1).errors
+    assert any("the NVML event wait has not returned for 100 s" in e for e in errors), errors

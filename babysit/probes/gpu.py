@@ -20,6 +20,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -390,6 +391,11 @@ class NvmlGpuProbe:
         self._drain_events()
         readings = tuple(self._read_gpu(i, window) for i in wanted)
         self._errors.pop(None, None)
+        watcher = self._watcher
+        if watcher is not None and watcher.stale():  # the event wait itself blocks: events are not seen
+            said = (f"the NVML event wait has not returned for {time.monotonic() - watcher.heartbeat:.0f} s: "
+                    "Xid and ECC events are not being seen")
+            readings = tuple(dataclasses.replace(r, errors=(*r.errors, said)) for r in readings)
         return GpuView(True, None, readings)
 
     def _unresponsive_view(self, indices: Sequence[int], exc: health.Unresponsive) -> GpuView:
