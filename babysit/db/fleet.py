@@ -62,6 +62,7 @@ class FleetMember:
         self.connected = threading.Event()
         self.queries = 0  # every statement this member sent (the idle-load bench reads it)
         self.lost_seen: list[str] = []  # boxes this member marked lost (tests, logs)
+        self._judge_after = 0.0  # monotonic time from which this member may mark other boxes lost
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -90,6 +91,9 @@ class FleetMember:
         self.queries += 2
         self._conn = conn
         self.connected.set()
+        # cut off until now, this box has seen no one's renewals: it judges none before a whole lease
+        # connected (the end of a database outage must not make the boxes declare each other lost)
+        self._judge_after = time.monotonic() + self.lease_s
         if was_lost:
             log.warning("this box had been marked lost; it re-adopts its runs", host=self.host)
             self.on_alert()
@@ -146,24 +150,30 @@ class FleetMember:
                 pause = min(pause * 2, 5.0)
 
     def _renew_and_look_out(self) -> None:
+        """ONE statement at rest: this box's renewal and, once it may judge, the others' lapses marked (the
+        row lock makes one box the one that marks a lapse); a lost box's alert is queued after it."""
         conn = self._conn
         assert conn is not None
-        with conn.transaction():
-            renewed = conn.execute(f"UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s"
-                                   " WHERE name = %s AND pid = %s", (self.lease_s, self.host, self.pid)).rowcount
-            lost = conn.execute(
-                f"UPDATE hosts SET lost_at = {NOW} WHERE lease_until < {NOW} AND lost_at IS NULL AND name <> %s"
-                " AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at",
-                (self.host,)).fetchall()
-            for name, renewed_at, started_at in lost:
-                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
-                silent = time.time() - renewed_at
-                text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
-                        + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
-                _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
-                self.lost_seen.append(name)
-                log.error("box lost", box=name, silent_s=round(silent), runs=runs)
-        self.queries += 4 + 2 * len(lost)  # BEGIN, two UPDATEs, COMMIT; per lost box its runs and its alert
+        judge = time.monotonic() >= self._judge_after
+        row = conn.execute(
+            f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s"
+            " WHERE name = %s AND pid = %s RETURNING 1),"
+            f" lost AS (UPDATE hosts SET lost_at = {NOW} WHERE %s AND lease_until < {NOW} AND lost_at IS NULL"
+            " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at)"
+            " SELECT (SELECT count(*) FROM renewed),"
+            " (SELECT json_agg(json_build_array(name, renewed_at, started_at)) FROM lost)",
+            (self.lease_s, self.host, self.pid, judge, self.host)).fetchone()
+        self.queries += 1
+        renewed, lost = row[0], row[1] or []
+        for name, renewed_at, started_at in lost:
+            runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
+            silent = time.time() - renewed_at
+            text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
+                    + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
+            _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
+            self.lost_seen.append(name)
+            self.queries += 2
+            log.error("box lost", box=name, silent_s=round(silent), runs=runs)
         if lost:
             self.on_alert()
         if not renewed:  # another daemon took this host's name (same BABYSIT_HOST on two boxes)
