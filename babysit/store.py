@@ -26,6 +26,7 @@ from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 
 SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
+MERGE_CHUNK = 200  # runs a merge statement carries (4 parameters each: under SQLite's old 999 limit)
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
 _MIGRATIONS: dict[int, str] = {
@@ -463,9 +464,28 @@ class Store:
         self._merge_facts({run: [now, facts]})
 
     def _merge_facts(self, facts_by_run: dict[str, list[Any]]) -> None:
-        with self.tx() as db:
-            for run, (now, facts) in facts_by_run.items():
+        """Every run's merge in one transaction, read and written in chunks of MERGE_CHUNK runs: two
+        statements a chunk, not two a run (a round of log offsets over 50 runs: 2 round trips, not 100)."""
+        if len(facts_by_run) == 1:
+            ((run, (now, facts)),) = facts_by_run.items()
+            with self.tx() as db:
                 _merge_run_state(db, run, None, facts, now)
+            return
+        items = list(facts_by_run.items())
+        with self.tx() as db:
+            for i in range(0, len(items), MERGE_CHUNK):
+                chunk = items[i:i + MERGE_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                known = {r[0]: (r[1], r[2]) for r in db.execute(
+                    f"SELECT run, status, facts FROM run_state WHERE run IN ({marks})", tuple(r for r, _ in chunk))}
+                rows: list[Any] = []
+                for run, (now, facts) in chunk:
+                    status, old = known.get(run, ("pending", None))
+                    rows += [run, status, json.dumps({**(json.loads(old) if old else {}), **facts}), now]
+                db.execute("INSERT INTO run_state (run, status, facts, updated_at) VALUES "
+                           + ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+                           + " ON CONFLICT (run) DO UPDATE SET facts=excluded.facts, updated_at=excluded.updated_at",
+                           tuple(rows))
 
     def run_states(self) -> dict[str, tuple[str, dict[str, Any]]]:
         return {r["run"]: (r["status"], json.loads(r["facts"])) for r in self._query("SELECT * FROM run_state")}

@@ -11,9 +11,10 @@ What is timed:
 - abort: `store.request(RUN, "abort")` written by box-a's gateway for a run of box-b, to the SIGTERM
   arriving in the trainer on box-b (the trainer writes the time it got it): median and worst of --aborts.
   The daemons' guard rounds are 30 s apart, so only the NOTIFY can make this fast.
-- idle database load: every statement the server logged (log_statement=all, log_line_prefix with the
-  application name, which is `babysit:HOST` for a box's store and `babysit-fleet:HOST` for its lease
-  connection) over --idle-s seconds with every run running and nothing due, per box.
+- idle database load, at rest (after --settle-s: one guard round): every statement the server logged
+  (log_statement=all, log_line_prefix with the application name, which is `babysit:HOST` for a box's
+  store and `babysit-fleet:HOST` for its lease connection) over --idle-s seconds with every run running
+  and nothing due, per box.
 - a dead box: box-c's daemon SIGKILLed; the time to the host-lost alert being SENT by a live box, from
   the kill and from box-c's last lease renewal (lease 30 s, the default).
 The trainers are bench/_term_trainer.py: a record every 5 s, nothing else.
@@ -138,6 +139,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--aborts", type=int, default=20)
     p.add_argument("--idle-s", type=float, default=60.0)
+    p.add_argument("--settle-s", type=float, default=35.0, help="wait this long (a guard round) before the idle window")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
 
@@ -183,7 +185,9 @@ def main() -> int:
         out["status_ms_worst"] = round(max(times[1:]) * 1000, 1)
         out["status_chars"] = len(rendered.text)
 
-        # idle load, per box
+        # idle load, per box: at rest, after every run's first guard round (which reads each run's ended
+        # attempts once, for its GPU-hours: a one-off a run, not load)
+        time.sleep(args.settle_s)
         log = server.data / "server.log"
         _, mark = statements(log, 0)
         time.sleep(args.idle_s)
