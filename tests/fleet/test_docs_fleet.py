@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysit.store import SCHEMA_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "fleet.md"
 V2 = ROOT / "tests" / "fixtures" / "store" / "state_v2.db"
@@ -51,8 +53,8 @@ def test_the_setup_page_runs_as_written(postgres: Any, tmp_path: Path) -> None:
         out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, (command, out.stdout, out.stderr)
         outputs[command] = out.stdout
-    assert "schema 0 -> 3" in outputs["babysit db upgrade"]
-    assert "schema 3 (this babysit: 3)" in outputs["babysit db version"]
+    assert f"schema 0 -> {SCHEMA_VERSION}" in outputs["babysit db upgrade"]
+    assert f"schema {SCHEMA_VERSION} (this babysit: {SCHEMA_VERSION})" in outputs["babysit db version"]
     copy = next(v for k, v in outputs.items() if k.startswith("babysit db copy"))
     assert "every table compared equal" in copy
     status = subprocess.run([sys.executable, "-m", "babysit", "status"], cwd=tmp_path, env=env,
