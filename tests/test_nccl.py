@@ -72,6 +72,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_all(proc: subprocess.Popen, pids: frozenset[int]) -> None:
+    """torchrun starts each rank in a session of its own: every rank seen is killed, not torchrun's group
+    alone (a killpg left the ranks running, a stopped one among them)."""
+    for pid in pids | process_tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory):
     """The gloo job, hung: rank 0 waits in all-reduce #3 that rank 1 skipped. Yields (attempt dir, pids)."""
@@ -80,6 +91,7 @@ def hung(tmp_path_factory):
     log = adir / "train_log.jsonl"
     env = {**os.environ, **nccl.flight_recorder_env({}, adir), "BABYSIT_LOG": str(log), "SKIP_STEP": "3",
            "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    pids: frozenset[int] = frozenset()
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(HANG)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -94,8 +106,7 @@ def hung(tmp_path_factory):
         pids = process_tree(proc.pid)
         yield adir, pids
     finally:
-        os.killpg(proc.pid, 9)
-        proc.wait()
+        _kill_all(proc, pids)
 
 
 def test_a_hung_collective_names_the_rank_that_never_entered_it_from_the_flight_records(hung) -> None:
@@ -159,6 +170,7 @@ def test_a_sigstopped_rank_has_its_stack_read_and_is_named_as_the_one_the_others
     log = tmp_path / "train_log.jsonl"
     env = {**os.environ, **nccl.flight_recorder_env({}, tmp_path), "BABYSIT_LOG": str(log),
            "SKIP_STEP": str(10**9), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    pids: frozenset[int] = frozenset()
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(HANG)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -174,8 +186,7 @@ def test_a_sigstopped_rank_has_its_stack_read_and_is_named_as_the_one_the_others
         stacks = stack_dump(pids)
         hang = nccl.explain_stall(stacks, tmp_path, (0, 1), None, wait_s=3.0)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_all(proc, pids)
     assert stacks[str(rank1)].startswith(STOPPED_MARK) and "main (" in stacks[str(rank1)], stacks
     assert "note" not in stacks, stacks["note"]
     assert hang is not None and set(hang["ranks"]) == {"0", "1"}
