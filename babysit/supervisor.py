@@ -101,6 +101,7 @@ class RunSupervisor:
         self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
         self.declared_end: int | None = None  # the newest record's total_steps / max_steps
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
+        self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
@@ -368,6 +369,7 @@ class RunSupervisor:
                                     pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         self.attempt = self.ctx.store.attempt(self.run, attempt.n)
         self.nonfinite = None
+        self.nonfinite_pending = frozenset()
         self.points.clear()  # a new attempt's pace is its own: the last one's steps say nothing of it
         self.recent.clear()
         self.latest_shown.clear()
@@ -715,7 +717,9 @@ class RunSupervisor:
         declared = progress.declared_by(record.metrics)
         if declared is not None:
             self.declared_end = declared
-        bad = nonfinite.first_bad(numbers, self.spec.guards.nonfinite_metrics)
+        counted, self.nonfinite_pending = nonfinite.divergence(numbers, self.spec.guards.nonfinite_metrics,
+                                                               self.nonfinite_pending)
+        bad = next(iter(counted.items()), None)
         attempt = self.attempt
         if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
             self.nonfinite = (record.step, bad[0], bad[1])

@@ -267,10 +267,12 @@ def _record_text(record: Any) -> str:
 
 
 def _nonfinite(records: Iterable[Any], declared: Sequence[str] | None) -> dict[str, object]:
-    """What the last records say went non-finite: a `diverged` record (the hooks and the reference
-    trainer write one, with the values that did it, or a reason), else a watched metric's NaN/inf.
+    """Where the last records say the run went non-finite, the first of: a `diverged` record (the hooks
+    and the reference trainer write one, with the values that did it, or a reason), a watched metric's
+    NaN/inf by the one rule (core/nonfinite: a default-watched grad norm counts when non-finite twice).
     `nonfinite` names the metric, its value and the step ("grad_norm = nan at step 150")."""
-    for record in reversed(list(records)):
+    pending: frozenset[str] = frozenset()  # skip-tolerant names non-finite in their last record (the one rule)
+    for record in records:  # in order, the first wins: where it began (a grad norm counts when non-finite twice)
         step = getattr(record, "step", None)
         values = {**(getattr(record, "metrics", None) or {}), **(getattr(record, "fields", None) or {})}
         if getattr(record, "event", None) == "diverged":
@@ -280,7 +282,7 @@ def _nonfinite(records: Iterable[Any], declared: Sequence[str] | None) -> dict[s
                     else str(reason) if isinstance(reason, str) and reason else None)
             return {"diverged_step": step, "diverged_record": True, "nonfinite_keys": sorted(bad),
                     **({"nonfinite": what} if what else {})}
-        bad = nonfinite.bad_values(values, declared)
+        bad, pending = nonfinite.divergence(values, declared, pending)
         if bad:
             return {"diverged_step": step, "nonfinite_keys": sorted(bad),
                     "nonfinite": f"{nonfinite.describe(bad)} at step {step}"}

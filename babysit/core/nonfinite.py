@@ -3,8 +3,13 @@ classifier and the framework hooks (HF, Lightning), so the three never disagree 
 
 The run's `[guards] nonfinite_metrics` names them exactly; without it, every metric whose name
 contains `loss` or `grad_norm`. The grad norm is in the default because HF's `logging_nan_inf_filter`
-(on by default) keeps a NaN out of the logged training loss: the grad norm is where it shows. The
-daemon hands the run's declaration to the trainer in `$BABYSIT_NONFINITE_METRICS` (a JSON list), so a
+(on by default) keeps a NaN out of the logged training loss: the grad norm is where it shows. But a
+mixed-precision run's loss scaler skips a step whose gradients overflowed, and that step's grad norm is
+inf by design: so under the default rule a grad norm counts only when it is non-finite in two records
+in a row that carry it (a skipped step is followed by a finite one; a diverged run stays NaN). A name
+the run declares counts at its first non-finite value: the user said so.
+
+The daemon hands the run's declaration to the trainer in `$BABYSIT_NONFINITE_METRICS` (a JSON list), so a
 hook inside the trainer honours what run.toml says without reading it.
 """
 
@@ -15,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 DEFAULT_SUBSTRINGS = ("loss", "grad_norm")  # matched case-insensitively when nothing is declared
+SKIP_TOLERANT = "grad_norm"  # under the default rule: counts when non-finite in two records in a row
 ENV = "BABYSIT_NONFINITE_METRICS"
 
 
@@ -33,6 +39,24 @@ def is_nonfinite(value: object) -> bool:
 def bad_values(values: Mapping[str, object], declared: Sequence[str] | None) -> dict[str, float]:
     """The watched keys of one record whose value is NaN or ±inf, in the record's order."""
     return {k: v for k, v in values.items() if is_nonfinite(v) and watched(k, declared)}  # type: ignore[misc]
+
+
+def skip_tolerant(name: str, declared: Sequence[str] | None) -> bool:
+    """A default-watched grad norm (not a loss): one non-finite value may be a loss scaler's skipped step."""
+    lowered = name.lower()
+    return declared is None and SKIP_TOLERANT in lowered and "loss" not in lowered
+
+
+def divergence(values: Mapping[str, object], declared: Sequence[str] | None,
+               pending: frozenset[str] = frozenset()) -> tuple[dict[str, float], frozenset[str]]:
+    """What one record shows diverged, given `pending` (the skip-tolerant names non-finite in the last
+    record that carried them), and the `pending` to hand the next record. A record without a name
+    leaves its pending state as it was."""
+    bad = bad_values(values, declared)
+    counted = {k: v for k, v in bad.items() if not skip_tolerant(k, declared) or k in pending}
+    now_bad = frozenset(k for k in bad if skip_tolerant(k, declared))
+    carried = frozenset(k for k in pending if k not in values)
+    return counted, now_bad | carried
 
 
 def first_bad(values: Mapping[str, object], declared: Sequence[str] | None) -> tuple[str, float] | None:

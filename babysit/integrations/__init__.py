@@ -44,9 +44,19 @@ def declared_watch(watch: Sequence[str] | None) -> tuple[str, ...] | None:
     return nonfinite.from_env(os.environ.get(nonfinite.ENV))
 
 
-def nonfinite_watched(values: Mapping[str, Any], watch: Sequence[str] | None = None) -> dict[str, float]:
-    """The watched keys whose value is NaN or ±inf (numpy/torch scalars read as numbers first)."""
-    return nonfinite.bad_values({k: plain(v) for k, v in values.items()}, declared_watch(watch))
+class NonfiniteWatch:
+    """A hook's view of divergence, record after record, by the daemon's one rule (babysit.core.nonfinite):
+    a watched loss counts at once, a default-watched grad norm when non-finite twice in a row."""
+
+    def __init__(self, watch: Sequence[str] | None = None) -> None:
+        self.watch = watch
+        self.pending: frozenset[str] = frozenset()
+
+    def check(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """The watched keys of this record that mean divergence (numpy/torch scalars read as numbers)."""
+        bad, self.pending = nonfinite.divergence({k: plain(v) for k, v in values.items()},
+                                                 declared_watch(self.watch), self.pending)
+        return bad
 
 
 def describe(bad: Mapping[str, float]) -> str:

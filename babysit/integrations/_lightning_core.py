@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from babysit.client import JsonlWriter, env_rank
-from babysit.integrations import EXIT_DIVERGED, Diverged, describe, nonfinite_watched
+from babysit.integrations import EXIT_DIVERGED, Diverged, NonfiniteWatch, describe
 
 
 class BabysitLoggerCore:
@@ -31,6 +31,7 @@ class BabysitLoggerCore:
         self.writer = JsonlWriter(path, all_ranks=True)  # the trainer says which process is rank 0
         self._save_dir = save_dir
         self.watch = None if watch is None else tuple(watch)
+        self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
         self.diverged: str | None = None
         self._trainer_ref: weakref.ReferenceType[Any] | None = None
@@ -94,7 +95,7 @@ class BabysitLoggerCore:
             if total is not None:
                 record.setdefault("total_steps", total)
             self.writer.write(at, record)
-        bad = nonfinite_watched(metrics, self.watch)
+        bad = self.nonfinite.check(metrics)
         stop = bool(bad)
         if trainer is not None and int(getattr(trainer, "world_size", 1)) > 1:
             # every rank must leave the loop together, or the others hang at the next collective

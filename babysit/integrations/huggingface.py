@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from babysit.client import JsonlWriter
-from babysit.integrations import EXIT_DIVERGED, Diverged, describe, nonfinite_watched
+from babysit.integrations import EXIT_DIVERGED, Diverged, NonfiniteWatch, describe
 
 try:
     from transformers import TrainerCallback
@@ -43,6 +43,7 @@ class BabysitCallback(TrainerCallback):
                  exit_code: int | None = EXIT_DIVERGED) -> None:
         self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
         self.watch = None if watch is None else tuple(watch)
+        self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
         self.diverged: str | None = None  # what diverged, once it has
 
@@ -57,7 +58,7 @@ class BabysitCallback(TrainerCallback):
             if state.max_steps and state.max_steps > 0:
                 record.setdefault("total_steps", state.max_steps)
             self.writer.write(step, record)
-        bad = nonfinite_watched(logs, self.watch)
+        bad = self.nonfinite.check(logs)
         if bad and self.diverged is None:
             self.diverged = f"non-finite {', '.join(bad)} ({describe(bad)}) at step {step}"
             if main:

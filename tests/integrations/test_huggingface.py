@@ -60,8 +60,9 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
     records, garbage = read_all(babysit_log)
     assert garbage == 0
     diverged = [r for r in records if r.event == "diverged"]
-    assert len(diverged) == 1 and diverged[0].step == 15
-    # HF's logging_nan_inf_filter hides the NaN train loss; the grad norm shows it
+    # HF's logging_nan_inf_filter hides the NaN train loss; the grad norm shows it, at the log of step 15,
+    # and counts at the next log (20): one infinite grad norm may be an fp16 loss scaler's skipped step
+    assert len(diverged) == 1 and diverged[0].step == 20
     bad = next(r for r in records if r.step == 15 and "learning_rate" in r.metrics)
     assert "grad_norm" in bad.nonfinite
     stderr = capfd.readouterr().err  # HF's own tqdm bar, redrawn with \r, and the callback's line
@@ -71,7 +72,7 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
                             rules=(), stop_requested=False)
         assert got.outcome == "diverged", (exit_code, got.summary)
         # the metric and its value, never "non-finite loss"; the tail as a terminal showed it
-        assert got.summary == f"diverged: grad_norm = nan at step 15 (exit {exit_code})", got.summary
+        assert got.summary == f"diverged: grad_norm = nan at step 20 (exit {exit_code})", got.summary
         tail = str(got.detail["stderr_tail"]).splitlines()
         assert not any(c in got.detail["stderr_tail"] for c in "\r\x1b"), tail  # no redraws, no cursor moves
         assert all(a != b for a, b in itertools.pairwise(tail)) and len(tail) < stderr.count("\r") / 3, tail
@@ -82,7 +83,8 @@ def test_with_exit_code_none_a_divergence_only_stops_training(tmp_path: Path, ba
     callback = hf.BabysitCallback(exit_code=None)
     trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback], max_steps=30, logging_steps=2, eval_steps=100, nan_at=3)
     trainer.train()
-    assert trainer.state.global_step == 4 and callback.diverged is not None
+    # the NaN from step 3 is logged at 4 (one infinite grad norm may be a skipped fp16 step) and counts at 6
+    assert trainer.state.global_step == 6 and callback.diverged is not None
     assert [r["event"] for r in raw(babysit_log) if "event" in r] == ["diverged"]
 
 
