@@ -259,7 +259,8 @@ def add_gpu(sub: argparse._SubParsersAction) -> None:
                        description="A GPU a machine fault hit (an Xid the catalog blames on the machine, a "
                                    "double-bit ECC error, a lost GPU) is quarantined by UUID: no run launches on "
                                    "it. `release` lifts it once the GPU is reset or replaced (docs/guards.md).")
-    p.add_argument("action", choices=("list", "quarantine", "release"))
+    p.add_argument("action", choices=("list", "quarantine", "release"),
+                   help="list the box's GPUs and the quarantine; quarantine a GPU; release one")
     p.add_argument("target", nargs="?", metavar="UUID|INDEX", help="the GPU: its UUID (GPU-…) or NVML index")
     p.add_argument("--reason", default=None, help="why (quarantine; shown in status and /babysit gpus)")
     add_gpu_probe_option(p)
