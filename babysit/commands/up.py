@@ -12,6 +12,7 @@ import structlog
 
 from babysit import logs, registry
 from babysit.daemon import Daemon
+from babysit.db.url import open_store, store_url
 from babysit.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         logs.configure(reg.state_dir, stream=out, hide_posted=not slack_configured())  # each event shown once
         probe = open_gpu_probe(args.gpu_probe)
-        daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out),
+        daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out, reg),
                         accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
         if args.bot:
             start_in_background(path, http_port=args.bot_http)
@@ -83,8 +84,10 @@ def slack_configured() -> bool:
     return bool(os.environ.get("SLACK_BOT_TOKEN"))
 
 
-def open_channel(state_dir: Path, stream: Any = None) -> Channel:
-    """Slack when SLACK_BOT_TOKEN is set, else the console channel."""
+def open_channel(state_dir: Path, stream: Any = None, reg: registry.Registry | None = None) -> Channel:
+    """Slack when SLACK_BOT_TOKEN is set, else the console channel. The Slack channel reads the box's
+    store (a launch post re-rendered under a header update): a fleet's PostgreSQL when `reg` names one."""
     if slack_configured():
-        return SlackChannel.from_env(state_dir)
+        fleet_store = open_store(reg) if reg is not None and store_url(reg) else None
+        return SlackChannel.from_env(state_dir, fleet_store)
     return ConsoleChannel(state_dir, stream)

@@ -56,12 +56,13 @@ class SlackChannel:
         self.journal = Journal(Path(state_dir) / "slack_journal.jsonl")
 
     @classmethod
-    def from_env(cls, state_dir: Path) -> SlackChannel:
+    def from_env(cls, state_dir: Path, store: Store | None = None) -> SlackChannel:
         """SLACK_BOT_TOKEN and BABYSIT_SLACK_API_URL from the environment; the default channel from
-        BABYSIT_SLACK_CHANNEL, else `[daemon].channel` of the registry whose state this is."""
+        BABYSIT_SLACK_CHANNEL, else `[daemon].channel` of the registry whose state this is. `store`: the
+        box's (a fleet's PostgreSQL); none: the state directory's SQLite."""
 
         return cls(web_client(), state_dir, default_channel=_default_channel(Path(state_dir)),
-                   store=Store.in_dir(state_dir))
+                   store=store if store is not None else Store.in_dir(state_dir))
 
     # -- Channel ---------------------------------------------------------------------------------------
     def deliver(self, delivery: Delivery) -> str | None:
