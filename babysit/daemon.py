@@ -33,6 +33,7 @@ from babysit import registry as registry_mod
 from babysit import relaunch, sources, wake
 from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
+from babysit.context import DaemonContext
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError
 from babysit.core.spec import check_cadence, load_spec
 from babysit.core.status import RunStatus
@@ -48,7 +49,7 @@ from babysit.probes.host import HostProbe, ProcHostProbe
 from babysit.sampler import Sampler
 from babysit.sources import wandbfile
 from babysit.store import Row
-from babysit.supervisor import DaemonContext, RunSupervisor
+from babysit.supervisor import RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers

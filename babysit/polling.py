@@ -25,7 +25,7 @@ GATHER_MINUTES = 1 / 60  # polls due within a declared second of the earliest go
 
 
 class PolledRun(Protocol):
-    """What a round needs of a run (`babysit.supervisor.RunSupervisor`); each call but `run` and
+    """What a round needs of a run (`babysit.run_polls.RunPolls`, one a supervisor); each call but `run` and
     `poll_failed` is made under `lock`."""
 
     run: str
@@ -38,7 +38,7 @@ class PolledRun(Protocol):
 
 
 class PollContext(Protocol):
-    """What the calendar needs of the daemon's context (`babysit.supervisor.DaemonContext`)."""
+    """What the calendar needs of the daemon's context (`babysit.context.DaemonContext`)."""
 
     store: Store
     timers: Timers

@@ -14,14 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from babysit import gpufault, logtail, nccl, runstate, sources, stopcheck
-from babysit.clock import SYSTEM, Clock
+from babysit import gpufault, logtail, run_launch, runstate, sources, stopcheck
+from babysit.context import DaemonContext
 from babysit.core import classify, guards, nonfinite, progress, readable, retry, run_machine, smoke, snapshot
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
@@ -32,54 +31,24 @@ from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.core.suggest import suggest
-from babysit.executors import Executor
-from babysit.exitwatch import ExitWatcher
 from babysit.faults import crash_point
-from babysit.polling import PollCalendar
-from babysit.probes.gpu import GUARD_WINDOW, GpuProbe
-from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run_errors import RunErrors, short_error
+from babysit.run_polls import RunPolls
 from babysit.run_verdict import RunVerdicts
-from babysit.runreader import CHUNK_BYTES, Chunk, ReadInterrupted, ReadWorker, RunReader
+from babysit.runreader import CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.sources.sniff import sniff
 from babysit.stackdump import stack_dump
-from babysit.store import Attempt, PollRow, Store
-from babysit.timers import ThreadTimers, Timers
+from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
 
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
-POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 GPU_WAIT_MINUTES = 1.0  # a run waiting for a quarantined GPU looks again this many declared minutes later
 READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
 GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
 READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
-
-
-@dataclass
-class DaemonContext:
-    """What every supervisor shares, injected: the store, the executors, the clock, the probes, the timers
-    its later actions go through and the one thread that watches every attempt's exit."""
-
-    store: Store
-    state_dir: Path
-    gpu_probe: GpuProbe
-    executors: dict[str, Executor]
-    scale: float  # seconds per declared minute: 60, or 1 when --accelerated
-    default_channel: str | None = None
-    clock: Clock = SYSTEM
-    host_probe: HostProbe = field(default_factory=ProcHostProbe)
-    timers: Timers = field(default_factory=ThreadTimers)  # the daemon's: APScheduler date jobs
-    exits: ExitWatcher = field(default_factory=ExitWatcher)
-    reads: ReadWorker = field(default_factory=ReadWorker)  # the reader thread: backlogs, off the guard path
-    polls: PollCalendar = field(init=False)  # every run's next poll, on one of the timers
-
-    def __post_init__(self) -> None:
-        self.polls = PollCalendar(self)
-
-    def now(self) -> float:
-        return self.clock.time()
 
 
 class RunSupervisor:
@@ -107,8 +76,8 @@ class RunSupervisor:
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
         self.recheck_pending = False
-        self.newest_poll: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
         self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
+        self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run_polls.py)
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self._message,
                                     internal_error=self.internal_error, feed=self._feed,
                                     read_log=lambda: self.read_log(drain=True),  # the FINAL one reads all
@@ -196,7 +165,7 @@ class RunSupervisor:
                 self._ended_message(self._row(e.n))
             case ev.Watch():
                 self._watch()
-                self._schedule_next_poll()
+                self.polls.schedule_next()
             case ev.Incident():
                 self._raise(e)
             case ev.NoteAttempt():
@@ -339,28 +308,14 @@ class RunSupervisor:
             self.ctx.store.merge_attempt_detail(attempt.id, {"selected_by": selected_by})
         if self.spec.gpus != self.declared_gpus:
             self.ctx.store.merge_attempt_detail(attempt.id, {"gpus": list(self.spec.gpus)})
-        merged = " · ".join(x for x in (note, *_note_lines(notes)) if x) or None
+        merged = " · ".join(x for x in (note, *run_launch.note_lines(notes)) if x) or None
         self._start_attempt(attempt, note=merged)
 
     def _start_attempt(self, attempt: Attempt, note: str | None) -> None:
-        env = dict(os.environ)
-        env.update(self.spec.env)
-        env.update({"BABYSIT_RUN": self.run, "BABYSIT_ATTEMPT": str(attempt.n),
-                    "BABYSIT_LOG": str(self.records_log if self.spec.log is None else self.spec.log),
-                    "BABYSIT_CHECKPOINTS": str(self.spec.checkpoints),
-                    "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
-                    "BABYSIT_SPEC_FILE": str(self.spec.spec_file)})  # the Slurm executor reads [slurm] from it
+        env = run_launch.attempt_env(self.spec, attempt, self.records_log, self.executor.launch_env(self.spec.gpus),
+                                     os.environ)
         if self.spec.source.kind == "wandb" and "WANDB_DIR" not in self.spec.env:
-            assert self.spec.source.path is not None  # wandb writes its run folders under $WANDB_DIR/wandb
-            self.spec.source.path.mkdir(parents=True, exist_ok=True)
-            env["WANDB_DIR"] = str(self.spec.source.path)
-        watched = nonfinite.to_env(self.spec.guards.nonfinite_metrics)  # the hooks watch what the guard does
-        if watched is not None:
-            env[nonfinite.ENV] = watched
-        for secret in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
-            env.pop(secret, None)  # the trainer has no business with the bot's credentials
-        env.update(self.executor.launch_env(self.spec.gpus))  # local: CUDA numbers GPUs as NVML does
-        env.update(nccl.flight_recorder_env(env, Path(attempt.attempt_dir)))  # unless the user set them
+            Path(env["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)  # wandb writes its run folders under it
         if self.spec.log is not None:
             self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(self.spec.workdir))
@@ -382,14 +337,8 @@ class RunSupervisor:
                                halvings=int(row.detail.get("halvings", 0)), note=note))
 
     def _launch_message(self, attempt: Attempt, note: str | None) -> int:
-        prereg = self.spec.prereg
         most = self.state.relaunched_after + self.spec.retry.max_attempts
-        payload = {"attempt": attempt.n, "max_attempts": most, "profile": attempt.profile,
-                   "argv": list(attempt.argv), "gpus": list(self.spec.gpus), "executor": attempt.executor,
-                   "pid": attempt.pid, "job_id": attempt.job_id, "note": note,
-                   "selected_by": attempt.detail.get("selected_by"),
-                   "question": prereg.question if prereg else None, "read_step": prereg.read_step if prereg else None,
-                   "channel": self.spec.notify.channel or self.ctx.default_channel}
+        payload = run_launch.launch_payload(self.spec, attempt, note, most, self.ctx.default_channel)
         return self._message("launch", payload, key=f"{self.run}:{attempt.n}:launch", thread=False)
 
     # -- watching ---------------------------------------------------------------------------------------
@@ -772,7 +721,7 @@ class RunSupervisor:
                         "line": sample, "log": str(self.records_log)},
                        key=f"{self.run}:{attempt.n}:reader-behind")
 
-    def _check_readable(self, attempt: Attempt) -> None:
+    def check_readable(self, attempt: Attempt) -> None:
         """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
         pumped = self.pumped
         if pumped is None:
@@ -823,24 +772,6 @@ class RunSupervisor:
         """The trainer's own input-wait share of step time over the recent records, when it logs one."""
         values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
         return sum(values) / len(values) if values else None
-
-    def _schedule_next_poll(self) -> None:
-        attempt = self.attempt
-        if attempt is None or attempt.started_at is None:
-            return
-        newest = self._newest_poll_at(attempt.n)
-        if newest is not None:
-            when = newest + self.spec.poll.every_minutes * self.ctx.scale
-        else:
-            when = attempt.started_at + self.spec.poll.first_after_minutes * self.ctx.scale
-        self.ctx.polls.due(self, when)
-
-    def _newest_poll_at(self, n: int) -> float | None:
-        """When attempt n was last polled (None: never); read from the store once, then kept as polls go."""
-        if self.newest_poll is None or self.newest_poll[0] != n:
-            newest = self.ctx.store.polls(self.run, limit=1)
-            self.newest_poll = (n, newest[0].at if newest and newest[0].attempt == n else None)
-        return self.newest_poll[1]
 
     def observe(self, window: str = GUARD_WINDOW) -> Observation:
         """One look at the running attempt: the log read on, then the host, the GPUs (closing `window`'s
@@ -937,53 +868,8 @@ class RunSupervisor:
 
     def poll(self, kind: str | None = None) -> bool:
         """Poll now, alone (`/babysit poll`: kind "on-demand", which leaves the schedule as it is); True
-        when a poll was recorded."""
-        return self.ctx.polls.poll([self], kind) == 1
-
-    def take_poll(self, kind: str | None) -> PollRow | None:
-        """Under the lock, in a poll round: the running attempt's snapshot as the row that records it
-        (None: nothing runs). Its log offsets are the round's deferred facts, committed with the rows."""
-        attempt = self.attempt
-        _, effects = run_machine.step(self.state, ev.PollDue(self.ctx.now(), kind))  # changes nothing but its clock
-        if attempt is None or attempt.status != AttemptStatus.RUNNING or \
-                not any(isinstance(e, ev.TakePoll) and e.n == attempt.n for e in effects):
-            return None
-        kind = kind or ("first" if self._newest_poll_at(attempt.n) is None else "periodic")
-        snap = self.snapshot(kind)
-        return PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.launch_msg,
-                       payload={"run": self.run})
-
-    def still_polled(self, poll: PollRow) -> bool:
-        """Under the lock: the polled attempt still runs (an exit handled since makes its poll stale)."""
-        attempt = self.attempt
-        return attempt is not None and attempt.n == poll.attempt and attempt.status == AttemptStatus.RUNNING
-
-    def after_poll(self, poll: PollRow) -> None:
-        """Under the lock, once the poll is recorded: what it tells (an unreadable log, input
-        starvation), then the next poll's date (an on-demand poll leaves the schedule as it was)."""
-        self.newest_poll = (poll.attempt, poll.at)
-        attempt = self.attempt
-        if attempt is None or not self.still_polled(poll):
-            return
-        self._check_readable(attempt)
-        snap = poll.snapshot
-        if "input-starvation" in snap["flags"]:
-            wait = snap["data_wait_frac"] or 0.0
-            self.incident("input-starvation", f"GPU util under {self.spec.poll.starvation_util_pct:g} % while "
-                           f"the trainer waits on its input {wait:.0%} of each step: fix the input pipeline "
-                           "(--num-workers, prefetch, faster storage) before letting it ride",
-                           {"gpus": snap["gpus"], "data_wait_frac": snap["data_wait_frac"]},
-                           key=f"{self.run}:{attempt.n}:input-starvation")
-        if poll.kind != "on-demand":
-            self._schedule_next_poll()
-
-    def poll_failed(self, exc: BaseException, kind: str | None) -> None:
-        """A poll that could not be taken or recorded: said (`failed`), and tried again a declared minute
-        on, so a store that failed once (a full disk) does not end the run's polls."""
-        self.failed("polling it", exc)
-        attempt = self.attempt
-        if kind != "on-demand" and attempt is not None and attempt.status == AttemptStatus.RUNNING:
-            self.ctx.polls.due(self, self.ctx.now() + POLL_RETRY_MINUTES * self.ctx.scale)
+        when a poll was recorded (babysit/run_polls.py)."""
+        return self.polls.now_alone(kind)
 
     def failed(self, where: str, exc: BaseException) -> None:
         """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
@@ -1051,10 +937,3 @@ class RunSupervisor:
             self._feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
 
         self._later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
-
-def _note_lines(notes: Any) -> list[str]:
-    if not notes:
-        return []
-    if isinstance(notes, dict):
-        return [str(v) for v in notes.values() if v]
-    return [str(n) for n in notes]

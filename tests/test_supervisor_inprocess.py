@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from babysit.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
 from babysit.store import Store
-from babysit.supervisor import DaemonContext, RunSupervisor
+from babysit.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 GIB = 2**30

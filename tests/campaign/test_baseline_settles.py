@@ -25,6 +25,7 @@ from babysit.campaign.saga import outcome_label
 from babysit.cli import main as cli_main
 from babysit.commands.amend import amend_registered
 from babysit.commands.demo import REFERENCES
+from babysit.context import DaemonContext
 from babysit.core.amendment import load_amendment
 from babysit.core.render import render
 from babysit.core.spec import load_spec
@@ -32,7 +33,7 @@ from babysit.daemon import open_executor
 from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe
 from babysit.store import Store
-from babysit.supervisor import DaemonContext, RunSupervisor
+from babysit.supervisor import RunSupervisor
 from babysit.web.server import Settings, WebServer
 from tests.web.conftest import fetch
 
