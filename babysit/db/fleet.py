@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -145,7 +146,8 @@ class FleetMember:
                     if self._conn is not None:
                         self._conn.close()
                 self._conn = None
-                if self._stop.wait(pause):
+                # jittered: after a failover every box must not reconnect in the same instant
+                if self._stop.wait(pause * random.uniform(1.0, 1.5)):
                     return
                 pause = min(pause * 2, 5.0)
 

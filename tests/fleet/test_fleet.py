@@ -223,3 +223,37 @@ def test_a_host_name_without_a_postgres_url_is_refused_saying_why(tmp_path: Path
                          text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "a fleet of boxes needs a PostgreSQL" in out.stderr and "[store] url" in out.stderr
+
+
+def test_a_database_outage_longer_than_a_lease_stops_no_run_and_declares_no_box_lost(
+        fleet: Fleet, postgres: Any) -> None:
+    """PostgreSQL stopped for three leases: the daemons live on, their runs train on; when it returns they
+    reconnect (LISTEN included: an abort is carried by NOTIFY again) and none marks another lost: a box
+    cut off judges no one before a whole lease connected."""
+    for name in ("box-a", "box-b"):
+        fleet.up(name)
+    store = fleet.store()
+    try:
+        running = {run: wait_for(f"{run} running", lambda run=run: _running(store, run)) for run in ("run-a", "run-b")}
+    finally:
+        store.close()
+    postgres.stop("fast")
+    try:
+        time.sleep(LEASE_S * 3)
+        assert all(proc.poll() is None for proc in fleet.procs.values()), "a daemon died with its database"
+        for attempt in running.values():
+            os.kill(attempt.pid, 0)  # the runs go on (raises if one is gone)
+    finally:
+        postgres.start()
+    store = fleet.store()
+    try:
+        time.sleep(LEASE_S * 2)  # the lease connections back (backoff at most 5 s), renewing again
+        asked = time.monotonic()
+        out = babysit(fleet.box("box-a"), "abort", "run-b", timeout=60)
+        assert out.returncode == 0 and "abort run-b: stopping" in out.stdout, (out.stdout, out.stderr)
+        assert time.monotonic() - asked < 15
+        time.sleep(LEASE_S * 2)  # more look-outs, now that both may judge again
+        assert [m for m in store.messages("") if " lost" in m.payload.get("text", "")] == []
+        assert all(h["lost_at"] is None for h in store.hosts())
+    finally:
+        store.close()
