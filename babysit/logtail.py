@@ -158,6 +158,31 @@ def read_new(path: Path, state: TailState, *, max_bytes: int = 4 * 2**20,
     return TailRead(tuple(parsed.records), new_state, parsed.garbage, reset, False, partial, len(data) < want)
 
 
+def advance(path: Path, state: TailState, offset: int, records: int) -> TailState | None:
+    """The state after `records` records up to `offset` that the caller wrote itself and holds parsed
+    (babysit's own record log): what `read_new` would return, without reading them back. None when the
+    file is not what `state` read (replaced, truncated) or not `offset` long: read it instead."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        st = os.fstat(fd)
+        file_id = (st.st_dev, st.st_ino)
+        if st.st_size != offset or (state.file_id is not None and state.file_id != file_id) or state.skipping:
+            return None
+        head_len, head_digest = state.head_len, state.head
+        if head_digest is None or head_len < HEAD_BYTES:  # the head is hashed until it is whole
+            head = os.pread(fd, HEAD_BYTES, 0)
+            if state.head is not None and hashlib.sha256(head[:state.head_len]).hexdigest() != state.head:
+                return None
+            head_len, head_digest = len(head), hashlib.sha256(head).hexdigest() if head else None
+    finally:
+        os.close(fd)
+    return replace(state, offset=offset, file_id=file_id, head=head_digest, head_len=head_len,
+                   records=state.records + records)
+
+
 def read_all(path: Path, *, max_line_bytes: int = 2**20) -> tuple[list[LogRecord], int]:
     """The offline whole-file read (fixtures, small logs): (records, garbage lines). A long log's
     readers use `scan`, which holds one chunk at a time.

@@ -141,6 +141,10 @@ class SeriesCache:
             self.state = got.state
             if not progressed:
                 break
+        return self.series()
+
+    def series(self) -> tuple[Series, Series]:
+        """(metric series, train values at eval steps) as read so far, without reading."""
         return tuple(sorted(self._series.items())), tuple(sorted(self._train.items()))
 
     def _take(self, records: Sequence[LogRecord]) -> None:
@@ -260,7 +264,8 @@ def verdict_chart_path(out_dir: Path, run: str) -> Path:
 
 def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, path: Path, *,
                verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
-               log: Path | None = None) -> tuple[Path | None, Exception | None]:
+               log: Path | None = None, series: tuple[Series, Series] | None = None,
+               ) -> tuple[Path | None, Exception | None]:
     """Best effort, never raising: (the PNG, None), or (None, why it could not be drawn).
 
     A chart is an illustration of the verdict, not the verdict: a value matplotlib cannot place, an
@@ -269,16 +274,20 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
 
     Without `verdict`, the chart's verdict is re-derived from the log and the store's amendments as of
     the JSON's at_step, so the daemon can pass just the body it already has. `log`: the record log read
-    (an offline read's --log), else the run's own.
+    (an offline read's --log), else the run's own; `series`: (metric, train metric) already read whole
+    (the daemon's cache), so the log is not parsed again.
     """
     try:
         prereg = require_prereg(spec)
-        series, train, _ = read_series(records_log(spec, store) if log is None else log, prereg)
+        if series is None:
+            metric_series, train, _ = read_series(records_log(spec, store) if log is None else log, prereg)
+        else:
+            metric_series, train = series
         if verdict is None:
             amendments = stored_amendments(store, spec.name) if store is not None else ()
             at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
-            verdict = evaluate(prereg, amendments, series, train_series=train, at_step=at)
-        return render_chart(path, run=str(verdict_json["run"]), prereg=prereg, series=series, verdict=verdict,
+            verdict = evaluate(prereg, amendments, metric_series, train_series=train, at_step=at)
+        return render_chart(path, run=str(verdict_json["run"]), prereg=prereg, series=metric_series, verdict=verdict,
                             amendments=verdict.amendments, comparators=comparators or {}, train_series=train), None
     except Exception as exc:  # best effort by design: see the docstring
         return None, exc

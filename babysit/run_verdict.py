@@ -149,7 +149,12 @@ class RunVerdicts:
     def draw_chart(self, body: dict[str, Any]) -> None:
         """The verdict's chart; its failure is an incident, never the verdict's (the post says it)."""
         chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
-        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path)
+        cache, log_path = self.series_cache, reading.records_log(self.spec, self.ctx.store)
+        whole = None
+        if cache is not None and self.spec.prereg is not None and self.spec.prereg.train_metric is None \
+                and cache.complete(log_path):
+            whole = cache.series()  # the log read whole already: not parsed again for the chart
+        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path, series=whole)
         if self.chart[1] is not None:
             self.internal_error("drawing the verdict chart", self.chart[1])
 

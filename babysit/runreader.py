@@ -27,7 +27,8 @@ from babysit.core.spec import RunSpec
 from babysit.sources import records as record_log
 from babysit.sources import stdout as captured
 
-CHUNK_BYTES = 2**20  # of the source and of the record log per chunk: ~25,000 lines, ~10 MB while applied
+CHUNK_BYTES = 256 * 2**10  # of the source and of the record log per chunk: ~6,000 lines, a few MB while applied
+SMALL_CHUNK_BYTES = 64 * 2**10  # a guard's or a tick's chunk: a few ms of CPU, so its budget is kept
 
 
 @dataclass(frozen=True)
@@ -54,29 +55,55 @@ class RunReader:
         self.behind_since: float | None = None  # when a read last ended with more to read (None: caught up)
         self.read_seconds = 0.0  # spent reading since behind_since
 
-    def next_chunk(self, now: float) -> Chunk:
+    def next_chunk(self, now: float, size: int = CHUNK_BYTES) -> Chunk:
         """Under `lock`: the pending chunk, else a new one. The source is pumped only once the record
-        log is read up to its end, so the record log runs at most a chunk ahead of the tail."""
+        log is read up to its end, so the record log runs at most a chunk ahead of the tail. `size`: the
+        chunk's bytes of the source and of the record log at most."""
         if self.pending is not None:
             return self.pending
         pumped = None
-        if not self._record_log_behind():
-            pumped = self.pumped = self.pump.pump(now, budget=CHUNK_BYTES)
+        if not self._record_log_behind(size):
+            caught_up = self.pump.source.copies and self.tail.offset == self.pump.state.get("records_bytes")
+            pumped = self.pumped = self.pump.pump(now, budget=size)
+            taken = self._taken(pumped) if caught_up else None
+            if taken is not None:
+                self.pending = taken
+                return taken
         start = self.tail.offset
-        read = logtail.read_new(self.records_log, self.tail, max_bytes=CHUNK_BYTES)
+        read = logtail.read_new(self.records_log, self.tail, max_bytes=size)
         if not read.missing:
             self.tail = read.state
         more = read.more or (pumped.backlog if pumped is not None else True)
         self.pending = Chunk(pumped, read, 0 if read.reset else start, more)
         return self.pending
 
+    def _taken(self, pumped: sources.PumpResult) -> Chunk | None:
+        """The pump's own records as the chunk's (not parsed back from the file: half the CPU of a line),
+        when the tail stood at the end of what the pump had written and the file holds just what it
+        appended since; None: read the record log instead (someone else wrote to it, it was replaced)."""
+        if pumped.records is None:
+            return None
+        start = self.tail.offset
+        if not pumped.records:
+            size = record_log.size(self.records_log)
+            if size not in (None, start):
+                return None
+            return Chunk(pumped, logtail.TailRead((), self.tail, 0, False, size is None, 0, False), start,
+                         pumped.backlog)
+        state = logtail.advance(self.records_log, self.tail, int(pumped.state["records_bytes"]), len(pumped.records))
+        if state is None:
+            return None
+        self.tail = state
+        return Chunk(pumped, logtail.TailRead(pumped.records, state, 0, False, False, 0, False), start,
+                     pumped.backlog)
+
     def applied(self) -> None:
         self.pending = None
 
-    def _record_log_behind(self) -> bool:
-        """Whether the record log holds whole records the tail has not read (a chunk's worth left)."""
+    def _record_log_behind(self, chunk: int) -> bool:
+        """Whether the record log holds more than a chunk the tail has not read."""
         size = record_log.size(self.records_log) if self.pump.source.copies else None
-        return size is not None and size - self.tail.offset > CHUNK_BYTES
+        return size is not None and size - self.tail.offset > chunk
 
     def unread_bytes(self) -> int:
         """What is written and not read yet: the source beyond the pump's cursors, the record log beyond
@@ -155,7 +182,7 @@ class ReadWorker:
                 supervisor = self._wanted.pop(run)
             try:
                 running = supervisor.is_running()
-                if running and supervisor.read_log(budget=self.slice_seconds, wait=False) == 0 \
+                if running and supervisor.read_log(budget=self.slice_seconds, wait=False, chunk=CHUNK_BYTES) == 0 \
                         and run in self._wanted:
                     time.sleep(0.01)  # its lock was busy: wait a little before trying it again
             except Exception as exc:  # one run's reading never ends the thread that reads them all

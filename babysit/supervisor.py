@@ -36,7 +36,7 @@ from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run_errors import RunErrors, short_error
 from babysit.run_polls import RunPolls
 from babysit.run_verdict import RunVerdicts
-from babysit.runreader import CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
+from babysit.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.sources.sniff import sniff
 from babysit.stackdump import stack_dump
 from babysit.store import Attempt
@@ -544,32 +544,35 @@ class RunSupervisor:
     def pumped(self) -> sources.PumpResult | None:
         return self.reader.pumped
 
-    def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True) -> int:
+    def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
+                 chunk: int | None = None) -> int:
         """Read the source and the record log on, chunk by chunk; returns the records applied. `drain`:
         to the end of what is written (an exit: the last lines belong to its classification and the
         verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
         `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
-        Each chunk's offsets are stored with its records, so a restart reads on from there."""
+        Each chunk's offsets are stored with its records, so a restart reads on from there. `chunk`: its
+        bytes at most (a drain's and the reader thread's: a MiB; a guard's: 64 KiB, a few ms)."""
         start = time.monotonic()
         total = 0
         reader = self.reader
+        size = chunk or (CHUNK_BYTES if drain else SMALL_CHUNK_BYTES)
         while True:
             if not reader.lock.acquire(blocking=wait):
                 return total  # the reader thread (or an exit's drain) is on it
             try:
                 t0 = time.monotonic()
-                chunk = reader.next_chunk(self.ctx.now())
+                got = reader.next_chunk(self.ctx.now(), size)
                 applied = self.lock.acquire(blocking=False)  # never wait on the run's lock while reading it
                 if applied:
                     try:
-                        total += self._apply(chunk)
+                        total += self._apply(got)
                         reader.applied()
                     finally:
                         self.lock.release()
-                self._note_pace(chunk.more, time.monotonic() - t0)
+                self._note_pace(got.more, time.monotonic() - t0)
             finally:
                 reader.lock.release()
-            if applied and not chunk.more:
+            if applied and not got.more:
                 break
             if drain and self.ctx.reads.closed:
                 raise ReadInterrupted(f"{self.run}: the daemon stopped while the run's output was read for its "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from babysit.core.records import LogRecord
 from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
 from babysit.sources import csvfile, lines, records, stdout, wandbfile
@@ -55,6 +56,9 @@ class PumpResult:
     evidence: Evidence  # running totals since the first pump, for log-unreadable
     last_output_at: float | None  # when output last grew (stall = no new record and no new output)
     state: Mapping[str, Any]  # persist it (with the record log's tail) to read on after a restart
+    # what this pump appended, as the records logtail reads back (None for jsonl), from byte records_start
+    records: tuple[LogRecord, ...] | None = None
+    records_start: int = 0
     notices: tuple[tuple[str, str], ...] = ()  # said once each: ("preset", name) chosen, ("step-backwards", text)
 
     @property
@@ -123,7 +127,9 @@ class SourcePump:
 
         anchor = st.get("anchor")
         stamped = records.stamp(items, tuple(anchor) if anchor else None, now)
-        written = records.append(self.records_path, stamped) if stamped else 0
+        start = st["records_bytes"]
+        encoded = [records.encode(it) for it in stamped]
+        written = records.append_lines(self.records_path, encoded) if encoded else 0
         new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
         sizes, grown = _grown(captured + watched, st.get("sizes", {}))
         counted = kind != "jsonl"
@@ -154,6 +160,8 @@ class SourcePump:
             evidence=evidence,
             last_output_at=st["last_output_at"],
             state=st,
+            records=records.as_log_records(stamped, encoded, start) if self.source.copies else None,
+            records_start=start,
             notices=notices,
         )
 

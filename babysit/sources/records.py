@@ -18,6 +18,9 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+
+from babysit.core.records import LogRecord
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,12 @@ def _number(value: float) -> str:
 
 def append(path: Path, items: Iterable[Item]) -> int:
     """Append the items as lines, durably (fsync), in one write; returns the bytes written."""
-    data = b"".join(encode(it) for it in items)
+    return append_lines(path, [encode(it) for it in items])
+
+
+def append_lines(path: Path, lines: Sequence[bytes]) -> int:
+    """Append encoded records (`encode`), durably, in one write; returns the bytes written."""
+    data = b"".join(lines)
     if not data:
         return 0
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -100,6 +108,31 @@ def append(path: Path, items: Iterable[Item]) -> int:
     finally:
         os.close(fd)
     return len(data)
+
+
+def as_log_records(items: Sequence[Item], lines: Sequence[bytes], start: int) -> tuple[LogRecord, ...]:
+    """The records `logtail.parse_line` reads back from `lines` (the items encoded, written from byte
+    `start`), made without parsing them: finite values are metrics, non-finite ones fields (as logtail
+    keeps NaN and inf out of `metrics`), ts rounded as written."""
+    out = []
+    offset = start
+    for item, line in zip(items, lines, strict=True):
+        metrics: dict[str, float] = {}
+        fields: dict[str, object] = {}
+        for name, value in item.metrics.items():
+            value = float(value)
+            if math.isfinite(value):
+                metrics[name] = value
+            else:
+                fields[name] = value
+        assert item.ts is not None
+        out.append(LogRecord(int(item.step), round(item.ts, 6), MappingProxyType(metrics), None,
+                             MappingProxyType(fields) if fields else _NO_FIELDS, offset))
+        offset += len(line)
+    return tuple(out)
+
+
+_NO_FIELDS: Mapping[str, object] = MappingProxyType({})
 
 
 def size(path: Path) -> int | None:

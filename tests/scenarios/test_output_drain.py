@@ -86,17 +86,17 @@ def assert_read_to_the_end(root: Path, name: str, lines: int) -> None:
 
 def test_a_burst_far_over_the_old_read_budgets_is_read_to_its_last_line_before_the_verdict(
         workspace: Path) -> None:
-    lines = 40_000  # x 1,000 bytes: 40 MiB of stdout in a fraction of a second, then the exit (over 36 MiB)
-    register(workspace, "burst", lines, pad=960)
+    lines = 20_000  # x 2,000 bytes: 40 MiB of stdout in a fraction of a second, then the exit (over 36 MiB)
+    register(workspace, "burst", lines, pad=1960)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=300) == 0, daemon.output()
     assert_read_to_the_end(workspace, "burst", lines)
 
 
 def test_a_backlog_written_while_no_daemon_was_up_is_read_whole_by_the_next_one(workspace: Path) -> None:
-    lines = 40_000  # x 1,000 bytes: 40 MiB, over the old adoption read's 36 MiB whatever the timing
+    lines = 20_000  # x 2,000 bytes: 40 MiB, over the old adoption read's 36 MiB whatever the timing
     go = workspace / "go"
-    register(workspace, "backlog", lines, pad=960, go=str(go))
+    register(workspace, "backlog", lines, pad=1960, go=str(go))
     first = Daemon(workspace, "--no-view", "--gpu-probe", "none")
     store = Store.in_dir(workspace / ".babysit")
     try:

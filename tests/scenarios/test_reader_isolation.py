@@ -95,7 +95,7 @@ def test_a_pathological_pattern_and_a_flooding_run_leave_a_stalled_neighbour_sto
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=30) == 0, daemon.output()
         took = time.monotonic() - t0
-        assert took < 10, (took, daemon.output()[0][-3000:])  # the chunk in hand and a round, never the flood
+        assert took < 15, (took, daemon.output()[0][-3000:])  # the chunk in hand and a round, never the flood
     finally:
         if daemon.proc.poll() is None:
             daemon.kill9()
