@@ -105,7 +105,7 @@ class Lazy:
 LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_stop_and_resume.py",
               "tests/trainer/test_gradient_equivalence.py", "tests/test_smoke.py", "tests/scenarios/",
               "tests/slurm/", "tests/reliability/", "tests/trainer/", "tests/web/", "tests/integrations/",
-              "tests/slack/", "tests/campaign/")
+              "tests/slack/", "tests/campaign/", "tests/fleet/")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

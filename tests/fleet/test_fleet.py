@@ -150,6 +150,7 @@ def _channel_texts(box: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow  # ~60 s of three daemons (CI runs it with -m slow)
 def test_three_boxes_share_one_postgres_abort_by_notify_host_lost_once_and_a_database_restart(
         fleet: Fleet, postgres: Any) -> None:
     for name in BOXES:
@@ -225,6 +226,7 @@ def test_a_host_name_without_a_postgres_url_is_refused_saying_why(tmp_path: Path
     assert "a fleet of boxes needs a PostgreSQL" in out.stderr and "[store] url" in out.stderr
 
 
+@pytest.mark.slow  # ~40 s: two daemons through a 9-s outage
 def test_a_database_outage_longer_than_a_lease_stops_no_run_and_declares_no_box_lost(
         fleet: Fleet, postgres: Any) -> None:
     """PostgreSQL stopped for three leases: the daemons live on, their runs train on; when it returns they
