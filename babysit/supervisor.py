@@ -472,8 +472,8 @@ class RunSupervisor:
                       "note": info.note or None, "state": info.state or None, "gpu_evidence": evidence}
             if vanished:
                 detail["undrained"] = vanished
-            if cls.outcome == "gpu-fault":  # before the retry chooses its GPUs
-                self._quarantine(n, evidence)
+            if cls.outcome == "gpu-fault" or cls.detail.get("completed_before_stop") == "gpu-fault":
+                self._quarantine(n, evidence)  # before the retry chooses its GPUs; a broken GPU stays broken
             if stop_requested and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.

@@ -263,3 +263,15 @@ def test_the_trainers_xid_is_said_as_the_trainers_with_a_healthy_gpu():
                              "name": "Xid 31 (GPU memory page fault)"}])
     assert got.outcome == "crashed"
     assert "the trainer's own GPU error: Xid 31 (GPU memory page fault) on GPU 0 — the GPU stays healthy" in got.summary
+
+
+@pytest.mark.parametrize("reason", ["gpu-fault", "gpu-held", "abort"])
+def test_a_stop_that_reached_a_trainer_which_had_logged_its_completion_is_completed(reason):
+    """Killed by the stop's SIGTERM while exiting after its completion record: its work was done."""
+    done = LogRecord(60, 100.0, {}, "completed", {})
+    got = run(exit_code=None, sig=15, stop=True, stop_reason=reason, stop_sent_at=101.0, records=[done])
+    assert got.outcome == "completed", got
+    assert got.summary == (f"completed: the trainer logged its completion at step 60 before the stop (stop: "
+                           f"{reason}) reached it while it exited (killed by SIGTERM)")
+    assert got.detail["completed_before_stop"] == reason
+    assert run(exit_code=None, sig=15, stop=True, stop_reason=reason, records=[rec(60)]).outcome != "completed"

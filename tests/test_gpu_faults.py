@@ -212,3 +212,26 @@ def test_the_quarantine_is_shown_by_slack_and_the_web_page() -> None:
     assert lines[-1] == "GPU 3 GPU-gone (not visible): QUARANTINED: GPU lost"
     html = runs_fragment([], 1_800_000_000.0, (), quarantine_lines(q))
     assert "quarantined GPUs" in html and "GPU 0 GPU-sim-0: quarantined 2027-01-15 08:00 UTC by babysit" in html
+
+
+def test_a_run_that_logged_its_completion_before_a_gpu_fault_stop_completed_and_its_gpu_is_still_quarantined(
+        rig) -> None:
+    """The trainer logged `"event": "completed"` and was exiting (teardown: workers, NCCL) when GPU 0 fell
+    off the bus; the stop's SIGTERM killed it. Its work was done: a gpu-fault retry would train it again
+    (from its last checkpoint, or from scratch). The broken GPU is quarantined all the same."""
+    r = rig('"any 1"')
+    r.sup.start()
+    r.executor.process("r", 1).obeys_stop = False
+    (r.root / "log.jsonl").write_text(json.dumps({"step": 60, "ts": r.clock.now, "train_loss": 0.1}) + "\n"
+                                      + json.dumps({"step": 60, "ts": r.clock.now, "event": "completed"}) + "\n")
+    r.fault(0, "xid 79")
+    r.sup.guard()
+    assert r.executor.process("r", 1).signals, "the fault's stop was sent"
+    r.executor.end("r", 1, exit_code=None, sig=15)  # SIGTERM's default action, in the trainer's teardown
+    r.timers.advance(2)
+    a1 = r.store.attempt("r", 1)
+    assert a1.outcome == "completed", a1.detail
+    assert a1.detail["summary"].startswith("completed: the trainer logged its completion at step 60 before the "
+                                           "stop (stop: gpu-fault) reached it"), a1.detail["summary"]
+    assert list(r.store.quarantined_gpus()) == ["GPU-sim-0"]
+    assert len(r.executor.launches) == 1 and r.sup.status == "finished"

@@ -3,7 +3,9 @@
 Pure: the daemon passes what it saw; the result decides the incident kind and feeds `retry`. Order:
 
 1. exit 0 → completed (diverged when a watched metric went non-finite in the log meanwhile); a stop
-   the daemon requested → stopped (or the stop's reason: stalled, gpu-fault, diverged). User rules
+   the daemon requested → stopped (or the stop's reason: stalled, gpu-fault, diverged), unless the
+   trainer had logged its completion (`"event": "completed"`) already: a stop that reached it while it
+   was exiting did not end its work (a gpu-fault retry would train it again). User rules
    name *failure* classes, so they never turn a success or a requested stop into a failure that
    would earn a retry.
 2. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
@@ -111,6 +113,13 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         return ExitClass("completed", None, "completed (exit 0)", base)
     # A trainer that died of its own failure (OOM, divergence) while babysit was stopping it died of
     # that failure: the stop did not cause it, and retry.on must see the real class.
+    done = [r for r in last_records if getattr(r, "event", None) == "completed"]
+    if stop_requested and done:
+        said = f" (stop: {stop_reason})" if stop_reason else ""
+        return ExitClass("completed", None,
+                         f"completed: the trainer logged its completion at step {getattr(done[-1], 'step', '?')} "
+                         f"before the stop{said} reached it while it exited ({status})",
+                         {**base, "completed_before_stop": stop_reason or "stop"})
     if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
         outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
         clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
