@@ -25,7 +25,7 @@ from babysit.stackdump import STOPPED_MARK
 from tests.gpu.cuda import foreign, require_gpus
 from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, wait_for
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]  # a first run builds the gpu recipe's data cache
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 LOOP = Path(__file__).with_name("collective_loop.py")
 RUN_ENV = '{NCCL_NVLS_ENABLE = "0", OMP_NUM_THREADS = "4"}'
