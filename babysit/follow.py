@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -65,7 +66,7 @@ class Follower(threading.Thread):
     `messages`, also prints the run's queued messages (the daemon that sends them is another process)."""
 
     def __init__(self, state_dir: Path, run: str, out: TextIO, err: TextIO, *, messages: bool = False,
-                 interval: float = 0.1) -> None:
+                 interval: float = 0.1, open_store: Callable[[], Store | None] | None = None) -> None:
         super().__init__(name="babysit-follow", daemon=True)
         self.run_dir = run_dir(state_dir, run)
         self.state_dir = Path(state_dir)
@@ -76,6 +77,7 @@ class Follower(threading.Thread):
         self._streams: dict[Path, _Stream] = {}
         self._seen_message = 0
         self._store: Store | None = None
+        self._open_store = open_store or self._state_db  # a fleet's: babysit.db.url.open_existing
         self._done = threading.Event()
         self._lock = threading.Lock()
 
@@ -96,10 +98,9 @@ class Follower(threading.Thread):
 
     def _print_messages(self) -> None:
         if self._store is None:
-            db = self.state_dir / "state.db"
-            if not db.exists():
+            self._store = self._open_store()
+            if self._store is None:
                 return
-            self._store = Store(db)
         for m in self._store.messages(self.run_name):
             if m.id <= self._seen_message:
                 continue
@@ -112,6 +113,11 @@ class Follower(threading.Thread):
                 continue
             self.out.write(text + "\n")
         self.out.flush()
+
+    def _state_db(self) -> Store | None:
+        """This box's SQLite once a daemon has made it (a follower never creates it)."""
+        db = self.state_dir / "state.db"
+        return Store(db) if db.exists() else None
 
     def stop(self) -> None:
         """The last of the output, whole (a bar's last frame too)."""

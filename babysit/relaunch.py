@@ -24,7 +24,7 @@ from babysit import registration, registry
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import load_spec
 from babysit.core.status import TERMINAL_STATUSES
-from babysit.store import Store
+from babysit.db.url import open_existing, open_store
 
 ENDED = TERMINAL_STATUSES  # over, or a launch refused: what a relaunch may start again
 ACTION, ACTION_RESUME = "relaunch", "relaunch-resume"  # control-table actions: fresh, or with retry.resume_args
@@ -44,11 +44,10 @@ def prepare(registry_path: Path, run: str, *, accelerated: bool, shown: str | No
     reg = registry.load(registry_path)
     entry = reg.get(run)  # an unknown run: exit 2, the registered ones listed
     spec_file = reg.spec_path(entry)
-    db = reg.state_dir / "state.db"
-    if not db.exists():
+    store = open_existing(reg)  # a fleet's PostgreSQL, or this box's state.db once a daemon made it
+    if store is None:
         raise BadInput(f"{run} has not been launched yet: there is nothing to relaunch",
                        hint="`babysit up` launches every registered run")
-    store = Store(db)
     try:
         status, _ = store.run_state(run)
         attempts = store.attempts(run)
@@ -94,9 +93,10 @@ def prepare(registry_path: Path, run: str, *, accelerated: bool, shown: str | No
     return Prepared(done, last.n, used, tuple(warnings))
 
 
-def request(state_dir: Path, run: str, by: str, *, resume: bool) -> int:
-    """Queue the relaunch for the daemon (and wake it); returns the request's id."""
-    store = Store.in_dir(state_dir)
+def request(reg: registry.Registry, run: str, by: str, *, resume: bool) -> int:
+    """Queue the relaunch for the daemon (and wake it); returns the request's id. In a fleet the request
+    is a row of its PostgreSQL addressed to the run's box, as every control request is."""
+    store = open_store(reg)
     try:
         return store.request(run, ACTION_RESUME if resume else ACTION, by, time.time())
     finally:

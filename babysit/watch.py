@@ -22,6 +22,8 @@ from typing import Protocol, TextIO
 import structlog
 
 from babysit.core.errors import BabysitError
+from babysit.db.redact import redact
+from babysit.db.url import store_url
 from babysit.runtable import change_line, live_table
 from babysit.runview import Reader, RunRow
 
@@ -184,7 +186,8 @@ def watch(registry_path: Path, names: Sequence[str] | None, *, interval: float, 
     stream = stream or sys.stdout
     view = open_view(stream)
     reader = Reader(registry_path)
-    footer = f"every {interval:g}s from {reader.state_dir / 'state.db'} · Ctrl-C to quit"
+    url = store_url(reader.registry)  # a fleet's PostgreSQL (its password left out), or this box's state.db
+    footer = f"every {interval:g}s from {redact(url) if url else reader.state_dir / 'state.db'} · Ctrl-C to quit"
     try:
         while True:
             now = time.time()

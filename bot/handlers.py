@@ -167,7 +167,7 @@ def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
     except BabysitError as exc:
         respond(**answer(msg.relaunch_refused(run, exc.message, exc.hint)))
         return
-    request = relaunch_mod.request(reg.state_dir, run, f"slack:{user}", resume="resume" in cmd.rest)
+    request = relaunch_mod.request(reg, run, f"slack:{user}", resume="resume" in cmd.rest)
     log.warning("relaunch requested from Slack", run=run, user=user, request=request)
     with opened(cfg) as (_, store):
         result = wait_result(store, request, cfg.request_wait_s)

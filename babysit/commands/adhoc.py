@@ -30,6 +30,7 @@ from babysit.core.presets import names as preset_names
 from babysit.core.spec import RUN_NAME
 from babysit.core.status import RunStatus
 from babysit.daemon import Daemon
+from babysit.db.url import open_existing, open_store, store_url
 from babysit.follow import Follower
 from babysit.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
@@ -77,32 +78,35 @@ def run(args: argparse.Namespace) -> int:
     done = registration.register(spec_path, path, shown=shown, accelerated=args.accelerated)  # the one way in
     register.say(done)
     print(f"{SAY} {done.outcome}: {name} in {path}; no [prereg]: babysat without a verdict")
-    state_dir = registry.load(path).state_dir
+    reg = registry.load(path)
+    state_dir = reg.state_dir
     print(f"{SAY} its printed lines are read by the first preset that matches them ("
           + ", ".join(preset_names()) + "); records it writes with babysit.log(step, …) count too")
     if wake.daemon_pid(state_dir) is None:
         try:
-            return _babysit_here(path, state_dir, name, args)
+            return _babysit_here(path, reg, name, args)
         except DaemonAlreadyRunning:
             pass  # a `babysit up` started in between: it takes the run
-    return _follow_daemon(path, state_dir, name)
+    return _follow_daemon(path, reg, name)
 
 
-def _babysit_here(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> int:
+def _babysit_here(path: Path, reg: registry.Registry, name: str, args: argparse.Namespace) -> int:
     """No daemon for the registry: one in this process, for this run alone, until it has ended."""
+    state_dir = reg.state_dir
     print(f"{SAY} no `babysit up` holds {state_dir}: babysitting {name} in this process (the registry's other runs "
           "wait for `babysit up`)")
     print(f"{SAY} Ctrl-C: stop it gracefully (its stop signal, time to checkpoint); Ctrl-C again: kill it now")
     watcher = _view(path, state_dir, name, args)
     out = watcher.view.out if watcher is not None else sys.stdout
-    follower = Follower(state_dir, name, out, out if watcher is not None else sys.stderr)
+    follower = Follower(state_dir, name, out, out if watcher is not None else sys.stderr,
+                        open_store=lambda: open_existing(reg))
     logs.configure(state_dir, stream=out if watcher is not None and watcher.view.live else None)
     daemon: Daemon | None = None
 
     def interrupted(count: int) -> None:
         assert daemon is not None
         if count == 1:
-            _request_stop(state_dir, name, "babysit run (Ctrl-C)")
+            _request_stop(reg, name, "babysit run (Ctrl-C)")
             print(f"{SAY} stopping {name} gracefully; Ctrl-C again kills it now", file=out, flush=True)
             return
         supervisor = daemon.supervisors.get(name)
@@ -112,7 +116,7 @@ def _babysit_here(path: Path, state_dir: Path, name: str, args: argparse.Namespa
             supervisor.executor.kill(supervisor.attempt)
 
     try:
-        daemon = Daemon(path, gpu_probe=open_gpu_probe(args.gpu_probe), channel=_channel(state_dir, out),
+        daemon = Daemon(path, gpu_probe=open_gpu_probe(args.gpu_probe), channel=_channel(reg, out),
                         accelerated=args.accelerated, exit_when_idle=True, only=frozenset({name}),
                         on_interrupt=interrupted)
         follower.start()
@@ -121,18 +125,20 @@ def _babysit_here(path: Path, state_dir: Path, name: str, args: argparse.Namespa
         follower.stop()
         if watcher is not None:
             watcher.stop()
-    return _ended(state_dir, name)
+    return _ended(reg, name)
 
 
-def _follow_daemon(path: Path, state_dir: Path, name: str) -> int:
+def _follow_daemon(path: Path, reg: registry.Registry, name: str) -> int:
     """A `babysit up` babysits the run: follow it (its output, its messages) until it has ended."""
+    state_dir = reg.state_dir
     pid = wake.daemon_pid(state_dir)
     print(f"{SAY} the `babysit up` holding {state_dir} (pid {pid}) babysits {name}; following it here")
     print(f"{SAY} Ctrl-C: stop it gracefully; Ctrl-C again: leave it to that daemon (exit {adhoc.EXIT_DETACHED})")
-    follower = Follower(state_dir, name, sys.stdout, sys.stderr, messages=True)
+    follower = Follower(state_dir, name, sys.stdout, sys.stderr, messages=True,
+                        open_store=lambda: open_existing(reg))
     follower.start()
     interrupts = 0
-    store = Store.in_dir(state_dir)
+    store = open_store(reg)
     try:
         while True:
             try:
@@ -142,7 +148,7 @@ def _follow_daemon(path: Path, state_dir: Path, name: str) -> int:
             except KeyboardInterrupt:
                 interrupts += 1
                 if interrupts == 1:
-                    _request_stop(state_dir, name, "babysit run (Ctrl-C)")
+                    _request_stop(reg, name, "babysit run (Ctrl-C)")
                     print(f"{SAY} stopping {name} gracefully; Ctrl-C again leaves it to the daemon", flush=True)
                 else:
                     print(f"{SAY} left {name} to the daemon (pid {pid}): `babysit status {name}`", flush=True)
@@ -150,7 +156,7 @@ def _follow_daemon(path: Path, state_dir: Path, name: str) -> int:
     finally:
         follower.stop()
         store.close()
-    return _ended(state_dir, name)
+    return _ended(reg, name)
 
 
 def _view(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> Watcher | None:
@@ -164,22 +170,23 @@ def _view(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> W
     return watcher
 
 
-def _channel(state_dir: Path, out: TextIO) -> Channel:
-    """Slack when SLACK_BOT_TOKEN is set, else the console (as `babysit up`)."""
+def _channel(reg: registry.Registry, out: TextIO) -> Channel:
+    """Slack when SLACK_BOT_TOKEN is set, else the console (as `babysit up`); Slack's re-renders read the
+    configured store (a fleet's PostgreSQL), never a stray state.db."""
     if os.environ.get("SLACK_BOT_TOKEN"):
-        return SlackChannel.from_env(state_dir)
-    return ConsoleChannel(state_dir, out)
+        return SlackChannel.from_env(reg.state_dir, open_store(reg) if store_url(reg) else None)
+    return ConsoleChannel(reg.state_dir, out)
 
 
-def _request_stop(state_dir: Path, name: str, by: str) -> None:
+def _request_stop(reg: registry.Registry, name: str, by: str) -> None:
     """The graceful stop, as `babysit abort` asks it: a request in the store (its own connection, so the
-    daemon sees another writer), then the daemon woken."""
-    store = Store.in_dir(state_dir)
+    daemon sees another writer; a fleet's PostgreSQL NOTIFYs the run's box), then the daemon woken."""
+    store = open_store(reg)
     try:
         store.request(name, "abort", by, time.time())
     finally:
         store.close()
-    wake.wake(state_dir)
+    wake.wake(reg.state_dir)
 
 
 def _is_over(store: Store, name: str) -> bool:
@@ -187,9 +194,9 @@ def _is_over(store: Store, name: str) -> bool:
     return RunStatus.of(status).terminal
 
 
-def _ended(state_dir: Path, name: str) -> int:
+def _ended(reg: registry.Registry, name: str) -> int:
     """Say how the run ended and return its exit code."""
-    store = Store.in_dir(state_dir)
+    store = open_store(reg)
     try:
         status, facts = store.run_state(name)
         attempts = store.attempts(name)

@@ -9,7 +9,7 @@ import time
 
 from babysit import registry, relaunch
 from babysit.commands.register import say
-from babysit.store import Store
+from babysit.db.url import open_store
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"relaunching {args.run} after attempt {prepared.after}: run.toml re-read"
           + (f" ({len(done.changed)} field(s) changed since the last register)" if done.changed else "")
           + f"; {prepared.gpu_hours_used:.2f} of {done.spec.guards.gpu_hours_cap:g} GPU-hours used so far")
-    request = relaunch.request(done.state_dir, args.run, f"cli:{getpass.getuser()}", resume=args.resume)
-    store = Store.in_dir(done.state_dir)
+    reg = registry.load(path)
+    request = relaunch.request(reg, args.run, f"cli:{getpass.getuser()}", resume=args.resume)
+    store = open_store(reg)  # the configured store (a fleet's PostgreSQL), where the daemon answers
     try:
         deadline = time.monotonic() + args.wait
         while time.monotonic() < deadline:
