@@ -134,7 +134,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
         size0 = _row_bytes(db)
         time.sleep(1)  # a second of new records in every log
         t = time.perf_counter()
-        daemon.ctx.polls.poll(list(daemon.supervisors.values()))
+        daemon.ctx.polls.poll([s.polls for s in daemon.supervisors.values()])  # each run's PolledRun
         poll_round_s = time.perf_counter() - t
         size1 = _row_bytes(db)
         drain(daemon)
@@ -148,7 +148,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
         # every run's poll due at once, on the daemon's own scheduler and workers
         t = time.perf_counter()
         for s in list(daemon.supervisors.values()):
-            daemon.ctx.polls.due(s, time.time())
+            daemon.ctx.polls.due(s.polls, time.time())
         deadline = time.monotonic() + 600
         while _polls(db) < 3 * n and time.monotonic() < deadline:  # one query of our own, not the daemon's lock
             time.sleep(0.01)
