@@ -69,7 +69,8 @@ class Daemon:
                  exit_when_idle: bool = False, tick_seconds: float | None = None, clock: Clock = SYSTEM,
                  host_probe: HostProbe | None = None, executors: Mapping[str, Executor] | None = None,
                  timers: Timers | None = None, only: frozenset[str] | None = None,
-                 on_interrupt: Callable[[int], None] | None = None) -> None:
+                 on_interrupt: Callable[[int], None] | None = None,
+                 on_gateway: Callable[[bool], None] | None = None) -> None:
         self.registry_path = Path(registry_path).resolve()
         self.registry = registry_mod.load(self.registry_path)
         self.state_dir = self.registry.state_dir
@@ -80,6 +81,7 @@ class Daemon:
         # Ctrl-C mean what it says there (a stop of the run), called on the main thread with its count
         self.only = only
         self.on_interrupt = on_interrupt
+        self.on_gateway = on_gateway  # `up --bot` in a fleet: the bot's connection follows the gateway lease
         self._interrupts = 0
         self._interrupts_handled = 0
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
@@ -183,7 +185,8 @@ class Daemon:
             from babysit.db.fleet import FleetMember
 
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
-                                     on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds)
+                                     on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
+                                     on_gateway=self.on_gateway)
             self.fleet.start()
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)

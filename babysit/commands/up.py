@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         logs.configure(reg.state_dir, stream=out, hide_posted=not slack_configured())  # each event shown once
         probe = open_gpu_probe(args.gpu_probe)
+        # a fleet's Socket Mode bot opens only on the box holding the gateway lease (docs/fleet.md): one
+        # connection for Slack to deliver each command to; one box, or the HTTP Request URL: as always
+        gate = BotGate(path) if args.bot and args.bot_http is None and store_url(reg) else None
         daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out, reg),
-                        accelerated=args.accelerated, exit_when_idle=args.exit_when_idle)
-        if args.bot:
+                        accelerated=args.accelerated, exit_when_idle=args.exit_when_idle,
+                        on_gateway=gate.want if gate is not None else None)
+        if args.bot and gate is None:
             start_in_background(path, http_port=args.bot_http)
         web = _start_web(path, web_settings, out) if web_settings is not None else None
         try:
@@ -45,11 +50,55 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if web is not None:
                 web.stop()
+            if gate is not None:
+                gate.close()
         ok = True
         return code
     finally:
         if watcher is not None:
             watcher.stop(erase=not ok)  # refused (another daemon holds the state): no table left behind
+
+
+class BotGate:
+    """The Socket Mode bot of a fleet's box, opened while the box holds the gateway lease and closed when
+    it loses it. The fleet thread only says what it wants: opening the websocket (which may wait on
+    Slack) happens on this gate's thread, so a slow Slack never delays a lease renewal."""
+
+    def __init__(self, registry_path: Path) -> None:
+        self.registry_path = registry_path
+        self._wanted = False
+        self._closed = False
+        self._bot: Any = None
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="babysit-bot-gate", daemon=True)
+        self._thread.start()
+
+    def want(self, held: bool) -> None:
+        with self._changed:
+            self._wanted = held
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closed and self._wanted == (self._bot is not None):
+                    self._changed.wait()
+                wanted = self._wanted and not self._closed
+            if wanted and self._bot is None:
+                self._bot = start_in_background(self.registry_path)
+                if self._bot is None:  # not startable (a token missing): said in the log; not retried
+                    return
+            elif not wanted and self._bot is not None:
+                self._bot.stop()
+                self._bot = None
+            if self._closed and self._bot is None:
+                return
 
 
 def _start_web(path: Path, settings: Any, out: Any) -> Any:

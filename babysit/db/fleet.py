@@ -11,6 +11,11 @@ the LISTEN that wakes it for requests addressed to it. All on one connection of 
   round) stays the fallback. A connection that drops delivers no notifications and says nothing
   (psycopg/psycopg2#1679), so every renewal also proves the connection, and after a reconnection the
   daemon is woken to look at everything once (what was notified meanwhile is lost).
+- The gateway lease (`gateway`: a box started with `--bot`): `hosts.gateway_until` of one box at a time,
+  taken or renewed at each renewal under a transaction-scoped advisory lock (so two boxes looking at a
+  lapsed gateway at once cannot both take it). Only its holder opens Socket Mode: Slack then has one
+  connection to deliver each command to. A holder that could not renew for a whole lease (cut off from
+  the database) gives it up on its own clock, before any other box may take it on the database's.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL
 log = structlog.get_logger("babysit.fleet")
 
 LEASE_S = 30.0  # a box silent this long is lost (alerted within LEASE_S + LEASE_S / 3)
+GATEWAY_LOCK = 0x62616279_67617465  # pg_advisory_xact_lock key of the gateway claim ("baby" "gate")
 NOW = "extract(epoch from clock_timestamp())"
 
 
@@ -49,7 +55,8 @@ class FleetMember:
     runs are then shown `host-down`, not alerted as lost: someone stopped it on purpose)."""
 
     def __init__(self, url: str, host: str, *, on_wake: Callable[[], None], on_alert: Callable[[], None],
-                 lease_s: float = LEASE_S, pid: int | None = None) -> None:
+                 lease_s: float = LEASE_S, pid: int | None = None,
+                 on_gateway: Callable[[bool], None] | None = None) -> None:
         self.url = url
         self.host = host
         self.on_wake = on_wake  # a request may be waiting (a NOTIFY for this host, or a reconnection)
@@ -64,6 +71,9 @@ class FleetMember:
         self.queries = 0  # every statement this member sent (the idle-load bench reads it)
         self.lost_seen: list[str] = []  # boxes this member marked lost (tests, logs)
         self._judge_after = 0.0  # monotonic time from which this member may mark other boxes lost
+        self.on_gateway = on_gateway  # a box with --bot: told when it takes (True) or loses (False) the gateway
+        self.gateway = False  # whether this box holds the gateway lease now
+        self._gateway_until = 0.0  # monotonic: the end of the gateway lease as this box last renewed it
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -78,10 +88,11 @@ class FleetMember:
             self._thread.join(timeout=10)
         conn = self._conn
         if conn is not None and not conn.closed:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(f"UPDATE hosts SET lease_until = {NOW}, info = %s WHERE name = %s AND pid = %s",
-                             (json.dumps({"stopped": True}), self.host, self.pid))
+            with contextlib.suppress(psycopg.Error):  # the gateway, if held, is free for another box at once
+                conn.execute(f"UPDATE hosts SET lease_until = {NOW}, gateway_until = NULL, info = %s"
+                             " WHERE name = %s AND pid = %s", (json.dumps({"stopped": True}), self.host, self.pid))
             conn.close()
+        self._set_gateway(False)
 
     # -- the connection -------------------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -98,6 +109,8 @@ class FleetMember:
         if was_lost:
             log.warning("this box had been marked lost; it re-adopts its runs", host=self.host)
             self.on_alert()
+        if self.on_gateway is not None:
+            self._claim_gateway(conn)
 
     def _register(self, conn: psycopg.Connection[Any]) -> bool:
         """Take (or retake) the lease; True when the other boxes had marked this one lost, in which case
@@ -125,6 +138,10 @@ class FleetMember:
         next_renew = time.monotonic() + self.renew_s
         pause = 0.5
         while not self._stop.is_set():
+            if self.gateway and time.monotonic() > self._gateway_until:
+                log.warning("gateway lease not renewed for a whole lease; closing the bot's connection",
+                            host=self.host)
+                self._set_gateway(False)  # before another box may take it (the database's clock)
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self.connected.clear()
@@ -178,8 +195,37 @@ class FleetMember:
             log.error("box lost", box=name, silent_s=round(silent), runs=runs)
         if lost:
             self.on_alert()
+        if self.on_gateway is not None and renewed:
+            self._claim_gateway(conn)
         if not renewed:  # another daemon took this host's name (same BABYSIT_HOST on two boxes)
             log.error("another process holds this host's lease; two daemons share a host name?", host=self.host)
+
+
+    def _claim_gateway(self, conn: psycopg.Connection[Any]) -> None:
+        """Take or renew the gateway lease unless another box holds it unexpired. The advisory lock makes
+        the claims of two boxes one after the other; each UPDATE's snapshot, taken after the lock, sees
+        the claim committed before it."""
+        asked = time.monotonic()
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (GATEWAY_LOCK,))
+            row = conn.execute(
+                f"UPDATE hosts SET gateway_until = {NOW} + %s WHERE name = %s AND pid = %s AND NOT EXISTS"
+                f" (SELECT 1 FROM hosts o WHERE o.name <> %s AND o.gateway_until > {NOW}) RETURNING 1",
+                (self.lease_s, self.host, self.pid, self.host)).fetchone()
+        self.queries += 4  # BEGIN, the lock, the UPDATE, COMMIT
+        if row is not None:
+            self._gateway_until = asked + self.lease_s
+        self._set_gateway(row is not None)
+
+    def _set_gateway(self, held: bool) -> None:
+        if held == self.gateway:
+            return
+        self.gateway = held
+        log.warning("gateway lease " + ("taken: this box opens the bot's connection" if held else
+                                        "lost: this box closes the bot's connection; another box's bot answers"),
+                    host=self.host)
+        if self.on_gateway is not None:
+            self.on_gateway(held)
 
 
 def _queue_alert(conn: psycopg.Connection[Any], sender: str, text: str, key: str) -> None:

@@ -1,0 +1,86 @@
+"""One bot for the fleet (docs/fleet.md): two real daemons started with `--bot` on one real PostgreSQL,
+against the local Socket Mode server: only the box holding the gateway lease opens a connection (so Slack
+has one to deliver each command to); its daemon SIGKILLed, the other box takes the lapsed lease and
+connects, and answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.fleet.test_fleet import PY, _env, wait_for
+from tests.reliability.harness import gpu_file
+from tests.slack.conftest import TOKEN
+from tests.slack.fake_slack import FakeSlack
+from tests.slack.fake_socket import FakeSocketMode
+
+APP_TOKEN = "xapp-test-token"
+LEASE_S = 3.0
+
+
+def _holders(url: str) -> list[str]:
+    from babysit.db.postgres import PostgresStore
+
+    store = PostgresStore(url, host="test")
+    try:
+        return [r[0] for r in store._query("SELECT name FROM hosts WHERE gateway_until > ?", (store.now(),))]
+    finally:
+        store.close()
+
+
+def test_only_the_gateway_box_opens_socket_mode_and_another_takes_over_when_it_dies(
+        tmp_path: Path, pg_url: str) -> None:
+    fake = FakeSlack(TOKEN, APP_TOKEN).start()
+    slack = FakeSocketMode().start()
+    fake.socket_mode = slack
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name in ("box-a", "box-b"):
+            box = tmp_path / name
+            box.mkdir()
+            gpu_file(box / "gpus.json")
+            (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\n[store]\nurl = "{pg_url}"\n'
+                                              f'[host]\nname = "{name}"\nlease_seconds = {LEASE_S}\n')
+            env: dict[str, Any] = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
+                                   "BABYSIT_SLACK_API_URL": fake.api_url}
+            env.pop("BABYSIT_SLACK_CHANNEL", None)
+            with open(box / "daemon-out.txt", "wb") as out:
+                procs[name] = subprocess.Popen(
+                    [PY, "-m", "babysit", "up", "--accelerated", "--bot", "--no-view", "--registry",
+                     str(box / "babysit.toml")], cwd=box, env=env, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        slack.wait_links(1, timeout=60)
+        holder = wait_for("one gateway holder", lambda: _holders(pg_url), timeout=30)
+        assert len(holder) == 1
+        time.sleep(LEASE_S * 2)  # six renewals of both boxes: the other box's claims all refused
+        assert len(slack.open_links()) == 1 and len(slack.links) == 1, slack.links  # before: two connections
+        assert _holders(pg_url) == holder
+
+        # the holder's daemon SIGKILLed: its websocket drops; the other box takes the lapsed lease
+        (gone,) = holder
+        other = "box-b" if gone == "box-a" else "box-a"
+        os.killpg(procs[gone].pid, signal.SIGKILL)
+        procs.pop(gone).wait(10)
+        killed = time.monotonic()
+        second = slack.wait_links(2, timeout=LEASE_S * 5)
+        assert time.monotonic() - killed < LEASE_S * 3
+        assert _holders(pg_url) == [other]
+        assert len(slack.open_links()) == 1 and slack.open_links()[0] is second
+        answer = slack.slash_command("/babysit", "status", user="U0ANYONE", channel="C0RUNS",
+                                     response_url=fake.base + "/response/status")
+        ack = slack.wait_ack(answer)
+        assert ack.link == 2 and ack.payload and "runs" in ack.payload["text"], ack  # the new gateway answers
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        slack.stop()
+        fake.stop()
