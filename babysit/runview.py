@@ -332,12 +332,15 @@ def fleet_boxes(reg: registry.Registry) -> list[str]:
     lines = []
     for h in hosts:
         runs = sorted(r for r, box in owners.items() if box == h["name"])
-        state = states[h["name"]]
-        ago = max(0.0, now - h["renewed_at"])
-        shown = {"up": "up", "lost": "LOST", "down": "down (daemon stopped)"}[state]
-        lines.append(f"box {h['name']}: {shown}, lease renewed {ago:.0f} s ago, {len(runs)} run(s)"
+        lines.append(box_staleness(h, states[h["name"]], now) + f", {len(runs)} run(s)"
                      + (f": {', '.join(runs)}" if runs else ""))
     return lines
+
+
+def box_staleness(host: Mapping[str, Any], state: str, now: float) -> str:
+    """'box box-b: up, lease renewed 4 s ago': how fresh what the database says of that box is."""
+    shown = {"up": "up", "lost": "LOST", "down": "down (daemon stopped)"}[state]
+    return f"box {host['name']}: {shown}, lease renewed {max(0.0, now - host['renewed_at']):.0f} s ago"
 
 
 def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:

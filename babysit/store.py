@@ -658,6 +658,11 @@ class Store:
         rows = self._query("SELECT * FROM verdicts WHERE run=? AND final=1", (run,))
         return _verdict(rows[0]) if rows else None
 
+    def final_chart_path(self, run: str) -> str | None:
+        """Where the owning box drew the FINAL verdict's chart (a path on that box), or None."""
+        rows = self._query("SELECT chart_path FROM verdicts WHERE run=? AND final=1", (run,))
+        return rows[0][0] if rows else None
+
     def latest_verdict(self, run: str) -> Row | None:
         rows = self._query("SELECT * FROM verdicts WHERE run=? ORDER BY final DESC, id DESC LIMIT 1", (run,))
         return _verdict(rows[0]) if rows else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -28,7 +29,7 @@ from bot.gpus import read_gpus, run_owners
 from bot.messages import answer
 from bot.owner_calls import campaign_reply
 from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
-from bot.reads import chart_file, verdict_body
+from bot.reads import chart_file, stored_verdict, verdict_body
 
 log = structlog.get_logger("babysit.bot")
 
@@ -190,12 +191,20 @@ def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
     from slack_sdk.errors import SlackApiError  # lazy: slack_sdk is imported only where Slack answers
 
     with opened(cfg) as (reg, store):
-        if problem := known_run(reg, cmd.run, "/babysit chart RUN"):
+        if problem := known_run(reg, cmd.run, "/babysit chart RUN", fleet=True):
             ack(**answer(problem))
             return
         ack(**answer(msg.chart_working(str(cmd.run))))
         try:
-            path, verdict = chart_file(reg, reg.get(str(cmd.run)), store)
+            if (owner := _elsewhere(reg, store, str(cmd.run))) is not None:
+                stored = stored_verdict(store, str(cmd.run), owner)
+                if stored.chart_path is None or not Path(stored.chart_path).is_file():
+                    # the records it would be drawn from are on that box: its stored verdict, said so
+                    respond(**answer(msg.remote_chart(str(cmd.run), stored, verdict_card(stored.body))))
+                    return
+                path, verdict = Path(stored.chart_path), stored.body  # a filesystem the boxes share
+            else:
+                path, verdict = chart_file(reg, reg.get(str(cmd.run)), store)
         except BabysitError as exc:
             respond(**answer(msg.verdict_unavailable(str(cmd.run), exc.message)))
             return
@@ -223,14 +232,29 @@ BABYSIT: dict[str, Callable[..., None]] = {
 # -- /verdict ------------------------------------------------------------------------------------------
 def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond) -> None:
     with opened(cfg) as (reg, store):
-        if problem := known_run(reg, cmd.run, "/verdict RUN [post]"):
+        if problem := known_run(reg, cmd.run, "/verdict RUN [post]", fleet=True):
             ack(**answer(problem))
             return
         ack(**answer(msg.verdict_working(str(cmd.run))))
         try:
+            if (owner := _elsewhere(reg, store, str(cmd.run))) is not None:
+                stored = stored_verdict(store, str(cmd.run), owner)
+                card = msg.with_note(verdict_card(stored.body), stored.note)
+                respond(**answer(card, in_channel=wants_post(cmd)))
+                return
             v, precision = verdict_body(reg, reg.get(str(cmd.run)), store)
         except BabysitError as exc:
             reason = exc.message + (f" — {exc.hint}" if exc.hint else "")
             respond(**answer(msg.verdict_unavailable(str(cmd.run), reason)))
             return
     respond(**answer(verdict_card(v, precision), in_channel=wants_post(cmd)))
+
+
+def _elsewhere(reg: registry_mod.Registry, store: Store, run: str) -> str | None:
+    """The box that owns `run` when it is another box of the fleet (its files are there), else None."""
+    if store.host is None:
+        return None
+    owner = store.run_hosts().get(run)
+    if owner is None or owner == store.host:
+        return None
+    return owner

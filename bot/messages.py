@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.core.blocks import actions, code, confirm_button, section
+from babysit.core.blocks import actions, code, confirm_button, context, section
 from babysit.core.render import Rendered, snapshot_line
 from babysit.runtable import status_table
 from babysit.runview import RunRow
@@ -156,6 +156,18 @@ def verdict_unavailable(run: str, reason: str) -> Rendered:
 
 def verdict_working(run: str) -> Rendered:
     return reply(f"⚖️ Reading the verdict of `{run}`…")
+
+
+def with_note(card: Rendered, note: str) -> Rendered:
+    """A card read from the fleet's database, with where it comes from and how fresh it is on top."""
+    return Rendered(f"{note}\n{card.text}", [context(note), *card.blocks])
+
+
+def remote_chart(run: str, stored: Any, card: Rendered) -> Rendered:
+    """`/babysit chart` of another box's run whose chart file is not reachable here: its stored verdict."""
+    where = (f"box {stored.host} drew it at {stored.chart_path}" if stored.chart_path
+             else f"the log it is drawn from is on box {stored.host}")
+    return with_note(card, f"📈 No chart of `{run}` on this box ({where}); {stored.note}")
 
 
 def chart_working(run: str) -> Rendered:

@@ -4,19 +4,57 @@ The FINAL verdict, once stored, is the one of record and is shown as stored. Bef
 reads the log now through `babysit.reading` (prereg hash checked on every read, so a tampered
 pre-registration gives a refusal, never a card). Errors are BabysitErrors whose message the bot
 shows as is.
+
+A run of another box of the fleet (its run.toml and log are on that box) is answered from the database:
+the verdict that box stored last (its FINAL one, else its newest PROVISIONAL read), with how old that
+read is and how fresh the box's lease is (`Stored`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from babysit.chart import render_chart
+from babysit.core.errors import BadInput
 from babysit.core.spec import load_spec
 from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
 from babysit.registry import Registry, RunEntry
+from babysit.runview import box_staleness, host_states
 from babysit.store import Store
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Another box's run as the database has it: the verdict body that box stored and how fresh it is."""
+
+    body: dict[str, Any]
+    host: str
+    read_ago_s: float  # since the owning box computed this read
+    box: str  # 'box box-b: up, lease renewed 4 s ago'
+    chart_path: str | None  # where that box drew the FINAL chart (a path on that box)
+
+    @property
+    def note(self) -> str:
+        final = self.body.get("status") == "FINAL"
+        return (f"From the fleet's database: {'the FINAL verdict' if final else 'the last read'} box {self.host} "
+                f"stored {self.read_ago_s:.0f} s ago ({self.box}); its run.toml and log are on that box.")
+
+
+def stored_verdict(store: Store, run: str, host: str) -> Stored:
+    """The verdict of `run`, owned by box `host`, from the database alone; raises when none is stored."""
+    row = store.latest_verdict(run)
+    hosts = {h["name"]: h for h in store.hosts()}
+    now = store.now()
+    box = (box_staleness(hosts[host], host_states([hosts[host]])[host], now) if host in hosts
+           else f"box {host}: no lease row")
+    if row is None:
+        raise BadInput(f"box {host} has stored no verdict read of {run} yet ({box})",
+                       hint=f"a read is stored at each of {run}'s evals on box {host}")
+    chart = store.final_chart_path(run) if row.body.get("status") == "FINAL" else None
+    return Stored(row.body, host, max(0.0, now - row.at), box, chart)
 
 
 def verdict_body(reg: Registry, entry: RunEntry, store: Store) -> tuple[dict[str, Any], int]:

@@ -1,0 +1,98 @@
+"""The gateway's bot answers `/verdict RUN` and `/babysit chart RUN` for another box's run from the fleet's
+database (that run's run.toml, log and chart are on its own box): the verdict rows that box stored, with
+how old the read is and that box's staleness. A real `babysit bot --http` of box-a, really signed
+requests, a real PostgreSQL in which box-b (a real lease, its store) owns two runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.slack.conftest import TOKEN
+from tests.slack.fake_slack import FakeSlack
+from tests.slack.test_bot_http import CHANNEL, SECRET, Bot, everything, responses, slash
+
+
+def _body(run: str, status: str, at_step: int) -> dict[str, Any]:
+    return {"run": run, "status": status, "metric": "val_loss", "baseline_step": 250, "read_step": 1000,
+            "at_step": at_step, "baseline": 2.5, "read": 2.25, "delta": -0.25, "rules": [],
+            "label": "IMPROVED" if status == "FINAL" else "IMPROVING", "interpretation": "the loss fell",
+            "corroboration": {"train_delta": None, "monotone_rise": False}, "prereg_sha256": "ab" * 32,
+            "amendments": []}
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, pg_url: str) -> Iterator[tuple[Bot, Any]]:
+    from babysit.db.fleet import FleetMember
+    from babysit.db.postgres import PostgresStore
+
+    member = FleetMember(pg_url, "box-b", on_wake=lambda: None, on_alert=lambda: None, lease_s=30)
+    member.start()  # box-b's lease, as its daemon holds it
+    box_b = PostgresStore(pg_url, host="box-b")  # what box-b's daemon stores
+    now = box_b.now()
+    box_b.claim_run("done-b", now)
+    box_b.save_verdict("done-b", _body("done-b", "FINAL", 1000), now - 120, final=True,
+                       chart_path="/srv/box-b/.babysit/verdicts/done-b.png")
+    box_b.claim_run("early-b", now)
+    box_b.save_verdict("early-b", _body("early-b", "PROVISIONAL", 500), now - 30, final=False)
+    box_b.claim_run("fresh-b", now)
+
+    root = tmp_path / "box-a"
+    root.mkdir()
+    (root / "babysit.toml").write_text(f'[daemon]\nchannel = "{CHANNEL}"\n[store]\nurl = "{pg_url}"\n'
+                                       '[host]\nname = "box-a"\n')
+    fake = FakeSlack(TOKEN).start()
+    env = {**os.environ, "SLACK_BOT_TOKEN": TOKEN, "SLACK_SIGNING_SECRET": SECRET,
+           "BABYSIT_SLACK_API_URL": fake.api_url, "BABYSIT_GPU_PROBE": "none"}
+    for key in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        env.pop(key, None)
+    proc = subprocess.Popen([sys.executable, "-m", "babysit", "bot", "--http", "0", "--host", "127.0.0.1",
+                             "--registry", str(root / "babysit.toml")], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert "serving" in line, (line, proc.stderr.read() if proc.stderr else "")
+        yield Bot(line.split("serving ", 1)[1].strip(), fake, root, proc), box_b
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        fake.stop()
+        box_b.close()
+        member.close()
+
+
+def test_verdict_of_another_box_s_run_is_its_stored_verdict_with_that_box_s_staleness(
+        gateway: tuple[Bot, Any]) -> None:
+    bot, _ = gateway
+    _, ack, path = slash(bot, "/verdict", "done-b")
+    assert "Reading the verdict" in ack["text"], ack  # before: "unknown run" (not in box-a's registry)
+    (card,) = responses(bot, path)
+    text = everything(card)
+    assert "FINAL VERDICT" in text and "IMPROVED" in text, text
+    assert "the FINAL verdict box box-b stored 12" in card["text"], card["text"]  # 120 s ago
+    assert "box box-b: up, lease renewed" in card["blocks"][0]["elements"][0]["text"]
+
+    _, _, path = slash(bot, "/verdict", "early-b post")
+    (card,) = responses(bot, path)
+    assert card["response_type"] == "in_channel"
+    assert "PROVISIONAL — NOT A VERDICT" in everything(card) and "the last read box box-b stored 3" in card["text"]
+
+    _, _, path = slash(bot, "/verdict", "fresh-b")
+    (none,) = responses(bot, path)
+    assert "No verdict for `fresh-b`" in none["text"] and "box box-b has stored no verdict" in none["text"], none
+
+
+def test_chart_of_another_box_s_run_says_where_it_is_and_shows_the_stored_verdict(gateway: tuple[Bot, Any]) -> None:
+    bot, _ = gateway
+    _, ack, path = slash(bot, "/babysit", "chart done-b")
+    assert "Drawing" in ack["text"], ack
+    (reply,) = responses(bot, path)
+    assert "box box-b drew it at /srv/box-b/.babysit/verdicts/done-b.png" in reply["text"], reply["text"]
+    assert "FINAL VERDICT" in everything(reply) and "box box-b: up" in reply["text"]
+    assert not bot.fake.calls_to("files.completeUploadExternal")  # nothing uploaded: the file is on box-b
