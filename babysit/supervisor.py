@@ -551,7 +551,7 @@ class RunSupervisor:
         verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
         `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
         Each chunk's offsets are stored with its records, so a restart reads on from there. `chunk`: its
-        bytes at most (a drain's and the reader thread's: a MiB; a guard's: 64 KiB, a few ms)."""
+        bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms)."""
         start = time.monotonic()
         total = 0
         reader = self.reader
