@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fleet.test_fleet import PY, _env, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
@@ -32,6 +34,7 @@ def _holders(url: str) -> list[str]:
         store.close()
 
 
+@pytest.mark.slow  # ~16 s: two daemons, a lease to lapse (CI runs it with -m slow)
 def test_only_the_gateway_box_opens_socket_mode_and_another_takes_over_when_it_dies(
         tmp_path: Path, pg_url: str) -> None:
     fake = FakeSlack(TOKEN, APP_TOKEN).start()
