@@ -87,3 +87,34 @@ def test_only_the_gateway_box_opens_socket_mode_and_another_takes_over_when_it_d
                 os.killpg(proc.pid, signal.SIGKILL)
         slack.stop()
         fake.stop()
+
+
+def test_one_gateway_among_three_claimants_and_a_stopped_holder_frees_it_at_once(pg_url: str) -> None:
+    """Three boxes' lease members claiming the gateway at every renewal: one holds it, the others are
+    refused round after round; the holder stopped on purpose frees it, and another takes it at its next
+    renewal (a third of a lease), not after a whole lease."""
+    from babysit.db.fleet import FleetMember
+
+    told: dict[str, list[bool]] = {}
+    members = {}
+    for name in ("box-a", "box-b", "box-c"):
+        told[name] = []
+        members[name] = FleetMember(pg_url, name, on_wake=lambda: None, on_alert=lambda: None, lease_s=LEASE_S,
+                                    on_gateway=told[name].append)
+    try:
+        for member in members.values():
+            member.start()
+        time.sleep(LEASE_S)  # three renewals each
+        holders = [n for n, m in members.items() if m.gateway]
+        assert len(holders) == 1 and _holders(pg_url) == holders, told
+        (first,) = holders
+        assert told[first] == [True] and all(told[n] == [] for n in members if n != first), told
+        stopped = time.monotonic()
+        members.pop(first).close()
+        assert told[first] == [True, False]
+        new = wait_for("another holder", lambda: [n for n, m in members.items() if m.gateway], timeout=LEASE_S * 2)
+        assert time.monotonic() - stopped < LEASE_S * 0.8, "the stopped holder's lease was waited out"
+        assert len(new) == 1 and _holders(pg_url) == new
+    finally:
+        for member in members.values():
+            member.close()
