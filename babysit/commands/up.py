@@ -19,7 +19,7 @@ from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
 from babysit.watch import Watcher, open_view
 from babysit.web.server import WebServer, settings_for
-from bot.app import start_in_background
+from bot.app import APP_TOKEN_ENV, start_in_background
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
         probe = open_gpu_probe(args.gpu_probe)
         # a fleet's Socket Mode bot opens only on the box holding the gateway lease (docs/fleet.md): one
         # connection for Slack to deliver each command to; one box, or the HTTP Request URL: as always
-        gate = BotGate(path) if args.bot and args.bot_http is None and store_url(reg) else None
+        # (without an app token no Socket Mode can open: the lease is not taken from a box that could)
+        gate = (BotGate(path) if args.bot and args.bot_http is None and store_url(reg)
+                and os.environ.get(APP_TOKEN_ENV) else None)
         daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out, reg),
                         accelerated=args.accelerated, exit_when_idle=args.exit_when_idle,
                         on_gateway=gate.want if gate is not None else None)
