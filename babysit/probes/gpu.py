@@ -265,10 +265,11 @@ class NvmlGpuProbe:
 
     def close(self) -> None:
         with self._lock:
+            waiting = False  # the event thread still in its NVML wait: the set and NVML stay (exit frees them)
             if self._watcher is not None:
-                self._watcher.stop()
+                waiting = not self._watcher.stop()
                 self._watcher = None
-            if self._ok and not self._caller.stuck:
+            if self._ok and not self._caller.stuck and not waiting:
                 if self._events is not None:
                     self._nvml("nvmlEventSetFree", self._events)
                 self._nvml("nvmlShutdown")

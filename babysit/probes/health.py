@@ -30,7 +30,10 @@ from babysit.core.readings import GpuSignal
 
 CALL_TIMEOUT_S = 2.0  # one guard round's NVML work for a run's GPUs, at most
 INIT_TIMEOUT_S = 60.0  # nvmlInit and the first handles: seconds on a box of many GPUs
-EVENT_WAIT_MS = 500  # the event thread's wait: an event is seen within this, a stop within twice this
+# The event thread's wait. NVML returns at once when an event arrives, so this bounds only how often the
+# thread wakes with none: 500 ms was 120 wake-ups a minute, most of the daemon's on the H200 (229/min).
+EVENT_WAIT_MS = 5000
+STOP_JOIN_S = 0.2  # close() waits this long for the thread; one still in its wait is left to end by itself
 WATCHER_STALE_S = 15.0  # an event wait that has not come back for this long: NVML is blocked
 
 # event type bits (pynvml.nvmlEventType*), with the signal each becomes
@@ -271,9 +274,12 @@ class EventWatcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Ask the thread to end; True once it has. One still inside nvmlEventSetWait ends by itself when
+        the wait returns (within EVENT_WAIT_MS): the caller must then leave the event set alone."""
         self._stop.set()
-        self._thread.join(timeout=EVENT_WAIT_MS / 1000 * 4)
+        self._thread.join(timeout=STOP_JOIN_S)
+        return not self._thread.is_alive()
 
     @property
     def alive(self) -> bool:
