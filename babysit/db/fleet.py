@@ -39,6 +39,8 @@ log = structlog.get_logger("babysit.fleet")
 LEASE_S = 30.0  # a box silent this long is lost (alerted within LEASE_S + LEASE_S / 3)
 GATEWAY_LOCK = 0x62616279_67617465  # pg_advisory_xact_lock key of the gateway claim ("baby" "gate")
 NOW = "extract(epoch from clock_timestamp())"
+RECONNECT_MAX_S = 5.0  # the longest pause between two reconnection tries, before its jitter
+RECONNECT_JITTER = 1.5  # each pause is drawn up to this many times its length
 
 
 def _version() -> str:
@@ -104,8 +106,9 @@ class FleetMember:
         self._conn = conn
         self.connected.set()
         # cut off until now, this box has seen no one's renewals: it judges none before a whole lease
-        # connected (the end of a database outage must not make the boxes declare each other lost)
-        self._judge_after = time.monotonic() + self.lease_s
+        # connected plus the longest pause another box cut off with it may still be in before it
+        # reconnects (the end of a database outage must not make the boxes declare each other lost)
+        self._judge_after = time.monotonic() + self.lease_s + RECONNECT_MAX_S * RECONNECT_JITTER
         if was_lost:
             log.warning("this box had been marked lost; it re-adopts its runs", host=self.host)
             self.on_alert()
@@ -164,9 +167,9 @@ class FleetMember:
                         self._conn.close()
                 self._conn = None
                 # jittered: after a failover every box must not reconnect in the same instant
-                if self._stop.wait(pause * random.uniform(1.0, 1.5)):
+                if self._stop.wait(pause * random.uniform(1.0, RECONNECT_JITTER)):
                     return
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, RECONNECT_MAX_S)
 
     def _renew_and_look_out(self) -> None:
         """ONE statement at rest: this box's renewal and, once it may judge, the others' lapses marked (the
