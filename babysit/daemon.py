@@ -35,7 +35,7 @@ from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.context import DaemonContext
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError
-from babysit.core.spec import check_cadence, load_spec
+from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
 from babysit.db.url import HOST_ENV, open_store
 from babysit.delivery import DeliveryWorker
@@ -319,12 +319,7 @@ class Daemon:
                 continue
             path = self.registry.spec_path(entry)
             try:
-                spec = load_spec(path)
-                check_cadence(spec, self.accelerated)
-                if spec.source.kind == "tensorboard":
-                    sources.require()
-                elif spec.source.kind == "wandb":
-                    wandbfile.require()
+                spec = self._babysittable(path)
             except Exception as exc:  # a BabysitError names the field; anything else must not stop the others
                 message = exc.message if isinstance(exc, BabysitError) else \
                     f"internal error reading {path}: {type(exc).__name__}: {exc}"[:500]
@@ -436,6 +431,17 @@ class Daemon:
                 self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
         return True
 
+    def _babysittable(self, path: Path) -> RunSpec:
+        """The run.toml at `path` as this daemon can babysit it: valid, its cadence possible in this mode,
+        its source's reader installed (one check for a run picked up and a run relaunched)."""
+        spec = load_spec(path)
+        check_cadence(spec, self.accelerated)
+        if spec.source.kind == "tensorboard":
+            sources.require()
+        elif spec.source.kind == "wandb":
+            wandbfile.require()
+        return spec
+
     def _relaunch(self, run: str, by: str, *, resume: bool) -> str:
         """`babysit relaunch RUN` (checked there, and again here: the run may have changed since): the run's
         spec read again from run.toml, a new supervisor, a new sequence of attempts. Returns the answer."""
@@ -451,10 +457,7 @@ class Daemon:
             return "not relaunched: its verdict is FINAL (a new experiment needs a new name)"
         path = self.registry.spec_path(entry)
         try:
-            spec = load_spec(path)
-            check_cadence(spec, self.accelerated)
-            if spec.source.kind == "tensorboard":
-                sources.require()
+            spec = self._babysittable(path)
             self.executor(spec.executor)
         except BabysitError as exc:
             return f"not relaunched: {exc.message}"
