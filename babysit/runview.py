@@ -24,7 +24,7 @@ from typing import Any
 from babysit import logtail, registry, sources
 from babysit.core import progress
 from babysit.core.errors import BabysitError
-from babysit.core.progress import Progress, declared_end, eta_seconds, target_step
+from babysit.core.progress import Progress, ProgressFields, declared_end, eta_seconds, target_step
 from babysit.core.records import LogRecord, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.status import ENDED_STATUSES, RunStatus
@@ -66,7 +66,7 @@ class Read:
 
 
 @dataclass(frozen=True)
-class RunRow:
+class RunRow(ProgressFields):
     run: str
     status: str  # registered | pending | running | stopping | retrying | finished | failed | stopped | refused
     attempt: int | None = None
@@ -92,28 +92,8 @@ class RunRow:
     log_hint: str | None = None  # an empty JSONL log while it prints: what its first poll found in its lines
 
     @property
-    def step(self) -> int | None:
-        return self.progress.step
-
-    @property
-    def target_step(self) -> int | None:
-        return self.progress.target_step
-
-    @property
-    def seconds_per_step(self) -> float | None:
-        return self.progress.seconds_per_step
-
-    @property
-    def eta_seconds(self) -> float | None:
-        return self.progress.eta_seconds
-
-    @property
     def gpu_hours(self) -> float:
         return self.progress.gpu_hours_used
-
-    @property
-    def gpu_hours_cap(self) -> float | None:
-        return self.progress.gpu_hours_cap
 
     def to_dict(self) -> dict[str, Any]:
         """The `status --json` shape (also what the Slack bot reads)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.core.progress import Progress, derive, past_cap, project_gpu_hours, steps_left
+from babysit.core.progress import Progress, ProgressFields, derive, past_cap, project_gpu_hours, steps_left
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import ProgressPoint, seconds_per_step
 
@@ -22,7 +22,7 @@ __all__ = ["Observation", "observe", "past_cap", "project_gpu_hours", "steps_lef
 
 
 @dataclass(frozen=True)
-class Observation:
+class Observation(ProgressFields):
     run: str
     attempt: int
     at: float  # epoch seconds of the look
@@ -38,30 +38,6 @@ class Observation:
     data_wait_frac: float | None  # the trainer's own input-wait share of step time, recent records
     nonfinite: tuple[int, str, float] | None  # (step, metric, value): a watched metric went NaN/inf
     minute_seconds: float = 60.0  # real seconds a declared minute lasts
-
-    @property
-    def step(self) -> int | None:
-        return self.progress.step
-
-    @property
-    def seconds_per_step(self) -> float | None:
-        return self.progress.seconds_per_step
-
-    @property
-    def read_step(self) -> int | None:
-        return self.progress.read_step
-
-    @property
-    def end_step(self) -> int | None:
-        return self.progress.end_step
-
-    @property
-    def gpu_hours_used(self) -> float:
-        return self.progress.gpu_hours_used
-
-    @property
-    def gpu_hours_projected(self) -> float | None:
-        return self.progress.gpu_hours_projected
 
 
 def observe(*, run: str, attempt: int, at: float, points: Sequence[ProgressPoint], read_step: int | None,

@@ -65,6 +65,49 @@ class Progress:
                    n_gpus=int(n) if n is not None else len(d.get("gpus") or ()))
 
 
+class ProgressFields:
+    """`x.step`, `x.seconds_per_step`, … read from `x.progress`: what a poll's snapshot, an observation
+    and a status row say of progress is their one Progress, under the names their readers use."""
+
+    progress: Progress
+
+    @property
+    def step(self) -> int | None:
+        return self.progress.step
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.progress.seconds_per_step
+
+    @property
+    def read_step(self) -> int | None:
+        return self.progress.read_step
+
+    @property
+    def end_step(self) -> int | None:
+        return self.progress.end_step
+
+    @property
+    def target_step(self) -> int | None:
+        return self.progress.target_step
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return self.progress.eta_seconds
+
+    @property
+    def gpu_hours_used(self) -> float:
+        return self.progress.gpu_hours_used
+
+    @property
+    def gpu_hours_cap(self) -> float | None:
+        return self.progress.gpu_hours_cap
+
+    @property
+    def gpu_hours_projected(self) -> float | None:
+        return self.progress.gpu_hours_projected
+
+
 class _CountsGpuSeconds(Protocol):
     def gpu_seconds(self, now: float) -> float: ...
 

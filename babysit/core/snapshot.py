@@ -14,7 +14,7 @@ from typing import Any
 
 from babysit.core.guards import below_ram_floor, is_foreign, low_util_flag
 from babysit.core.observation import project_gpu_hours
-from babysit.core.progress import Progress, derive, steps_from_argv
+from babysit.core.progress import Progress, ProgressFields, derive, steps_from_argv
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import seconds_per_step as _seconds_per_step
 
@@ -26,7 +26,7 @@ FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?",
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(ProgressFields):
     run: str
     attempt: int
     at: float
@@ -50,34 +50,6 @@ class Snapshot:
     data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
     shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
     reading: str | None = None  # how its printed lines are read (a preset), said in the first poll
-
-    @property
-    def step(self) -> int | None:
-        return self.progress.step
-
-    @property
-    def seconds_per_step(self) -> float | None:
-        return self.progress.seconds_per_step
-
-    @property
-    def eta_seconds(self) -> float | None:
-        return self.progress.eta_seconds
-
-    @property
-    def target_step(self) -> int | None:
-        return self.progress.target_step
-
-    @property
-    def gpu_hours_used(self) -> float:
-        return self.progress.gpu_hours_used
-
-    @property
-    def gpu_hours_cap(self) -> float | None:
-        return self.progress.gpu_hours_cap
-
-    @property
-    def gpu_hours_projected(self) -> float | None:
-        return self.progress.gpu_hours_projected
 
     def to_dict(self) -> dict[str, Any]:
         return {
