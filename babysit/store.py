@@ -104,7 +104,7 @@ _MIGRATIONS: dict[int, str] = {
     4: """
     CREATE TABLE gpu_quarantine (
         uuid TEXT PRIMARY KEY, gpu INTEGER, reason TEXT NOT NULL, evidence TEXT NOT NULL DEFAULT '{}',
-        run TEXT, quarantined_by TEXT NOT NULL, at REAL NOT NULL);
+        run TEXT, quarantined_by TEXT NOT NULL, at REAL NOT NULL, host TEXT);
     """,
 }
 
@@ -851,22 +851,25 @@ class Store:
     # -- GPU quarantine (docs/guards.md, GPU health): a GPU a machine fault hit, kept off runs by UUID -------
     def quarantine_gpu(self, uuid: str, gpu: int | None, reason: str, evidence: dict[str, Any], now: float, *,
                        run: str | None = None, by: str = "babysit") -> bool:
-        """Quarantine GPU `uuid`; False when it already is (the first reason stays)."""
+        """Quarantine this box's GPU `uuid`; False when it already is (the first reason stays)."""
         with self.tx() as db:
-            return db.execute("INSERT INTO gpu_quarantine (uuid, gpu, reason, evidence, run, quarantined_by, at)"
-                              " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                              (uuid, gpu, reason[:500], json.dumps(evidence), run, by, now)).rowcount == 1
+            return db.execute("INSERT INTO gpu_quarantine (uuid, gpu, reason, evidence, run, quarantined_by, at, host)"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                              (uuid, gpu, reason[:500], json.dumps(evidence), run, by, now, self.host)).rowcount == 1
 
     def release_gpu(self, uuid: str) -> bool:
-        """Lift a quarantine; False when the GPU was not quarantined."""
+        """Lift a quarantine of this box's; False when the GPU was not quarantined here."""
         with self.tx() as db:
-            return db.execute("DELETE FROM gpu_quarantine WHERE uuid=?", (uuid,)).rowcount == 1
+            return db.execute("DELETE FROM gpu_quarantine WHERE uuid=? AND COALESCE(host, '') = ?",
+                              (uuid, self.host or "")).rowcount == 1
 
     def quarantined_gpus(self) -> dict[str, dict[str, Any]]:
-        """UUID -> {uuid, gpu, reason, evidence, run, by, at}, oldest first."""
+        """This box's quarantined GPUs (in a fleet the others' are theirs: an index names a box's GPU):
+        UUID -> {uuid, gpu, reason, evidence, run, by, at}, oldest first."""
         return {r["uuid"]: {"uuid": r["uuid"], "gpu": r["gpu"], "reason": r["reason"], "run": r["run"],
                             "by": r["quarantined_by"], "at": r["at"], "evidence": json.loads(r["evidence"])}
-                for r in self._query("SELECT * FROM gpu_quarantine ORDER BY at, uuid")}
+                for r in self._query("SELECT * FROM gpu_quarantine WHERE COALESCE(host, '') = ? ORDER BY at, uuid",
+                                     (self.host or "",))}
 
 
 def _statements(script: str) -> list[str]:

@@ -143,6 +143,7 @@ gpu_quarantine = Table(  # a GPU a machine fault hit, kept off runs by UUID unti
     "gpu_quarantine", metadata, Column("uuid", Text, primary_key=True), Column("gpu", Integer),
     Column("reason", Text, nullable=False), _json("evidence"), Column("run", Text),
     Column("quarantined_by", Text, nullable=False), Column("at", TIME, nullable=False),
+    Column("host", Text),  # the box whose GPU it is (UUIDs are unique, indices are a box's); NULL on a single box
 )
 
 # `babysit db copy`'s order: a table's rows before the rows that point at them

@@ -24,6 +24,7 @@ def upgrade() -> None:
     sa.Column('run', sa.Text(), nullable=True),
     sa.Column('quarantined_by', sa.Text(), nullable=False),
     sa.Column('at', sa.Double(), nullable=False),
+    sa.Column('host', sa.Text(), nullable=True),
     sa.PrimaryKeyConstraint('uuid')
     )
 
