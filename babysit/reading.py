@@ -177,7 +177,11 @@ def records_log(spec: RunSpec, store: Store | None) -> Path:
                                 f".babysit/runs/{spec.name}/records.jsonl), or read it registered: "
                                 f"`babysit verdict {spec.name}`")
         return spec.log
-    return sources.records_path(spec, store.path.parent)
+    if store.state_dir is None:  # a store opened without its box (`babysit db copy`'s destination)
+        raise BadInput(f"run '{spec.name}': this store ({store.where}) was opened without its box's state "
+                       "directory, so the run's record log cannot be found",
+                       hint="open it through the registry (babysit.toml) of the box that runs it")
+    return sources.records_path(spec, store.state_dir)
 
 
 def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, store: Store, *,

@@ -224,6 +224,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.state_dir: Path | None = self.path.parent  # the box's .babysit/: runs' record logs, charts
         self.where = str(self.path)  # how errors name the database
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not self.path.exists()

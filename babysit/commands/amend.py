@@ -22,7 +22,6 @@ from babysit.core.spec import RunSpec
 from babysit.db.url import open_store
 from babysit.logtail import read_all
 from babysit.registry import resolve_registry_path
-from babysit.sources import records_path
 from babysit.store import Amendment, Store
 
 
@@ -77,7 +76,7 @@ def record_amendment(store: Store, run_spec: RunSpec, spec: AmendmentSpec, now: 
         raise BadInput(f"run '{run_spec.name}' has no [prereg]: there is no verdict to amend",
                        hint="amendments change how a pre-registered verdict is read; add [prereg] under a new name")
     check_against(spec, prereg)
-    log = records_path(run_spec, store.path.parent)
+    log = reading.records_log(run_spec, store)
     try:
         records, _garbage = read_all(log)
     except FileNotFoundError:

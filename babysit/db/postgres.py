@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -112,11 +113,12 @@ class PostgresStore(Store):
     IntegrityError = psycopg.IntegrityError
     _begin = "BEGIN"
 
-    def __init__(self, url: str, *, host: str | None = None) -> None:
+    def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None) -> None:
         self.url = url
         self.where = redact(url)
         self.host = host
         self.path = None  # type: ignore[assignment]  # no file: SQLite's state.db has none here
+        self.state_dir = state_dir  # this box's .babysit/ (its runs' record logs); None: a bare connection
         self._init_common()
         self._read_lock = threading.Lock()
         try:

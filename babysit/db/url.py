@@ -49,7 +49,7 @@ def open_store(registry: Registry, environ: Mapping[str, str] | None = None) -> 
         return Store.in_dir(registry.state_dir)
     from babysit.db.postgres import PostgresStore
 
-    return PostgresStore(url, host=host_name(registry, environ))
+    return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir)
 
 
 def open_existing(registry: Registry, environ: Mapping[str, str] | None = None) -> Store | None:

@@ -32,7 +32,7 @@ from babysit.core.spec import load_spec
 from babysit.daemon import open_executor
 from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe
-from babysit.store import Store
+from babysit.db.url import open_store
 from babysit.supervisor import RunSupervisor
 from babysit.web.server import Settings, WebServer
 from tests.web.conftest import fetch
@@ -48,15 +48,18 @@ class Demo:
     """The demo's workspace with drift_disc and its campaign registered; runs' logs written by hand and
     their verdicts read by the daemon's own supervisor."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store_url: str | None = None) -> None:
         self.root = runner.make_workspace(root)
         drift, _, _, self.amendment = runner.write_runs(self.root, REFERENCES)
         self.reg = self.root / "babysit.toml"
+        if store_url is not None:  # a fleet's box: the same story on PostgreSQL
+            with self.reg.open("a") as f:
+                f.write(f'\n[store]\nurl = "{store_url}"\n\n[host]\nname = "box-a"\n')
         assert cli_main(["register", str(drift), "--accelerated", "--registry", str(self.reg)]) == 0
         assert cli_main(["campaign", "register", str(self.root / "runs" / "campaign.toml"), "--accelerated",
                          "--registry", str(self.reg)]) == 0
         self.state_dir = registry.load(self.reg).state_dir
-        self.store = Store.in_dir(self.state_dir)
+        self.store = open_store(registry.load(self.reg))
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=open_gpu_probe("none"),
                                  executors={"local": open_executor("local", self.state_dir)}, scale=1.0)
         self.supervisors: dict[str, RunSupervisor] = {}
@@ -113,9 +116,10 @@ class Demo:
         return capsys.readouterr().out
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> Demo:
-    d = Demo(tmp_path / "demo")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def demo(request: pytest.FixtureRequest, tmp_path: Path) -> Demo:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    d = Demo(tmp_path / "demo", url)
     assert cli_main(["register", str(d.root / "runs" / f"{CHILD_RUN}.toml"), "--accelerated",
                      "--registry", str(d.reg)]) == 0
     d.checkpoints(CHILD_RUN)
