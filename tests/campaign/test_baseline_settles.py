@@ -30,9 +30,9 @@ from babysit.core.amendment import load_amendment
 from babysit.core.render import render
 from babysit.core.spec import load_spec
 from babysit.daemon import open_executor
+from babysit.db.url import open_store
 from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe
-from babysit.db.url import open_store
 from babysit.supervisor import RunSupervisor
 from babysit.web.server import Settings, WebServer
 from tests.web.conftest import fetch
