@@ -230,9 +230,11 @@ def explain_stall(stacks: Mapping[str, str], attempt_dir: Path, gpus: Sequence[i
     if len(ranks) < 2:
         return None
     asked = ask_for_records(attempt_dir)
+    # a stopped rank cannot answer: wait only for those that can, so a SIGSTOP costs no full wait
+    can_answer = set(asked) - {r for r, v in ranks.items() if v["stopped"]}
     records, bad = read_records(attempt_dir)
-    deadline = time.monotonic() + (wait_s if asked else 0.0)
-    while asked and len(records) < len(asked) and time.monotonic() < deadline:
+    deadline = time.monotonic() + (wait_s if can_answer else 0.0)
+    while can_answer - set(records) and time.monotonic() < deadline:
         time.sleep(0.2)
         records, bad = read_records(attempt_dir)
     out: dict[str, Any] = {"ranks": {str(r): v for r, v in sorted(ranks.items())}, "records": sorted(records),

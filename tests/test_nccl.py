@@ -184,7 +184,7 @@ def test_a_sigstopped_rank_has_its_stack_read_and_is_named_as_the_one_the_others
         os.kill(rank1, signal.SIGSTOP)
         time.sleep(1.0)
         stacks = stack_dump(pids)
-        hang = nccl.explain_stall(stacks, tmp_path, (0, 1), None, wait_s=3.0)
+        hang = nccl.explain_stall(stacks, tmp_path, (0, 1), None, wait_s=30.0)  # ends when rank 0 answers
     finally:
         _kill_all(proc, pids)
     assert stacks[str(rank1)].startswith(STOPPED_MARK) and "main (" in stacks[str(rank1)], stacks
