@@ -395,7 +395,7 @@ class Daemon:
                         continue
                     try:
                         if supervisor.is_running():
-                            supervisor.read_log(wait=False)  # a budget's worth: a backlog goes to the reader thread
+                            supervisor.runlog.read_log(wait=False)  # a budget's worth: a backlog to the reader thread
                     except Exception as exc:
                         supervisor.failed("reading its log", exc)
         except BabysitError as exc:

@@ -13,6 +13,7 @@ from babysit.core import run_machine
 from babysit.core.run_machine import RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
+from babysit.run_log import RunLog
 from babysit.store import Attempt, PollRow
 
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
@@ -27,9 +28,9 @@ class PollHost(Protocol):
     attempt: Attempt | None
     state: RunState
     launch_msg: int | None
+    runlog: RunLog
 
     def snapshot(self, kind: str) -> Any: ...
-    def check_readable(self, attempt: Attempt) -> None: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def failed(self, where: str, exc: BaseException) -> None: ...
 
@@ -90,7 +91,7 @@ class RunPolls:
         attempt = self.host.attempt
         if attempt is None or not self.still_polled(poll):
             return
-        self.host.check_readable(attempt)
+        self.host.runlog.check_readable(attempt)
         snap = poll.snapshot
         if "input-starvation" in snap["flags"]:
             wait = snap["data_wait_frac"] or 0.0

@@ -12,43 +12,36 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from babysit import gpufault, logtail, run_launch, runstate, sources, stopcheck
+from babysit import gpufault, run_launch, runstate, stopcheck
 from babysit.context import DaemonContext
-from babysit.core import classify, guards, nonfinite, progress, readable, retry, run_machine, smoke, snapshot
+from babysit.core import classify, guards, progress, retry, run_machine, smoke, snapshot
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
-from babysit.core.records import LogRecord, ProgressPoint
-from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
-from babysit.core.suggest import suggest
 from babysit.faults import crash_point
 from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run_errors import RunErrors, short_error
+from babysit.run_log import RunLog
 from babysit.run_polls import RunPolls
 from babysit.run_verdict import RunVerdicts
-from babysit.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
-from babysit.sources.sniff import sniff
+from babysit.runreader import CHUNK_BYTES
 from babysit.stackdump import stack_dump
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
 
-DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 GPU_WAIT_MINUTES = 1.0  # a run waiting for a quarantined GPU looks again this many declared minutes later
-READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
 GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
-READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
 
 
 class RunSupervisor:
@@ -62,15 +55,6 @@ class RunSupervisor:
         self.lock = threading.RLock()
         self.attempt: Attempt | None = None
         self.launch_msg: int | None = None
-        self.points: deque[ProgressPoint] = deque(maxlen=256)
-        self.recent: deque[LogRecord] = deque(maxlen=16)
-        self.last_record_wall: float | None = None
-        self.latest_eval: dict[str, float] | None = None
-        self.latest_eval_step: int | None = None
-        self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
-        self.declared_end: int | None = None  # the newest record's total_steps / max_steps
-        self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
-        self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
@@ -78,17 +62,12 @@ class RunSupervisor:
         self.recheck_pending = False
         self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
         self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run_polls.py)
-        self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self._message,
+        self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
                                     internal_error=self.internal_error, feed=self._feed,
-                                    read_log=lambda: self.read_log(drain=True),  # the FINAL one reads all
+                                    read_log=lambda: self.runlog.read_log(drain=True),  # the FINAL one reads all
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
-        _, facts = ctx.store.run_state(self.run)
-        self.reader = RunReader(spec, ctx.state_dir, facts)  # the source, the record log, read in chunks
-        self.records_log = self.reader.records_log
-        self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
+        self.runlog = RunLog(self, ctx.store.run_state(self.run)[1])  # the reader and what its records tell
         self.exiting: int | None = None  # the attempt whose exit a thread is draining
-        self.last_output_wall: float | None = None
-        self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -116,7 +95,7 @@ class RunSupervisor:
     def _set(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
 
-    def _message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int:
+    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int:
         return self.ctx.store.enqueue(self.run, kind, {"run": self.run, **payload}, self.ctx.now(),
                                       thread_of=self.launch_msg if thread else None, dedupe_key=key)
 
@@ -126,7 +105,7 @@ class RunSupervisor:
         if self.ctx.store.has_message(key):  # a restarted daemon redoing this step: already recorded
             return
         self.ctx.store.add_incident(self.run, n, self.ctx.now(), kind, detail)
-        self._message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
+        self.message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
                                    "mention": list(self.spec.notify.mention_on_incident)}, key)
         log.warning("incident", run=self.run, attempt=n, incident=kind, message=message, posted=True)
 
@@ -169,7 +148,7 @@ class RunSupervisor:
             case ev.Incident():
                 self._raise(e)
             case ev.NoteAttempt():
-                self._note_attempt(self._row(e.n), **e.facts)
+                self.note_attempt(self._row(e.n), **e.facts)
             case ev.RecordExit():
                 row = self.ctx.store.attempt(self.run, e.n)
                 self.ctx.store.mark_ended(row.id, ended_at=e.ended_at, outcome=e.outcome, exit_code=e.exit_code,
@@ -227,12 +206,12 @@ class RunSupervisor:
         if e.stacks_of is not None and "stacks" not in detail:  # a stall: where the trainer's threads are
             detail["stacks"] = stack_dump(e.stacks_of)
         if e.stacks_of is not None:
-            detail["log"] = str(self.records_log)  # where babysit saw no record
+            detail["log"] = str(self.runlog.records_log)  # where babysit saw no record
         self.incident(e.kind, e.message, detail, key=e.key)
 
     def _ended_message(self, attempt: Attempt) -> None:
         summary = attempt.detail.get("summary") or attempt.outcome
-        self._message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
+        self.message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
                                 "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
                       key=f"{self.run}:{attempt.n}:ended")
 
@@ -312,8 +291,8 @@ class RunSupervisor:
         self._start_attempt(attempt, note=merged)
 
     def _start_attempt(self, attempt: Attempt, note: str | None) -> None:
-        env = run_launch.attempt_env(self.spec, attempt, self.records_log, self.executor.launch_env(self.spec.gpus),
-                                     os.environ)
+        env = run_launch.attempt_env(self.spec, attempt, self.runlog.records_log,
+                                     self.executor.launch_env(self.spec.gpus), os.environ)
         if self.spec.source.kind == "wandb" and "WANDB_DIR" not in self.spec.env:
             Path(env["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)  # wandb writes its run folders under it
         if self.spec.log is not None:
@@ -323,13 +302,7 @@ class RunSupervisor:
         self.ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
                                     pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         self.attempt = self.ctx.store.attempt(self.run, attempt.n)
-        self.nonfinite = None
-        self.nonfinite_pending = frozenset()
-        self.points.clear()  # a new attempt's pace is its own: the last one's steps say nothing of it
-        self.recent.clear()
-        self.latest_shown.clear()
-        self.last_record_wall = self.ctx.now()
-        self.first_output_wall = None
+        self.runlog.new_attempt(self.ctx.now())  # a new attempt's pace is its own
         self._record_enforced()
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
         row = self.attempt
@@ -339,7 +312,7 @@ class RunSupervisor:
     def _launch_message(self, attempt: Attempt, note: str | None) -> int:
         most = self.state.relaunched_after + self.spec.retry.max_attempts
         payload = run_launch.launch_payload(self.spec, attempt, note, most, self.ctx.default_channel)
-        return self._message("launch", payload, key=f"{self.run}:{attempt.n}:launch", thread=False)
+        return self.message("launch", payload, key=f"{self.run}:{attempt.n}:launch", thread=False)
 
     # -- watching ---------------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -388,7 +361,7 @@ class RunSupervisor:
         if self.exiting is not None:
             return  # handled by the thread that saw it (the exit watcher, a timer)
         if attempt is not None and self.is_running() and self.executor.exit_info(attempt) is not None \
-                and self.reader.unread_bytes() > CHUNK_BYTES:
+                and self.runlog.reader.unread_bytes() > CHUNK_BYTES:
             n = attempt.n
             self._later(f"exit:{self.run}:{n}", 0.0, lambda: self.on_exit(n), "handling its exit")
             return
@@ -426,7 +399,7 @@ class RunSupervisor:
         if attempt is not None and attempt.n == n and self.is_running():
             self.exiting = n
             try:
-                self.read_log(drain=True)
+                self.runlog.read_log(drain=True)
             finally:
                 self.exiting = None
         with self.lock:
@@ -448,7 +421,7 @@ class RunSupervisor:
             if info is None:
                 return
             attempt = self._sync_start(attempt)
-            self.read_log(drain=True)  # the last records (a diverged event, the final eval) belong to it
+            self.runlog.read_log(drain=True)  # the last records (a diverged event, the final eval) belong to it
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
@@ -456,7 +429,7 @@ class RunSupervisor:
             evidence = gpufault.at_exit(self.ctx.gpu_probe, self.ctx.store, fresh, self.spec.gpus)
             cls = classify.classify_exit(
                 exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
-                last_records=list(self.recent), rules=self.spec.classify, stop_requested=stop_requested,
+                last_records=list(self.runlog.recent), rules=self.spec.classify, stop_requested=stop_requested,
                 stop_reason=stop.get("reason") if stop_requested else None,
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
                 nonfinite_seen=fresh.detail.get("nonfinite"),
@@ -465,7 +438,7 @@ class RunSupervisor:
                 checkpoint_after_stop=stopcheck.written_after(self.spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence)
             summary = cls.summary
-            vanished = self.reader.vanished(n)
+            vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known
                 summary = f"{summary} — not read to its end: {', '.join(vanished)} vanished"
             detail = {**fresh.detail, **dict(cls.detail), "summary": summary, "retry_override": cls.retry,
@@ -531,152 +504,6 @@ class RunSupervisor:
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.poll_window)
 
-    # -- the log ----------------------------------------------------------------------------------------
-    @property
-    def tail(self) -> logtail.TailState:
-        return self.reader.tail
-
-    @property
-    def pump(self) -> sources.SourcePump:
-        return self.reader.pump
-
-    @property
-    def pumped(self) -> sources.PumpResult | None:
-        return self.reader.pumped
-
-    def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
-                 chunk: int | None = None) -> int:
-        """Read the source and the record log on, chunk by chunk; returns the records applied. `drain`:
-        to the end of what is written (an exit: the last lines belong to its classification and the
-        verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
-        `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
-        Each chunk's offsets are stored with its records, so a restart reads on from there. `chunk`: its
-        bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms)."""
-        start = time.monotonic()
-        total = 0
-        reader = self.reader
-        size = chunk or (CHUNK_BYTES if drain else SMALL_CHUNK_BYTES)
-        while True:
-            if not reader.lock.acquire(blocking=wait):
-                return total  # the reader thread (or an exit's drain) is on it
-            try:
-                t0 = time.monotonic()
-                got = reader.next_chunk(self.ctx.now(), size)
-                applied = self.lock.acquire(blocking=False)  # never wait on the run's lock while reading it
-                if applied:
-                    try:
-                        total += self._apply(got)
-                        reader.applied()
-                    finally:
-                        self.lock.release()
-                self._note_pace(got.more, time.monotonic() - t0)
-            finally:
-                reader.lock.release()
-            if applied and not got.more:
-                break
-            if drain and self.ctx.reads.closed:
-                raise ReadInterrupted(f"{self.run}: the daemon stopped while the run's output was read for its "
-                                      "exit", hint="the next `babysit up` reads it to the end and handles the exit")
-            if not drain and (self.ctx.reads.closed or time.monotonic() - start >= budget):
-                self.ctx.reads.want(self)  # the rest on the daemon's reader thread, off every guard's path
-                break
-            if not applied:
-                if not wait:
-                    self.ctx.reads.want(self)
-                    break
-                time.sleep(0.005)  # the run's lock is held (a poll, a guard): the chunk is applied once it is free
-        if self.eval_unread and not self.reader.behind_since:
-            with self.lock:
-                if self.eval_unread:
-                    self.eval_unread = False
-                    self.verdicts.read()
-        return total
-
-    def _note_pace(self, more: bool, seconds: float) -> None:
-        """How long the reader has been behind (a reader that cannot keep up says so: `_check_reader`)."""
-        reader = self.reader
-        if not more:
-            reader.behind_since, reader.read_seconds = None, 0.0
-            return
-        if reader.behind_since is None:
-            reader.behind_since = self.ctx.now()
-        reader.read_seconds += seconds
-
-    def _apply(self, chunk: Chunk) -> int:
-        """Under the run's lock: one chunk's records to the run's state (progress, metrics shown, the
-        end step, divergence), and its offsets stored."""
-        pumped, read = chunk.pumped, chunk.read
-        if pumped is not None:
-            self._say_notices(pumped.notices)
-        grew = pumped is not None and (pumped.output_grew or bool(pumped.lines_seen))
-        if pumped is not None and pumped.output_grew:
-            self.last_output_wall = self.ctx.now()
-            if self.first_output_wall is None:
-                self.first_output_wall = self.last_output_wall
-        if read.missing:
-            if grew:
-                self._save_tail()
-            return 0
-        metric = self.spec.prereg.metric if self.spec.prereg else None
-        if self.spec.prereg is not None:
-            self.verdicts.take_records(read.records, chunk.start, read.state)  # the verdict's series: no second parse
-        for record in read.records:
-            self.points.append(ProgressPoint(record.step, record.ts))
-            self.recent.append(record)
-            self._note_record(record)
-            metrics = record.metrics
-            if any(k.startswith("eval") for k in metrics):
-                self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
-                self.latest_eval_step = record.step
-            if metric is not None and metric in metrics:
-                self.eval_unread = True
-        if not read.records and not read.reset and read.garbage == 0 and not grew:
-            return 0  # nothing new: no write (this runs every tick for every run)
-        if read.records:
-            self.last_record_wall = self.ctx.now()
-        self._save_tail()
-        return len(read.records)
-
-    def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
-        """What the source found out about the run's printed lines, said once: the preset `auto` chose
-        (a message, and the run's facts for `status` and polls), a computed step that went backwards."""
-        n = self.attempt.n if self.attempt else 0
-        for kind, text in notices:
-            if kind == "preset":
-                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
-                self._message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
-                              key=f"{self.run}:preset:{text}")
-            elif kind == "step-backwards":
-                self.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
-
-    def _save_tail(self) -> None:
-        """The record log's offset and the source's own state in one write: a restart reads on from both.
-        A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
-        those records again, and the pump cuts its record log back first, so nothing is counted twice."""
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), tail=self.tail.to_dict(),
-                                       source=dict(self.pump.state),
-                                       step=self.points[-1].step if self.points else None,
-                                       last_record_at=self.last_record_wall)
-
-    def _note_record(self, record: LogRecord) -> None:
-        """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
-        metric = self.spec.prereg.metric if self.spec.prereg else None
-        numbers = {k: v for k, v in record.fields.items() if isinstance(v, float)}  # logtail keeps NaN/inf here
-        numbers.update(record.metrics)
-        for name, value in numbers.items():
-            if isinstance(value, (int, float)) and snapshot.shown(self.spec.poll.show, metric, name):
-                self.latest_shown[name] = (record.step, float(value))
-        declared = progress.declared_by(record.metrics)
-        if declared is not None:
-            self.declared_end = declared
-        counted, self.nonfinite_pending = nonfinite.divergence(numbers, self.spec.guards.nonfinite_metrics,
-                                                               self.nonfinite_pending)
-        bad = next(iter(counted.items()), None)
-        attempt = self.attempt
-        if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
-            self.nonfinite = (record.step, bad[0], bad[1])
-            self._note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
-
     def internal_error(self, where: str, exc: BaseException) -> None:
         """An unexpected exception met while handling this run: an internal-error incident, once (run_errors)."""
         self.errors.internal_error(where, exc)
@@ -699,66 +526,6 @@ class RunSupervisor:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
     # -- polls and guards -------------------------------------------------------------------------------
-    def _check_reader(self, attempt: Attempt) -> None:
-        """A reader that cannot keep up says so, once an attempt: how far behind (bytes, about how many
-        lines, since when), the time spent reading, and what it reads with. Nothing is dropped: it reads on."""
-        reader = self.reader
-        since = reader.behind_since
-        if since is None or self.ctx.now() - since < READER_BEHIND_MINUTES * self.ctx.scale:
-            return
-        behind = reader.unread_bytes()
-        per_line = reader.bytes_per_line()
-        lines = int(behind / per_line) if per_line else None
-        seconds = self.ctx.now() - since
-        source = describe(self.spec.source)
-        sample = (self.pumped.evidence.sample if self.pumped is not None else None)
-        message = (f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind (~{lines:,} lines) and has "
-                   f"been behind for {seconds:.0f} s ({reader.read_seconds:.1f} s spent reading): the trainer "
-                   "writes faster than babysit reads, or a line is slow to match. Nothing is dropped; the "
-                   "guards act on the records read so far" if lines is not None else
-                   f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind and has been for "
-                   f"{seconds:.0f} s: nothing is dropped; the guards act on the records read so far")
-        self.incident("reader-behind", message,
-                       {"unread_bytes": behind, "unread_lines": lines, "behind_seconds": round(seconds, 1),
-                        "read_seconds": round(reader.read_seconds, 2), "source": source,
-                        "line": sample, "log": str(self.records_log)},
-                       key=f"{self.run}:{attempt.n}:reader-behind")
-
-    def check_readable(self, attempt: Attempt) -> None:
-        """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
-        pumped = self.pumped
-        if pumped is None:
-            return
-        if self.spec.source.copies:
-            evidence = pumped.evidence
-        else:
-            evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
-        if not self.spec.source.copies and not evidence.lines_seen:
-            return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
-        # A preamble (nanoGPT's ~55 lines, HF's config dumps) before the first record is normal: only
-        # enough lines AND enough time since the first one make a source unreadable (core.readable).
-        first = self.first_output_wall
-        waited = readable.judge(evidence.lines_seen, None if first is None else self.ctx.now() - first,
-                                self.ctx.scale)
-        if waited is None:
-            return
-        message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
-        if message:
-            self.incident("log-unreadable", f"{message} ({waited.phrase()})",
-                          {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
-                           "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
-                          key=f"{self.run}:{attempt.n}:log-unreadable")
-
-    def _end_step(self, attempt: Attempt) -> int | None:
-        """The run's last step, by the rule status and the web page apply (`progress.end_step`)."""
-        return progress.end_step(self.spec.total_steps, self.declared_end, attempt.argv)
-
-    def _quiet_seconds(self, now: float) -> float | None:
-        """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty
-        sources and tqdm-only progress are not stalls; a frozen process is."""
-        marks = [t for t in (self.last_record_wall, self.last_output_wall) if t is not None]
-        return None if not marks else now - max(marks)
-
     @property
     def poll_window(self) -> str:
         return f"poll:{self.run}"
@@ -771,19 +538,14 @@ class RunSupervisor:
             self.run_pids_seen.update(self.executor.own_pids(self.attempt))
         return host.run_pids if host is not None else frozenset()
 
-    def _data_wait_frac(self) -> float | None:
-        """The trainer's own input-wait share of step time over the recent records, when it logs one."""
-        values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
-        return sum(values) / len(values) if values else None
-
     def observe(self, window: str = GUARD_WINDOW) -> Observation:
         """One look at the running attempt: the log read on, then the host, the GPUs (closing `window`'s
         utilization average) and the GPU-hours, each read once; guards and polls decide on the result."""
         attempt = self.attempt
         assert attempt is not None
         t0 = time.perf_counter()
-        self.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
-        self._check_reader(attempt)
+        self.runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
+        self.runlog.check_reader(attempt)
         now = self.ctx.now()
         host = self.ctx.host_probe.read(self.executor.root_pid(attempt)) if self.executor.runs_here else None
         run_pids = self._run_pids(host)
@@ -794,13 +556,13 @@ class RunSupervisor:
             log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
         prereg = self.spec.prereg
         return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
-            run=self.run, attempt=attempt.n, at=now, points=tuple(self.points),
-            read_step=prereg.read_step if prereg else None, end_step=self._end_step(attempt), gpus=self.spec.gpus,
+            run=self.run, attempt=attempt.n, at=now, points=tuple(self.runlog.points),
+            read_step=prereg.read_step if prereg else None, end_step=self.runlog.end_step(attempt), gpus=self.spec.gpus,
             gpu_hours_used=self._gpu_hours(attempt, now), gpu_hours_cap=self.spec.guards.gpu_hours_cap,
             view=view, host=host, run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
-            seconds_since_last_record=self._quiet_seconds(now),
+            seconds_since_last_record=self.runlog.quiet_seconds(now),
             seconds_since_launch=None if attempt.started_at is None else now - attempt.started_at,
-            data_wait_frac=self._data_wait_frac(), nonfinite=self.nonfinite, minute_seconds=self.ctx.scale)
+            data_wait_frac=self.runlog.data_wait_frac(), nonfinite=self.runlog.nonfinite, minute_seconds=self.ctx.scale)
 
     def _gpu_hours(self, attempt: Attempt, now: float) -> float:
         """GPU-hours over every attempt (`progress.gpu_hours_used`, the rule status and the web page
@@ -817,36 +579,17 @@ class RunSupervisor:
             run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, progress=obs.progress,
             view=obs.view, host=obs.host, gpus=obs.gpus,
             run_pids=(obs.run_pids | obs.past_run_pids) if obs.host is not None else None,
-            latest_eval=self.latest_eval, latest_eval_step=self.latest_eval_step, provisional=self.verdicts.provisional,
+            latest_eval=self.runlog.latest_eval, latest_eval_step=self.runlog.latest_eval_step,
+            provisional=self.verdicts.provisional,
             starvation_util_pct=self.spec.poll.starvation_util_pct,
             min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
             seconds_since_last_record=obs.seconds_since_last_record,
             stall_seconds=self.spec.guards.stall_minutes * obs.minute_seconds,
             note=self.executor.status_note(self.attempt) if self.attempt is not None else None,
-            log_path=str(self.records_log), seconds_since_launch=obs.seconds_since_launch,
+            log_path=str(self.runlog.records_log), seconds_since_launch=obs.seconds_since_launch,
             data_wait_frac=obs.data_wait_frac,
-            shown_metrics={k: [step, v] for k, (step, v) in self.latest_shown.items()},
-            reading=self._reading() if kind == "first" else None)
-
-    def _reading(self) -> str | None:
-        """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
-        and what pattern would read the newest line."""
-        source = self.spec.source
-        if source.kind == "jsonl" and not self.points and self.first_output_wall is not None:
-            hint = sniff(self.pump.run_dir)  # it prints, its log stays empty: would a preset read it?
-            if hint is not None:
-                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
-            return hint
-        if source.kind != "stdout" or source.preset is None:
-            return None
-        chosen = self.pump.preset
-        if chosen is not None:
-            return "📄 " + sources.preset_line(chosen)
-        sample = self.pumped.evidence.sample if self.pumped is not None else None
-        would = suggest(sample) if sample else None
-        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
-                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
-                   if would else "") + " (docs/your-trainer.md)")
+            shown_metrics={k: [step, v] for k, (step, v) in self.runlog.latest_shown.items()},
+            reading=self.runlog.reading_line() if kind == "first" else None)
 
     def _live_facts(self, obs: Observation) -> guards.LiveFacts:
         """The guards' facts from the check's one observation (a poll snapshots the same kind of record)."""
@@ -915,7 +658,7 @@ class RunSupervisor:
 
         self._later(f"recheck:{self.run}", min(RECHECK_SECONDS, self.ctx.scale / 2), recheck, "re-checking its guards")
 
-    def _note_attempt(self, attempt: Attempt, **facts: Any) -> None:
+    def note_attempt(self, attempt: Attempt, **facts: Any) -> None:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
 
     def request(self, kind: str, by: str = "?", request_id: int | None = None) -> str:

@@ -122,7 +122,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
             deadline = time.monotonic() + 300
             while not flooded.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            flood_behind = daemon.supervisors["flood"].reader.unread_bytes()
+            flood_behind = daemon.supervisors["flood"].runlog.reader.unread_bytes()
         time.sleep(2)
         guard_rounds = []
         for _ in range(args.ticks):
@@ -168,7 +168,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
         guard_rounds.sort()
         flood_read = None
         if pathological:
-            flood_read = daemon.supervisors["flood"].pump.state.get("lines")
+            flood_read = daemon.supervisors["flood"].runlog.pump.state.get("lines")
         return {"runs": n, "pathological": pathological, "flood_unread_bytes_at_start": flood_behind,
                 "flood_lines_read_by_the_end": flood_read, "guard_rounds_s": guard_rounds,
                 "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,

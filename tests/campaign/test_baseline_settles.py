@@ -92,7 +92,7 @@ class Demo:
             entry = reg.find(run)
             sup = self.supervisors[run] = RunSupervisor(self.ctx, load_spec(reg.spec_path(entry)),
                                                         entry.prereg_sha256)
-        sup.read_log()
+        sup.runlog.read_log()
         sup.verdicts.read(full=True)
         verdict = self.store.final_verdict(run) or self.store.latest_verdict(run)
         assert verdict is not None
