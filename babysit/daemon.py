@@ -361,7 +361,7 @@ class Daemon:
         Xid reaches its run within a second, not at the next guard round)."""
         for supervisor in list(self.supervisors.values()):
             if supervisor.is_running() and index in supervisor.spec.gpus:
-                supervisor._later(f"gpu-signal:{supervisor.run}", 0.0, supervisor.guard,
+                supervisor.later(f"gpu-signal:{supervisor.run}", 0.0, supervisor.guard,
                                   "checking its guards after a GPU event")
 
     # -- jobs -------------------------------------------------------------------------------------------

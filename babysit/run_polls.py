@@ -14,6 +14,7 @@ from babysit.core.run_machine import RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.run_log import RunLog
+from babysit.run_observe import RunObserver
 from babysit.store import Attempt, PollRow
 
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
@@ -29,8 +30,8 @@ class PollHost(Protocol):
     state: RunState
     launch_msg: int | None
     runlog: RunLog
+    observer: RunObserver
 
-    def snapshot(self, kind: str) -> Any: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def failed(self, where: str, exc: BaseException) -> None: ...
 
@@ -75,7 +76,7 @@ class RunPolls:
                 not any(isinstance(e, ev.TakePoll) and e.n == attempt.n for e in effects):
             return None
         kind = kind or ("first" if self._newest_at(attempt.n) is None else "periodic")
-        snap = self.host.snapshot(kind)
+        snap = self.host.observer.snapshot(kind)
         return PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.host.launch_msg,
                        payload={"run": self.run})
 

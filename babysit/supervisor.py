@@ -11,7 +11,6 @@ import dataclasses
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,16 @@ import structlog
 
 from babysit import gpufault, run_launch, runstate, stopcheck
 from babysit.context import DaemonContext
-from babysit.core import classify, guards, progress, retry, run_machine, smoke, snapshot
+from babysit.core import classify, guards, retry, run_machine, smoke
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
-from babysit.core.observation import Observation, observe
-from babysit.core.readings import GpuView, HostReading
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.faults import crash_point
-from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run_errors import RunErrors, short_error
+from babysit.run_guard import GUARD_LOCK_WAIT_SECONDS, RunGuard
 from babysit.run_log import RunLog
+from babysit.run_observe import RunObserver
 from babysit.run_polls import RunPolls
 from babysit.run_verdict import RunVerdicts
 from babysit.runreader import CHUNK_BYTES
@@ -39,9 +37,7 @@ from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
 
-RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (real seconds)
 GPU_WAIT_MINUTES = 1.0  # a run waiting for a quarantined GPU looks again this many declared minutes later
-GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
 
 
 class RunSupervisor:
@@ -57,16 +53,14 @@ class RunSupervisor:
         self.launch_msg: int | None = None
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
-        self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
-        self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
-        self.recheck_pending = False
-        self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
         self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run_polls.py)
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
-                                    internal_error=self.internal_error, feed=self._feed,
+                                    internal_error=self.internal_error, feed=self.feed,
                                     read_log=lambda: self.runlog.read_log(drain=True),  # the FINAL one reads all
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
         self.runlog = RunLog(self, ctx.store.run_state(self.run)[1])  # the reader and what its records tell
+        self.observer = RunObserver(self)  # one look at the attempt: what guards and polls decide on
+        self.guarding = RunGuard(self)  # the live check
         self.exiting: int | None = None  # the attempt whose exit a thread is draining
 
     # -- state ------------------------------------------------------------------------------------------
@@ -110,7 +104,7 @@ class RunSupervisor:
         log.warning("incident", run=self.run, attempt=n, incident=kind, message=message, posted=True)
 
     # -- the machine ----------------------------------------------------------------------------------
-    def _feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None:
+    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None:
         """One event through the run's transition (core/run_machine.py), then its effects in order, under
         the run's lock; effects of a `defer` type after the lock is released. Returns the answer an effect
         gave (a request's reply), if any."""
@@ -164,7 +158,7 @@ class RunSupervisor:
                             grace_s=self.spec.guards.stop_grace_seconds)
                 self.executor.kill(self._row(e.n))
             case ev.Recheck():
-                self._recheck_soon(e.action)
+                self.guarding.recheck_soon(e.action)
             case ev.TakePoll():
                 if self.poll("on-demand"):
                     return "polled"
@@ -189,11 +183,6 @@ class RunSupervisor:
         """Attempt n's store row (the current one without a query)."""
         attempt = self.attempt
         return attempt if attempt is not None and attempt.n == n else self.ctx.store.attempt(self.run, n)
-
-    def _warned(self) -> frozenset[str]:
-        """The guard actions already raised on the running attempt (the machine keeps them)."""
-        running = self.state.running_attempt
-        return running.warned if running is not None else frozenset()
 
     def _raise(self, e: ev.Incident) -> None:
         if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
@@ -229,7 +218,7 @@ class RunSupervisor:
                 # the daemon died between recording the exit and deciding: decide now
                 self._deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
                 return
-            self._feed(ev.Registered(now))
+            self.feed(ev.Registered(now))
 
     def _adopt(self, attempt: Attempt) -> None:
         """A live attempt of a dead daemon: one recorded but never started is started now (once), else
@@ -247,7 +236,7 @@ class RunSupervisor:
         self._record_enforced()
         log.info("adopted", run=self.run, attempt=attempt.n, pid=attempt.pid, job=attempt.job_id,
                  stopping=self.state.stop is not None and self.state.stop.attempt == attempt.n)
-        self._feed(ev.Adopted(self.ctx.now(), attempt.n, attempt.started_at))
+        self.feed(ev.Adopted(self.ctx.now(), attempt.n, attempt.started_at))
 
     # -- launch -----------------------------------------------------------------------------------------
     def _launch(self, n: int, *, resume: bool, halvings: int, note: str | None) -> None:
@@ -255,7 +244,7 @@ class RunSupervisor:
         self._use_gpus(None)
         gpus = () if self.executor.allocates_gpus else self.spec.gpus
         # this read also opens the attempt's poll window: the first poll averages from launch
-        view = self.ctx.gpu_probe.read(gpus, window=self.poll_window) if gpus else None
+        view = self.ctx.gpu_probe.read(gpus, window=self.observer.poll_window) if gpus else None
         if gpus and view is not None and view.available:  # a quarantined GPU: stand-ins, or wait for it
             choice = gpufault.choose(self.ctx.gpu_probe, self.ctx.store, self.spec, self.declared_gpus, view)
             if choice.gpus is None:
@@ -264,13 +253,13 @@ class RunSupervisor:
             if choice.gpus != tuple(gpus):
                 self._use_gpus(choice.gpus)
                 gpus = self.spec.gpus
-                view = self.ctx.gpu_probe.read(gpus, window=self.poll_window)
+                view = self.ctx.gpu_probe.read(gpus, window=self.observer.poll_window)
                 note = " · ".join(x for x in (note, choice.note) if x)
         quarantined = {u: q["reason"] for u, q in self.ctx.store.quarantined_gpus().items()} if gpus else {}
-        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.run_pids_seen),
+        refusals = [a for a in guards.prelaunch(self.spec.guards, gpus, view, frozenset(self.observer.run_pids_seen),
                                                 quarantined) if a.kind == "refuse"]
         if refusals:
-            self._feed(ev.LaunchRefused(self.ctx.now(), n, tuple(refusals)))
+            self.feed(ev.LaunchRefused(self.ctx.now(), n, tuple(refusals)))
             return
         facts = self.ctx.store.run_state(self.run)[1]
         after = self.state.relaunched_after
@@ -306,7 +295,7 @@ class RunSupervisor:
         self._record_enforced()
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
         row = self.attempt
-        self._feed(ev.Launched(self.ctx.now(), row.n, row.profile, row.gpus, row.started_at or self.ctx.now(),
+        self.feed(ev.Launched(self.ctx.now(), row.n, row.profile, row.gpus, row.started_at or self.ctx.now(),
                                halvings=int(row.detail.get("halvings", 0)), note=note))
 
     def _launch_message(self, attempt: Attempt, note: str | None) -> int:
@@ -323,7 +312,7 @@ class RunSupervisor:
         n = attempt.n
         fd = self.executor.exit_fd(attempt)
         if fd is not None:
-            self.ctx.exits.watch(self.run, fd, lambda: self._later(f"exit:{self.run}:{n}", 0.0,
+            self.ctx.exits.watch(self.run, fd, lambda: self.later(f"exit:{self.run}:{n}", 0.0,
                                                                    lambda: self.on_exit(n), "handling its exit"))
             return
 
@@ -331,11 +320,11 @@ class RunSupervisor:
             self.check_exit()
             current = self.attempt
             if current is not None and current.n == n and current.status == AttemptStatus.RUNNING:
-                self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
+                self.later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
 
-        self._later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
+        self.later(f"exit-check:{self.run}", self.executor.exit_poll_seconds, ask, "asking for its exit")
 
-    def _later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None:
+    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None:
         """`fn` on the daemon's timers in `delay` real seconds: an error is this run's (logged, or an
         internal-error incident), never the timer thread's."""
         def run() -> None:
@@ -363,7 +352,7 @@ class RunSupervisor:
         if attempt is not None and self.is_running() and self.executor.exit_info(attempt) is not None \
                 and self.runlog.reader.unread_bytes() > CHUNK_BYTES:
             n = attempt.n
-            self._later(f"exit:{self.run}:{n}", 0.0, lambda: self.on_exit(n), "handling its exit")
+            self.later(f"exit:{self.run}:{n}", 0.0, lambda: self.on_exit(n), "handling its exit")
             return
         if self.lock.acquire(timeout=GUARD_LOCK_WAIT_SECONDS):  # a run busy with its exit is left to it
             try:
@@ -460,7 +449,7 @@ class RunSupervisor:
         """An event after attempt n's exit (its record, the retry or the end): an unexpected error is an
         internal-error incident that ends the run, never a start-up crash or a run `running` forever."""
         try:
-            self._feed(event)
+            self.feed(event)
         except BabysitError:
             raise  # the store failing (a full disk): check_exit's backstop redoes the exit later
         except Exception as exc:
@@ -495,14 +484,14 @@ class RunSupervisor:
                 if self.status == RunStatus.WAITING_GPU:
                     self._launch(n, resume=resume, halvings=halvings, note=note)
 
-        self._later(f"gpu-wait:{self.run}", GPU_WAIT_MINUTES * self.ctx.scale, again, "waiting for its GPU")
+        self.later(f"gpu-wait:{self.run}", GPU_WAIT_MINUTES * self.ctx.scale, again, "waiting for its GPU")
 
     def _forget(self) -> None:
         """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
         self.ctx.polls.cancel(self.run)
         for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}", f"gpu-wait:{self.run}"):
             self.ctx.timers.cancel(key)
-        self.ctx.gpu_probe.close_window(self.poll_window)
+        self.ctx.gpu_probe.close_window(self.observer.poll_window)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """An unexpected exception met while handling this run: an internal-error incident, once (run_errors)."""
@@ -519,99 +508,13 @@ class RunSupervisor:
             row = self.ctx.store.attempt(self.run, n)
             info = self.executor.exit_info(row) if row.status != AttemptStatus.ENDED else None
             self.attempt = row
-            self._feed(ev.InternalError(now, n, short_error(exc), ended_at=info.ended_at if info else None,
+            self.feed(ev.InternalError(now, n, short_error(exc), ended_at=info.ended_at if info else None,
                                         exit_code=info.exit_code if info else None,
                                         signal=info.signal if info else None))
         except Exception:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
 
     # -- polls and guards -------------------------------------------------------------------------------
-    @property
-    def poll_window(self) -> str:
-        return f"poll:{self.run}"
-
-    def _run_pids(self, host: HostReading | None) -> frozenset[int]:
-        """The run's tree now, remembered: a pid that ever was the run's is never a foreign holder."""
-        if host is not None:
-            self.run_pids_seen.update(host.run_pids)
-        if self.attempt is not None:
-            self.run_pids_seen.update(self.executor.own_pids(self.attempt))
-        return host.run_pids if host is not None else frozenset()
-
-    def observe(self, window: str = GUARD_WINDOW) -> Observation:
-        """One look at the running attempt: the log read on, then the host, the GPUs (closing `window`'s
-        utilization average) and the GPU-hours, each read once; guards and polls decide on the result."""
-        attempt = self.attempt
-        assert attempt is not None
-        t0 = time.perf_counter()
-        self.runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
-        self.runlog.check_reader(attempt)
-        now = self.ctx.now()
-        host = self.ctx.host_probe.read(self.executor.root_pid(attempt)) if self.executor.runs_here else None
-        run_pids = self._run_pids(host)
-        t1 = time.perf_counter()
-        view = self._gpu_view(window)
-        t2 = time.perf_counter()
-        if t2 - t0 > 0.25:  # a check must cost its run nothing: say where the time went
-            log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
-        prereg = self.spec.prereg
-        return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
-            run=self.run, attempt=attempt.n, at=now, points=tuple(self.runlog.points),
-            read_step=prereg.read_step if prereg else None, end_step=self.runlog.end_step(attempt), gpus=self.spec.gpus,
-            gpu_hours_used=self._gpu_hours(attempt, now), gpu_hours_cap=self.spec.guards.gpu_hours_cap,
-            view=view, host=host, run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
-            seconds_since_last_record=self.runlog.quiet_seconds(now),
-            seconds_since_launch=None if attempt.started_at is None else now - attempt.started_at,
-            data_wait_frac=self.runlog.data_wait_frac(), nonfinite=self.runlog.nonfinite, minute_seconds=self.ctx.scale)
-
-    def _gpu_hours(self, attempt: Attempt, now: float) -> float:
-        """GPU-hours over every attempt (`progress.gpu_hours_used`, the rule status and the web page
-        apply): the ended attempts read from the store once per attempt (they cannot change)."""
-        if self.past_attempts is None or self.past_attempts[0] != attempt.n:
-            self.past_attempts = (attempt.n, tuple(a for a in self.ctx.store.attempts(self.run) if a.n != attempt.n))
-        return progress.gpu_hours_used((*self.past_attempts[1], attempt), now)
-
-    def snapshot(self, kind: str, obs: Observation | None = None) -> snapshot.Snapshot:
-        """The poll's snapshot of an observation (a fresh one through the poll window when none is given):
-        the same step, pace, projection, GPUs, host and pids the guards decide on."""
-        obs = obs if obs is not None else self.observe(self.poll_window)
-        return snapshot.build_snapshot(
-            run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, progress=obs.progress,
-            view=obs.view, host=obs.host, gpus=obs.gpus,
-            run_pids=(obs.run_pids | obs.past_run_pids) if obs.host is not None else None,
-            latest_eval=self.runlog.latest_eval, latest_eval_step=self.runlog.latest_eval_step,
-            provisional=self.verdicts.provisional,
-            starvation_util_pct=self.spec.poll.starvation_util_pct,
-            min_free_host_ram_gib=self.spec.guards.min_free_host_ram_gib,
-            seconds_since_last_record=obs.seconds_since_last_record,
-            stall_seconds=self.spec.guards.stall_minutes * obs.minute_seconds,
-            note=self.executor.status_note(self.attempt) if self.attempt is not None else None,
-            log_path=str(self.runlog.records_log), seconds_since_launch=obs.seconds_since_launch,
-            data_wait_frac=obs.data_wait_frac,
-            shown_metrics={k: [step, v] for k, (step, v) in self.runlog.latest_shown.items()},
-            reading=self.runlog.reading_line() if kind == "first" else None)
-
-    def _live_facts(self, obs: Observation) -> guards.LiveFacts:
-        """The guards' facts from the check's one observation (a poll snapshots the same kind of record)."""
-        return guards.LiveFacts(
-            gpus=obs.gpus, view=obs.view, run_pids=obs.run_pids, gpu_hours_used=obs.gpu_hours_used,
-            gpu_hours_projected_at_end=obs.gpu_hours_projected,
-            seconds_since_last_record=obs.seconds_since_last_record, process_alive=True,
-            available_ram_bytes=obs.host.available_ram_bytes if obs.host is not None else None,
-            already_warned=self._warned(), past_run_pids=obs.past_run_pids,
-            sightings=dict(self.sightings), nonfinite=obs.nonfinite, minute_seconds=obs.minute_seconds)
-
-    def _gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
-        """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe
-        sidecar, since the daemon's node cannot see the job's GPUs), else the daemon's probe.
-        `window`: whose utilization average this read closes (the guards' or the polls')."""
-        if not self.spec.gpus:
-            return None
-        probe = self.ctx.gpu_probe
-        if self.attempt is not None:
-            probe = self.executor.gpu_probe(self.attempt, probe)
-        return probe.read(self.spec.gpus, window=window)
-
     def poll(self, kind: str | None = None) -> bool:
         """Poll now, alone (`/babysit poll`: kind "on-demand", which leaves the schedule as it is); True
         when a poll was recorded (babysit/run_polls.py)."""
@@ -622,41 +525,9 @@ class RunSupervisor:
         self.errors.failed(where, exc)
 
     def guard(self) -> None:
-        """The live check: foreign GPU processes, GPU-hour cap, stalls, divergence, host memory; the
-        guards' actions go through the run's transition (`GuardReading`). A run whose lock is held (its
-        exit handled, its output drained) is left to that: the round goes on."""
-        if not self.lock.acquire(timeout=GUARD_LOCK_WAIT_SECONDS):
-            log.info("guard skipped: the run is busy (an exit, a drain)", run=self.run)
-            return
-        try:
-            attempt = self.attempt
-            if attempt is None or attempt.status != AttemptStatus.RUNNING or self.stopping:
-                return
-            obs = self.observe(GUARD_WINDOW)
-            if obs.view is not None and obs.view.available:
-                self.sightings = guards.track_sightings(
-                    self.sightings, guards.foreign_holders(obs.view, self.spec.gpus, obs.run_pids | obs.past_run_pids))
-            actions = guards.live(self.spec.guards, self._live_facts(obs))
-            run_pids = obs.host.run_pids if obs.host is not None else frozenset()
-            actions = gpufault.examine(self.ctx.store, attempt, actions, run_pids, self.spec.gpus)
-            # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
-            exited = any(a.kind == "stop" for a in actions) and self.executor.exit_info(attempt) is not None
-            self._feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited, run_pids=run_pids))
-        finally:
-            self.lock.release()
-
-    def _recheck_soon(self, action: guards.Action) -> None:
-        """A holder seen once: read again in a moment instead of waiting a whole guard interval."""
-        log.info("gpu holder to confirm", run=self.run, holders=action.detail.get("holders"))
-        if self.recheck_pending:
-            return
-        self.recheck_pending = True
-
-        def recheck() -> None:
-            self.recheck_pending = False
-            self.guard()
-
-        self._later(f"recheck:{self.run}", min(RECHECK_SECONDS, self.ctx.scale / 2), recheck, "re-checking its guards")
+        """The live check (babysit/run_guard.py): foreign GPU processes, GPU-hour cap, stalls, divergence,
+        host memory."""
+        self.guarding.guard()
 
     def note_attempt(self, attempt: Attempt, **facts: Any) -> None:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
@@ -666,7 +537,7 @@ class RunSupervisor:
         the asker. The stop signal and the poll are sent after the run's lock is released, on the
         asker's thread."""
         event = ev.Request(self.ctx.now(), "poll" if kind == "poll-now" else kind, by, request_id)
-        return self._feed(event, defer=(ev.Signal, ev.TakePoll)) or "not running"
+        return self.feed(event, defer=(ev.Signal, ev.TakePoll)) or "not running"
 
     def _send_stop(self, attempt: Attempt, stop: dict[str, Any], grace: float) -> None:
         """The stop signal now, the SIGKILL after `grace` seconds; the store then says it was sent, so a
@@ -680,6 +551,6 @@ class RunSupervisor:
         n = attempt.n
 
         def grace_over() -> None:
-            self._feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
+            self.feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
 
-        self._later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
+        self.later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
