@@ -1,6 +1,8 @@
 """The verdict chart (PNG): the metric curve, and the delta from baseline against the frozen bands.
 
 matplotlib is imported inside `render_chart` (Agg backend, no display) so `babysit --help` stays fast.
+The daemon draws its FINAL verdict's chart through `render_in_child` (`python -m babysit.chart`), so
+matplotlib (~48 MB resident, never given back) never enters the long-lived daemon.
 The chart never pretends unit comparability it does not have: each amendment's scaled bounds are drawn
 as dashed lines with their scale written on them, and a read before read_step carries a PROVISIONAL
 watermark.
@@ -13,11 +15,19 @@ the subtitle says how many were clipped. The axes are set from the values that f
 
 from __future__ import annotations
 
+import builtins
+import copyreg
+import io
 import math
+import os
+import pickle
+import subprocess
+import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from babysit.core.fmt import fmt_delta
@@ -86,6 +96,66 @@ def render_chart(path: Path | str, *, run: str, prereg: Prereg, series: Series, 
     fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.25)  # right-hand labels never clipped
     plt.close(fig)
     return path
+
+
+CHILD_TIMEOUT_SECONDS = 300.0  # matplotlib's import plus one chart: seconds; a wedged child is killed
+
+
+class ChartError(Exception):
+    """The chart child failed with an exception that is not a builtin one: `Type: message` as it said."""
+
+
+def render_in_child(path: Path | str, *, timeout: float = CHILD_TIMEOUT_SECONDS, **kwargs: Any) -> Path:
+    """`render_chart(path, **kwargs)` in a child process (`python -m babysit.chart`, the arguments
+    pickled on its stdin), so matplotlib is never imported here. Raises what the child raised: a
+    builtin exception as its own type (`IsADirectoryError: …`), else `ChartError('Type: message')`;
+    the child's traceback is a note on it (the daemon log shows it)."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_proxy}
+    pickler.dump((str(path), kwargs))
+    root = str(Path(__file__).resolve().parents[1])  # this babysit, whatever the child's cwd and sys.path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+           "MPLBACKEND": "Agg"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "babysit.chart"], input=buf.getvalue(), capture_output=True,
+                              timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ChartError(f"TimeoutExpired: the chart child ran over {timeout:.0f} s and was killed") from exc
+    if done.returncode == 0:
+        return Path(done.stdout.decode().strip() or path)
+    try:
+        name, message, trace = pickle.loads(done.stdout)
+    except Exception:  # it died before it could say (killed, out of memory, an import that failed)
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        raise ChartError(f"the chart child exited {done.returncode}: {tail[0]}") from None
+    kind = getattr(builtins, name, None)
+    exc = kind(message) if isinstance(kind, type) and issubclass(kind, Exception) else ChartError(f"{name}: {message}")
+    exc.add_note(f"in the chart child (python -m babysit.chart):\n{trace}")
+    raise exc
+
+
+def _reduce_proxy(proxy: MappingProxyType) -> tuple[Any, tuple[dict[Any, Any]]]:
+    return _proxy, (dict(proxy),)  # the type itself is not importable by name: a function that makes one
+
+
+def _proxy(items: dict[Any, Any]) -> MappingProxyType:
+    return MappingProxyType(items)
+
+
+def _child_main() -> int:
+    """`python -m babysit.chart`: the pickled (path, arguments) of `render_chart` on stdin; prints the
+    path, or pickles (type name, message, traceback) to stdout and exits 1."""
+    import traceback
+
+    path, kwargs = pickle.loads(sys.stdin.buffer.read())
+    try:
+        drawn = render_chart(path, **kwargs)
+    except Exception as exc:
+        sys.stdout.buffer.write(pickle.dumps((type(exc).__name__, str(exc), traceback.format_exc())))
+        return 1
+    sys.stdout.write(str(drawn))
+    return 0
 
 
 def _metric_panel(ax: Any, prereg: Prereg, series: Series, train: Series, comparators: Mapping[str, Series],
@@ -333,3 +403,7 @@ def _short(value: float | Fraction) -> str:
 def _fmt_delta(value: float, precision: int) -> str:
     """fmt_delta, but a huge delta in 4 significant digits rather than 300 digits across the chart."""
     return fmt_delta(value, precision) if abs(value) < CLIP else f"{value:+.4g}"
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

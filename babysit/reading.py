@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from babysit import atomic, registry, sources
-from babysit.chart import render_chart
+from babysit.chart import render_chart, render_in_child
 from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
@@ -269,7 +269,7 @@ def verdict_chart_path(out_dir: Path, run: str) -> Path:
 def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, path: Path, *,
                verdict: Verdict | None = None, comparators: Mapping[str, Series] | None = None,
                log: Path | None = None, series: tuple[Series, Series] | None = None,
-               ) -> tuple[Path | None, Exception | None]:
+               child: bool = False) -> tuple[Path | None, Exception | None]:
     """Best effort, never raising: (the PNG, None), or (None, why it could not be drawn).
 
     A chart is an illustration of the verdict, not the verdict: a value matplotlib cannot place, an
@@ -279,7 +279,8 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
     Without `verdict`, the chart's verdict is re-derived from the log and the store's amendments as of
     the JSON's at_step, so the daemon can pass just the body it already has. `log`: the record log read
     (an offline read's --log), else the run's own; `series`: (metric, train metric) already read whole
-    (the daemon's cache), so the log is not parsed again.
+    (the daemon's cache), so the log is not parsed again. `child`: drawn in a child process
+    (`chart.render_in_child`: the daemon never imports matplotlib), its exception returned the same way.
     """
     try:
         prereg = require_prereg(spec)
@@ -291,8 +292,9 @@ def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | No
             amendments = stored_amendments(store, spec.name) if store is not None else ()
             at = verdict_json.get("at_step") if verdict_json.get("status") != "NO-READ" else None
             verdict = evaluate(prereg, amendments, metric_series, train_series=train, at_step=at)
-        return render_chart(path, run=str(verdict_json["run"]), prereg=prereg, series=metric_series, verdict=verdict,
-                            amendments=verdict.amendments, comparators=comparators or {}, train_series=train), None
+        draw = render_in_child if child else render_chart
+        return draw(path, run=str(verdict_json["run"]), prereg=prereg, series=metric_series, verdict=verdict,
+                    amendments=verdict.amendments, comparators=comparators or {}, train_series=train), None
     except Exception as exc:  # best effort by design: see the docstring
         return None, exc
 

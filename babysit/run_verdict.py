@@ -154,7 +154,8 @@ class RunVerdicts:
         if cache is not None and self.spec.prereg is not None and self.spec.prereg.train_metric is None \
                 and cache.complete(log_path):
             whole = cache.series()  # the log read whole already: not parsed again for the chart
-        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path, series=whole)
+        # in a child process: matplotlib (+48 MB, kept for the daemon's life) never enters the daemon
+        self.chart = reading.draw_chart(self.spec, body, self.ctx.store, chart_path, series=whole, child=True)
         if self.chart[1] is not None:
             self.internal_error("drawing the verdict chart", self.chart[1])
 

@@ -101,3 +101,38 @@ def test_a_chart_that_cannot_be_written_is_reported_never_raised(tmp_path: Path,
     (tmp_path / "taken.png").mkdir()
     path, error = draw_chart(spec, verdict.to_json(spec.name, None), None, tmp_path / "taken.png", verdict=verdict)
     assert path is None and isinstance(error, IsADirectoryError)
+
+
+CHILD_DRAW = """
+import sys
+from pathlib import Path
+from babysit.core.amendment import load_amendment, what_if
+from babysit.core.spec import load_spec
+from babysit.core.verdict import evaluate
+from babysit.reading import draw_chart, read_series
+fixtures, out = Path(sys.argv[1]), Path(sys.argv[2])
+spec = load_spec(fixtures / "run.toml")
+series, train, _ = read_series(spec.log, spec.prereg)
+verdict = evaluate(spec.prereg, [what_if(load_amendment(fixtures / "scale_amendment.toml"), 1)], series,
+                   train_series=train)
+body = verdict.to_json(spec.name, spec.prereg.sha256)
+drawn, error = draw_chart(spec, body, None, out / "child.png", verdict=verdict, child=True)
+assert error is None and drawn == out / "child.png", error
+(out / "taken.png").mkdir()
+drawn, error = draw_chart(spec, body, None, out / "taken.png", verdict=verdict, child=True)
+print(type(error).__name__, drawn, 'matplotlib' in sys.modules)
+print("NOTE", "in the chart child" in "".join(getattr(error, "__notes__", [])))
+"""
+
+
+def test_the_daemons_chart_is_drawn_in_a_child_the_same_png_and_the_same_error(tmp_path: Path, seed):
+    """The daemon draws through `child=True` so matplotlib never enters it (its RSS: bench/README §4b):
+    the PNG is the one drawn in process, a failure the same exception type (a said, non-fatal error)."""
+    out = subprocess.run([sys.executable, "-c", CHILD_DRAW, str(FIXTURES), str(tmp_path)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.splitlines() == ["IsADirectoryError None False", "NOTE True"]
+    spec, series, train, amendment = seed
+    verdict = evaluate(spec.prereg, [amendment], series, train_series=train)
+    here = render_chart(tmp_path / "here.png", run=spec.name, prereg=spec.prereg, series=series, verdict=verdict,
+                        amendments=verdict.amendments, train_series=train)
+    assert (tmp_path / "child.png").read_bytes() == here.read_bytes()
