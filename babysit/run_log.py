@@ -105,13 +105,15 @@ class RunLog:
 
     # -- reading ----------------------------------------------------------------------------------------
     def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
-                 chunk: int | None = None) -> int:
+                 chunk: int | None = None, final: bool = False) -> int:
         """Read the source and the record log on, chunk by chunk; returns the records applied. `drain`:
         to the end of what is written (an exit: the last lines belong to its classification and the
         verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
         `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
         Each chunk's offsets are stored with its records, so a restart reads on from there. `chunk`: its
-        bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms)."""
+        bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms). `final`
+        (with `drain`, once the attempt's exit is known): a last printed line without its newline is read
+        too — never while the trainer lives, as it may be writing that line still."""
         start = time.monotonic()
         total = 0
         reader, lock = self.reader, self.host.lock
@@ -121,7 +123,7 @@ class RunLog:
                 return total  # the reader thread (or an exit's drain) is on it
             try:
                 t0 = time.monotonic()
-                got = reader.next_chunk(self.ctx.now(), size)
+                got = reader.next_chunk(self.ctx.now(), size, final=final)
                 applied = lock.acquire(blocking=False)  # never wait on the run's lock while reading it
                 if applied:
                     try:
@@ -132,7 +134,7 @@ class RunLog:
                 self._note_pace(got.more, time.monotonic() - t0)
             finally:
                 reader.lock.release()
-            if applied and not got.more:
+            if applied and not got.more and (got.final or not final):  # a chunk read before the exit: once more
                 break
             if drain and self.ctx.reads.closed:
                 raise ReadInterrupted(f"{self.run}: the daemon stopped while the run's output was read for its "

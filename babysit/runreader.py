@@ -39,6 +39,7 @@ class Chunk:
     read: logtail.TailRead
     start: int  # the record log's offset the records were read from
     more: bool  # the source or the record log holds more than this chunk took: read again
+    final: bool = False  # pumped as the attempt's exit drain (its unterminated last printed line read)
 
 
 class RunReader:
@@ -55,17 +56,18 @@ class RunReader:
         self.behind_since: float | None = None  # when a read last ended with more to read (None: caught up)
         self.read_seconds = 0.0  # spent reading since behind_since
 
-    def next_chunk(self, now: float, size: int = CHUNK_BYTES) -> Chunk:
+    def next_chunk(self, now: float, size: int = CHUNK_BYTES, final: bool = False) -> Chunk:
         """Under `lock`: the pending chunk, else a new one. The source is pumped only once the record
         log is read up to its end, so the record log runs at most a chunk ahead of the tail. `size`: the
-        chunk's bytes of the source and of the record log at most."""
+        chunk's bytes of the source and of the record log at most. `final`: the attempt has exited (its
+        exit's drain): the pump reads a last printed line that has no newline."""
         if self.pending is not None:
             return self.pending
         pumped = None
         if not self._record_log_behind(size):
             caught_up = self.pump.source.copies and self.tail.offset == self.pump.state.get("records_bytes")
-            pumped = self.pumped = self.pump.pump(now, budget=size)
-            taken = self._taken(pumped) if caught_up else None
+            pumped = self.pumped = self.pump.pump(now, budget=size, final=final)
+            taken = self._taken(pumped, final) if caught_up else None
             if taken is not None:
                 self.pending = taken
                 return taken
@@ -74,10 +76,10 @@ class RunReader:
         if not read.missing:
             self.tail = read.state
         more = read.more or (pumped.backlog if pumped is not None else True)
-        self.pending = Chunk(pumped, read, 0 if read.reset else start, more)
+        self.pending = Chunk(pumped, read, 0 if read.reset else start, more, final and pumped is not None)
         return self.pending
 
-    def _taken(self, pumped: sources.PumpResult) -> Chunk | None:
+    def _taken(self, pumped: sources.PumpResult, final: bool) -> Chunk | None:
         """The pump's own records as the chunk's (not parsed back from the file: half the CPU of a line),
         when the tail stood at the end of what the pump had written and the file holds just what it
         appended since; None: read the record log instead (someone else wrote to it, it was replaced)."""
@@ -89,13 +91,13 @@ class RunReader:
             if size not in (None, start):
                 return None
             return Chunk(pumped, logtail.TailRead((), self.tail, 0, False, size is None, 0, False), start,
-                         pumped.backlog)
+                         pumped.backlog, final)
         state = logtail.advance(self.records_log, self.tail, int(pumped.state["records_bytes"]), len(pumped.records))
         if state is None:
             return None
         self.tail = state
         return Chunk(pumped, logtail.TailRead(pumped.records, state, 0, False, False, 0, False), start,
-                     pumped.backlog)
+                     pumped.backlog, final)
 
     def applied(self) -> None:
         self.pending = None

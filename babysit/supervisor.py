@@ -410,7 +410,8 @@ class RunSupervisor:
             if info is None:
                 return
             attempt = self._sync_start(attempt)
-            self.runlog.read_log(drain=True)  # the last records (a diverged event, the final eval) belong to it
+            # the last records (a diverged event, the final eval) belong to it, an unterminated last line too
+            self.runlog.read_log(drain=True, final=True)
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None

@@ -296,6 +296,30 @@ def test_a_partial_line_waits_for_its_end(tmp_path: Path) -> None:
     assert [(r.step, r.metrics["loss"]) for r in records(spec, sd)] == [(1, 2.0), (2, 1.5)]
 
 
+def test_an_unterminated_last_line_is_read_only_once_the_writer_has_exited(tmp_path: Path) -> None:
+    """While the trainer lives its last bytes may be half a line; at its exit's drain (`final`) they are
+    its last line (a `print(..., end="")`): read once, the cursor at the end, nothing read twice."""
+    spec = spec_from(tmp_path, titan())
+    sd = tmp_path / "sd"
+    out = attempt(sd, 1) / "stdout.log"
+    pump = SourcePump(spec, sd)
+    write(out, "step: 1 loss: 2.0\nstep: 2 loss: 1.5")
+    assert pump.pump(now=1.0).records_added == 1  # alive: the partial line waits
+    got = pump.pump(now=2.0, final=True)
+    assert got.records_added == 1 and got.lines_seen == 1
+    assert pump.pump(now=3.0, final=True).records_added == 0  # read once
+    assert [(r.step, r.metrics["loss"]) for r in records(spec, sd)] == [(1, 2.0), (2, 1.5)]
+    path = tmp_path / "big.log"
+    path.write_bytes(b"a\nbbb\ntail")
+    first = read_lines(path, Cursor(), window=1, max_line_bytes=3, final=True)  # 4 bytes: not the file's end
+    assert first.lines == (b"a",) and first.more and first.cursor.offset == 2
+    rest = read_lines(path, first.cursor, final=True)
+    assert rest.lines == (b"bbb", b"tail") and rest.cursor.offset == os.path.getsize(path)
+    path.write_bytes(b"x" * 100 + b"\n" + b"y" * 60)  # an over-long unterminated end is dropped, not a line
+    long = read_lines(path, Cursor(), max_line_bytes=50, final=True)
+    assert long.lines == () and long.dropped == 2 and long.cursor.offset == os.path.getsize(path)
+
+
 def test_captured_text_that_is_no_number_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     spec = spec_from(tmp_path, RUN + '[source]\nkind = "stdout"\n[[source.patterns]]\nregex = \'step (?P<step>\\S+) loss (?P<loss>\\S+)\'\n')
     sd = tmp_path / "sd"

@@ -4,7 +4,9 @@ The same rules as logtail's JSONL reader, for lines that are not JSON: O(new byt
 remembered offset, a partial last line waits for its terminator, a line longer than the limit is
 dropped (counted) without being buffered, a file truncated or replaced in place is read again from the
 start. `\\r` ends a line as `\\n` does: progress bars (tqdm) redraw with `\\r` and may never print
-a newline. The cursor is plain data the caller persists.
+a newline. Once the writer has exited (`final`), the unterminated last bytes are its last line (a
+`print(..., end="")` before the exit), never while it may still be writing them. The cursor is plain
+data the caller persists.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ def head_digest(head: bytes) -> str | None:
 
 
 def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
-               max_line_bytes: int = MAX_LINE_BYTES) -> LinesRead:
-    """The complete lines appended since `cursor`, at most `window` bytes of them."""
+               max_line_bytes: int = MAX_LINE_BYTES, final: bool = False) -> LinesRead:
+    """The complete lines appended since `cursor`, at most `window` bytes of them. `final`: the writer
+    has exited, so what follows the last terminator at the end of the file is a line too."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError, PermissionError):
@@ -112,6 +115,10 @@ def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
     finally:
         os.close(fd)
     lines, consumed, skipping, dropped = split_lines(data, cursor.skipping, max_line_bytes)
+    if final and consumed < len(data) == want:  # the file's unterminated end, and no writer left to end it
+        if not skipping:
+            lines.append(data[consumed:])
+        consumed, skipping = len(data), False
     grown = st.st_size if reset else max(0, st.st_size - cursor.size)
     new = replace(cursor, offset=cursor.offset + consumed, size=st.st_size, file_id=file_id,
                   head=head_digest(head), head_len=len(head), skipping=skipping)

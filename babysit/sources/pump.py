@@ -90,9 +90,10 @@ class SourcePump:
             return self.source.preset
         return self._state.get("reader", {}).get("preset")
 
-    def pump(self, now: float, budget: int = lines.WINDOW_BYTES) -> PumpResult:
+    def pump(self, now: float, budget: int = lines.WINDOW_BYTES, final: bool = False) -> PumpResult:
         """Read the source on, at most about `budget` bytes of it (stdout; csv and tensorboard bound
-        their reads themselves), and append what it gave to the record log; `backlog`: call again."""
+        their reads themselves), and append what it gave to the record log; `backlog`: call again.
+        `final`: the attempt has exited (its exit's drain): a printed last line without its newline is read."""
         st = self._state
         items: tuple[records.Item, ...] = ()
         lines: int | None = None
@@ -105,7 +106,7 @@ class SourcePump:
         kind = self.source.kind
         captured = self._captured()
         if kind == "stdout":
-            got = stdout.read(self.source, self.run_dir, reader, captured, budget)
+            got = stdout.read(self.source, self.run_dir, reader, captured, budget, final=final)
             items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
             reader, sample, notices = got.state, got.sample or sample, got.notices
         elif kind == "csv":

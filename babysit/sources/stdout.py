@@ -114,11 +114,12 @@ class CapturedFiles:
 
 
 def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
-         files: list[Path] | None = None, budget: int = ln.WINDOW_BYTES) -> StdoutRead:
+         files: list[Path] | None = None, budget: int = ln.WINDOW_BYTES, final: bool = False) -> StdoutRead:
     """Read the captured files on from their cursors (keyed by path under the run directory), in
     attempt order, `budget` bytes in all: the rest is `more`, read by the next call (one bounded chunk
     in memory at a time, whatever the backlog). `state`: the last read's `StdoutRead.state` ({} at
-    first); `files`: the run's captured files when the caller has them listed already."""
+    first); `files`: the run's captured files when the caller has them listed already. `final`: every
+    attempt has exited (its exit's drain), so a file's unterminated last line is read too."""
     items: list[Item] = []
     problems: list[str] = []
     cursors = state.get("cursors", {})
@@ -144,7 +145,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
             attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
         before = ln.Cursor.from_dict(cursors.get(key))
-        got = ln.read_lines(path, before, window=left)
+        got = ln.read_lines(path, before, window=left, final=final)
         new_cursors[key] = got.cursor.to_dict()
         left -= got.cursor.offset - (0 if got.reset else before.offset)
         more = more or got.more

@@ -33,11 +33,11 @@ w(f"step {n}: train loss 2.5000, val loss {FINAL:.4f}\n")  # the last line, just
 """.replace("BASELINE", repr(BASELINE)).replace("FINAL", repr(FINAL))
 
 
-def register(root: Path, name: str, lines: int, pad: int, go: str = "-") -> None:
+def register(root: Path, name: str, lines: int, pad: int, go: str = "-", trainer: str = TRAINER) -> None:
     spec = root / f"{name}.toml"
     spec.write_text(f"""[run]
 name = "{name}"
-command = {json.dumps([sys.executable, "-c", TRAINER, str(lines), str(pad), go])}
+command = {json.dumps([sys.executable, "-c", trainer, str(lines), str(pad), go])}
 total_steps = {lines}
 
 [guards]
@@ -110,6 +110,37 @@ def test_a_backlog_written_while_no_daemon_was_up_is_read_whole_by_the_next_one(
     second = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert second.wait(timeout=300) == 0, second.output()
     assert_read_to_the_end(workspace, "backlog", lines)
+
+
+UNTERMINATED = r"""
+import sys
+n = int(sys.argv[1])
+print("step 0: train loss 4.0000, val loss %.4f" % BASELINE)
+for i in range(1, n + 1):
+    print(f"iter {i}: loss {3 + (i % 1000) / 1000:.4f}, time 1.00ms")
+print("a warning with no newline", end="", file=sys.stderr)
+print(f"step {n}: train loss 2.5000, val loss %.4f" % FINAL, end="")  # the eval, no newline, and the exit
+""".replace("BASELINE", repr(BASELINE)).replace("FINAL", repr(FINAL))
+
+
+def test_a_last_printed_line_without_its_newline_is_read_at_the_exit(workspace: Path) -> None:
+    """`print(..., end="")` then exit: the unterminated last line is a line once the trainer is gone
+    (never while it lives: it may be writing that line still). Before, it was never read: the verdict
+    missed the final eval it prints."""
+    register(workspace, "noeol", 200, pad=0, trainer=UNTERMINATED)
+    daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
+    assert daemon.wait(timeout=120) == 0, daemon.output()
+    store = store_of(workspace)
+    try:
+        final = store.final_verdict("noeol")
+        assert final is not None and final.body["status"] == "FINAL", store.run_state("noeol")
+        assert abs(final.body["delta"] - (FINAL - BASELINE)) < 1e-9, final.body  # the unterminated line's value
+        source = store.run_state("noeol")[1]["source"]
+        assert source["records"] == 202 and source["lines"] == 203, source  # stderr's unterminated line counted
+    finally:
+        store.close()
+    last = (workspace / ".babysit" / "runs" / "noeol" / "records.jsonl").read_text().splitlines()[-1]
+    assert json.loads(last)["val_loss"] == FINAL and json.loads(last)["step"] == 200
 
 
 @pytest.mark.slow
