@@ -34,6 +34,7 @@ from babysit import relaunch, sources, wake
 from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.context import DaemonContext
+from babysit.core import gpureport
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
@@ -44,8 +45,8 @@ from babysit.executors.local import LocalExecutor
 from babysit.executors.slurm import SlurmExecutor
 from babysit.exitwatch import ExitWatcher
 from babysit.notify import Channel
-from babysit.probes.gpu import GpuProbe
-from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.probes.gpu import GpuProbe, open_gpu_probe
+from babysit.probes.host import HostProbe, ProcHostProbe, process_tree
 from babysit.sampler import Sampler
 from babysit.sources import wandbfile
 from babysit.store import Row
@@ -70,7 +71,8 @@ class Daemon:
                  host_probe: HostProbe | None = None, executors: Mapping[str, Executor] | None = None,
                  timers: Timers | None = None, only: frozenset[str] | None = None,
                  on_interrupt: Callable[[int], None] | None = None,
-                 on_gateway: Callable[[bool], None] | None = None) -> None:
+                 on_gateway: Callable[[bool], None] | None = None,
+                 report_probe: Callable[[], GpuProbe] | None = None) -> None:
         self.registry_path = Path(registry_path).resolve()
         self.registry = registry_mod.load(self.registry_path)
         self.state_dir = self.registry.state_dir
@@ -98,6 +100,10 @@ class Daemon:
                 "a fleet of boxes needs a PostgreSQL (SQLite is one box's file)",
                 hint="set [store] url (docs/fleet.md), or remove the host name to babysit this box alone")
         self.fleet: FleetMember | None = None  # a box of a fleet (PostgreSQL): its lease and LISTEN
+        # a fleet's box publishes its GPU reading with its lease for the gateway's `/babysit gpus`, through a
+        # probe of its own: a read of the daemon's would take the health signals its guards wait for
+        self._report_probe_factory = report_probe or (lambda: open_gpu_probe(None))
+        self._report_probe: GpuProbe | None = None
         self.exits = ExitWatcher()
         self._own_timers = timers is None  # the scheduler's, once run() starts it
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,
@@ -186,7 +192,7 @@ class Daemon:
 
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
                                      on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
-                                     on_gateway=self.on_gateway)
+                                     on_gateway=self.on_gateway, report=self._fleet_report)
             self.fleet.start()
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
@@ -265,9 +271,27 @@ class Daemon:
         log.info("daemon down: runs keep running; `babysit up` re-adopts them")
         if self.fleet is not None:
             self.fleet.close()
+        if self._report_probe is not None:
+            self._report_probe.close()
         self.store.close()
         if self._lock_file is not None:
             self._lock_file.close()
+
+    def _fleet_report(self) -> dict[str, Any]:
+        """What this box publishes with each lease renewal (the fleet thread): its GPUs read now, each
+        compute process labelled with the run whose live attempt's process tree it is in."""
+        if self._report_probe is None:
+            self._report_probe = self._report_probe_factory()
+        probe = self._report_probe
+        probe.sample()
+        view = probe.read([], window=gpureport.WINDOW)
+        owners: dict[int, str] = {}
+        if any(g.processes for g in view.gpus):
+            for run, supervisor in list(self.supervisors.items()):
+                attempt = supervisor.attempt
+                if attempt is not None and attempt.pid and supervisor.is_running():
+                    owners.update(dict.fromkeys(process_tree(attempt.pid), run))
+        return {"gpus": gpureport.to_json(view, owners, self.ctx.now())}
 
     def deliver(self) -> int:
         """One delivery pass on the caller's thread (the daemon's last, at shutdown)."""

@@ -864,13 +864,14 @@ class Store:
             return db.execute("DELETE FROM gpu_quarantine WHERE uuid=? AND COALESCE(host, '') = ?",
                               (uuid, self.host or "")).rowcount == 1
 
-    def quarantined_gpus(self) -> dict[str, dict[str, Any]]:
-        """This box's quarantined GPUs (in a fleet the others' are theirs: an index names a box's GPU):
-        UUID -> {uuid, gpu, reason, evidence, run, by, at}, oldest first."""
+    def quarantined_gpus(self, host: str | None = None) -> dict[str, dict[str, Any]]:
+        """This box's quarantined GPUs (in a fleet the others' are theirs: an index names a box's GPU; the
+        gateway's `/babysit gpus` asks for another box's by its `host`): UUID -> {uuid, gpu, reason, evidence,
+        run, by, at}, oldest first."""
         return {r["uuid"]: {"uuid": r["uuid"], "gpu": r["gpu"], "reason": r["reason"], "run": r["run"],
                             "by": r["quarantined_by"], "at": r["at"], "evidence": json.loads(r["evidence"])}
                 for r in self._query("SELECT * FROM gpu_quarantine WHERE COALESCE(host, '') = ? ORDER BY at, uuid",
-                                     (self.host or "",))}
+                                     (host or self.host or "",))}
 
 
 def _statements(script: str) -> list[str]:

@@ -1,8 +1,11 @@
 """`/babysit gpus`: who holds which GPU, each process labelled with its run or FOREIGN.
 
-A fresh probe reading (never a cached one: the question is "who is on it now"). A process belongs to
-a run when it is in the process tree of one of the run's live attempts; everything else is FOREIGN,
-including processes babysit cannot see (another PID namespace), which are said to be unseen.
+This box's GPUs: a fresh probe reading (never a cached one: the question is "who is on it now"). A
+process belongs to a run when it is in the process tree of one of the run's live attempts; everything
+else is FOREIGN, including processes babysit cannot see (another PID namespace), which are said to be
+unseen. In a fleet, every other box's GPUs as that box published them with its last lease renewal
+(babysit/core/gpureport.py: the box labelled its own processes), under a line with the reading's age
+and the box's staleness: the gateway cannot read another box's GPUs, and says how old what it shows is.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from babysit.core import gpureport
 from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
 from babysit.probes.gpu import open_gpu_probe
@@ -62,11 +66,29 @@ def read_gpus(owners: Mapping[int, str], probe_spec: str | None = None,
 
 
 def run_owners(store: Store) -> dict[int, str]:
-    """pid → run for every process in the tree of a live attempt."""
+    """pid → run for every process in the tree of a live attempt of this box (another box's pids are
+    another machine's: the same number here is some other process)."""
 
+    hosts = store.run_hosts() if store.host is not None else {}
     owners: dict[int, str] = {}
     for attempt in store.live_attempts():
-        if attempt.pid:
+        if attempt.pid and hosts.get(attempt.run, store.host) == store.host:
             for pid in process_tree(attempt.pid):  # empty once it is gone: a recycled pid is no run's
                 owners[pid] = attempt.run
     return owners
+
+
+def box_lines(host: Mapping[str, Any], staleness: str, now: float,
+              quarantined: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """Another box's GPUs as it published them (`hosts.info`'s `gpus`): a heading with the reading's age
+    and the box's staleness, then its lines; pure."""
+    report = (host.get("info") or {}).get("gpus")
+    if not isinstance(report, Mapping):
+        why = (host.get("info") or {}).get("report_error") or "its daemon publishes none (an older babysit?)"
+        return [f"{staleness} — no GPU reading: {why}"]
+    view, owners, at = gpureport.from_json(report)
+    age = f"read {max(0.0, now - at):.0f} s ago" if at is not None else "read at an unknown time"
+    if not view.available:
+        return [f"{staleness} — GPUs not measured ({age}): {view.reason or 'no GPU could be read'}"]
+    lines = gpu_lines(view, owners, quarantined)
+    return [f"{staleness} — {age}", *(["  (no GPU visible)"] if not lines else ["  " + line for line in lines])]

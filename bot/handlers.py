@@ -25,7 +25,7 @@ from babysit.db.url import fleet_owner
 from babysit.store import Store
 from bot import messages as msg
 from bot.context import BotConfig, opened
-from bot.gpus import read_gpus, run_owners
+from bot.gpus import box_lines, read_gpus, run_owners
 from bot.messages import answer
 from bot.owner_calls import campaign_reply
 from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
@@ -179,12 +179,19 @@ def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
 
 
 def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
+    """This box's GPUs read now; in a fleet, every other box's as it published them, with their age."""
     ack(**answer(msg.reply("🖥 Reading the GPUs…")))
+    others: list[list[str]] = []
     with opened(cfg) as (_, store):
         owners = run_owners(store)
         quarantined = store.quarantined_gpus()
+        if store.host is not None:
+            hosts, now = store.hosts(), store.now()
+            states = runview.host_states(hosts)
+            others = [box_lines(h, runview.box_staleness(h, states[h["name"]], now), now,
+                                store.quarantined_gpus(h["name"])) for h in hosts if h["name"] != store.host]
     lines, reason = read_gpus(owners, cfg.gpu_probe, quarantined)
-    respond(**answer(msg.gpus_message(lines, reason)))
+    respond(**answer(msg.gpus_message(lines, reason, here=store.host, others=others)))
 
 
 def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:

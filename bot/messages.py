@@ -185,15 +185,25 @@ def slack_refused(what: str, error: str) -> Rendered:
     return reply(f"Slack refused to {what} ({error}): {hint.get(error, 'see the bot log on the babysat host')}.")
 
 
-def gpus_message(lines: list[str], reason: str | None) -> Rendered:
-    """`/babysit gpus`: `lines` come from bot.gpus; `reason` is why nothing could be read."""
-    if reason is not None:
-        return reply(f"🖥 GPUs not measured: {reason}")
-    if not lines:
-        return reply("🖥 No GPU is visible on the babysat host.")
-    text = "🖥 GPUs on the babysat host (each process: its run, or FOREIGN):\n" + "\n".join(lines)
-    return Rendered(text, [section("🖥 *GPUs on the babysat host* (each process: its run, or FOREIGN)"),
-                           section(code("\n".join(lines)))])
+def gpus_message(lines: list[str], reason: str | None, *, here: str | None = None,
+                 others: Sequence[Sequence[str]] = ()) -> Rendered:
+    """`/babysit gpus`: `lines` come from bot.gpus; `reason` is why nothing could be read. In a fleet
+    (`here`: this box's name) `others` holds each other box's lines (bot.gpus.box_lines), one block a box."""
+    if here is None:
+        if reason is not None:
+            return reply(f"🖥 GPUs not measured: {reason}")
+        if not lines:
+            return reply("🖥 No GPU is visible on the babysat host.")
+        text = "🖥 GPUs on the babysat host (each process: its run, or FOREIGN):\n" + "\n".join(lines)
+        return Rendered(text, [section("🖥 *GPUs on the babysat host* (each process: its run, or FOREIGN)"),
+                               section(code("\n".join(lines)))])
+    mine = [f"box {here} (this box) — read now"] + (
+        [f"  GPUs not measured: {reason}"] if reason is not None else
+        ["  (no GPU visible)"] if not lines else ["  " + line for line in lines])
+    boxes = [mine, *[list(b) for b in others]]
+    head = f"🖥 GPUs of the fleet, {len(boxes)} box(es) (each process: its run, or FOREIGN)"
+    text = head + ":\n" + "\n".join("\n".join(b) for b in boxes)
+    return Rendered(text, [section(f"*{head}*"), *[section(code("\n".join(b))) for b in boxes][:49]])
 
 
 def internal_error(what: str, error: str) -> Rendered:

@@ -26,7 +26,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -58,7 +58,8 @@ class FleetMember:
 
     def __init__(self, url: str, host: str, *, on_wake: Callable[[], None], on_alert: Callable[[], None],
                  lease_s: float = LEASE_S, pid: int | None = None,
-                 on_gateway: Callable[[bool], None] | None = None) -> None:
+                 on_gateway: Callable[[bool], None] | None = None,
+                 report: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.url = url
         self.host = host
         self.on_wake = on_wake  # a request may be waiting (a NOTIFY for this host, or a reconnection)
@@ -76,6 +77,7 @@ class FleetMember:
         self.on_gateway = on_gateway  # a box with --bot: told when it takes (True) or loses (False) the gateway
         self.gateway = False  # whether this box holds the gateway lease now
         self._gateway_until = 0.0  # monotonic: the end of the gateway lease as this box last renewed it
+        self.report = report  # what this box publishes in hosts.info at each renewal (its GPU reading)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,11 +124,11 @@ class FleetMember:
             row = conn.execute("SELECT lost_at FROM hosts WHERE name = %s FOR UPDATE", (self.host,)).fetchone()
             conn.execute(
                 f"INSERT INTO hosts (name, started_at, renewed_at, lease_until, pid, version, lost_at, info)"
-                f" VALUES (%s, {NOW}, {NOW}, {NOW} + %s, %s, %s, NULL, '{{}}')"
+                f" VALUES (%s, {NOW}, {NOW}, {NOW} + %s, %s, %s, NULL, %s)"
                 f" ON CONFLICT (name) DO UPDATE SET started_at = EXCLUDED.started_at, renewed_at = EXCLUDED.renewed_at,"
                 f" lease_until = EXCLUDED.lease_until, pid = EXCLUDED.pid, version = EXCLUDED.version,"
-                f" lost_at = NULL, info = '{{}}'",
-                (self.host, self.lease_s, self.pid, _version()))
+                f" lost_at = NULL, info = EXCLUDED.info",
+                (self.host, self.lease_s, self.pid, _version(), self._info()))
             was_lost = bool(row and row[0] is not None)
             if was_lost:
                 runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (self.host,))]
@@ -178,13 +180,14 @@ class FleetMember:
         assert conn is not None
         judge = time.monotonic() >= self._judge_after
         row = conn.execute(
-            f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s"
-            " WHERE name = %s AND pid = %s RETURNING 1),"
+            f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s,"
+            " info = COALESCE(%s, info) WHERE name = %s AND pid = %s RETURNING 1),"
             f" lost AS (UPDATE hosts SET lost_at = {NOW} WHERE %s AND lease_until < {NOW} AND lost_at IS NULL"
             " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at)"
             " SELECT (SELECT count(*) FROM renewed),"
             " (SELECT json_agg(json_build_array(name, renewed_at, started_at)) FROM lost)",
-            (self.lease_s, self.host, self.pid, judge, self.host)).fetchone()
+            (self.lease_s, self._info() if self.report is not None else None, self.host, self.pid, judge,
+             self.host)).fetchone()
         self.queries += 1
         renewed, lost = row[0], row[1] or []
         for name, renewed_at, started_at in lost:
@@ -219,6 +222,19 @@ class FleetMember:
         if row is not None:
             self._gateway_until = asked + self.lease_s
         self._set_gateway(row is not None)
+
+    def _info(self) -> str:
+        """hosts.info as this box publishes it now: its report (never `stopped`, which only close() says).
+        A report that cannot be made is published as its error: the lease never waits for it."""
+        if self.report is None:
+            return "{}"
+        try:
+            body = dict(self.report())
+        except Exception as exc:  # a probe's bug must not cost the box its lease
+            log.exception("the box's report for the fleet failed", host=self.host)
+            body = {"report_error": f"{type(exc).__name__}: {exc}"[:300]}
+        body.pop("stopped", None)
+        return json.dumps(body)
 
     def _set_gateway(self, held: bool) -> None:
         if held == self.gateway:

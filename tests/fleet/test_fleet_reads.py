@@ -5,9 +5,12 @@ requests, a real PostgreSQL in which box-b (a real lease, its store) owns two ru
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,24 @@ def _body(run: str, status: str, at_step: int) -> dict[str, Any]:
 
 @pytest.fixture
 def gateway(tmp_path: Path, pg_url: str) -> Iterator[tuple[Bot, Any]]:
+    from babysit.core import gpureport
     from babysit.db.fleet import FleetMember
     from babysit.db.postgres import PostgresStore
+    from babysit.probes.gpu import FileGpuProbe
 
-    member = FleetMember(pg_url, "box-b", on_wake=lambda: None, on_alert=lambda: None, lease_s=30)
+    gpus_b = tmp_path / "gpus-b.json"  # box-b's GPUs: its trainer's process and a stranger's
+    gpus_b.write_text(json.dumps({"gpus": [
+        {"index": i, "name": "Simulated B200", "uuid": f"GPU-b-{i}", "util_pct": 97 - i,
+         "memory_used_bytes": 40 * 2**30, "memory_total_bytes": 180 * 2**30, "faults": [],
+         "processes": [{"pid": 4242 + i, "name": "python", "used_memory_bytes": 30 * 2**30}]} for i in (0, 1)]}))
+    probe = FileGpuProbe(gpus_b)
+    # what box-b's daemon publishes with each renewal (Daemon._fleet_report): it labels its own processes
+    member = FleetMember(pg_url, "box-b", on_wake=lambda: None, on_alert=lambda: None, lease_s=30,
+                         report=lambda: {"gpus": gpureport.to_json(probe.read([]), {4242: "early-b"}, time.time())})
     member.start()  # box-b's lease, as its daemon holds it
     box_b = PostgresStore(pg_url, host="box-b")  # what box-b's daemon stores
     now = box_b.now()
+    box_b.quarantine_gpu("GPU-b-1", 1, "xid 79: fell off the bus", {}, now)
     box_b.claim_run("done-b", now)
     box_b.save_verdict("done-b", _body("done-b", "FINAL", 1000), now - 120, final=True,
                        chart_path="/srv/box-b/.babysit/verdicts/done-b.png")
@@ -96,3 +110,19 @@ def test_chart_of_another_box_s_run_says_where_it_is_and_shows_the_stored_verdic
     assert "box box-b drew it at /srv/box-b/.babysit/verdicts/done-b.png" in reply["text"], reply["text"]
     assert "FINAL VERDICT" in everything(reply) and "box box-b: up" in reply["text"]
     assert not bot.fake.calls_to("files.completeUploadExternal")  # nothing uploaded: the file is on box-b
+
+
+def test_gpus_shows_every_box_with_its_reading_s_age_and_its_own_labels(gateway: tuple[Bot, Any]) -> None:
+    """box-a's bot (no GPU probe here) answers for box-b's GPUs as box-b published them with its lease:
+    box-b's own process labels (pid 4242 is box-b's run; 4243 FOREIGN there), its quarantine, the age."""
+    bot, _ = gateway
+    _, ack, path = slash(bot, "/babysit", "gpus")
+    assert "Reading the GPUs" in ack["text"], ack
+    (reply,) = responses(bot, path)
+    text = reply["text"]
+    assert "GPUs of the fleet, 2 box(es)" in text, text  # before: box-a's GPUs alone ("not measured")
+    assert "box box-a (this box) — read now" in text and "GPUs not measured" in text, text
+    assert re.search(r"box box-b: up, lease renewed \d+ s ago — read \d+ s ago", text), text
+    assert "GPU 0 Simulated B200: util 97%" in text and "pid 4242 python 30.0 GiB → early-b" in text, text
+    assert "pid 4243 python 30.0 GiB → FOREIGN" in text, text
+    assert "GPU 1 Simulated B200: util 96%" in text and "QUARANTINED: xid 79: fell off the bus" in text, text
