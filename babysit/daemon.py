@@ -31,6 +31,7 @@ import structlog
 
 from babysit import registry as registry_mod
 from babysit import relaunch, sources, wake
+from babysit.campaign import clicks
 from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.context import DaemonContext
@@ -443,6 +444,16 @@ class Daemon:
                 except Exception as exc:  # answered, so the asker is not left waiting
                     log.exception("relaunch failed", run=req.run)
                     result = f"failed: {type(exc).__name__}: {exc}"[:300]
+                self.store.finish_request(req.id, result, self.ctx.now())
+                continue
+            if clicks.parse_action(req.kind) is not None:  # another box's gateway passing on an owner's click
+                try:
+                    result = clicks.carry_out(self.registry_path, self.store, req.kind,
+                                              req.body.get("requested_by", "?"), now)
+                except Exception as exc:  # answered, so the clicker is not left waiting
+                    log.exception("owner call click failed", request=req.id)
+                    result = clicks.Answer(False, f"the owner call failed on this box: {type(exc).__name__}: "
+                                                  f"{exc}"[:300]).to_result()
                 self.store.finish_request(req.id, result, self.ctx.now())
                 continue
             if supervisor is None:

@@ -6,6 +6,7 @@ without importing the handlers back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,3 +33,23 @@ def opened(cfg: BotConfig) -> Iterator[tuple[registry.Registry, Store]]:
         yield reg, store
     finally:
         store.close()
+
+
+def wait_result(store: Store, request_id: int, wait_s: float) -> str | None:
+    """The answer to a control request, waited for up to `wait_s` (None: no daemon answered yet)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = store.request_result(request_id)
+        if result is not None or time.monotonic() >= deadline:
+            return result
+        time.sleep(0.1)
+
+
+def owner_elsewhere(store: Store, run: str) -> str | None:
+    """The box that owns `run` when it is another box of the fleet (its files are there), else None."""
+    if store.host is None:
+        return None
+    owner = store.run_hosts().get(run)
+    if owner is None or owner == store.host:
+        return None
+    return owner

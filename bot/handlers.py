@@ -22,9 +22,8 @@ from babysit import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.db.url import fleet_owner
-from babysit.store import Store
 from bot import messages as msg
-from bot.context import BotConfig, opened
+from bot.context import BotConfig, opened, owner_elsewhere, wait_result
 from bot.gpus import box_lines, read_gpus, run_owners
 from bot.messages import answer
 from bot.owner_calls import campaign_reply
@@ -45,15 +44,6 @@ def known_run(reg: registry_mod.Registry, name: str | None, usage: str, *, fleet
     if reg.find(name) is None and not (fleet and fleet_owner(reg, name) is not None):
         return msg.unknown_run(name, close_names(name, reg.names), len(reg.runs))
     return None
-
-
-def wait_result(store: Store, request_id: int, wait_s: float) -> str | None:
-    deadline = time.monotonic() + wait_s
-    while True:
-        result = store.request_result(request_id)
-        if result is not None or time.monotonic() >= deadline:
-            return result
-        time.sleep(0.1)
 
 
 # -- /babysit ------------------------------------------------------------------------------------------
@@ -203,7 +193,7 @@ def chart(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respo
             return
         ack(**answer(msg.chart_working(str(cmd.run))))
         try:
-            if (owner := _elsewhere(reg, store, str(cmd.run))) is not None:
+            if (owner := owner_elsewhere(store, str(cmd.run))) is not None:
                 stored = stored_verdict(store, str(cmd.run), owner)
                 if stored.chart_path is None or not Path(stored.chart_path).is_file():
                     # the records it would be drawn from are on that box: its stored verdict, said so
@@ -244,7 +234,7 @@ def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, res
             return
         ack(**answer(msg.verdict_working(str(cmd.run))))
         try:
-            if (owner := _elsewhere(reg, store, str(cmd.run))) is not None:
+            if (owner := owner_elsewhere(store, str(cmd.run))) is not None:
                 stored = stored_verdict(store, str(cmd.run), owner)
                 card = msg.with_note(verdict_card(stored.body), stored.note)
                 respond(**answer(card, in_channel=wants_post(cmd)))
@@ -255,13 +245,3 @@ def verdict(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, res
             respond(**answer(msg.verdict_unavailable(str(cmd.run), reason)))
             return
     respond(**answer(verdict_card(v, precision), in_channel=wants_post(cmd)))
-
-
-def _elsewhere(reg: registry_mod.Registry, store: Store, run: str) -> str | None:
-    """The box that owns `run` when it is another box of the fleet (its files are there), else None."""
-    if store.host is None:
-        return None
-    owner = store.run_hosts().get(run)
-    if owner is None or owner == store.host:
-        return None
-    return owner

@@ -22,15 +22,15 @@ from urllib.parse import parse_qs
 
 import structlog
 
-from babysit.campaign import actions
+from babysit.campaign import clicks
 from babysit.campaign.history import view_of
 from babysit.core import campaign_render as crender
 from babysit.core.blocks import section
 from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
-from bot.context import BotConfig, opened
-from bot.messages import answer, reply
+from bot.context import BotConfig, opened, owner_elsewhere, wait_result
+from bot.messages import answer, reply, request_unanswered
 from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
@@ -43,56 +43,35 @@ DECISION_OF = {v: k for k, v in ACTION_IDS.items()}
 REPLAY_WINDOW_S = 300  # Bolt's: a request timestamp older than this is refused as a replay
 
 
-def decided_text(call_id: int, decision: str, user: str, result: str) -> str:
-    return f"🙋 owner call #{call_id}: *{decision}* chosen by <@{user}> — {result}"
+decided_text = clicks.decided_text
 
 
 # -- the click -----------------------------------------------------------------------------------------
 def clicked(cfg: BotConfig, body: Mapping[str, Any], ack: Any, respond: Any) -> None:
-    """An owner-call button click whose signature Bolt verified."""
+    """An owner-call button click whose signature Bolt verified: answered here when the call is this box's
+    (or the only box's); in a fleet, a call another box raised (its campaign's file and proposals are
+    there) is a control request addressed to that box, whose answer comes back through the response_url."""
 
     ack()
     decision, value = _clicked(body)
     user = user_of(body) or "?"
     now = time.time()
-    with opened(cfg) as (reg, store):
-        call = store.owner_call(int(value)) if value and value.isdigit() else None
-        if call is None:
-            store.add_click(None, user, decision, "refused", f"no owner call {value!r}", now)
-            respond(**answer(reply(f"No owner call #{value} is open here: nothing was done.")))
-            return
-        row = store.campaign(call.campaign)
-        owners = load_campaign(row["file"]).owners if row else ()
-        allowed = owners or reg.daemon.abort_allow_list
-        refusal = None
-        if user not in set(allowed):
-            refusal = "not on the allow-list"
-        elif decision not in call.options:
-            refusal = f"'{decision}' is not an option of this call"
-        elif not store.decide_owner_call(call.id, str(decision), f"slack:{user}", now):
-            done = store.owner_call(call.id)
-            refusal = f"already decided: {done.decision} by {done.decided_by}" if done else "already decided"
-        if refusal is not None:
-            store.add_click(call.id, user, decision, "refused", refusal, now)
-            store.add_campaign_event(call.campaign, call.run, "click-refused",
-                                     {"call": call.id, "user": user, "action": decision, "reason": refusal}, now)
-            log.warning("owner call click refused", call=call.id, user=user, action=decision, reason=refusal)
-            who = "owners listed in the campaign's `owners` (else `[daemon].abort_allow_list`)"
-            text = (f"<@{user}>, you cannot answer owner call #{call.id}: only {who} can. Nothing was done."
-                    if refusal == "not on the allow-list" else f"Owner call #{call.id}: {refusal}. Nothing was done.")
-            respond(**answer(reply(text)))
-            return
-        store.add_click(call.id, user, decision, "accepted", "", now)
-        try:
-            result = actions.decide(cfg.registry_path, store, call, str(decision), f"slack:{user}", now)
-        except BabysitError as exc:
-            result = f"FAILED: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
-            store.set_owner_call_result(call.id, result)
-            store.add_campaign_event(call.campaign, call.run, "decision",
-                                     {"call": call.id, "decision": decision, "by": f"slack:{user}",
-                                      "result": result}, now, dedupe_key=f"{call.campaign}:decision:{call.id}")
-    log.warning("owner call decided", call=call.id, user=user, decision=decision, result=result)
-    respond(**answer(reply(decided_text(call.id, str(decision), user, result)), in_channel=True, replace=True))
+    call_id = int(value) if value and value.isdigit() else None
+    with opened(cfg) as (_, store):
+        call = store.owner_call(call_id) if call_id is not None else None
+        owner = owner_elsewhere(store, call.run) if call is not None else None
+        if call is None or owner is None:
+            done = clicks.answer(cfg.registry_path, store, call_id, decision, user, now, shown_id=value)
+        else:
+            request = store.request(call.run, clicks.request_action(call.id, str(decision)), f"slack:{user}", now)
+            log.info("owner call click sent to its box", call=call.id, box=owner, user=user, request=request)
+            result = wait_result(store, request, cfg.request_wait_s)
+            if result is None:
+                respond(**answer(request_unanswered(f"owner call #{call.id} (box {owner})", "decision", request,
+                                                    cfg.request_wait_s)))
+                return
+            done = clicks.Answer.from_result(result)
+    respond(**answer(reply(done.text), in_channel=done.accepted, replace=True if done.accepted else None))
 
 
 def campaign_reply(cfg: BotConfig, name: str | None) -> Any:
