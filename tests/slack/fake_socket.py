@@ -8,7 +8,9 @@ slack_sdk's own tests replay):
   a ticket opens one connection, an unknown or used one is refused at the handshake (401).
 * Every connection starts with `hello` (num_connections, debug_info, connection_info.app_id).
 * Envelopes: `slash_commands` (accepts_response_payload true), `interactive`, `events_api` (with
-  retry_attempt / retry_reason), each with a fresh `envelope_id`, sent on the newest live connection.
+  retry_attempt / retry_reason), each with a fresh `envelope_id`, sent on the newest live connection —
+  or, with `delivery="random"`, on any live connection drawn at random, as Slack does with several
+  ("each payload may be sent to any of the connections": its Socket Mode docs; `seed` fixes the draw).
 * The app acks with `{"envelope_id": …, "payload"?: …}` on any of its connections. An envelope not
   acked within `ack_timeout_s` (Slack: 3 s) is sent again, up to `max_retries` times. Slack retries
   Events API envelopes; for a slash command or a click it shows the user a timeout instead — the
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import socket
 import struct
 import threading
@@ -87,7 +90,10 @@ class Envelope:
 
 class FakeSocketMode:
     def __init__(self, *, ack_timeout_s: float = 3.0, max_retries: int = 3, close_after_s: float = 0.5,
-                 app_id: str = "A0BABYSIT") -> None:
+                 app_id: str = "A0BABYSIT", delivery: str = "newest", seed: int | None = None) -> None:
+        assert delivery in ("newest", "random"), delivery
+        self.delivery = delivery
+        self._random = random.Random(seed)
         self.ack_timeout_s = ack_timeout_s
         self.max_retries = max_retries
         self.close_after_s = close_after_s
@@ -284,6 +290,14 @@ class FakeSocketMode:
         else:
             self._live.clear()
 
+    def _pick_live(self) -> Link | None:
+        """The connection an envelope goes to: the newest live one, or (`delivery="random"`) any live one."""
+        if self.delivery == "newest":
+            return self._newest_live()
+        with self.lock:
+            live = [link for link in self.links if not link.closed and not link.draining]
+            return self._random.choice(live) if live else None
+
     def _newest_live(self) -> Link | None:
         with self.lock:
             for link in reversed(self.links):
@@ -301,7 +315,7 @@ class FakeSocketMode:
 
         while envelope.attempts <= self.max_retries and not envelope.acked.is_set():
             await self._live.wait()
-            link = self._newest_live()
+            link = self._pick_live()
             if link is None:
                 await asyncio.sleep(0.01)
                 continue
