@@ -1,138 +1,22 @@
-"""Two boxes on one PostgreSQL, on this machine, in about a minute (docs/fleet.md):
+"""Two boxes on one PostgreSQL, on this machine, in about a minute (docs/fleet.md): the same demo as
+`babysit demo --fleet` (babysit/demo/fleet.py), runnable from a checkout without installing babysit.
 
   python examples/fleet_demo.py
-
-A throwaway PostgreSQL is started from the machine's own server binaries (`apt-get install postgresql`)
-on a Unix socket in a temporary directory; two projects, `box-a` and `box-b`, each with one small run and
-its own `babysit up` (host names box-a and box-b, the same `[store] url`). Then, as a user would:
-`babysit status` on box-a lists both boxes' runs; `babysit abort` asked on box-a stops box-b's run (box-b
-carries it out, woken by NOTIFY); box-b's daemon is killed and box-a posts that box-b is lost, once.
-Everything is removed at the end (the server stopped, the runs killed).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from babysit.db.localserver import LocalPostgres  # noqa: E402
-from babysit.db.migrate import upgrade_postgres  # noqa: E402
-
-PY = sys.executable
-TRAINER = ("import json, sys, time\n"
-           "f = open(sys.argv[1], 'a')\n"
-           "for step in range(1, 100000):\n"
-           "    f.write(json.dumps({'step': step, 'ts': time.time(), 'train_loss': 1 / step}) + '\\n'); f.flush()\n"
-           "    time.sleep(0.5)\n")
-SPEC = """[run]
-name = "{run}"
-command = {command}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.01
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 30
-every_minutes = 60
-"""
-
-
-def env() -> dict[str, str]:
-    out = {**os.environ, "PYTHONPATH": str(ROOT), "BABYSIT_GPU_PROBE": "none"}
-    for key in ("SLACK_BOT_TOKEN", "BABYSIT_STORE_URL", "BABYSIT_HOST"):
-        out.pop(key, None)
-    return out
-
-
-def babysit(box: Path, *args: str) -> str:
-    out = subprocess.run([PY, "-m", "babysit", *args], cwd=box, env=env(), capture_output=True, text=True,
-                         timeout=120)
-    if out.returncode != 0:
-        raise SystemExit(f"babysit {' '.join(args)} failed:\n{out.stderr}")
-    return out.stdout
-
-
-def say(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def main() -> int:
-    root = Path(tempfile.mkdtemp(prefix="babysit-fleet-demo-"))
-    os.chmod(root, 0o755)  # the postgres user runs the server under it when this runs as root
-    server = LocalPostgres(root / "pg")
-    daemons: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        say("a PostgreSQL for the fleet, and its schema (`babysit db upgrade` would do the same)")
-        server.start()
-        url = server.create_database("babysit")
-        upgrade_postgres(url)
-        print(f"   {url}")
-        for name in ("box-a", "box-b"):
-            box = root / name
-            box.mkdir()
-            (box / "babysit.toml").write_text(f'[store]\nurl = "{url}"\n\n[host]\nname = "{name}"\n'
-                                              "lease_seconds = 6\n")
-            (box / "trainer.py").write_text(TRAINER)
-            run = f"train-{name[-1]}"
-            command = json.dumps([PY, "trainer.py", f"outputs/{run}/train_log.jsonl"])
-            (box / f"{run}.toml").write_text(SPEC.format(run=run, command=command))
-            babysit(box, "register", f"{run}.toml")
-            log = open(box / "daemon.txt", "ab")  # noqa: SIM115 - closed with the process
-            daemons[name] = subprocess.Popen([PY, "-m", "babysit", "up"], cwd=box, env=env(), stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
-            log.close()
-            say(f"{name}: `babysit register {run}.toml` and `babysit up` (host {name})")
-        time.sleep(8)
-
-        say("`babysit status` on box-a: both boxes' runs, and each box's lease")
-        print(babysit(root / "box-a", "status"))
-
-        say("`babysit abort train-b` asked on box-a: box-b's daemon stops it (woken by NOTIFY)")
-        started = time.monotonic()
-        answer = babysit(root / "box-a", "abort", "train-b").strip()
-        print(answer, f"({time.monotonic() - started:.1f} s, the CLI's start included)")
-
-        say("box-b's daemon is killed (SIGKILL): box-a notices its lease lapse and posts it, once")
-        os.killpg(daemons.pop("box-b").pid, signal.SIGKILL)
-        channel = root / "box-a" / ".babysit" / "channel.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            lines = channel.read_text().splitlines() if channel.exists() else []
-            lost = [json.loads(line)["text"] for line in lines if "lost" in json.loads(line)["text"]]
-            if lost:
-                print("   box-a's channel:", lost[0])
-                break
-            time.sleep(0.5)
-        print(babysit(root / "box-a", "status"))
-        return 0
-    finally:
-        for proc in daemons.values():
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-        for box in root.glob("box-*"):
-            for shim in (box / ".babysit" / "runs").glob("*/attempt-*/shim.json"):
-                try:
-                    pid = json.loads(shim.read_text()).get("pid")
-                    if pid:
-                        os.killpg(pid, signal.SIGKILL)
-                except (OSError, ValueError, ProcessLookupError):
-                    pass
-        server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
-
+from babysit.core.errors import BabysitError
+from babysit.demo import fleet
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(fleet.main())
+    except BabysitError as exc:
+        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        sys.exit(exc.exit_code)

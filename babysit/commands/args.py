@@ -350,6 +350,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", type=Path, default=None, help="workspace (default: a fresh temporary directory)")
     p.add_argument("--only", choices=("drift", "retry", "stdout", "campaign", "run"), default=None,
                    help="run just one of the demo runs (campaign: drift_disc and its single-delta run)")
+    p.add_argument("--fleet", action="store_true",
+                   help="instead: two boxes on one throwaway PostgreSQL of this machine's server binaries, one "
+                        "channel (status across boxes, a cross-box abort, a lost box posted once; docs/fleet.md)")
     p.set_defaults(handler=("demo", "run"))
 
 

@@ -1,4 +1,5 @@
-"""`babysit demo`: babysit real CPU training runs to their verdict, on the console channel."""
+"""`babysit demo`: babysit real CPU training runs to their verdict, on the console channel; `babysit demo
+--fleet`: two boxes on one PostgreSQL (babysit/demo/fleet.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from babysit import logs, registry
 from babysit.commands import adhoc, campaign, register, status
 from babysit.commands import amend as amend_command
 from babysit.commands.args import parse
-from babysit.core.errors import BabysitError
+from babysit.core.errors import BabysitError, BadInput
 from babysit.daemon import Daemon
-from babysit.demo import runner
+from babysit.demo import fleet, runner
 from babysit.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.watch import Watcher, open_view
@@ -24,6 +25,11 @@ REFERENCES = {"DRIFT_REF": 0.0205, "HEALTHY_REF": -0.0078, "FIXTURE_DELTA": -0.0
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "fleet", False):
+        if args.only is not None or args.dir is not None:
+            raise BadInput("babysit demo --fleet: --only and --dir do not apply (the fleet demo makes its boxes in a "
+                           "temporary directory and removes them)", hint="run `babysit demo --fleet` alone")
+        return fleet.main()  # two boxes on one PostgreSQL (docs/fleet.md)
     root = runner.make_workspace(args.dir)
     drift, retry_toml, stdout_toml, amendment = runner.write_runs(root, REFERENCES)
     reg = root / "babysit.toml"
