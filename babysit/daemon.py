@@ -401,7 +401,7 @@ class Daemon:
                     try:
                         running = supervisor.is_running()
                         if running and not self.exits.is_watching(supervisor.run):
-                            supervisor.check_exit_later()  # no descriptor watched (Slurm), or its handling failed
+                            supervisor.exits.check_exit_later()  # no descriptor watched (Slurm), or its handling failed
                         if running:
                             supervisor.guard()
                     except Exception as exc:
