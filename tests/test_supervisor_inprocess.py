@@ -16,6 +16,7 @@ from babysit.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
+from babysit.run_stop import RunStop
 from babysit.store import Store
 from babysit.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
@@ -243,7 +244,7 @@ def test_a_stop_the_dead_daemon_recorded_but_never_sent_is_sent_by_the_next_one(
     proc.obeys_stop = False
     r.timers.advance(60)
     with monkeypatch.context() as m:  # the daemon dies after recording the abort, before signalling
-        m.setattr(RunSupervisor, "_send_stop", lambda self, attempt, stop, grace: None)
+        m.setattr(RunStop, "send", lambda self, attempt, stop, grace: None)
         assert r.sup.request("abort", "ana") == "stopping"
     assert proc.signals == [] and r.store.run_state("r")[0] == "stopping"
     r.clock.now += 5
