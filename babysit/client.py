@@ -45,16 +45,58 @@ class JsonlWriter:
     @property
     def path(self) -> str | None:
         """Where records go now; None: nowhere (no path given and `$BABYSIT_LOG` unset or empty)."""
-        return self._fixed if self._fixed is not None else (_getenv(ENV) or None)
+        if self._fixed is not None:
+            return self._fixed
+        if _env.stale():
+            _env.read()
+        return _env.log
 
     def log(self, step: Any, /, **metrics: Any) -> bool:
         """Append `{"step": step, "ts": now, **metrics}`; True when the line was written."""
         return self.write(step, metrics)
 
     def write(self, step: Any, fields: Mapping[str, Any]) -> bool:
-        """`log` with the fields as a mapping (keys that are not identifiers: `"eval/loss"`)."""
+        """`log` with the fields as a mapping (keys that are not identifiers: `"eval/loss"`).
+
+        The common record — an int step, plain float/int values under keys seen before — is one pass
+        with no call but the line's format, `time.time`, `os.open`, `os.write` and `os.close`
+        (bench/logger_cost.py: ≤ 10 µs a call); anything else takes `_write`, the same bytes."""
         try:
-            return self._write(step, fields)
+            env = _env
+            if env.read_at != env.changes or env.environ is not os.environ:
+                env.read()
+            if not self._all_ranks and env.rank > 0:
+                return False
+            path = self._fixed if self._fixed is not None else env.log
+            if path is None or type(step) is not int:
+                return self._write(step, fields)
+            template = _TEMPLATES.get(tuple(fields))
+            if template is None:
+                return self._write(step, fields)
+            values = (step, time.time(), *fields.values())
+            for value in values:
+                kind = type(value)
+                if kind is float:
+                    if value - value:  # NaN or an infinity: NaN - NaN and inf - inf are NaN, never 0
+                        return self._write(step, fields)
+                elif kind is not int:
+                    return self._write(step, fields)
+            line = (template % values).encode()
+            try:
+                fd = os.open(path, _FLAGS, 0o644)
+            except OSError:
+                return self._write(step, fields)  # the folder to make, or the warning to say
+            try:
+                written = os.write(fd, line)
+                if written != len(line):
+                    _write_all(fd, memoryview(line)[max(written, 0):])
+            except OSError as exc:
+                self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
+                                            "until a write succeeds (training goes on)")
+                return False
+            finally:
+                os.close(fd)
+            return True
         except Exception as exc:  # the promise: whatever happens here, training goes on
             what = type(exc).__name__
             self._warn(f"error:{what}", f"babysit.log: record dropped ({what}: {exc}); later records are still tried")
@@ -63,6 +105,8 @@ class JsonlWriter:
     # -- internals --------------------------------------------------------------------------------
 
     def _write(self, step: Any, fields: Mapping[str, Any]) -> bool:
+        """Every record the one-pass path in `write` does not take: a step to convert, a value to make
+        plain, a key to check (and its line's template to build), a folder to make, a warning to say."""
         if not self._all_ranks and env_rank() > 0:
             return False
         path = self.path
@@ -79,6 +123,11 @@ class JsonlWriter:
                 continue
             kind = type(value)  # a plain float or int as it is; anything else through plain(): a CUDA
             values[str(key)] = value if kind is float or kind is int else plain(value)  # scalar syncs there
+        keys = tuple(fields)
+        if keys not in _TEMPLATES and len(_TEMPLATES) < _MAX_TEMPLATES:
+            template = _template(keys)
+            if template is not None:
+                _TEMPLATES[keys] = template  # the next record with these keys takes the one pass
         ts = time.time()
         line = _line(at, ts, values)
         if line is None:  # a string, a list, a nested dict: json's encoder, the same format
@@ -161,28 +210,64 @@ def _as_step(step: Any) -> int:
     return got
 
 
-def _getenv(name: str) -> str | None:
-    """`os.environ.get(name)`, read live (a test or a launcher may set it after import) but without the
-    Mapping machinery and the key's encoding on every call: on POSIX, `os.environ` keeps its values in
-    the dict `_data` (bytes keys), which setenv/putenv through `os.environ` keep current. A third of a
-    `babysit.log` call went to three `os.environ.get`s (bench/logger_cost.py)."""
-    data = _ENV_DATA
-    if data is None:
-        return os.environ.get(name)
-    raw = data.get(_ENV_KEYS.get(name) or _ENV_KEYS.setdefault(name, os.fsencode(name)))
-    return None if raw is None else os.fsdecode(raw)
+class _Environment:
+    """`$BABYSIT_LOG` and the rank as `os.environ` says them, read once and again only after the
+    environment may have changed, not three `os.environ.get`s a record (a third of a call).
+
+    How it knows: every change to `os.environ` (`os.environ[k] = v`, `del`, `update`, `pop`, `clear`,
+    pytest's monkeypatch, `mock.patch.dict`) goes through `os.putenv` / `os.unsetenv`, which raise the
+    audit events of those names (PEP 578; docs.python.org/3/library/audit_events.html); a hook counts
+    them in `changes`, and a read keeps the count it saw in `read_at`. `os.environ` itself replaced (a
+    test's `mock.patch("os.environ", …)`) is seen by identity. The hook is added at the first record, not
+    at import, and costs each audit event of the process one set lookup (~0.2 µs). A forked child (a
+    DataLoader worker) inherits the values with the environment they came from, and a change made before
+    the fork but not read yet is counted in the child too. Where the hook cannot be added (another hook
+    refuses it) or `os.environ` is not `os`'s own mapping, `read_at` stays -1: every record reads
+    `os.environ`. What `os.environ` does not see (a C library's `setenv`), this does not see either."""
+
+    def __init__(self) -> None:
+        self.changes = 0     # os.putenv/os.unsetenv events seen by the hook
+        self.read_at = -1    # `changes` when log/rank were read; -1: read again at the next record
+        self.environ: object = None  # the os.environ they were read from
+        self.log: str | None = None
+        self.rank = 0
+        self.hooked = False  # the hook is known to run (its probe event came back)
+        self._tried = False
+
+    def stale(self) -> bool:
+        return self.read_at != self.changes or self.environ is not os.environ
+
+    def read(self) -> None:
+        if not self._tried:
+            self._tried = True
+            try:
+                sys.addaudithook(self._audit)
+                sys.audit(_PROBE)
+            except Exception:
+                pass  # no hook: every record reads os.environ
+        seen = self.changes  # before the reads: a change made during them is read at the next record
+        environ = os.environ
+        self.log = environ.get(ENV) or None
+        self.rank = _rank(environ)
+        self.environ = environ
+        self.read_at = seen if self.hooked and type(environ) is _ENVIRON_TYPE else -1
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event in _ENV_EVENTS:
+            self.changes += 1
+        elif event == _PROBE:
+            self.hooked = True
 
 
-_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-if not isinstance(_ENV_DATA, dict):
-    _ENV_DATA = None
-_ENV_KEYS: dict[str, bytes] = {}
+_ENV_EVENTS = frozenset({"os.putenv", "os.unsetenv"})
+_PROBE = "babysit.client.audit_probe"
+_ENVIRON_TYPE = type(os.environ)  # os._Environ: its writes go through os.putenv/os.unsetenv
+_env = _Environment()
 
 
-def env_rank() -> int:
-    """This process's global rank as launchers say it; 0 when none does or it cannot be read."""
+def _rank(environ: Mapping[str, str]) -> int:
     for name in ("RANK", "SLURM_PROCID"):
-        raw = _getenv(name)
+        raw = environ.get(name)
         if raw:
             try:
                 return int(raw)
@@ -191,7 +276,29 @@ def env_rank() -> int:
     return 0
 
 
+def env_rank() -> int:
+    """This process's global rank as launchers say it (`RANK`, else `SLURM_PROCID`); 0 when none does
+    or it cannot be read."""
+    if _env.stale():
+        _env.read()
+    return _env.rank
+
+
 _KEYS: dict[str, str] = {}  # a key as json writes it, with its ": " (encoded once, not per record)
+# the line of a record with these keys, every value `%r`: what `_line` writes for plain finite numbers
+_TEMPLATES: dict[tuple[Any, ...], str] = {}
+_MAX_TEMPLATES = 1024  # a trainer logging ever new keys: past this, its new key sets take `_write`
+
+
+def _template(keys: tuple[Any, ...]) -> str | None:
+    """The `%`-format of a record's line with these keys, byte for byte `_line`'s (for finite floats and
+    ints, whose `%r` is their `repr`); None when a key is not a plain string or is `step`/`ts`."""
+    parts = ['{"step": %r, "ts": %r']
+    for key in keys:
+        if type(key) is not str or key in _RESERVED:
+            return None
+        parts.append(json.dumps(key).replace("%", "%%") + ": %r")
+    return ", ".join(parts) + "}\n"
 _NONFINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
@@ -226,7 +333,7 @@ def _open(path: str) -> int:
         return os.open(path, _FLAGS, 0o644)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     """One write of the whole line (atomic on an O_APPEND regular file); a short write (a full disk,
     a signal) is finished rather than left torn."""
     view = memoryview(data)

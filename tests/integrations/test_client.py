@@ -235,3 +235,120 @@ def test_the_fast_line_is_byte_for_byte_what_json_writes() -> None:
         assert client._line(step, ts, record) == expected
     assert client._line(1, 1.0, {"note": "text"}) is None  # anything else: json's encoder, as before
     assert client._line(1, 1.0, {"flag": True}) is None
+
+
+def test_records_of_keys_seen_before_are_byte_for_byte_what_json_writes(tmp_path: Path) -> None:
+    """The second record of a key set takes the one-pass template (`client.write`); its bytes, and those of
+    records that leave it (NaN, a bool, a numpy-like value, a key with `%`), must equal json's."""
+    import random
+
+    random.seed(1)
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    values = [0.1, 1e-320, 1.7e308, math.nan, math.inf, -math.inf, -0.0, 3, -7, 2**70, 1 / 3, True, None]
+    keys = ["loss", "eval/loss", "ü", 'a"b', "100%", "%r", "%%s", "tab\tkey"]
+    sent = []
+    for i in range(3000):
+        record = {random.choice(keys): random.choice(values) for _ in range(random.randint(1, 3))}
+        assert w.write(i, record)
+        sent.append(record)
+    raw = log.read_bytes().splitlines(keepends=True)
+    assert len(raw) == len(sent)
+    for i, (line, record) in enumerate(zip(raw, sent, strict=True)):
+        ts = json.loads(line)["ts"]
+        assert line == (json.dumps({"step": i, "ts": ts, **record}, allow_nan=True) + "\n").encode(), line
+
+
+def test_an_environment_change_is_followed_at_the_next_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$BABYSIT_LOG and the rank are read once, again after os.environ changed: each way it changes."""
+    import unittest.mock
+
+    first, second, third = (tmp_path / f"{n}.jsonl" for n in ("first", "second", "third"))
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("BABYSIT_LOG", str(first))
+    assert babysit.log(1, loss=1.0)
+    os.environ["BABYSIT_LOG"] = str(second)  # a plain assignment (monkeypatch restores it after)
+    assert babysit.log(2, loss=1.0)
+    with unittest.mock.patch.dict(os.environ, {"BABYSIT_LOG": str(third)}):
+        assert babysit.log(3, loss=1.0)
+    assert babysit.log(4, loss=1.0)  # patch.dict put `second` back
+    os.environ.update(RANK="1")
+    assert babysit.log(5, loss=1.0) is False
+    del os.environ["RANK"]
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert babysit.log(6, loss=1.0) is False
+    os.environ.pop("SLURM_PROCID")
+    assert babysit.log(7, loss=1.0)
+    # os.environ itself replaced, by a plain dict its writes do not reach os.putenv: read at every record
+    fake = {"BABYSIT_LOG": str(first)}
+    with unittest.mock.patch("os.environ", fake):
+        assert babysit.log(8, loss=1.0)
+        fake["BABYSIT_LOG"] = str(third)
+        assert babysit.log(9, loss=1.0)
+    assert babysit.log(10, loss=1.0)
+    assert [r["step"] for r in lines(first)] == [1, 8]
+    assert [r["step"] for r in lines(second)] == [2, 4, 7, 10]
+    assert [r["step"] for r in lines(third)] == [3, 9]
+
+
+def _child_logs(step: int) -> None:
+    babysit.log(step, side="child")
+
+
+def test_a_worker_forked_after_a_change_writes_where_the_change_says(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent read $BABYSIT_LOG, then changed it and forked before its next record (a DataLoader's
+    workers started after a launcher's change): the child's records go where the variable says now."""
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("BABYSIT_LOG", str(old))
+    assert babysit.log(0, side="parent")
+    monkeypatch.setenv("BABYSIT_LOG", str(new))
+    child = multiprocessing.get_context("fork").Process(target=_child_logs, args=(1,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert babysit.log(2, side="parent")
+    assert [r["step"] for r in lines(old)] == [0]
+    assert [(r["step"], r["side"]) for r in lines(new)] == [(1, "child"), (2, "parent")]
+
+
+def test_a_log_moved_away_is_created_again(tmp_path: Path) -> None:
+    log = tmp_path / "run" / "train_log.jsonl"
+    w = JsonlWriter(log)
+    assert w.log(1, loss=1.0) and w.log(2, loss=1.0)
+    log.rename(tmp_path / "moved.jsonl")
+    assert w.log(3, loss=1.0)
+    (tmp_path / "run").rename(tmp_path / "run-old")  # its folder too
+    assert w.log(4, loss=1.0)
+    assert [r["step"] for r in lines(tmp_path / "moved.jsonl")] == [1, 2]
+    assert [r["step"] for r in lines(tmp_path / "run-old" / "train_log.jsonl")] == [3]
+    assert [r["step"] for r in lines(log)] == [4]
+
+
+_REFUSING_HOOK = """
+import os, sys
+def refuse(event, args):
+    if event == "sys.addaudithook":
+        raise RuntimeError("no more hooks")
+sys.addaudithook(refuse)
+import babysit
+from babysit import client
+assert babysit.log(1, loss=1.0)
+os.environ["BABYSIT_LOG"] = sys.argv[1]
+assert babysit.log(2, loss=1.0)
+print(client._env.hooked, client._env.read_at)
+"""
+
+
+def test_without_its_audit_hook_the_client_reads_the_environment_at_every_record(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    env = {**os.environ, "BABYSIT_LOG": str(first), "PYTHONPATH": str(REPO)}
+    env.pop("RANK", None)
+    env.pop("SLURM_PROCID", None)
+    out = subprocess.run([sys.executable, "-c", _REFUSING_HOOK, str(second)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "-1"]  # no hook: nothing cached
+    assert [r["step"] for r in lines(first)] == [1] and [r["step"] for r in lines(second)] == [2]
