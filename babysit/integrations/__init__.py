@@ -53,7 +53,21 @@ class NonfiniteWatch:
         self.pending: frozenset[str] = frozenset()
 
     def check(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """The watched keys of this record that mean divergence (numpy/torch scalars read as numbers)."""
+        """The watched keys of this record that mean divergence (numpy/torch scalars read as numbers).
+
+        A record of plain finite numbers with nothing pending shows nothing and leaves nothing pending
+        (`nonfinite.divergence`'s rule): said in one pass, not the generic path (a hook logging every
+        step, bench/logger_cost.py)."""
+        if not self.pending:
+            for value in values.values():
+                kind = type(value)
+                if kind is float:
+                    if value - value:  # NaN or an infinity
+                        break
+                elif kind is not int:
+                    break
+            else:
+                return {}
         bad, self.pending = nonfinite.divergence({k: plain(v) for k, v in values.items()},
                                                  declared_watch(self.watch), self.pending)
         return bad

@@ -54,9 +54,8 @@ class BabysitCallback(TrainerCallback):
         step = state.global_step
         main = state.is_world_process_zero
         if main:
-            record = dict(logs)
-            if state.max_steps and state.max_steps > 0:
-                record.setdefault("total_steps", state.max_steps)
+            total = state.max_steps
+            record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else logs
             self.writer.write(step, record)
         bad = self.nonfinite.check(logs)
         if bad and self.diverged is None:
