@@ -47,8 +47,37 @@ class BabysitCallback(TrainerCallback):
         self.exit_code = exit_code
         self.diverged: str | None = None  # what diverged, once it has
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
+    # HF calls every hook of every callback each step, with the trainer's objects as keywords: these
+    # name them (model=…, optimizer=…), so a call binds them to parameters instead of copying them into a
+    # fresh **kwargs dict (a third of the hook's cost: bench/logger_cost.py); **kwargs takes any others.
+    def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
+                      optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
+                      eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing: a record is written at `on_log`."""
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
+                       optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
+                       eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing (each gradient-accumulation substep)."""
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None,
+                              processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
+                              train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing."""
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
+                          optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
+                          eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
+                    optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
+                    eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, model: Any = None,
+               processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
+               train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
         if not logs:
             return
         step = state.global_step
