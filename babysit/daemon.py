@@ -191,6 +191,10 @@ class Daemon:
         if self.store.backend == "postgresql":
             from babysit.db.fleet import FleetMember
 
+            # PostgreSQL down: the runs are babysat on a local mirror and the writes journaled, replayed
+            # when it is back (docs/fleet.md); then the delivery and the requests are looked at again
+            self.store.start_journal(on_reconnect=self._reconnected)
+
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
                                      on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
                                      on_gateway=self.on_gateway, report=self._fleet_report)
@@ -203,6 +207,13 @@ class Daemon:
         self.delivery.start()
         self.ctx.reads.start()
         self.scheduler.start()
+
+    def _reconnected(self) -> None:
+        """The journal replayed: whatever was notified meanwhile is lost, so every request is looked at
+        once (data_version moves on), and what was queued goes out."""
+        self._seen_data_version = None
+        self._wakeup.set()
+        self.delivery.wake()
 
     def _interrupted(self) -> None:
         """Ctrl-C under `on_interrupt`: its handler runs here, on the main thread, never in the signal
@@ -356,7 +367,14 @@ class Daemon:
                                        f"⚠️ {entry.name}: spec refused, not babysat: {message}"}, self.ctx.now(),
                                        dedupe_key=f"{entry.name}:spec-refused:{message}")
                 continue
-            owner = self.store.claim_run(entry.name, self.ctx.now())
+            try:
+                owner = self.store.claim_run(entry.name, self.ctx.now())
+            except BabysitError as exc:  # PostgreSQL down: a run new to the fleet waits for it
+                if self._broken_specs.get(entry.name) != exc.message:
+                    self._broken_specs[entry.name] = exc.message
+                    log.warning("run not taken up yet", run=entry.name, error=exc.message, hint=exc.hint)
+                self._registry_seen = None  # look again at the next round, registry changed or not
+                continue
             if owner is not None and owner != self.store.host:  # a fleet's run names are the fleet's
                 message = (f"run {entry.name} belongs to box {owner} in the fleet's database; this box "
                            f"({self.store.host}) does not babysit it (runs never move: rename it here)")

@@ -296,10 +296,19 @@ class Store:
         except self._write_errors as exc:
             raise self._write_failed(exc) from exc
 
-    @staticmethod
-    def _insert_id(db: Any, sql: str, args: tuple) -> int:
-        """Run an INSERT, return the new row's id (SQLite's lastrowid: no RETURNING, which needs 3.35)."""
+    def _insert_id(self, db: Any, sql: str, args: tuple) -> int:
+        """Run an INSERT, return the new row's id (SQLite's lastrowid: no RETURNING, which needs 3.35). Every
+        INSERT into a table with an id goes through here, `_insert_row` or `_insert_many`: the daemon's
+        PostgreSQL store gives each row an id of its own (babysit.db.journal)."""
         return db.execute(sql, args).lastrowid
+
+    def _insert_row(self, db: Any, sql: str, args: tuple) -> None:
+        """An INSERT into a table with an id whose new id the caller does not need (it may do nothing)."""
+        db.execute(sql, args)
+
+    def _insert_many(self, db: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Many rows of one INSERT into a table with an id."""
+        db.executemany(sql, rows)
 
     def _rollback(self) -> None:
         if self._db.in_transaction:
@@ -389,8 +398,8 @@ class Store:
                       gpus: int, attempt_dir: str, now: float) -> Attempt:
         """Record an attempt as `launching` BEFORE anything is started, so a restart never launches twice."""
         with self.tx() as db:
-            db.execute(
-                "INSERT INTO attempts (run, n, profile, argv, executor, gpus, attempt_dir, status, created_at)"
+            self._insert_id(
+                db, "INSERT INTO attempts (run, n, profile, argv, executor, gpus, attempt_dir, status, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, 'launching', ?)",
                 (run, n, profile, json.dumps(list(argv)), executor, gpus, attempt_dir, now),
             )
@@ -518,8 +527,8 @@ class Store:
                 for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
                     outbox_rows.append((p.run, message_kind, json.dumps({**head, "poll_id": poll_id}), p.thread_of,
                                         p.at, p.at, self.host))
-            db.executemany("INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at, host)"
-                           " VALUES (?, ?, ?, ?, ?, ?, ?)", outbox_rows)
+            self._insert_many(db, "INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at, host)"
+                              " VALUES (?, ?, ?, ?, ?, ?, ?)", outbox_rows)
         if self.on_enqueue is not None:
             self.on_enqueue()
 
@@ -810,9 +819,9 @@ class Store:
                         body: dict[str, Any], now: float, dedupe_key: str) -> OwnerCall:
         """Record an owner call before it is posted; the same key twice returns the first."""
         with self.tx() as db:
-            db.execute("INSERT INTO owner_calls (campaign, run, question, options, body, created_at,"
-                       " dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                       (campaign, run, question, json.dumps(list(options)), json.dumps(body), now, dedupe_key))
+            self._insert_row(db, "INSERT INTO owner_calls (campaign, run, question, options, body, created_at,"
+                             " dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                             (campaign, run, question, json.dumps(list(options)), json.dumps(body), now, dedupe_key))
         return _owner_call(self._query("SELECT * FROM owner_calls WHERE dedupe_key=?", (dedupe_key,))[0])
 
     def owner_call(self, call_id: int) -> OwnerCall | None:

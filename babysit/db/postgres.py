@@ -7,22 +7,32 @@ then holds two connections in all (this one and its lease/LISTEN one, `babysit.d
 reopened at the next call: a read is tried once more on the new connection, a write fails as a
 StateError (transient: the daemon's callers already retry those, as they do a full disk on SQLite).
 The schema is never changed here: a database at another version is refused, naming `babysit db upgrade`.
+
+The daemon's store also keeps a local journal (`start_journal`, `babysit.db.journal`): while PostgreSQL is
+down it babysits on a local mirror of this box's rows and replays what it wrote once PostgreSQL is back.
 """
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import structlog
 from psycopg import pq
 
 from babysit.core.errors import StateError
+from babysit.db import journal
 from babysit.db.redact import redact
 from babysit.store import SCHEMA_VERSION, Row, Store
+
+log = structlog.get_logger("babysit.store")
 
 VERSION_TABLE = "babysit_schema_version"
 CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to
@@ -70,15 +80,16 @@ class PgConnection:
     """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
     psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite."""
 
-    def __init__(self, url: str, name: str = "babysit") -> None:
+    def __init__(self, url: str, name: str = "babysit", timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.url = url
         self.name = name  # PostgreSQL's application_name: which box a connection is, in pg_stat_activity
+        self.timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=CONNECT_TIMEOUT_S, application_name=self.name)
+                                         connect_timeout=self.timeout, application_name=self.name)
         return self._conn
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
@@ -104,6 +115,18 @@ class PgConnection:
             self._conn.close()
 
 
+_INSERT = re.compile(r"^\s*INSERT INTO (\w+) \(")
+
+
+def _with_id(sql: str) -> tuple[str, str]:
+    """An INSERT of the shared SQL with an explicit id first: (its table, the statement)."""
+    table = _INSERT.match(sql)
+    if table is None or "VALUES (" not in sql:
+        raise AssertionError(f"not an INSERT ... VALUES: {sql[:60]}")
+    head = sql[:table.end()] + "id, " + sql[table.end():]
+    return table.group(1), head.replace("VALUES (", "VALUES (?, ", 1)
+
+
 class PostgresStore(Store):
     """The store on PostgreSQL. `host` is this process's box name: what it writes as a daemon (the
     outbox rows it sends, the requests it carries out) is addressed by it."""
@@ -112,6 +135,7 @@ class PostgresStore(Store):
     _write_errors = (psycopg.OperationalError, psycopg.errors.AdminShutdown)
     IntegrityError = psycopg.IntegrityError
     _begin = "BEGIN"
+    journaled = False  # True on the daemon's store once start_journal ran
 
     def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None) -> None:
         self.url = url
@@ -122,20 +146,126 @@ class PostgresStore(Store):
         self._init_common()
         self._read_lock = threading.Lock()
         try:
-            self._db = PgConnection(url, f"babysit:{host}" if host else "babysit")
+            self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit")
             version = self.schema_version()
         except psycopg.Error as exc:
             raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
                              hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
         check_version(version, self.where)
+        self.journaled = False  # start_journal: the daemon's store (class default False too: _query is used above)
+        self.on_reconnect: Callable[[], None] | None = None
+        self.last_replay: dict[str, float] | None = None
+        self._reconnector: journal.Reconnector | None = None
+        self._seen_version = 0  # data_version's last answer, kept while PostgreSQL is down
 
-    @staticmethod
-    def _insert_id(db: Any, sql: str, args: tuple) -> int:
+    # -- the local journal (babysit.db.journal; the daemon's store only) -----------------------------------
+    def start_journal(self, on_reconnect: Callable[[], None] | None = None) -> int:
+        """From now on, keep babysitting on a local mirror while PostgreSQL is down and replay when it is
+        back. Called by the daemon once it holds the state directory (one process a mirror). A journal a
+        daemon stopped while down left is replayed first. How many journaled transactions it replayed."""
+        if self.host is None or self.state_dir is None:
+            raise AssertionError("the journal is a fleet box's daemon's: a host and a state directory")
+        local = journal.open_local(self.state_dir / journal.JOURNAL_FILE)
+        pg = self._db
+        try:
+            with self._lock:
+                left = journal.replay(pg, local)
+                journal.seed(pg, local, self.host)
+                pool = journal.IdPool()
+                for table in journal.ID_TABLES:
+                    pool.refill(pg.execute, table)
+        except psycopg.Error as exc:
+            local.close()
+            raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
+                             hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
+        self.on_reconnect = on_reconnect
+        self._write_errors = (*self._write_errors, sqlite3.OperationalError)
+        self._reconnector = journal.Reconnector(self)
+        self._db = journal.JournaledConnection(pg, local, pool, on_down=self._went_down)
+        self.journaled = True
+        if left:
+            log.info("journal replayed at start", transactions=left)
+        return left
+
+    @property
+    def down(self) -> bool:
+        """PostgreSQL unreachable: the daemon's store works on its local mirror (and journals)."""
+        return self.journaled and self._db.down
+
+    def journal_pending(self) -> int:
+        """Transactions journaled and not yet replayed (0 on a store without a journal)."""
+        if not self.journaled:
+            return 0
+        with self._lock:
+            return journal.pending(self._db.local)
+
+    def _went_down(self, exc: BaseException) -> None:
+        log.warning("PostgreSQL unreachable: babysitting on, journaling locally", error=str(exc)[:200],
+                    journal=str(self.state_dir / journal.JOURNAL_FILE) if self.state_dir else None)
+        assert self._reconnector is not None
+        self._reconnector.start()
+
+    def _back(self) -> bool:
+        """The reconnection's try (its thread): True once PostgreSQL answered, the journal is replayed,
+        the mirror reconciled and the store connected again."""
+        assert self.state_dir is not None and self.host is not None
+        started = time.monotonic()
+        conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S)
+        try:
+            conn.execute("SELECT 1")  # raises while PostgreSQL is still down
+            reader = sqlite3.connect(self.state_dir / journal.JOURNAL_FILE, timeout=journal.BUSY_TIMEOUT_S,
+                                     isolation_level=None)
+            reader.row_factory = sqlite3.Row
+            try:
+                replayed = journal.replay(conn, reader)  # while the daemon journals on: nothing waits
+            finally:
+                reader.close()
+            with self._lock:  # the rest, then connected: no write of the daemon's in between
+                replayed += journal.replay(conn, self._db.local)
+                journal.seed(conn, self._db.local, self.host)
+                self._db.pg.close()
+                conn.timeout = CONNECT_TIMEOUT_S
+                self._db.pg = conn
+                self._db.down = False
+        except BaseException:
+            conn.close()
+            raise
+        took = time.monotonic() - started
+        log.info("PostgreSQL back: journal replayed", transactions=replayed, replay_s=round(took, 3))
+        self.last_replay = {"transactions": replayed, "seconds": took}
+        if self.on_reconnect is not None:
+            self.on_reconnect()
+        return True
+
+    def _insert_id(self, db: Any, sql: str, args: tuple) -> int:  # type: ignore[override]
+        """The new row's id: on the daemon's store one of its reserved ids (the row keeps it when journaled);
+        a control request's is the database's (it is written only with PostgreSQL up)."""
+        if self.journaled and not sql.lstrip().startswith("INSERT INTO control"):
+            table, sql = _with_id(sql)
+            new_id = db.take_id(table)
+            db.execute(sql, (new_id, *args))
+            return new_id
         return db.execute(sql + " RETURNING id", args).fetchone()[0]
+
+    def _insert_row(self, db: Any, sql: str, args: tuple) -> None:
+        if self.journaled:
+            self._insert_id(db, sql, args)
+        else:
+            db.execute(sql, args)
+
+    def _insert_many(self, db: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if not self.journaled:
+            db.executemany(sql, rows)
+            return
+        table, sql = _with_id(sql)
+        db.executemany(sql, [(db.take_id(table), *row) for row in rows])
 
     def _start_tx(self) -> None:
         """BEGIN, once more on a fresh connection when the old one was lost (a server restart): nothing was
         done yet, so trying again repeats nothing."""
+        if self.journaled:
+            self._db.execute("BEGIN")  # the journal's connection: PostgreSQL, else the mirror
+            return
         for attempt in (1, 2):
             try:
                 self._db.execute(self._begin)
@@ -159,6 +289,8 @@ class PostgresStore(Store):
     def _query(self, sql: str, args: tuple = ()) -> list[Any]:
         """A read, tried once more on a fresh connection when the old one was lost (a server restart)."""
         with self._lock:
+            if self.journaled:  # the journal's connection retries, else answers from the mirror
+                return self._db.execute(sql, args).fetchall()
             for attempt in (1, 2):
                 try:
                     return self._db.execute(sql, args).fetchall()
@@ -170,20 +302,28 @@ class PostgresStore(Store):
 
     def data_version(self) -> int:
         """Changes when anyone queues a request or a message (the newest ids): the daemon's cue to look
-        at requests and wake its delivery, as SQLite's data_version is."""
+        at requests and wake its delivery, as SQLite's data_version is. While PostgreSQL is down nobody can
+        queue a request for this box: the last answer stands."""
+        if self.down:
+            return self._seen_version
         row = self._query("SELECT (SELECT COALESCE(MAX(id), 0) FROM control)"
                           " + (SELECT COALESCE(MAX(id), 0) FROM outbox)")[0]
-        return int(row[0])
+        self._seen_version = int(row[0])
+        return self._seen_version
 
     def _wake_daemon(self, run: str) -> None:
         """NOTIFY the run's box (every box LISTENs; each acts only on requests addressed to it)."""
+        if self.down:
+            return
         host = self._query("SELECT host FROM runs WHERE run=?", (run,))
         self._query("SELECT pg_notify(?, ?)", (CONTROL_CHANNEL, host[0][0] if host else ""))
 
     def pending_requests(self) -> list[Row]:
         """The requests addressed to this box, claimed by it (`FOR UPDATE SKIP LOCKED`: two processes under
         one host name never both take one); a claim of this box's left unanswered by a daemon that died is
-        taken again."""
+        taken again. None while PostgreSQL is down (a request cannot reach this box without it)."""
+        if self.down:
+            return []
         with self.tx() as db:
             rows = db.execute(
                 "UPDATE control SET claimed_by=?, claimed_at=extract(epoch from clock_timestamp()) WHERE id IN"
@@ -194,10 +334,26 @@ class PostgresStore(Store):
                 for r in sorted(rows, key=lambda r: r["id"])]
 
     def now(self) -> float:
-        """The database's clock (leases are measured on it, so boxes' clocks need not agree)."""
+        """The database's clock (leases are measured on it, so boxes' clocks need not agree); this machine's
+        while PostgreSQL is down."""
+        if self.down:
+            return time.time()
         return float(self._query("SELECT extract(epoch from clock_timestamp())")[0][0])
 
+    def claim_run(self, run: str, now: float) -> str | None:
+        """While PostgreSQL is down only a run this box already owns is taken up (a run new to the fleet
+        waits: another box may have claimed its name meanwhile)."""
+        if self.down:
+            owners = self._query("SELECT host FROM runs WHERE run=?", (run,))
+            if not owners:
+                raise StateError(f"{self.where} is down: run {run} is not this box's yet",
+                                 hint="babysit takes it up once PostgreSQL is back")
+            return owners[0][0]
+        return super().claim_run(run, now)
+
     def close(self) -> None:
+        if self._reconnector is not None:
+            self._reconnector.close()
         with self._lock:
             self._db.close()
 

@@ -1,0 +1,367 @@
+"""A fleet box's local journal: the daemon keeps babysitting while PostgreSQL is down (docs/fleet.md, "The
+database down").
+
+The daemon's PostgreSQL store runs every statement through a `JournaledConnection`:
+
+- **Connected**, a transaction runs on PostgreSQL as before, and each of its writes is also applied to a
+  local SQLite **mirror** (`.babysit/fleet-journal.db`, the same schema), which holds this box's own rows:
+  its runs, their attempts, state, amendments, incidents, verdicts, the latest polls, its outbox (seeded from
+  PostgreSQL when the daemon starts and again after every outage). Reads go to PostgreSQL.
+- **Down** (a statement failed on a lost connection, mid-transaction or not), the same SQL runs on the
+  mirror alone: guards, stops, retries, polls, verdicts and posts carry on against it, and each transaction's
+  writes are appended, in the same local transaction (fsync'd), to the mirror's `journal` table.
+- **Back**: a thread tries PostgreSQL every few seconds (jittered); once it answers, it replays the journal in
+  order, each journaled transaction one PostgreSQL transaction, every INSERT made `ON CONFLICT DO NOTHING`,
+  then, under the store's lock (no write in between), the rest, and the store is connected again: new
+  writes come after the replayed ones. Replaying twice (a daemon killed between PostgreSQL's COMMIT and the
+  journal row's removal) changes nothing: rows keep the ids they were given locally.
+
+Ids: a journaled row must keep its id on PostgreSQL (payloads name polls and thread parents by id), so the
+daemon's store never lets the database pick one: it takes ids from blocks it reserved on each table's
+sequence while connected (`IdPool`), connected or not. This box's ids therefore only grow, and no other box
+is ever handed one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import structlog
+
+from babysit.core.errors import StateError
+from babysit.store import Store
+
+log = structlog.get_logger("babysit.journal")
+
+JOURNAL_FILE = "fleet-journal.db"
+ID_TABLES = ("attempts", "polls", "incidents", "outbox", "verdicts", "control", "campaign_events",
+             "owner_calls", "owner_call_clicks")
+POOL_BLOCK = 4096  # ids reserved on a table's sequence at a time: a 5-min outage of 150 runs uses ~1,000
+POOL_LOW = POOL_BLOCK // 2  # a pool refilled below this while connected, so an outage starts with enough
+REPLAY_BATCH = 200  # journaled transactions a PostgreSQL transaction of the replay carries
+RECONNECT_FIRST_S = 0.5
+RECONNECT_MAX_S = 5.0
+PROBE_TIMEOUT_S = 3  # libpq's connect_timeout for a try while down (a blackholed host must not hang it)
+BUSY_TIMEOUT_S = 30.0
+POLLS_KEPT = 3  # a run's newest polls the mirror holds (the daemon reads the newest only)
+VERDICTS_KEPT = 3  # a run's newest verdict reads the mirror holds, besides its FINAL one
+# Statements that only PostgreSQL speaks and that never reach the mirror (the store answers them itself
+# while down: its clock, its wake-ups, requests, which cannot arrive without the database).
+PG_ONLY = ("clock_timestamp", "pg_notify", "SKIP LOCKED", "to_regclass", "nextval", "babysit_schema_version")
+_TX = {"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT part", "RELEASE part", "ROLLBACK TO part"}
+
+_JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL,"
+                " statements TEXT NOT NULL)")
+
+
+def is_read(sql: str) -> bool:
+    head = sql.lstrip()[:7].upper()
+    return head.startswith(("SELECT", "PRAGMA", "WITH"))
+
+
+def idempotent(sql: str) -> str:
+    """The statement as replayed: an INSERT that would fail on a row already there (a replay repeated)
+    does nothing instead. Upserts (`ON CONFLICT … DO UPDATE`) and UPDATEs set what they set again."""
+    if sql.lstrip()[:6].upper() == "INSERT" and "ON CONFLICT" not in sql.upper():
+        return sql + " ON CONFLICT DO NOTHING"
+    return sql
+
+
+def open_local(path: Path) -> sqlite3.Connection:
+    """The mirror: `state.db`'s schema (SQLite's own migrations), its `journal` table, no foreign keys (a
+    thread parent the mirror does not hold is still a valid id on PostgreSQL)."""
+    Store(path).close()
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")  # a journaled write is on disk before the daemon acts on it
+    db.execute("PRAGMA foreign_keys=OFF")
+    db.execute(_JOURNAL_DDL)
+    return db
+
+
+class IdPool:
+    """Ids reserved on each table's PostgreSQL sequence, handed out in increasing order."""
+
+    def __init__(self) -> None:
+        self._free: dict[str, deque[int]] = {t: deque() for t in ID_TABLES}
+
+    def low(self, table: str) -> bool:
+        return len(self._free[table]) < POOL_LOW
+
+    def refill(self, execute: Callable[[str, tuple], Any], table: str) -> None:
+        rows = execute("SELECT nextval(pg_get_serial_sequence(?, 'id')) FROM generate_series(1, ?)",
+                       (table, POOL_BLOCK)).fetchall()
+        self._free[table].extend(sorted(int(r[0]) for r in rows))  # later than every id handed out so far
+
+    def take(self, table: str) -> int:
+        try:
+            return self._free[table].popleft()
+        except IndexError:
+            raise StateError(f"no {table} id left for the journal while PostgreSQL is down",
+                             hint="babysit writes again once PostgreSQL is back (docs/fleet.md)") from None
+
+    def left(self, table: str) -> int:
+        return len(self._free[table])
+
+
+class JournaledConnection:
+    """What the shared SQL calls on a connection, routed to PostgreSQL (with each write mirrored locally) or,
+    while it is down, to the mirror with each transaction journaled. `pg` is a `PgConnection`."""
+
+    def __init__(self, pg: Any, local: sqlite3.Connection, pool: IdPool, *,
+                 on_down: Callable[[BaseException], None]) -> None:
+        self.pg = pg
+        self.local = local
+        self.pool = pool
+        self.down = False
+        self._on_down = on_down
+        self._tx = False  # inside BEGIN … COMMIT
+        self._pg_tx = False  # that transaction is open on PostgreSQL too
+        self._statements: list[list[Any]] = []  # the transaction's writes, as journaled
+        self._marks: list[int] = []  # the savepoints' positions in _statements
+
+    # -- the store's plumbing ------------------------------------------------------------------------------
+    @property
+    def in_transaction(self) -> bool:
+        return self._tx
+
+    @property
+    def lost(self) -> bool:
+        return self.down
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pg.close()
+        self.local.close()
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        if sql in _TX:
+            return self._control(sql)
+        if any(marker in sql for marker in PG_ONLY):
+            if self.down:
+                raise StateError("PostgreSQL is down", hint="babysit answers this once it is back")
+            return self._on_pg(lambda: self.pg.execute(sql, args), sql)
+        if is_read(sql):
+            if self._pg_tx or (not self._tx and not self.down):
+                result = self._on_pg(lambda: self.pg.execute(sql, args), sql, retry=not self._tx)
+                if result is not None:
+                    return result
+            return self.local.execute(sql, args)
+        if not self._tx:
+            raise AssertionError(f"a write outside a transaction: {sql[:60]}")
+        if self._pg_tx:
+            self._on_pg(lambda: self.pg.execute(sql, args), sql)
+        cursor = self.local.execute(sql, args)
+        self._statements.append([sql, list(args)])
+        return cursor
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._pg_tx:
+            self._on_pg(lambda: self.pg.executemany(sql, rows), sql)
+        self.local.executemany(sql, rows)
+        self._statements += [[sql, list(r)] for r in rows]
+
+    def take_id(self, table: str) -> int:
+        """The next id of `table` for a row this box writes; the pool refilled first when low and connected
+        (a refill that fails is an outage starting: the pool's rest carries the journal)."""
+        if self.pool.low(table) and not self.down:
+            self._on_pg(lambda: self.pool.refill(self.pg.execute, table), "nextval")
+        return self.pool.take(table)
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _on_pg(self, call: Callable[[], Any], sql: str, *, retry: bool = False) -> Any:
+        """`call` on PostgreSQL; None (and the store down from then on) when the connection is lost. A read
+        outside a transaction is tried once more on a fresh connection (a restart, not an outage)."""
+        for attempt in (1, 2):
+            try:
+                return call()
+            except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+                if not self.pg.lost and not isinstance(exc, psycopg.errors.AdminShutdown):
+                    raise  # an error of the statement's own, on a live connection
+                if retry and attempt == 1:
+                    continue
+                self._go_down(exc)
+                if any(marker in sql for marker in PG_ONLY):
+                    raise StateError("PostgreSQL is down", hint="babysit answers this once it is back") from exc
+                return None
+        return None
+
+    def _go_down(self, exc: BaseException) -> None:
+        self._pg_tx = False
+        if not self.down:
+            self.down = True
+            with contextlib.suppress(Exception):
+                self.pg.close()
+            self._on_down(exc)
+
+    def _control(self, sql: str) -> Any:
+        if sql == "BEGIN":
+            self.local.execute("BEGIN IMMEDIATE")
+            self._tx, self._statements, self._marks = True, [], []
+            if not self.down:
+                self._pg_tx = self._on_pg(lambda: self.pg.execute("BEGIN"), sql, retry=True) is not None
+            return None
+        if sql == "COMMIT":
+            try:
+                if self._pg_tx and self._on_pg(lambda: self.pg.execute("COMMIT"), sql) is not None:
+                    self._pg_tx = False
+                elif self._statements:  # PostgreSQL never saw it, or may not have: the journal replays it
+                    self.local.execute("INSERT INTO journal (at, statements) VALUES (?, ?)",
+                                       (time.time(), json.dumps(self._statements)))
+                self.local.execute("COMMIT")
+            finally:
+                self._tx, self._pg_tx, self._statements = False, False, []
+            return None
+        if sql == "ROLLBACK":
+            if self._pg_tx:
+                with contextlib.suppress(psycopg.Error):
+                    self.pg.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self.local.execute("ROLLBACK")
+            self._tx, self._pg_tx, self._statements = False, False, []
+            return None
+        if self._pg_tx:
+            self._on_pg(lambda: self.pg.execute(sql), sql)
+        self.local.execute(sql)
+        if sql == "SAVEPOINT part":
+            self._marks.append(len(self._statements))
+        elif sql == "ROLLBACK TO part":
+            del self._statements[self._marks[-1]:]
+        else:  # RELEASE
+            self._marks.pop()
+        return None
+
+
+def pending(local: sqlite3.Connection) -> int:
+    return int(local.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
+
+
+def replay(pg: Any, local: sqlite3.Connection) -> int:
+    """Every journaled transaction, oldest first, onto PostgreSQL (`pg`: a `PgConnection`, connected);
+    each batch's rows leave the journal once PostgreSQL has committed them. How many were replayed."""
+    done = 0
+    while True:
+        rows = local.execute("SELECT seq, statements FROM journal ORDER BY seq LIMIT ?", (REPLAY_BATCH,)).fetchall()
+        if not rows:
+            return done
+        pg.execute("BEGIN")
+        try:
+            for row in rows:
+                for sql, args in json.loads(row["statements"]):
+                    pg.execute(idempotent(sql), tuple(args))
+            pg.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                pg.execute("ROLLBACK")
+            raise
+        local.execute("DELETE FROM journal WHERE seq <= ?", (rows[-1]["seq"],))
+        done += len(rows)
+
+
+# -- the mirror's rows: this box's, copied from PostgreSQL -------------------------------------------------
+def _own_rows(host: str) -> list[tuple[str, str, tuple]]:
+    """(table, SELECT, args): the rows of this box the daemon reads while PostgreSQL is down."""
+    own = "run IN (SELECT run FROM runs WHERE host=?)"
+    return [
+        ("runs", "SELECT * FROM runs WHERE host=?", (host,)),
+        ("attempts", f"SELECT * FROM attempts WHERE {own}", (host,)),
+        ("run_state", f"SELECT * FROM run_state WHERE {own}", (host,)),
+        ("amendments", f"SELECT * FROM amendments WHERE {own}", (host,)),
+        ("incidents", f"SELECT * FROM incidents WHERE {own}", (host,)),
+        ("verdicts", f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY run ORDER BY id DESC) AS k_"
+                     f" FROM verdicts WHERE {own}) v WHERE final = 1 OR k_ <= {VERDICTS_KEPT}", (host,)),
+        ("polls", f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY run ORDER BY id DESC) AS k_"
+                  f" FROM polls WHERE {own}) p WHERE k_ <= {POLLS_KEPT}", (host,)),
+        ("outbox", "SELECT * FROM outbox WHERE host=? AND (status='pending' OR dedupe_key IS NOT NULL"
+                   " OR id IN (SELECT thread_of FROM outbox WHERE host=? AND thread_of IS NOT NULL))", (host, host)),
+        ("gpu_quarantine", "SELECT * FROM gpu_quarantine WHERE host=?", (host,)),
+        ("campaigns", "SELECT * FROM campaigns", ()),
+        ("campaign_runs", "SELECT * FROM campaign_runs", ()),
+        ("campaign_events", "SELECT * FROM campaign_events", ()),
+        ("owner_calls", "SELECT * FROM owner_calls", ()),
+    ]
+
+
+MIRRORED = ("runs", "attempts", "run_state", "amendments", "incidents", "verdicts", "polls", "outbox",
+            "gpu_quarantine", "campaigns", "campaign_runs", "campaign_events", "owner_calls", "owner_call_clicks",
+            "control", "hosts")
+
+
+def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:
+    """The mirror made this box's rows as PostgreSQL holds them now (one snapshot: REPEATABLE READ), the
+    polls that queued posts name included. Called with the journal empty. How many rows it holds."""
+    copied: dict[str, list[Any]] = {}
+    pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        for table, sql, args in _own_rows(host):
+            copied[table] = pg.execute(sql, args).fetchall()
+        have = {r["id"] for r in copied["polls"]}
+        named = sorted({int(json.loads(r["payload"])["poll_id"]) for r in copied["outbox"]
+                        if '"poll_id"' in r["payload"]} - have)
+        if named:
+            copied["polls"] += pg.execute("SELECT *, 0 AS k_ FROM polls WHERE id = ANY(?)", (named,)).fetchall()
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            pg.execute("COMMIT")  # a read-only snapshot: nothing to keep or lose
+    local.execute("BEGIN IMMEDIATE")
+    try:
+        for table in MIRRORED:
+            local.execute(f"DELETE FROM {table}")
+        for table, rows in copied.items():
+            if not rows:
+                continue
+            cols = [c for c in rows[0].keys() if c != "k_"]  # noqa: SIM118 (a row iterates its values)
+            names = ", ".join(f'"{c}"' for c in cols)
+            local.executemany(f"INSERT OR REPLACE INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})",
+                              [tuple(r[c] for c in cols) for r in rows])
+        local.execute("COMMIT")
+    except BaseException:
+        local.execute("ROLLBACK")
+        raise
+    return sum(len(rows) for rows in copied.values())
+
+
+class Reconnector:
+    """While the store is down: tries PostgreSQL every few seconds (jittered: after a failover every box
+    must not come back in the same instant), replays the journal and hands the store its connection back."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._loop, name="journal-replay", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        pause = RECONNECT_FIRST_S
+        while not self._closed.is_set():
+            if self._closed.wait(pause * random.uniform(0.5, 1.5)):
+                return
+            pause = min(pause * 2, RECONNECT_MAX_S)
+            try:
+                if self.store._back():
+                    return
+            except (psycopg.Error, sqlite3.Error, StateError) as exc:
+                log.warning("PostgreSQL still unreachable; journaling on", error=str(exc)[:200])
