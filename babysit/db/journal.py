@@ -364,4 +364,4 @@ class Reconnector:
                 if self.store._back():
                     return
             except (psycopg.Error, sqlite3.Error, StateError) as exc:
-                log.warning("PostgreSQL still unreachable; journaling on", error=str(exc)[:200])
+                log.debug("PostgreSQL still unreachable; journaling on", error=str(exc)[:200])
