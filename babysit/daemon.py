@@ -413,6 +413,11 @@ class Daemon:
         events bring (a registration, a request or a message another process wrote, an exit not seen)."""
         if self._control():
             self.delivery.wake()  # another process wrote: a message it queued goes out now
+        if self.store.backend == "postgresql":
+            try:  # the local mirror sees an amendment declared elsewhere before any outage needs it
+                self.store.refresh_mirror()
+            except BabysitError as exc:
+                log.warning("refreshing the local mirror failed", error=exc.message)
         try:
             with self.store.deferred_facts():  # every run's log offsets in one commit at the end
                 for supervisor in list(self.supervisors.values()):

@@ -84,7 +84,7 @@ def open_local(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")  # a journaled write is on disk before the daemon acts on it
+    db.execute("PRAGMA synchronous=NORMAL")  # FULL while down (JournaledConnection): the journal on disk
     db.execute("PRAGMA foreign_keys=OFF")
     db.execute(_JOURNAL_DDL)
     return db
@@ -130,6 +130,7 @@ class JournaledConnection:
         self._pg_tx = False  # that transaction is open on PostgreSQL too
         self._statements: list[list[Any]] = []  # the transaction's writes, as journaled
         self._marks: list[int] = []  # the savepoints' positions in _statements
+        self._synchronous = "NORMAL"  # the mirror's PRAGMA synchronous (open_local's)
 
     # -- the store's plumbing ------------------------------------------------------------------------------
     @property
@@ -207,6 +208,10 @@ class JournaledConnection:
 
     def _control(self, sql: str) -> Any:
         if sql == "BEGIN":
+            durable = "FULL" if self.down else "NORMAL"  # journaling: each commit fsync'd; else a mere copy
+            if durable != self._synchronous:
+                self.local.execute(f"PRAGMA synchronous={durable}")
+                self._synchronous = durable
             self.local.execute("BEGIN IMMEDIATE")
             self._tx, self._statements, self._marks = True, [], []
             if not self.down:
@@ -314,9 +319,25 @@ def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:
     finally:
         with contextlib.suppress(psycopg.Error):
             pg.execute("COMMIT")  # a read-only snapshot: nothing to keep or lose
+    _replace(local, MIRRORED, copied)
+    return sum(len(rows) for rows in copied.values())
+
+
+REFRESHED = ("amendments",)  # what other processes write for this box's runs and a verdict must see
+
+
+def refresh(pg: Any, local: sqlite3.Connection, host: str) -> None:
+    """The mirror's copy of what another process may have written for this box's runs since the last
+    seed: its amendments (`babysit amend` writes PostgreSQL; a FINAL verdict read while down must count
+    them). One query; the daemon's guard round calls it while connected."""
+    copied = {table: pg.execute(sql, args).fetchall() for table, sql, args in _own_rows(host) if table in REFRESHED}
+    _replace(local, REFRESHED, copied)
+
+
+def _replace(local: sqlite3.Connection, tables: Sequence[str], copied: dict[str, list[Any]]) -> None:
     local.execute("BEGIN IMMEDIATE")
     try:
-        for table in MIRRORED:
+        for table in tables:
             local.execute(f"DELETE FROM {table}")
         for table, rows in copied.items():
             if not rows:
@@ -329,7 +350,6 @@ def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:
     except BaseException:
         local.execute("ROLLBACK")
         raise
-    return sum(len(rows) for rows in copied.values())
 
 
 class Reconnector:

@@ -199,6 +199,21 @@ class PostgresStore(Store):
         with self._lock:
             return journal.pending(self._db.local)
 
+    def refresh_mirror(self) -> None:
+        """Bring the mirror's copy of what other processes write for this box's runs (amendments) up to
+        date: the daemon's guard round, while connected (one query). Down: nothing to read."""
+        if not self.journaled or self.down:
+            return
+        with self._lock:
+            try:
+                journal.refresh(self._db.pg, self._db.local, self.host)
+            except psycopg.Error as exc:
+                if self._db.pg.lost:
+                    self._db._go_down(exc)
+                    return
+                raise StateError(f"{self.where}: reading this box's amendments failed: {exc}",
+                                 hint="babysit tries again at the next guard round") from exc
+
     def _went_down(self, exc: BaseException) -> None:
         log.warning("PostgreSQL unreachable: babysitting on, journaling locally", error=str(exc)[:200],
                     journal=str(self.state_dir / journal.JOURNAL_FILE) if self.state_dir else None)

@@ -158,6 +158,22 @@ def test_a_run_new_to_the_fleet_is_not_claimed_while_postgres_is_down(
         store.close()
 
 
+def test_an_amendment_declared_by_another_process_reaches_the_mirror_before_an_outage(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None]) -> None:
+    store = _daemon_store(pg_url, tmp_path)
+    cli = PostgresStore(pg_url, host="box-a")  # `babysit amend` on the box: PostgreSQL, not the daemon's store
+    try:
+        cli.add_amendment("r1", "read later", "the read moves to step 200", "2026-12-01T00:00:00Z", 90)
+        store.refresh_mirror()  # the daemon's guard round
+        outage()
+        store.set_run_state("r1", "running", 5.0)  # down now
+        assert store.down
+        assert [a.title for a in store.amendments("r1")] == ["read later"]  # what a FINAL verdict then counts
+    finally:
+        store.close()
+        cli.close()
+
+
 def test_the_mirror_holds_this_box_rows_only(pg_url: str, tmp_path: Path) -> None:
     box_b = PostgresStore(pg_url, host="box-b")
     box_b.claim_run("theirs", 1.0)
