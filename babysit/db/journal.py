@@ -57,7 +57,8 @@ POLLS_KEPT = 3  # a run's newest polls the mirror holds (the daemon reads the ne
 VERDICTS_KEPT = 3  # a run's newest verdict reads the mirror holds, besides its FINAL one
 # Statements that only PostgreSQL speaks and that never reach the mirror (the store answers them itself
 # while down: its clock, its wake-ups, requests, which cannot arrive without the database).
-PG_ONLY = ("clock_timestamp", "pg_notify", "SKIP LOCKED", "to_regclass", "nextval", "babysit_schema_version")
+PG_ONLY = ("clock_timestamp", "pg_notify", "SKIP LOCKED", "to_regclass", "nextval", "babysit_schema_version",
+           "INSERT INTO control")  # a request: addressed to a box through the database, and numbered by it
 _TX = {"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT part", "RELEASE part", "ROLLBACK TO part"}
 
 _JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL,"

@@ -143,17 +143,22 @@ def test_a_journal_left_by_a_daemon_stopped_while_down_is_replayed_when_it_start
         again.close()
 
 
-def test_a_run_new_to_the_fleet_is_not_claimed_while_postgres_is_down(
+def test_a_run_new_to_the_fleet_and_a_request_wait_while_postgres_is_down(
         pg_url: str, tmp_path: Path, outage: Callable[[], None]) -> None:
     from babysit.core.errors import StateError
 
     store = _daemon_store(pg_url, tmp_path)
     try:
+        asked = store.request("r1", "poll", "U1", 2.0)  # the gateway's bot asks through the daemon's store
+        assert [r.id for r in store.pending_requests()] == [asked]  # numbered and addressed by PostgreSQL
         outage()
         store.set_run_state("r1", "running", 5.0)
         assert store.claim_run("r1", 5.0) == "box-a"  # its own run: babysat on
         with pytest.raises(StateError, match="not this box's yet"):
             store.claim_run("r2", 5.0)
+        with pytest.raises(StateError, match="PostgreSQL is down"):
+            store.request("r1", "abort", "U1", 6.0)  # a request cannot reach a box without the database
+        assert store.journal_pending() == 1
     finally:
         store.close()
 
