@@ -243,10 +243,13 @@ class Reader:
             self._store.close()
             self._store = None
 
-    def rows(self, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:
+    def rows(self, names: Sequence[str] | None = None, now: float | None = None, *,
+             logs: bool = True) -> list[RunRow]:
         """The rows of `names` (default: every registered run and, in a fleet, every other box's runs, read
         from the database alone: their run.toml and logs are on their boxes). A run whose box is lost shows
-        `host-lost`, one whose daemon was stopped `host-down`: not failed, only out of sight."""
+        `host-lost`, one whose daemon was stopped `host-down`: not failed, only out of sight. Without `logs`
+        no log is read here either: every row's progress is what the daemons stored (the fleet gateway's
+        answer, the same for every box's runs; bench/README.md §12)."""
         now = time.time() if now is None else now
         reg = self.registry
         store = self._open_store()
@@ -277,7 +280,7 @@ class Reader:
                 polls, incidents = store.polls(name, 1), store.incidents(name, 1)
                 poll, incident = (polls[0] if polls else None), (incidents[0] if incidents else None)
             records = (self._tails.get(sources.records_path(spec, reg.state_dir))
-                       if spec is not None and attempts else None)
+                       if logs and spec is not None and attempts else None)
             if entry is None:
                 note = f"on box {owners.get(name, '?')}"
             row = build_row(
@@ -289,6 +292,10 @@ class Reader:
             out.append(row)
         return out
 
+    def fleet_boxes(self) -> list[str]:
+        """`fleet_boxes` on this reader's connection."""
+        return fleet_boxes(self.registry, self._open_store())
+
     def _open_store(self) -> Store | None:
         """The store once it exists: `status` never creates a state directory the daemon has not."""
         if self._store is None:
@@ -296,18 +303,20 @@ class Reader:
         return self._store
 
 
-def fleet_boxes(reg: registry.Registry) -> list[str]:
+def fleet_boxes(reg: registry.Registry, store: Store | None = None) -> list[str]:
     """One line a box of the fleet: its state, how long since its lease was renewed (its staleness), its
-    runs. Empty on SQLite (one box)."""
-    store = open_existing(reg)
+    runs. Empty on SQLite (one box). `store`: an open one to ask (else one is opened and closed here)."""
+    own = store is None
+    store = open_existing(reg) if own else store
     if store is None or store.host is None:
-        if store is not None:
+        if store is not None and own:
             store.close()
         return []
     try:
         hosts, owners, now = store.hosts(), store.run_hosts(), store.now()
     finally:
-        store.close()
+        if own:
+            store.close()
     states = host_states(hosts)
     lines = []
     for h in hosts:

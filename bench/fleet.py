@@ -6,8 +6,10 @@ each (default 50), on this machine; the issue-27 targets measured side by side i
 
 What is timed:
 - `/babysit status` over every box's runs: what the bot's handler computes (bot/handlers.py `status`:
-  `runview.collect` of every box's runs, each box's staleness, the rendered table), in this process
-  acting as box-a's gateway, median and worst of 10 after one warm-up.
+  the registry read, `bot.reads.fleet_rows` — every box's rows from the database through the reader the
+  bot keeps across commands, each box's staleness — and the rendered table), in this process acting as
+  box-a's gateway: median and worst of 10 after the first (the first, which opens the connection and
+  reads every run.toml of box-a, is reported on its own).
 - abort: `store.request(RUN, "abort")` written by box-a's gateway for a run of box-b, to the SIGTERM
   arriving in the trainer on box-b (the trainer writes the time it got it): median and worst of --aborts.
   The daemons' guard rounds are 30 s apart, so only the NOTIFY can make this fast.
@@ -169,18 +171,20 @@ def main() -> int:
         time.sleep(5)
 
         # /babysit status over every box's runs, as the bot's handler computes it
-        from babysit import runview
         from bot import messages as msg
+        from bot.reads import fleet_rows
 
-        reg_a = registry.load(boxes["box-a"] / "babysit.toml")
         times = []
         for _ in range(11):
             started = time.perf_counter()
-            rows = runview.collect(reg_a.path, None)
-            rendered = msg.status_message(rows, time.time(), runview.fleet_boxes(reg_a))
+            reg_a = registry.load(boxes["box-a"] / "babysit.toml")
+            rows, lines = fleet_rows(reg_a)
+            rendered = msg.status_message(rows, time.time(), lines)
             times.append(time.perf_counter() - started)
+            time.sleep(0.5)  # commands apart, as people type them (the trainers write meanwhile)
         assert len(rows) == total, len(rows)
         out["status_rows"] = len(rows)
+        out["status_ms_first"] = round(times[0] * 1000, 1)
         out["status_ms_median"] = round(statistics.median(times[1:]) * 1000, 1)
         out["status_ms_worst"] = round(max(times[1:]) * 1000, 1)
         out["status_chars"] = len(rendered.text)
@@ -242,7 +246,7 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     print("| what | figure | target |\n| --- | --- | --- |")
     print(f"| `/babysit status`, {out['status_rows']} runs on 3 boxes | median {out['status_ms_median']} ms, "
-          f"worst {out['status_ms_worst']} ms | ≤ 300 ms |")
+          f"worst {out['status_ms_worst']} ms (the bot's first: {out['status_ms_first']} ms) | ≤ 300 ms |")
     print(f"| abort, box-a's gateway → SIGTERM on box-b ({args.aborts}) | median {out['abort_ms_median']} ms, "
           f"worst {out['abort_ms_worst']} ms | ≤ 1 s |")
     print(f"| idle database load | {', '.join(f'{k} {v}/s' for k, v in per_box.items())} | ≤ 1 query/s a box |")

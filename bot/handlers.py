@@ -28,7 +28,7 @@ from bot.gpus import box_lines, read_gpus, run_owners
 from bot.messages import answer
 from bot.owner_calls import campaign_reply
 from bot.predicates import Command, action_value, close_names, may_abort, user_of, wants_post
-from bot.reads import chart_file, stored_verdict, verdict_body
+from bot.reads import chart_file, fleet_rows, stored_verdict, verdict_body
 
 log = structlog.get_logger("babysit.bot")
 
@@ -77,13 +77,13 @@ def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, resp
     if cmd.run and (problem := known_run(reg, cmd.run, "/babysit status [RUN]", fleet=True)):
         ack(**answer(problem))
         return
-    rows = runview.collect(reg.path, [cmd.run] if cmd.run else None)  # None: in a fleet, every box's runs
-    ack(**answer(msg.status_message(rows, time.time(), runview.fleet_boxes(reg))))
+    rows, boxes = fleet_rows(reg, [cmd.run] if cmd.run else None)  # None: in a fleet, every box's runs
+    ack(**answer(msg.status_message(rows, time.time(), boxes)))
 
 
 def runs(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     reg = registry_mod.load(cfg.registry_path)
-    rows = [row.to_dict() for row in runview.collect(reg.path, None)]  # the `status --json` shape, every box's
+    rows = [row.to_dict() for row in fleet_rows(reg)[0]]  # the `status --json` shape, every box's
     ack(**answer(msg.runs_message(rows)))
 
 

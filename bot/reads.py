@@ -8,21 +8,30 @@ shows as is.
 A run of another box of the fleet (its run.toml and log are on that box) is answered from the database:
 the verdict that box stored last (its FINAL one, else its newest PROVISIONAL read), with how old that
 read is and how fresh the box's lease is (`Stored`).
+
+`/babysit status` and `runs` in a fleet (`fleet_rows`): every box's rows from the database alone, this
+box's included (progress as its daemon stored it, as for every other box: no log is read), through one
+reader kept across commands: its connection, the registry and each run.toml are read again only when
+they change. The answer is five queries, whatever the number of runs (bench/README.md §12).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from babysit import runview
 from babysit.chart import render_chart
-from babysit.core.errors import BadInput
+from babysit.core.errors import BabysitError, BadInput
 from babysit.core.spec import load_spec
+from babysit.db.url import store_url
 from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
 from babysit.registry import Registry, RunEntry
-from babysit.runview import box_staleness, host_states
+from babysit.runview import RunRow, box_staleness, host_states
 from babysit.store import Store
 
 
@@ -85,3 +94,24 @@ def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict
                         amendments=verdict.amendments, train_series=train)
     return Path(path), verdict.to_json(entry.name, entry.prereg_sha256)
 
+
+
+_readers: dict[Path, runview.Reader] = {}
+_readers_lock = threading.Lock()  # Bolt runs listeners on a pool of threads: one reader, one at a time
+
+
+def fleet_rows(reg: Registry, names: Sequence[str] | None = None) -> tuple[list[RunRow], list[str]]:
+    """(the rows of `names`, default every box's runs; one line a box) for `/babysit status|runs`. On one
+    box (SQLite) as `babysit status` reads them, its logs included; in a fleet from the database alone."""
+    if store_url(reg) is None:
+        return runview.collect(reg.path, names), []
+    with _readers_lock:
+        reader = _readers.get(reg.path)
+        if reader is None:
+            reader = _readers[reg.path] = runview.Reader(reg.path)
+        try:
+            return reader.rows(names, logs=False), reader.fleet_boxes()
+        except BabysitError:
+            _readers.pop(reg.path, None)  # a fresh reader (and connection) at the next command
+            reader.close()
+            raise

@@ -126,3 +126,46 @@ def test_gpus_shows_every_box_with_its_reading_s_age_and_its_own_labels(gateway:
     assert "GPU 0 Simulated B200: util 97%" in text and "pid 4242 python 30.0 GiB → early-b" in text, text
     assert "pid 4243 python 30.0 GiB → FOREIGN" in text, text
     assert "GPU 1 Simulated B200: util 96%" in text and "QUARANTINED: xid 79: fell off the bus" in text, text
+
+
+def _own_run(root: Path, store: Any, run: str, *, step: int, logged: int) -> None:
+    """A run of box-a (the gateway's box) as its daemon leaves it: registered, running, its step stored."""
+    from datetime import datetime, timezone
+
+    from babysit import registry
+
+    spec = root / f"{run}.toml"
+    spec.write_text(f'[run]\nname = "{run}"\ncommand = ["python", "train.py"]\nlog = "{run}.jsonl"\ngpus = []\n')
+    now = time.time()
+    (root / f"{run}.jsonl").write_text("".join(json.dumps({"step": s, "ts": now - 100 + s * 0.2, "loss": 1 / s}) + "\n"
+                                               for s in range(1, logged + 1)))
+    entry = registry.RunEntry(run, spec.name, registry.utc_timestamp(datetime.now(timezone.utc)))
+    registry.update(root / "babysit.toml", lambda reg: (registry.with_run(reg, entry)[0], None))
+    store.claim_run(run, now)
+    attempt = store.begin_attempt(run, 1, "default", ["python", "train.py"], "local", 0, str(root), now - 100)
+    store.mark_running(attempt.id, started_at=now - 100, pid=None)
+    store.set_run_state(run, "running", now, step=step, last_record_at=now - 5)
+
+
+def test_status_answers_every_box_from_the_database_and_sees_new_registrations(
+        gateway: tuple[Bot, Any], pg_url: str) -> None:
+    """The gateway's status reads no log, its own box's included: each run's step is what its daemon stored
+    (box-a's own-a: 20, though its log is at 400: the same source as every other box's runs), in five
+    queries whatever the number of runs; its reader is kept across commands and still sees a run registered
+    after the first answer, and a box's staleness line for every box."""
+    from babysit.db.postgres import PostgresStore
+
+    bot, _ = gateway
+    box_a = PostgresStore(pg_url, host="box-a")
+    try:
+        _own_run(bot.root, box_a, "own-a", step=20, logged=400)
+        _, ack, _ = slash(bot, "/babysit", "status")
+        text = ack["text"]
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("own-a ")]
+        assert " 20 " in line and "400" not in line, line  # before: the log's 400 (its tail read per command)
+        assert "done-b" in text and "box box-b: up" in text, text
+        _own_run(bot.root, box_a, "own-a2", step=7, logged=9)  # registered after the reader was made
+        _, ack, _ = slash(bot, "/babysit", "runs")
+        assert "`own-a2` — running" in ack["text"] and "`own-a` — running" in ack["text"], ack["text"]
+    finally:
+        box_a.close()
