@@ -17,16 +17,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import structlog
 
+from babysit import runview
 from babysit.campaign import clicks
 from babysit.campaign.history import view_of
 from babysit.core import campaign_render as crender
-from babysit.core.blocks import section
-from babysit.core.campaign_spec import load_campaign
+from babysit.core.blocks import context, section
+from babysit.core.campaign_spec import Banked, Campaign, Suspect, load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
 from bot.context import BotConfig, opened, owner_elsewhere, wait_result
@@ -86,8 +88,44 @@ def campaign_reply(cfg: BotConfig, name: str | None) -> Any:
             text = f"No campaign named `{name}`." + (f" Known: {', '.join(known)}." if known else
                                                       " `babysit campaign register CAMPAIGN.toml` adds one.")
             return Rendered(text, [section(text)])
-        view = view_of(load_campaign(row["file"]), store).to_json()
-    return Rendered(*crender.table_reply(view))
+        if Path(row["file"]).is_file():
+            view = view_of(load_campaign(row["file"]), store).to_json()
+            return Rendered(*crender.table_reply(view))
+        # another box's campaign (its file is there): as registered, with its runs and decisions as stored
+        campaign, registered = stored_campaign(row, store)
+        view = view_of(campaign, store).to_json()
+        note = _away_note(row, registered, store)
+    text, blocks = crender.table_reply(view)
+    return Rendered(f"{text}\n{note}", [*blocks, context(note)])
+
+
+def stored_campaign(row: Mapping[str, Any], store: Any) -> tuple[Campaign, bool]:
+    """The campaign of `row` rebuilt from what `babysit campaign register` stored (its question, suspects
+    and banked references, under its sha256), for a box that cannot read its file; (campaign, whether
+    a registration was found: a campaign only joined by its runs has none)."""
+    events = [e for e in store.campaign_events(row["name"]) if e.kind == "registered"
+              and e.body.get("sha256") == row["sha256"]]
+    body = events[-1].body if events else {}
+    suspects = tuple(Suspect(str(n), str(st)) for n, st in (body.get("suspects") or {}).items())
+    banked = tuple(Banked(str(n), float(d)) for n, d in (body.get("banked") or {}).items())
+    question = str(body.get("question") or f"(in {row['file']}, not readable here)")
+    return Campaign(name=row["name"], question=question, file=Path(row["file"]), suspects=suspects, banked=banked,
+                    sha256=row["sha256"]), bool(events)
+
+
+def _away_note(row: Mapping[str, Any], registered: bool, store: Any) -> str:
+    """Where the campaign's file is and how fresh what the database says of its box(es) is."""
+    owners = store.run_hosts()
+    boxes = sorted({owners[r["run"]] for r in store.campaign_runs(row["name"]) if r["run"] in owners})
+    hosts = {h["name"]: h for h in store.hosts()}
+    states, now = runview.host_states(list(hosts.values())), store.now()
+    fresh = "; ".join(runview.box_staleness(hosts[b], states[b], now) for b in boxes if b in hosts)
+    where = f"box {', '.join(boxes)}" if boxes else "the box that registered it"
+    what = ("its question, suspects and banked runs as registered" if registered
+            else "its declared suspects are not in the database (it was never `babysit campaign register`ed)")
+    return (f"From the fleet's database: {row['name']}'s file {row['file']} is on {where}; {what} "
+            f"(sha256 {row['sha256'][:12]}…), its runs, verdicts and decisions as stored"
+            + (f" ({fresh})." if fresh else "."))
 
 
 # -- registration --------------------------------------------------------------------------------------

@@ -31,7 +31,9 @@ def run_register(args: argparse.Namespace) -> int:
     try:
         now = time.time()
         store.save_campaign(campaign.name, str(campaign.file), campaign.sha256, now)
+        # what a box that cannot read the file (another box of a fleet) shows of it: bot/owner_calls.py
         store.add_campaign_event(campaign.name, None, "registered", {"sha256": campaign.sha256,
+                                 "question": campaign.question,
                                  "suspects": {s.name: s.status for s in campaign.suspects},
                                  "banked": campaign.references}, now,
                                  dedupe_key=f"{campaign.name}:registered:{campaign.sha256}")

@@ -169,3 +169,33 @@ def test_status_answers_every_box_from_the_database_and_sees_new_registrations(
         assert "`own-a2` — running" in ack["text"] and "`own-a` — running" in ack["text"], ack["text"]
     finally:
         box_a.close()
+
+
+def test_campaign_of_another_box_is_shown_from_the_database_with_that_box_s_staleness(
+        gateway: tuple[Bot, Any], tmp_path: Path, pg_url: str) -> None:
+    """`babysit campaign register` ran on box-b (its file is there, not on box-a): box-a's bot shows the
+    campaign as registered (question, suspects, banked runs), its runs' verdicts and where the file is."""
+    bot, box_b = gateway
+    home = tmp_path / "box-b"
+    home.mkdir()
+    (home / "babysit.toml").write_text(f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-b"\n')
+    spec = home / "campaign.toml"
+    spec.write_text('[campaign]\nname = "saga"\nquestion = "why does the eval drift?"\n'
+                    '[[suspects]]\nname = "lr"\n[[suspects]]\nname = "augment"\nstatus = "exonerated"\n'
+                    '[[banked]]\nname = "old_run"\ndelta = 0.02\n')
+    env = {**os.environ}
+    for key in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        env.pop(key, None)
+    out = subprocess.run([sys.executable, "-m", "babysit", "campaign", "register", str(spec), "--registry",
+                          str(home / "babysit.toml")], cwd=home, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    box_b.add_campaign_run("done-b", "saga", str(home / "done-b.toml"), None, "lr", {"summary": "the baseline"},
+                           "{}", "0" * 64, box_b.now())
+    spec.rename(home / "moved.toml")  # on box-b's disk, not box-a's: box-a cannot read it
+    _, ack, _ = slash(bot, "/babysit", "campaign saga")
+    text = ack["text"]
+    assert "why does the eval drift?" in text and "augment" in text and "done-b" in text, text
+    assert "IMPROVED" in text, text  # done-b's FINAL verdict, as box-b stored it
+    assert f"From the fleet's database: saga's file {spec} is on box box-b; its question, suspects and banked " \
+           "runs as registered" in text, text  # before: "babysit could not answer /babysit campaign"
+    assert re.search(r"box box-b: up, lease renewed \d+ s ago", text), text
