@@ -460,6 +460,18 @@ class Daemon:
         for req in self.store.pending_requests():
             supervisor = self.supervisors.get(req.run)
             now = self.ctx.now()
+            if req.kind in relaunch.ASKED:  # another box's gateway asked: the checks are this box's (its files)
+                try:
+                    relaunch.prepare(self.registry_path, req.run, accelerated=True)  # the cadence: _babysittable
+                    result = self._relaunch(req.run, req.body.get("requested_by", "?"),
+                                            resume=relaunch.ASKED[req.kind])
+                except BabysitError as exc:
+                    result = f"not relaunched: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+                except Exception as exc:  # answered, so the asker is not left waiting
+                    log.exception("relaunch failed", run=req.run)
+                    result = f"failed: {type(exc).__name__}: {exc}"[:300]
+                self.store.finish_request(req.id, result[:500], self.ctx.now())
+                continue
             if req.kind in (relaunch.ACTION, relaunch.ACTION_RESUME):
                 try:
                     result = self._relaunch(req.run, req.body.get("requested_by", "?"),

@@ -28,6 +28,9 @@ from babysit.db.url import open_existing, open_store
 
 ENDED = TERMINAL_STATUSES  # over, or a launch refused: what a relaunch may start again
 ACTION, ACTION_RESUME = "relaunch", "relaunch-resume"  # control-table actions: fresh, or with retry.resume_args
+# asked by another box's gateway (`/babysit relaunch` in a fleet): the run's own box checks and re-registers its
+# run.toml first (`prepare`: the file is there), then relaunches; the value: with retry.resume_args
+ASKED = {"relaunch-asked": False, "relaunch-resume-asked": True}
 CAP_WARN_FRACTION = 0.8  # the cap's warning line, as the live guard's (docs/guards.md)
 
 

@@ -143,7 +143,7 @@ def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
     """`/babysit relaunch RUN [resume]`: the checks and the re-registration of `babysit relaunch`
     (relaunch.prepare, through registration.register), then the daemon's answer."""
     reg = registry_mod.load(cfg.registry_path)
-    if problem := known_run(reg, cmd.run, "/babysit relaunch RUN [resume]"):
+    if problem := known_run(reg, cmd.run, "/babysit relaunch RUN [resume]", fleet=True):
         ack(**answer(problem))
         return
     user, run = user_of(body), str(cmd.run)
@@ -152,6 +152,18 @@ def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
         ack(**answer(msg.not_allowed(str(user), "relaunch", run)))
         return
     ack(**answer(msg.relaunch_working(run, str(user))))
+    with opened(cfg) as (_, store):
+        owner = owner_elsewhere(store, run)
+        if owner is not None:  # its run.toml is on its box: that box checks, re-registers and relaunches it
+            action = next(a for a, resume in relaunch_mod.ASKED.items() if resume == ("resume" in cmd.rest))
+            request = store.request(run, action, f"slack:{user}", time.time())
+            log.warning("relaunch requested from Slack for another box", run=run, box=owner, user=user,
+                        request=request)
+            result = wait_result(store, request, cfg.request_wait_s)
+    if owner is not None:
+        respond(**answer(msg.request_unanswered(run, "relaunch", request, cfg.request_wait_s) if result is None
+                         else msg.relaunch_result(run, result)))
+        return
     try:
         # the cadence is the daemon's to hold to its own mode (--accelerated or not) when it relaunches
         relaunch_mod.prepare(cfg.registry_path, run, accelerated=True)
