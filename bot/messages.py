@@ -11,6 +11,7 @@ from typing import Any
 
 from babysit.core.blocks import actions, code, confirm_button, context, section
 from babysit.core.render import Rendered, snapshot_line
+from babysit.core.snapshot import Snapshot
 from babysit.runtable import status_table
 from babysit.runview import RunRow
 
@@ -125,7 +126,8 @@ def poll_result(run: str, result: str, snapshot: Mapping[str, Any] | None) -> Re
         return reply(f"`{run}`: the daemon answered the poll with “{result}”.")
     if snapshot is None:
         return reply(f"📊 `{run}` polled; the poll is in the run's thread.")
-    return reply(f"📊 `{run}` (poll on demand): {snapshot_line(snapshot)}\nThe full poll is in the run's thread.")
+    return reply(f"📊 `{run}` (poll on demand): {snapshot_line(Snapshot.from_dict(snapshot))}\n"
+                 "The full poll is in the run's thread.")
 
 
 def status_message(rows: Sequence[RunRow], now: float, boxes: Sequence[str] = ()) -> Rendered:

@@ -58,4 +58,4 @@ def test_a_projection_past_the_cap_is_one_sentence_in_the_guard_and_the_poll():
     assert snap.gpu_hours_projected == pytest.approx(21.0)
     sentence = "GPU-hours projected to the end {} exceed the cap 12.0 (used 1.00): the run will be stopped at the cap"
     assert warn.message == sentence.format("20.0")
-    assert flag_line("gpu-hours-projection", snap.to_dict()) == "⚠️ " + sentence.format("21.0")
+    assert flag_line("gpu-hours-projection", snap) == "⚠️ " + sentence.format("21.0")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
 from babysit.core.records import ProgressPoint
-from babysit.core.render import flag_line, render
-from babysit.core.snapshot import FLAGS, build_snapshot
+from babysit.core.render import flag_line, render, snapshot_line
+from babysit.core.snapshot import FLAGS, Snapshot, build_snapshot
+from bot.messages import poll_result
 
 GIB = 2**30
 POINTS = tuple(ProgressPoint(s, 1000.0 + 0.05 * s) for s in range(0, 101, 10))
@@ -26,8 +29,9 @@ def poll_text(**kw) -> str:
 
 
 def test_every_flag_has_words_not_its_raw_name():
+    nothing_measured = Snapshot.from_dict({})  # a stored snapshot with none of its figures
     for flag in FLAGS:
-        line = flag_line(flag, {})
+        line = flag_line(flag, nothing_measured)
         assert flag not in line, f"{flag} reaches users raw: {line}"
 
 
@@ -55,3 +59,14 @@ def test_first_poll_before_any_record_names_the_path_calmly_then_warns():
 @pytest.mark.parametrize(("used", "cap", "shown"), [(0.0061, 0.006, "GPU-h 0.0061/0.006"), (3.14159, 12.0, "GPU-h 3.14/12.0")])
 def test_gpu_hours_keep_enough_digits(used, cap, shown):
     assert shown in poll_text(gpu_hours_used=used, gpu_hours_cap=cap)
+
+
+def test_the_bots_poll_answer_and_the_live_header_say_one_line_from_the_stored_poll():
+    host = HostReading(64 * GIB, 128 * GIB, GIB, 100.0, frozenset({100}))
+    snap = build_snapshot(run="r", attempt=1, at=5000.0, kind="on-demand", points=POINTS, read_step=1000,
+                          gpu_hours_used=0.5, gpu_hours_cap=2.0, gpus=(0,), host=host)
+    stored = json.loads(json.dumps(snap.to_dict()))  # as the bot reads it from the polls table
+    header = render("header", {"run": "r", "attempt": 1, "snapshot": stored}).text
+    answer = poll_result("r", "polled", stored).text
+    line = snapshot_line(snap)
+    assert "step 100" in line and line in header and line in answer

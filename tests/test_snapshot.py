@@ -8,7 +8,7 @@ import pytest
 
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
 from babysit.core.records import ProgressPoint
-from babysit.core.snapshot import build_snapshot, project_gpu_hours, steps_from_argv
+from babysit.core.snapshot import Snapshot, build_snapshot, project_gpu_hours, steps_from_argv
 
 GIB = 2**30
 POINTS = tuple(ProgressPoint(s, 1000.0 + 30.0 * s) for s in range(0, 101, 10))  # 30 s/step, at step 100
@@ -158,6 +158,26 @@ def test_to_dict_is_json_able_and_complete():
     data = json.loads(json.dumps(s.to_dict()))
     assert data["latest_eval"] == {"eval_chunk_mae": 12.5} and data["provisional"]["status"] == "PROVISIONAL"
     assert data["gpus"][0]["index"] == 0 and data["note"] == "running" and data["flags"] == []
+
+
+def test_a_stored_snapshot_reads_back_as_the_value_it_was():
+    """The renderers get the frozen Snapshot back from a poll's stored JSON: every field, not a dict."""
+    s = snap(latest_eval={"eval_chunk_mae": 12.5}, latest_eval_step=250, seconds_since_launch=90.0,
+             provisional={"label": "AMBIGUOUS", "delta": 0.7, "status": "PROVISIONAL"}, note="PENDING",
+             view=GpuView(True, None, (reading(util=20.0, procs=(TRAINER, POLICY)),)), data_wait_frac=0.4,
+             seconds_since_last_record=700.0, stall_seconds=1200.0, log_path="outputs/r/train_log.jsonl",
+             shown_metrics={"train_loss": [100, 2.5]}, reading="📄 preset nanogpt")
+    assert s.flags  # the figures behind flags travel too
+    back = Snapshot.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back == s
+    assert back.progress == s.progress and back.gpus[0]["held_by_foreign"][0]["pid"] == 4242
+
+
+def test_a_snapshot_stored_before_a_field_existed_reads_it_as_unknown():
+    old = {k: v for k, v in snap().to_dict().items() if k not in ("n_gpus", "stall_seconds", "reading", "note")}
+    back = Snapshot.from_dict(old)
+    assert back.stall_seconds is None and back.reading is None and back.note is None
+    assert back.progress.n_gpus == 1  # counted from its GPU rows (core/progress.py)
 
 
 def test_unknown_kind_is_rejected():

@@ -3,12 +3,13 @@
 One module, so the console channel and the Slack channel say the same thing the same way (the slash
 commands' replies live in bot/messages.py and reuse these lines). `render(kind, payload)` gives the
 plain text (the console, and Slack's notification fallback) and, where Slack shows more, Block Kit
-blocks. Pure: no I/O, no Slack imports.
+blocks. Pure: no I/O, no Slack imports. A poll's snapshot is read back from its payload once
+(`Snapshot.from_dict`, the JSON boundary) and rendered from the frozen value itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -17,7 +18,7 @@ import babysit.core.campaign_render as campaign_words  # pure (tests/test_layeri
 from babysit.core import progress, tails
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise
-from babysit.core.progress import Progress
+from babysit.core.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ def render(kind: str, payload: Mapping[str, Any]) -> Rendered:
     return renderer(payload)
 
 
-def snapshot_line(s: Mapping[str, Any]) -> str:
+def snapshot_line(s: Snapshot) -> str:
     """The live header: step, s/step, ETA and its step, GPU-hours, util, provisional read. Progress is
     said as `babysit status`, the live view and the web page say it (core/progress.py's words)."""
-    p = Progress.from_dict(s)
+    p = s.progress
     parts = [f"step {progress.step_text(p)}"]
     if p.seconds_per_step is not None:
         parts.append(f"{progress.pace_text(p)} s/step")
@@ -48,14 +49,14 @@ def snapshot_line(s: Mapping[str, Any]) -> str:
         parts.append(f"ETA {progress.eta_text(p)}")
     if p.n_gpus:  # a CPU run costs no GPU-hours: say nothing
         parts.append(f"GPU-h {progress.gpu_hours_text(p)}")
-    measured = [g for g in s.get("gpus") or () if g.get("util_pct") is not None]
+    measured = [g for g in s.gpus if g.get("util_pct") is not None]
     if measured:
         parts.append("util " + "/".join(f"{g['util_pct']:.0f}%" for g in measured) + _util_window(measured))
-    if s.get("gpu_note"):
-        parts.append(s["gpu_note"])
-    if s.get("available_ram_bytes") is not None:
-        parts.append(f"free RAM {fmt_gib(s['available_ram_bytes'])}")
-    prov = s.get("provisional")
+    if s.gpu_note:
+        parts.append(s.gpu_note)
+    if s.available_ram_bytes is not None:
+        parts.append(f"free RAM {fmt_gib(s.available_ram_bytes)}")
+    prov = s.provisional
     if prov:
         parts.append(_read_phrase(prov))
     return " · ".join(parts)
@@ -109,7 +110,7 @@ def _header(p: Mapping[str, Any]) -> Rendered:
     chat.update replaces the whole post, so the launch content (payload "launch", filled in by the
     Slack channel from the launch message) is rendered again above the live line.
     """
-    live = snapshot_line(p["snapshot"])
+    live = snapshot_line(Snapshot.from_dict(p["snapshot"]))
     text = f"{p['run']} attempt {p['attempt']}: {live}"
     if not p.get("launch"):
         return Rendered(text, [section(f"*live:* {live}")])
@@ -118,23 +119,23 @@ def _header(p: Mapping[str, Any]) -> Rendered:
 
 
 def _poll(p: Mapping[str, Any]) -> Rendered:
-    s = p["snapshot"]
-    title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.get("kind"), "poll")
-    lines = [f"📊 {s['run']} {title}: " + snapshot_line(s)]
-    for flag in s.get("flags") or ():
+    s = Snapshot.from_dict(p["snapshot"])
+    title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.kind, "poll")
+    lines = [f"📊 {s.run} {title}: " + snapshot_line(s)]
+    for flag in s.flags:
         lines.append(flag_line(flag, s))
-    if s.get("shown_metrics"):
+    if s.shown_metrics:
         lines.append("latest: " + " · ".join(f"{k}={_num(v)} @{step}"
-                                             for k, (step, v) in list(s["shown_metrics"].items())[:8]))
-    elif s.get("latest_eval"):
-        evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s["latest_eval"].items())[:4])
-        lines.append(f"latest eval @{s.get('latest_eval_step')}: {evals}")
-    if s.get("reading") and s.get("kind") == "first":
-        lines.append(s["reading"])
+                                             for k, (step, v) in list(s.shown_metrics.items())[:8]))
+    elif s.latest_eval:
+        evals = ", ".join(f"{k}={v:.4g}" for k, v in list(s.latest_eval.items())[:4])
+        lines.append(f"latest eval @{s.latest_eval_step}: {evals}")
+    if s.reading and s.kind == "first":
+        lines.append(s.reading)
     return Rendered("\n".join(lines), [section("\n".join(lines))])
 
 
-def flag_line(flag: str, s: Mapping[str, Any]) -> str:
+def flag_line(flag: str, s: Snapshot) -> str:
     """A poll flag in words, with the figures behind it; ⚠️ only where something needs a look."""
     text = _FLAG_TEXT.get(flag)
     if text is None:
@@ -143,8 +144,8 @@ def flag_line(flag: str, s: Mapping[str, Any]) -> str:
     return line if flag in _CALM_FLAGS else f"⚠️ {line}"
 
 
-def _mean_util(s: Mapping[str, Any]) -> str:
-    utils = [g["util_pct"] for g in s.get("gpus") or () if g.get("util_pct") is not None]
+def _mean_util(s: Snapshot) -> str:
+    utils = [g["util_pct"] for g in s.gpus if g.get("util_pct") is not None]
     return f"{sum(utils) / len(utils):.0f} %" if utils else MISSING
 
 
@@ -153,35 +154,35 @@ def _since(seconds: float | None) -> str:
 
 
 _CALM_FLAGS = {"waiting-for-first-record"}
-_FLAG_TEXT: dict[str, Any] = {
+_FLAG_TEXT: dict[str, Callable[[Snapshot], str]] = {
     "input-starvation": lambda s: (
         f"input starvation: GPU util {_mean_util(s)} while the trainer waits on its input "
-        f"{(s.get('data_wait_frac') or 0):.0%} of each step — raise --num-workers / prefetch, or speed up "
+        f"{(s.data_wait_frac or 0):.0%} of each step — raise --num-workers / prefetch, or speed up "
         "storage, before letting it ride"),
     "gpu-util-low": lambda s: (
         f"GPU util low ({_mean_util(s)})"
-        + (f"; the trainer waits on its input only {s['data_wait_frac']:.1%} of each step, so not input starvation"
-           if s.get("data_wait_frac") is not None else "")
+        + (f"; the trainer waits on its input only {s.data_wait_frac:.1%} of each step, so not input starvation"
+           if s.data_wait_frac is not None else "")
         + " — possible causes: small batches or kernel-launch overhead (raise the batch, CUDA graphs, "
           "torch.compile), host-device syncs (.item(), logging), a slow collective, or the input pipeline"),
-    "host-memory-pressure": lambda s: f"host memory pressure: free RAM {fmt_gib(s.get('available_ram_bytes'))} "
+    "host-memory-pressure": lambda s: f"host memory pressure: free RAM {fmt_gib(s.available_ram_bytes)} "
                                       "under the guard's floor",
     "gpu-unseen": lambda s: "no GPU visible to babysit: GPU guards cannot see this run's GPUs"
-                            + (f" ({s['gpu_note']})" if s.get("gpu_note") else ""),
+                            + (f" ({s.gpu_note})" if s.gpu_note else ""),
     "gpu-held": lambda s: "another process holds the run's GPU: " + "; ".join(
         f"GPU {g.get('index')}: pid {h.get('pid')} ({h.get('name')})"
-        for g in s.get("gpus") or () for h in g.get("held_by_foreign") or ()),
+        for g in s.gpus for h in g.get("held_by_foreign") or ()),
     "gpu-fault": lambda s: "GPU fault: " + "; ".join(
-        f"GPU {g.get('index')}: {', '.join(g.get('faults') or ())}" for g in s.get("gpus") or () if g.get("faults")),
-    "stalled?": lambda s: f"no new log record for {_since(s.get('seconds_since_last_record'))} — the stall guard "
-                          f"stops the run at {_since(s.get('stall_seconds'))}",
+        f"GPU {g.get('index')}: {', '.join(g.get('faults') or ())}" for g in s.gpus if g.get("faults")),
+    "stalled?": lambda s: f"no new log record for {_since(s.seconds_since_last_record)} — the stall guard "
+                          f"stops the run at {_since(s.stall_seconds)}",
     "waiting-for-first-record": lambda s: (
-        f"waiting for the first record in {s.get('log_path') or 'the log'} "
-        f"({_since(s.get('seconds_since_launch'))} since launch; start-up is normal)"),
+        f"waiting for the first record in {s.log_path or 'the log'} "
+        f"({_since(s.seconds_since_launch)} since launch; start-up is normal)"),
     "no-log-records-yet": lambda s: (
-        f"no record in {s.get('log_path') or 'the log'} yet, {_since(s.get('seconds_since_launch'))} after launch "
-        f"— is the trainer writing there? (the stall guard stops the run at {_since(s.get('stall_seconds'))})"),
-    "gpu-hours-projection": lambda s: progress.projection_sentence(Progress.from_dict(s))
+        f"no record in {s.log_path or 'the log'} yet, {_since(s.seconds_since_launch)} after launch "
+        f"— is the trainer writing there? (the stall guard stops the run at {_since(s.stall_seconds)})"),
+    "gpu-hours-projection": lambda s: progress.projection_sentence(s.progress)
     or "GPU-hours projected past the cap",
 }
 

@@ -69,6 +69,29 @@ class Snapshot(ProgressFields):
             else {k: list(v) for k, v in self.shown_metrics.items()},
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Snapshot:
+        """A stored snapshot (a poll's row, an outbox post: the JSON boundary) back as the value it was;
+        a field an older daemon did not store reads as unknown (None), never as zero."""
+        def mapping(key: str) -> dict[str, Any] | None:
+            value = d.get(key)
+            return None if value is None else dict(value)
+
+        return cls(
+            run=str(d.get("run") or ""), attempt=int(d.get("attempt") or 0), at=float(d.get("at") or 0.0),
+            kind=str(d.get("kind") or "periodic"), progress=Progress.from_dict(d),
+            gpus=tuple(dict(g) for g in d.get("gpus") or ()), gpu_note=d.get("gpu_note"),
+            available_ram_bytes=d.get("available_ram_bytes"), run_rss_bytes=d.get("run_rss_bytes"),
+            run_cpu_pct=d.get("run_cpu_pct"), latest_eval=mapping("latest_eval"),
+            latest_eval_step=d.get("latest_eval_step"), provisional=mapping("provisional"),
+            flags=tuple(d.get("flags") or ()), total_ram_bytes=d.get("total_ram_bytes"), note=d.get("note"),
+            log_path=d.get("log_path"), seconds_since_launch=d.get("seconds_since_launch"),
+            seconds_since_last_record=d.get("seconds_since_last_record"), stall_seconds=d.get("stall_seconds"),
+            data_wait_frac=d.get("data_wait_frac"),
+            shown_metrics=None if d.get("shown_metrics") is None
+            else {k: list(v) for k, v in d["shown_metrics"].items()},
+            reading=d.get("reading"))
+
 
 def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> bool:
     """Whether a poll prints `name`: the declared [poll].show, else the prereg metric, every loss and
