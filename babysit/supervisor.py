@@ -48,7 +48,6 @@ class RunSupervisor:
         self.ctx = ctx
         self.spec = spec
         self.run = spec.name
-        self.frozen_sha = registered_prereg_sha256
         self.executor = ctx.executors[spec.executor]
         self.declared_gpus = spec.gpus  # spec.gpus is the attempt's: a quarantined GPU may be swapped out
         self.lock = threading.RLock()
@@ -79,11 +78,6 @@ class RunSupervisor:
     def is_running(self) -> bool:
         """Its current attempt runs (no store query: what the daemon's rounds ask of every run)."""
         return self.attempt is not None and self.attempt.status == AttemptStatus.RUNNING
-
-    @property
-    def stopping(self) -> bool:
-        """A stop of the live attempt was requested (it has not exited yet)."""
-        return self.state.stopping
 
     def set_status(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
