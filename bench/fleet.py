@@ -20,6 +20,17 @@ What is timed:
 - a dead box: box-c's daemon SIGKILLed; the time to the host-lost alert being SENT by a live box, from
   the kill and from box-c's last lease renewal (lease 30 s, the default).
 The trainers are bench/_term_trainer.py: a record every 5 s, nothing else.
+
+  python bench/fleet.py --outage-s 300       # the database down for 5 minutes (~8 min)
+
+With --outage-s the bench measures the outage instead (docs/fleet.md, "The database down"): the three
+daemons post to the local Slack server (tests/slack/fake_slack.py); each box also has --ending runs
+(bench/_gated_trainer.py, with a [prereg]) that end --end-after-s into the outage, so their ends, FINAL
+verdicts and posts happen while PostgreSQL is stopped (`pg_ctl stop -m fast`, then start). Counted: the
+posts Slack received while down, each outbox row's deliveries (by the outbox id in the message metadata:
+0 lost, 0 twice), every FINAL verdict in the database, and the replay: each daemon's own figure (its log:
+from PostgreSQL answering to connected again) and the time from the server's start to every box caught up
+(verdicts in, journals empty, every post recorded sent).
 """
 
 from __future__ import annotations
@@ -49,11 +60,26 @@ from babysit.db.migrate import upgrade_postgres  # noqa: E402
 PY = sys.executable
 BOXES = ("box-a", "box-b", "box-c")
 TRAINER = ROOT / "bench" / "_term_trainer.py"
+GATED = ROOT / "bench" / "_gated_trainer.py"
+CHANNEL = "C0RUNS"
+SLACK_TOKEN = "xoxb-bench-token"
+PREREG = """
+[prereg]
+question = "Does val_loss fall between steps 50 and 100?"
+metric = "val_loss"
+baseline_step = 50
+read_step = 100
+[[prereg.bands]]
+label = "IMPROVED"
+max = 0.0
+[prereg.otherwise]
+label = "NOT-IMPROVED"
+"""
 
 
-def spec(box: Path, run: str) -> Path:
+def spec(box: Path, run: str, cmd: list[str] | None = None, body: str = "") -> Path:
     path = box / f"{run}.toml"  # the command runs in its spec's directory: outputs/ is under the box
-    cmd = [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"]
+    cmd = cmd or [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"]
     path.write_text(f"""[run]
 name = "{run}"
 command = {json.dumps(cmd)}
@@ -68,14 +94,14 @@ stall_minutes = 120
 [poll]
 first_after_minutes = 600
 every_minutes = 600
-""")
+{body}""")
     return path
 
 
-def make_box(root: Path, name: str, url: str, runs: int) -> Path:
+def make_box(root: Path, name: str, url: str, runs: int, head: str = "") -> Path:
     box = root / name
     box.mkdir(parents=True)
-    (box / "babysit.toml").write_text(f'[store]\nurl = "{url}"\n[host]\nname = "{name}"\n')
+    (box / "babysit.toml").write_text(f'{head}[store]\nurl = "{url}"\n[host]\nname = "{name}"\n')
     stamp = registry.utc_timestamp(datetime.now(timezone.utc))
     entries = [registry.RunEntry(f"{name[-1]}{i:03d}", str(spec(box, f"{name[-1]}{i:03d}").relative_to(box)), stamp)
                for i in range(runs)]
@@ -143,7 +169,12 @@ def main() -> int:
     p.add_argument("--idle-s", type=float, default=60.0)
     p.add_argument("--settle-s", type=float, default=35.0, help="wait this long (a guard round) before the idle window")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--outage-s", type=float, default=0.0, help="measure a PostgreSQL outage this long instead")
+    p.add_argument("--ending", type=int, default=5, help="with --outage-s: runs a box that end during it")
+    p.add_argument("--end-after-s", type=float, default=20.0, help="with --outage-s: when in it they end")
     args = p.parse_args()
+    if args.outage_s:
+        return outage(args)
 
     root = Path(tempfile.mkdtemp(prefix="babysit-fleet-bench-"))
     os.chmod(root, 0o755)
@@ -252,6 +283,119 @@ def main() -> int:
     print(f"| idle database load | {', '.join(f'{k} {v}/s' for k, v in per_box.items())} | ≤ 1 query/s a box |")
     print(f"| dead box alerted | {out['dead_box_alert_s_after_last_lease']} s after its last lease "
           f"({out['dead_box_alert_s_after_kill']} s after the kill), {out['dead_box_alerts']} alert | ≤ 60 s |")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def outage(args: argparse.Namespace) -> int:
+    """Three daemons on the local Slack server through a PostgreSQL outage of --outage-s seconds."""
+    from babysit.db.postgres import PostgresStore
+    from tests.slack.fake_slack import FakeSlack
+
+    root = Path(tempfile.mkdtemp(prefix="babysit-fleet-outage-"))
+    os.chmod(root, 0o755)
+    server = LocalPostgres(root / "pg")
+    fake = FakeSlack(SLACK_TOKEN).start()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    url = ""
+    out: dict[str, object] = {"boxes": len(BOXES), "runs_per_box": args.runs, "ending_per_box": args.ending,
+                              "outage_s": args.outage_s}
+    daemon_env = {**env(), "SLACK_BOT_TOKEN": SLACK_TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
+    daemon_env.pop("BABYSIT_SLACK_CHANNEL", None)
+    ending = [f"{name[-1]}end{i}" for name in BOXES for i in range(args.ending)]
+    try:
+        server.start()
+        url = server.create_database("fleet")
+        upgrade_postgres(url)
+        head = f'[daemon]\nchannel = "{CHANNEL}"\n'
+        boxes = {name: make_box(root, name, url, args.runs, head) for name in BOXES}
+        for run in ending:
+            box = boxes[f"box-{run[0]}"]
+            path = spec(box, run, [PY, str(GATED), f"outputs/{run}/train_log.jsonl", str(root / "gate")], PREREG)
+            res = subprocess.run([PY, "-m", "babysit", "register", str(path), "--registry", str(box / "babysit.toml")],
+                                 cwd=box, env=env(), capture_output=True, text=True, timeout=120)
+            if res.returncode != 0:
+                raise SystemExit(res.stderr)
+        for name, box in boxes.items():
+            log = open(box / "daemon-out.txt", "ab")  # noqa: SIM115
+            procs[name] = subprocess.Popen([PY, "-m", "babysit", "up", "--registry", str(box / "babysit.toml")],
+                                           cwd=box, env=daemon_env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        watch = PostgresStore(url, host="bench")
+        total = len(BOXES) * args.runs + len(ending)
+
+        def settled() -> bool:
+            running = len([a for a in watch.live_attempts() if a.status == "running"])
+            pending = watch._query("SELECT COUNT(*) FROM outbox WHERE status='pending'")[0][0]
+            return running == total and pending == 0
+
+        t0 = time.monotonic()
+        wait_for(settled, 900, 1.0)
+        out["all_running_after_s"] = round(time.monotonic() - t0, 1)
+        watch.close()
+        posts_before = len(fake.messages)
+
+        server.stop("fast")
+        down_at = time.monotonic()
+        time.sleep(args.end_after_s)
+        (root / "gate").touch()  # every gated run ends now, PostgreSQL down
+        time.sleep(max(0.0, args.outage_s - (time.monotonic() - down_at)))
+        out["posts_while_down"] = len(fake.messages) - posts_before
+        out["daemons_alive_after_outage"] = sum(p.poll() is None for p in procs.values())
+        server.start()
+        up_at = time.monotonic()
+        watch = PostgresStore(url, host="bench")
+
+        def caught_up() -> bool:
+            finals = watch._query("SELECT COUNT(*) FROM verdicts WHERE final = 1")[0][0]
+            pending = watch._query("SELECT COUNT(*) FROM outbox WHERE status='pending'")[0][0]
+            logged = all("PostgreSQL back: journal replayed" in (b / ".babysit" / "daemon.log").read_text()
+                         for b in boxes.values())
+            return finals == len(ending) and pending == 0 and logged
+
+        wait_for(caught_up, 300, 0.1)
+        out["caught_up_after_start_s"] = round(time.monotonic() - up_at, 2)
+        replays = {}
+        for name, box in boxes.items():
+            lines = [json.loads(x) for x in (box / ".babysit" / "daemon.log").read_text().splitlines()
+                     if "PostgreSQL back: journal replayed" in x]
+            replays[name] = {"transactions": lines[-1]["transactions"], "replay_s": lines[-1]["replay_s"]}
+        out["replay"] = replays
+        out["final_verdicts"] = watch._query("SELECT COUNT(*) FROM verdicts WHERE final = 1")[0][0]
+        out["ended_attempts"] = watch._query("SELECT COUNT(*) FROM attempts WHERE status = 'ended'")[0][0]
+        posted = Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
+                         if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")
+        rows = watch._query("SELECT id, status FROM outbox WHERE kind != 'header'")
+        sent = {r[0] for r in rows if r[1] == "sent"}
+        out["outbox_rows"] = len(rows)
+        out["posts_twice"] = sum(1 for n in posted.values() if n > 1)
+        out["posts_lost"] = len([r for r in rows if r[1] != "sent"]) + len(sent - set(posted))
+        out["posts_unrecorded"] = len(set(posted) - sent)
+        watch.close()
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if url:
+            if not server.running():
+                server.start()
+            kill_trainers(url)
+        server.stop("immediate")
+        fake.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    worst = max(r["replay_s"] for r in replays.values())
+    print("| what | figure | target |\n| --- | --- | --- |")
+    print(f"| posts, {out['outbox_rows']} outbox rows ({out['posts_while_down']} sent while down) | "
+          f"{out['posts_lost']} lost, {out['posts_twice']} twice, {out['posts_unrecorded']} unrecorded | 0 and 0 |")
+    print(f"| FINAL verdicts in the database | {out['final_verdicts']} of {len(ending)} | all |")
+    journaled = ", ".join(f"{k}: {v['transactions']} tx" for k, v in replays.items())
+    print(f"| replay | worst {worst} s a box ({journaled}); every box caught up "
+          f"{out['caught_up_after_start_s']} s after the server's start | ≤ 10 s |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0
