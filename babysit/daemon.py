@@ -36,7 +36,7 @@ from babysit.campaign import hook as campaign_hook
 from babysit.clock import SYSTEM, Clock
 from babysit.context import DaemonContext
 from babysit.core import gpureport
-from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError
+from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError, SpecError
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
 from babysit.db.url import HOST_ENV, open_store
@@ -368,19 +368,31 @@ class Daemon:
                                        dedupe_key=f"{entry.name}:spec-refused:{message}")
                 continue
             try:
-                owner = self.store.claim_run(entry.name, self.ctx.now())
+                owner = self.store.claim_run(entry.name, self.ctx.now(), spec.host)
             except BabysitError as exc:  # PostgreSQL down: a run new to the fleet waits for it
                 if self._broken_specs.get(entry.name) != exc.message:
                     self._broken_specs[entry.name] = exc.message
                     log.warning("run not taken up yet", run=entry.name, error=exc.message, hint=exc.hint)
                 self._registry_seen = None  # look again at the next round, registry changed or not
                 continue
-            if owner is not None and owner != self.store.host:  # a fleet's run names are the fleet's
+            if owner is not None and owner != self.store.host and owner == spec.host:
+                message = f"run {entry.name} is registered for box {owner} ([run] host in {path})"
+                if self._broken_specs.get(entry.name) != message:  # its box's daemon babysits it
+                    self._broken_specs[entry.name] = message
+                    log.info("run registered for another box; its daemon babysits it", run=entry.name, owner=owner)
+                continue
+            if owner is not None and (owner != self.store.host or spec.host not in (None, owner)):
+                # a fleet's run names are the fleet's, and runs never move
                 message = (f"run {entry.name} belongs to box {owner} in the fleet's database; this box "
                            f"({self.store.host}) does not babysit it (runs never move: rename it here)")
+                if spec.host not in (None, owner):
+                    message = (f"{path}: run.host names box {spec.host}, but run {entry.name} belongs to box "
+                               f"{owner} in the fleet's database; not babysat (runs never move: rename it, or "
+                               f"remove [run] host)")
                 if self._broken_specs.get(entry.name) != message:
                     self._broken_specs[entry.name] = message
-                    log.error("run owned by another box; not babysitting it", run=entry.name, owner=owner)
+                    log.error("run owned by another box; not babysitting it", run=entry.name, owner=owner,
+                              error=message)
                 continue
             self.executor(spec.executor)
             try:
@@ -510,6 +522,9 @@ class Daemon:
             sources.require()
         elif spec.source.kind == "wandb":
             wandbfile.require()
+        if spec.host is not None and self.store.host is None:
+            raise SpecError(str(path), "run.host", "no host on a box outside a fleet (it has no [store] url)",
+                            spec.host, hint="remove [run] host, or set [store] url on every box (docs/fleet.md)")
         return spec
 
     def _relaunch(self, run: str, by: str, *, resume: bool) -> str:

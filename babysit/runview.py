@@ -281,8 +281,9 @@ class Reader:
                 poll, incident = (polls[0] if polls else None), (incidents[0] if incidents else None)
             records = (self._tails.get(sources.records_path(spec, reg.state_dir))
                        if logs and spec is not None and attempts else None)
-            if entry is None:
-                note = f"on box {owners.get(name, '?')}"
+            owner = owners.get(name) or (spec.host if spec is not None else None)
+            if entry is None or (store.host is not None and owner not in (None, store.host)):
+                note = f"on box {owner or '?'}"  # another box's run ([run] host): its files are there
             row = build_row(
                 name, status=status, facts=facts, attempts=attempts, poll=poll, incident=incident, verdict=verdict,
                 now=now, spec=spec, records=records, note=note)

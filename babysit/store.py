@@ -631,13 +631,14 @@ class Store:
         """The clock leases are measured on: the database's (PostgreSQL), this machine's (SQLite)."""
         return time.time()
 
-    def claim_run(self, run: str, now: float) -> str | None:
-        """Record this box as the run's owner unless another box owns it; the owner. None on SQLite."""
+    def claim_run(self, run: str, now: float, host: str | None = None) -> str | None:
+        """Record this box (or `host`: the run's `[run] host`, a box it was registered for) as the run's
+        owner unless a box owns it already; the owner. None on SQLite."""
         if self.host is None:
             return None
         with self.tx() as db:
             db.execute("INSERT INTO runs (run, host, registered_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                       (run, self.host, now))
+                       (run, host or self.host, now))
             return db.execute("SELECT host FROM runs WHERE run=?", (run,)).fetchone()[0]
 
     def run_hosts(self) -> dict[str, str]:

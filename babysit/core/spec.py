@@ -22,6 +22,7 @@ from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
 from babysit.core.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # a box's name in a fleet (docs/fleet.md)
 FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
 CLASSIFY_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
 MIN_POLL_MINUTES = 30  # >= 30-minute cadence after the first poll (docs/spec.md, [poll])
@@ -149,6 +150,7 @@ class RunSpec:
     env: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     stop_signal: str = "SIGTERM"  # sent to the run's leader alone on a graceful stop (STOP_SIGNALS)
     total_steps: int | None = None  # the run's last step, for the ETA (else a record's total_steps, or --steps)
+    host: str | None = None  # [run] host: the fleet's box the run belongs to (None: the box that takes it up)
     guards: GuardsSpec = GuardsSpec()
     poll: PollSpec = PollSpec()
     retry: RetrySpec = RetrySpec()
@@ -200,6 +202,8 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
     env = run.str_map("env", {})
     stop_signal = run.choice("stop_signal", STOP_SIGNALS, "SIGTERM")
     total_steps = run.int("total_steps", None, minimum=1)
+    host = run.str("host", None, check=HOST_NAME.fullmatch,
+                   expected="a box's host name (letters, digits, '.', '_' or '-', at most 63; docs/fleet.md)")
     run.finish()
     source = parse_source(top.table("source"), workdir=workdir, name=name, log=log)
     log = source.path if source.kind == "jsonl" else log  # jsonl: [source].path may name the log instead
@@ -219,6 +223,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         env=MappingProxyType(env),
         stop_signal=stop_signal,
         total_steps=total_steps,
+        host=host,
         guards=_guards(top.table("guards"), gpus),
         poll=_poll(top.table("poll")),
         retry=_retry(top.table("retry")),

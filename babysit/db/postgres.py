@@ -355,7 +355,7 @@ class PostgresStore(Store):
             return time.time()
         return float(self._query("SELECT extract(epoch from clock_timestamp())")[0][0])
 
-    def claim_run(self, run: str, now: float) -> str | None:
+    def claim_run(self, run: str, now: float, host: str | None = None) -> str | None:
         """While PostgreSQL is down only a run this box already owns is taken up (a run new to the fleet
         waits: another box may have claimed its name meanwhile)."""
         if self.down:
@@ -364,7 +364,7 @@ class PostgresStore(Store):
                 raise StateError(f"{self.where} is down: run {run} is not this box's yet",
                                  hint="babysit takes it up once PostgreSQL is back")
             return owners[0][0]
-        return super().claim_run(run, now)
+        return super().claim_run(run, now, host)
 
     def close(self) -> None:
         if self._reconnector is not None:

@@ -4,11 +4,11 @@ none: SQLite in the state directory, as babysit has always done. Nothing heavy i
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Mapping
 
 from babysit.core.errors import RegistryError
+from babysit.core.spec import HOST_NAME
 from babysit.db.redact import redact
 from babysit.registry import Registry
 from babysit.store import Store
@@ -16,7 +16,6 @@ from babysit.store import Store
 URL_ENV = "BABYSIT_STORE_URL"
 HOST_ENV = "BABYSIT_HOST"
 SCHEMES = ("postgresql://", "postgres://")
-HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def store_url(registry: Registry, environ: Mapping[str, str] | None = None) -> str | None:
