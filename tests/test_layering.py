@@ -288,3 +288,33 @@ def test_the_circle_and_arrow_checks_see_a_violation(tmp_path: Path):
     assert sorted(b.split(" (")[0] for b in back_up_arrows(graph)) == ["babysit/cli.py -> babysit/commands/",
                                                                        "babysit/commands/ -> babysit/cli.py"]
     assert room("babysit.core.a", graph) == "babysit/core/" and room("babysit.cli", graph) == "babysit/cli.py"
+
+
+def private_reaches(path: Path) -> list[str]:
+    """Every `x._name` in `path` where x is not `self`/`cls`: a reach into another object's private part."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+        if private and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:"
+                         f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def daemon_rooms() -> list[Path]:
+    return [ROOT / "babysit" / "daemon.py", ROOT / "babysit" / "supervisor.py",
+            *sorted((ROOT / "babysit").glob("run_*.py"))]
+
+
+def test_the_daemon_and_a_runs_parts_use_each_other_by_public_names_only():
+    """The supervisor is a thin shell over parts (run_launch, run_log, run_observe, run_guard, run_exit,
+    run_stop, run_polls, run_verdict, run_errors): the daemon and the parts ask each other through public
+    methods and attributes, never `supervisor._x` — a private reach is a concern that leaked its seam."""
+    bad = [hit for path in daemon_rooms() for hit in private_reaches(path)]
+    assert not bad, "private names reached into (make it public where it belongs, or move it):\n" + "\n".join(bad)
+
+
+def test_the_private_reach_check_sees_one(tmp_path: Path):
+    sample = tmp_path / "m.py"
+    sample.write_text("def f(supervisor):\n    supervisor._later('k', 0.0, print, 'w')\n    self._x = 1\n")
+    assert private_reaches(sample) == ["m.py:2: supervisor._later"]
