@@ -105,6 +105,8 @@ class Daemon:
         # probe of its own: a read of the daemon's would take the health signals its guards wait for
         self._report_probe_factory = report_probe or (lambda: open_gpu_probe(None))
         self._report_probe: GpuProbe | None = None
+        self._report: dict[str, Any] = {}  # the latest reading, taken on a thread of its own (never the lease's)
+        self._report_stop = threading.Event()
         self.exits = ExitWatcher()
         self._own_timers = timers is None  # the scheduler's, once run() starts it
         self.ctx = DaemonContext(store=self.store, state_dir=self.state_dir, gpu_probe=gpu_probe,
@@ -197,8 +199,10 @@ class Daemon:
 
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
                                      on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
-                                     on_gateway=self.on_gateway, report=self._fleet_report)
+                                     on_gateway=self.on_gateway, report=lambda: self._report)
             self.fleet.start()
+            threading.Thread(target=self._report_loop, args=(self.fleet.renew_s,), name="fleet-report",
+                             daemon=True).start()
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),
                  accelerated=self.accelerated)
         self._control()  # every registered run started; requests queued while no daemon was up
@@ -281,17 +285,33 @@ class Daemon:
         self.deliver()
         self.ctx.gpu_probe.close()
         log.info("daemon down: runs keep running; `babysit up` re-adopts them")
+        self._report_stop.set()
         if self.fleet is not None:
             self.fleet.close()
-        if self._report_probe is not None:
-            self._report_probe.close()
         self.store.close()
         if self._lock_file is not None:
             self._lock_file.close()
 
+    def _report_loop(self, every_s: float) -> None:
+        """The box's GPU report for the fleet, read once a lease renewal on this thread: the renewal only
+        takes the latest (an NVML call that hangs — up to a minute at its first init — never delays the
+        lease, which would get the box declared lost)."""
+        try:
+            while not self._report_stop.is_set():
+                try:
+                    self._report = self._fleet_report()
+                except Exception as exc:  # a probe's bug: said in the report, tried again next time
+                    log.exception("the GPU report for the fleet failed")
+                    self._report = {"report_error": f"{type(exc).__name__}: {exc}"[:300]}
+                if self._report_stop.wait(every_s):
+                    return
+        finally:
+            if self._report_probe is not None:
+                self._report_probe.close()
+
     def _fleet_report(self) -> dict[str, Any]:
-        """What this box publishes with each lease renewal (the fleet thread): its GPUs read now, each
-        compute process labelled with the run whose live attempt's process tree it is in."""
+        """What this box publishes with its lease renewals: its GPUs read now, each compute process
+        labelled with the run whose live attempt's process tree it is in."""
         if self._report_probe is None:
             self._report_probe = self._report_probe_factory()
         probe = self._report_probe

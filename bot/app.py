@@ -25,6 +25,7 @@ from bot.context import BotConfig
 from bot.http import make_server, serve_in_thread
 from bot.messages import ABORT_ACTION_ID
 from bot.predicates import parse_babysit, parse_verdict
+from bot.reads import close_readers
 from bot.socket_mode import connect_in_background, connect_now, socket_handler
 
 log = structlog.get_logger("babysit.bot")
@@ -93,7 +94,7 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
         serve_in_thread(server)
         port = server.server_address[1]
         log.info("slack bot serving", mode="http", port=port, path="/slack/events")
-        return RunningBot("http", port, lambda: (server.shutdown(), server.server_close()))
+        return RunningBot("http", port, lambda: (server.shutdown(), server.server_close(), close_readers()))
     app_token = os.environ.get(APP_TOKEN_ENV)
     if not app_token:
         raise BadInput(f"{APP_TOKEN_ENV} is not set: Socket Mode needs the app-level token (xapp-…)",
@@ -106,7 +107,7 @@ def start(cfg: BotConfig, *, http_port: int | None = None, host: str = "0.0.0.0"
         connect_in_background(handler, stop)
     else:
         connect_now(handler)
-    return RunningBot("socket", None, lambda: (stop.set(), handler.close()))
+    return RunningBot("socket", None, lambda: (stop.set(), handler.close(), close_readers()))
 
 
 def start_in_background(registry_path: Path, http_port: int | None = None) -> RunningBot | None:

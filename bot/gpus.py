@@ -84,7 +84,8 @@ def box_lines(host: Mapping[str, Any], staleness: str, now: float,
     and the box's staleness, then its lines; pure."""
     report = (host.get("info") or {}).get("gpus")
     if not isinstance(report, Mapping):
-        why = (host.get("info") or {}).get("report_error") or "its daemon publishes none (an older babysit?)"
+        why = ((host.get("info") or {}).get("report_error")
+               or "none published yet (a daemon publishes its first a renewal after it starts; an older babysit none)")
         return [f"{staleness} — no GPU reading: {why}"]
     view, owners, at = gpureport.from_json(report)
     age = f"read {max(0.0, now - at):.0f} s ago" if at is not None else "read at an unknown time"

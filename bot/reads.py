@@ -115,3 +115,11 @@ def fleet_rows(reg: Registry, names: Sequence[str] | None = None) -> tuple[list[
             _readers.pop(reg.path, None)  # a fresh reader (and connection) at the next command
             reader.close()
             raise
+
+
+def close_readers() -> None:
+    """Close the readers' connections (the bot stopping: a box that lost the gateway lease keeps none)."""
+    with _readers_lock:
+        for reader in _readers.values():
+            reader.close()
+        _readers.clear()
