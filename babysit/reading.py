@@ -22,6 +22,7 @@ from babysit.core.records import LogRecord
 from babysit.core.spec import Prereg, RunSpec, load_spec
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
 from babysit.logtail import TailState, read_new, scan
+from babysit.sources.records import ColumnSegment, RecordBatch
 from babysit.store import Amendment, Store
 
 TAMPER_INCIDENT = "prereg-tampered"
@@ -148,6 +149,13 @@ class SeriesCache:
         return tuple(sorted(self._series.items())), tuple(sorted(self._train.items()))
 
     def _take(self, records: Sequence[LogRecord]) -> None:
+        if isinstance(records, RecordBatch):  # a read matched whole: only the segments holding the metrics
+            for seg in records.segments:
+                if not isinstance(seg, ColumnSegment):
+                    self._take(seg)
+                elif self.metric in seg.names or (self.train_metric is not None and self.train_metric in seg.names):
+                    self._take([seg.record(i) for i in range(len(seg))])
+            return
         for record in records:
             step = record.step
             if self.train_metric is not None:

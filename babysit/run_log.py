@@ -25,6 +25,7 @@ from babysit.core.spec import RunSpec
 from babysit.core.suggest import suggest
 from babysit.run_verdict import RunVerdicts
 from babysit.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
+from babysit.sources.records import ColumnSegment, RecordBatch
 from babysit.sources.sniff import sniff
 from babysit.store import Attempt
 
@@ -182,22 +183,54 @@ class RunLog:
         metric = self.spec.prereg.metric if self.spec.prereg else None
         if self.spec.prereg is not None:
             self.host.verdicts.take_records(read.records, chunk.start, read.state)  # its series: no second parse
-        for record in read.records:
-            self.points.append(ProgressPoint(record.step, record.ts))
-            self.recent.append(record)
-            self._note_record(record)
-            metrics = record.metrics
-            if any(k.startswith("eval") for k in metrics):
-                self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
-                self.latest_eval_step = record.step
-            if metric is not None and metric in metrics:
-                self.eval_unread = True
+        batch = read.records
+        for seg in batch.segments if isinstance(batch, RecordBatch) else (batch,):
+            if isinstance(seg, ColumnSegment):
+                self._apply_columns(seg, metric)
+                continue
+            for record in seg:
+                self.points.append(ProgressPoint(record.step, record.ts))
+                self.recent.append(record)
+                self._note_record(record)
+                metrics = record.metrics
+                if any(k.startswith("eval") for k in metrics):
+                    self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
+                    self.latest_eval_step = record.step
+                if metric is not None and metric in metrics:
+                    self.eval_unread = True
         if not read.records and not read.reset and read.garbage == 0 and not grew:
             return 0  # nothing new: no write (this runs every tick for every run)
         if read.records:
             self.last_record_wall = self.ctx.now()
         self._save_tail()
         return len(read.records)
+
+    def _apply_columns(self, seg: ColumnSegment, metric: str | None) -> None:
+        """What the record loop leaves of a block of finite records with the same metrics, taken once:
+        the last points and records, each shown metric's last value, the last declared end, the eval of
+        the last record; no NaN or inf among them, so the pending grad norms clear (core.nonfinite)."""
+        steps, names, columns = seg.steps, seg.names, seg.columns
+        keep = self.points.maxlen or len(steps)
+        first = max(0, len(steps) - keep)
+        self.points.extend(ProgressPoint(steps[i], seg.ts(i)) for i in range(first, len(steps)))
+        self.recent.extend(seg.last(self.recent.maxlen or len(steps)))
+        spec = self.spec
+        for name, column in zip(names, columns, strict=True):
+            if snapshot.shown(spec.poll.show, metric, name):
+                self.latest_shown[name] = (steps[-1], column[-1])
+        if not set(names).isdisjoint(progress.END_KEYS):
+            for i in range(len(steps) - 1, -1, -1):
+                declared = progress.declared_by(dict(zip(names, (c[i] for c in columns), strict=True)))
+                if declared is not None:
+                    self.declared_end = declared
+                    break
+        if self.nonfinite_pending:
+            self.nonfinite_pending = frozenset(k for k in self.nonfinite_pending if k not in names)
+        evals = [(name, column[-1]) for name, column in zip(names, columns, strict=True) if name.startswith("eval")]
+        if evals:
+            self.latest_eval, self.latest_eval_step = dict(evals), steps[-1]
+        if metric is not None and metric in names:
+            self.eval_unread = True
 
     def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
         """What the source found out about the run's printed lines, said once: the preset `auto` chose

@@ -15,7 +15,7 @@ with the tail offset of the record log, after reading it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ class PumpResult:
     last_output_at: float | None  # when output last grew (stall = no new record and no new output)
     state: Mapping[str, Any]  # persist it (with the record log's tail) to read on after a restart
     # what this pump appended, as the records logtail reads back (None for jsonl), from byte records_start
-    records: tuple[LogRecord, ...] | None = None
+    records: Sequence[LogRecord] | None = None  # a records.RecordBatch when the read came as blocks
     records_start: int = 0
     notices: tuple[tuple[str, str], ...] = ()  # said once each: ("preset", name) chosen, ("step-backwards", text)
 
@@ -107,7 +107,7 @@ class SourcePump:
         captured = self._captured()
         if kind == "stdout":
             got = stdout.read(self.source, self.run_dir, reader, captured, budget, final=final)
-            items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
+            items, lines, problems, backlog = got.pieces, got.lines, got.problems, got.more
             reader, sample, notices = got.state, got.sample or sample, got.notices
         elif kind == "csv":
             read = csvfile.read(self.source, reader)
@@ -127,11 +127,19 @@ class SourcePump:
             watched.extend(tb.files)
 
         anchor = st.get("anchor")
-        stamped = records.stamp(items, tuple(anchor) if anchor else None, now)
         start = st["records_bytes"]
-        encoded = [records.encode(it) for it in stamped]
-        written = records.append_lines(self.records_path, encoded) if encoded else 0
-        new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
+        appended: records.RecordBatch | tuple[LogRecord, ...] | None
+        if any(isinstance(it, records.Block) for it in items):  # a read matched whole: columns, one format
+            written, new_anchor, batch = records.write_batch(self.records_path, items,
+                                                             tuple(anchor) if anchor else None, now, start)
+            added, appended = len(batch), batch if self.source.copies else None
+        else:
+            stamped = records.stamp(items, tuple(anchor) if anchor else None, now)  # type: ignore[arg-type]
+            encoded = [records.encode(it) for it in stamped]
+            written = records.append_lines(self.records_path, encoded) if encoded else 0
+            new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
+            added = len(stamped)
+            appended = records.as_log_records(stamped, encoded, start) if self.source.copies else None
         sizes, grown = _grown(captured + watched, st.get("sizes", {}))
         counted = kind != "jsonl"
         self._state = {
@@ -140,7 +148,7 @@ class SourcePump:
             "records_bytes": st["records_bytes"] + written,
             "anchor": list(new_anchor) if new_anchor else None,
             "lines": st["lines"] + (lines or 0),
-            "records": st["records"] + len(stamped),
+            "records": st["records"] + added,
             "output_bytes": st["output_bytes"] + grown,
             "last_output_at": now if grown else st.get("last_output_at"),
             "sample": sample,
@@ -152,16 +160,16 @@ class SourcePump:
                             records_parsed=st["records"] if counted else None,
                             output_bytes=st["output_bytes"], sample=sample, problems=problems)
         return PumpResult(
-            records_added=len(stamped),
+            records_added=added,
             lines_seen=lines if counted else None,
-            records_parsed=len(stamped) if counted else None,
+            records_parsed=added if counted else None,
             output_bytes_grown=grown,
             problems=problems,
             backlog=backlog,
             evidence=evidence,
             last_output_at=st["last_output_at"],
             state=st,
-            records=records.as_log_records(stamped, encoded, start) if self.source.copies else None,
+            records=appended,
             records_start=start,
             notices=notices,
         )

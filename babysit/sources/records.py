@@ -8,6 +8,11 @@ Sources without their own clock (stdout, csv) are stamped with the read time. Wh
 several steps at once (output arriving in bursts), stamping them all "now" would make s/step the gap
 between bursts over the steps of one print; instead they are spread linearly by step between the
 newest record of the previous read and now, so s/step over any window is the true average rate.
+
+A read of thousands of printed lines comes as `Block`s (one pattern's records in a row, as columns)
+and is written by `write_batch` without a Python object a record: one `%`-format of the block, the
+same bytes `encode` writes a record at a time; its records are handed on as a `RecordBatch`, whose
+column segments make a `LogRecord` only when one is asked for (the run's last few, say).
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, chain, repeat
+from operator import add
 from pathlib import Path
 from types import MappingProxyType
 
@@ -30,6 +38,26 @@ class Item:
     step: int
     metrics: Mapping[str, float]
     ts: float | None = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """Records of one pattern in print order, as columns: `steps` (offset applied) and one column of
+    floats per metric `names` (renamed, in the record's order). No time: stamped when written."""
+
+    names: tuple[str, ...]
+    steps: list[int]
+    columns: tuple[list[float], ...]
+
+
+def items_of(pieces: Iterable[Item | Block]) -> Iterator[Item]:
+    """Items one a record, blocks expanded (metrics in the block's name order)."""
+    for piece in pieces:
+        if isinstance(piece, Item):
+            yield piece
+        else:
+            for step, *values in zip(piece.steps, *piece.columns, strict=True):
+                yield Item(step, dict(zip(piece.names, values, strict=True)))
 
 
 def stamp(items: Sequence[Item], anchor: tuple[int, float] | None, now: float) -> list[Item]:
@@ -133,6 +161,161 @@ def as_log_records(items: Sequence[Item], lines: Sequence[bytes], start: int) ->
 
 
 _NO_FIELDS: Mapping[str, object] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ColumnSegment:
+    """Written records of one block, all finite, as columns: `stamps` their times before rounding
+    (`ts(i)`: as written), `data` the bytes written for them from byte `start` of the record log."""
+
+    names: tuple[str, ...]
+    steps: list[int]
+    stamps: list[float]
+    columns: tuple[list[float], ...]
+    start: int
+    data: bytes
+    _offsets: list[int] = field(default_factory=list, compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def offsets(self) -> list[int]:
+        if not self._offsets and self.steps:
+            ends = accumulate(map(add, map(len, self.data.split(b"\n")[:-1]), repeat(1)), initial=self.start)
+            self._offsets.extend(ends)  # one past each record's start: the next one's (the last is the end)
+        return self._offsets
+
+    def ts(self, i: int) -> float:
+        return round(self.stamps[i], 6)
+
+    def record(self, i: int) -> LogRecord:
+        """The i-th record as `as_log_records` makes it (as logtail reads it back)."""
+        return LogRecord(self.steps[i], self.ts(i), MappingProxyType(dict(zip(self.names, (c[i] for c in self.columns),
+                                                                                strict=True))),
+                         None, _NO_FIELDS, self.offsets()[i])
+
+    def last(self, n: int) -> list[LogRecord]:
+        return [self.record(i) for i in range(max(0, len(self.steps) - n), len(self.steps))]
+
+
+class RecordBatch(Sequence[LogRecord]):
+    """What one pump appended, in order: column segments (`ColumnSegment`) and records already made
+    (a tuple of `LogRecord`s). A sequence of `LogRecord`s to whoever iterates it; the daemon's reading
+    takes the segments whole (`RunLog`, `SeriesCache`): no object a record."""
+
+    def __init__(self, segments: Sequence[ColumnSegment | tuple[LogRecord, ...]]) -> None:
+        self.segments = tuple(seg for seg in segments if len(seg))
+        self._ends = list(accumulate(map(len, self.segments)))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        for seg in self.segments:
+            if isinstance(seg, ColumnSegment):
+                yield from map(seg.record, range(len(seg)))
+            else:
+                yield from seg
+
+    def __getitem__(self, index: int) -> LogRecord:  # type: ignore[override]
+        if isinstance(index, slice):
+            return list(self)[index]  # type: ignore[return-value]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        k = bisect_right(self._ends, index)
+        seg = self.segments[k]
+        i = index - (self._ends[k - 1] if k else 0)
+        return seg.record(i) if isinstance(seg, ColumnSegment) else seg[i]
+
+
+def write_batch(path: Path, pieces: Sequence[Item | Block], anchor: tuple[int, float] | None, now: float,
+                start: int) -> tuple[int, tuple[int, float] | None, RecordBatch]:
+    """Stamp (as `stamp` does), encode (as `encode` does) and append (as `append_lines` does) a read's
+    items and blocks, in order; returns (bytes written, the next anchor, the records as logtail would
+    read them back from byte `start`). Bytes and records are those of the items one at a time."""
+    untimed = [it.step for it in pieces if isinstance(it, Item) and it.ts is None]
+    untimed += [max(b.steps) for b in pieces if isinstance(b, Block) and b.steps]
+    top = max(untimed) if untimed else None
+    base = anchor if top is not None and anchor is not None and anchor[0] < top and anchor[1] < now else None
+    out: list[bytes] = []
+    segments: list[ColumnSegment | tuple[LogRecord, ...]] = []
+    offset = start
+    last: tuple[int, float] | None = None
+    for piece in pieces:
+        if isinstance(piece, Item):
+            it = _spread(piece, base, top, now) if base is not None and top is not None else \
+                piece if piece.ts is not None else Item(piece.step, piece.metrics, now)
+            line = encode(it)
+            segments.append(as_log_records([it], [line], offset))
+            out.append(line)
+            offset += len(line)
+            last = (it.step, it.ts)  # type: ignore[assignment]
+            continue
+        if not piece.steps:
+            continue
+        steps = piece.steps
+        if base is not None and top is not None:
+            b0, b1 = base
+            d, span = now - b1, top - b0
+            if min(steps) > b0:  # (every step is at most top) the common case: each spread back from now
+                raw = [b1 + d * (s - b0) / span for s in steps]
+            else:
+                raw = [b1 + d * (s - b0) / span if b0 < s <= top else now for s in steps]
+        else:
+            raw = [now] * len(steps)
+        last = (steps[-1], raw[-1])
+        if all(all(map(math.isfinite, col)) for col in piece.columns):
+            fmt = ('{"step":%d,"ts":%s' + "".join(f",{_key(n).replace('%', '%%')}:%r" for n in piece.names)
+                   + "}\n")
+            text = (fmt * len(steps)) % tuple(chain.from_iterable(zip(steps, _ts_texts(raw), *piece.columns,
+                                                                       strict=True)))
+            data = text.encode("utf-8")
+            segments.append(ColumnSegment(piece.names, steps, raw, piece.columns, offset, data))
+        else:  # a NaN or an infinity: written as JSON spells it, kept out of `metrics` (rare: one at a time)
+            items = [Item(s, dict(zip(piece.names, row, strict=True)), t)
+                     for s, t, *row in zip(steps, raw, *piece.columns, strict=True)]
+            lines = [encode(it) for it in items]
+            data = b"".join(lines)
+            segments.append(as_log_records(items, lines, offset))
+        out.append(data)
+        offset += len(data)
+    written = append_lines(path, out)
+    return written, last if last is not None else anchor, RecordBatch(segments)
+
+
+TS_TEXT_RANGE = (1e-3, 2.0**31)  # where `%.6f` without its trailing zeros is repr(round(ts, 6)): see _ts_texts
+
+
+def _ts_texts(stamps: list[float]) -> list[str]:
+    """`repr(round(ts, 6))` of every stamp, as `encode` writes it, at a third of its cost: `%.6f` rounds
+    the same way (CPython's round formats and parses back), and while a double's spacing is under 1e-6
+    (below 2**31, unix time until 2038 and well past) and repr needs no exponent (from 1e-3) the
+    shortest repr of the rounded value is that text without its trailing zeros."""
+    if not stamps or min(stamps) < TS_TEXT_RANGE[0] or max(stamps) >= TS_TEXT_RANGE[1]:
+        return [repr(round(ts, 6)) for ts in stamps]
+    texts = list(map(str.rstrip, map("%.6f".__mod__, stamps), repeat("0")))
+    if ".," in ",".join(texts) + ",":  # a whole second (`1.000000`): repr keeps one zero
+        return [t if t[-1] != "." else t + "0" for t in texts]
+    return texts
+
+
+def _spread(item: Item, base: tuple[int, float], top: int, now: float) -> Item:
+    """`stamp`'s time for one untimed item, given the read's base and top step."""
+    if item.ts is not None:
+        return item
+    ts = now
+    if base[0] < item.step <= top:
+        ts = base[1] + (now - base[1]) * (item.step - base[0]) / (top - base[0])
+    return Item(item.step, item.metrics, ts)
+
+
+def _key(name: str) -> str:
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = json.dumps(name)
+    return key
 
 
 def size(path: Path) -> int | None:

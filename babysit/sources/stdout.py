@@ -8,6 +8,10 @@ each from its own cursor. One record per match: the named group `step` is the st
 named group a metric parsed as a float, `nan`/`inf` included. With `preset = "auto"` the presets are
 tried on each line no pattern read until one matches: that preset reads the run from then on (said
 once, a notice), unless a more specific one (ahead of it in `core.presets.ORDER`) matches a line later.
+
+A read whose patterns all have a twin in Python's `re` (`sources.fastmatch`: the same matches, linear
+time) is matched in one pass over the whole read and comes as `Block`s of columns, no object a record:
+the same records, in the same order, as the line-at-a-time loop with RE2 (tests/test_sources.py).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from __future__ import annotations
 import os
 import re
 import time
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add, le, lt
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +39,22 @@ from babysit.core.source_spec import (
     compile_regex,
     required_literal,
 )
+from babysit.sources import fastmatch, records
 from babysit.sources import lines as ln
-from babysit.sources.records import Item
+from babysit.sources.records import Block, Item
 
 STREAMS = ("stdout.log", "stderr.log")
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (torchtitan colours its metrics)
 SAMPLE_CHARS = 200
 FAST_LINES = 64  # reads of more lines than this look only at the lines a pattern's literal is in
+FAST_LINE_BYTES = 4096  # a read with a longer line is matched by RE2 (`re`'s time on a line may grow with it)
+_START, _GROUP = re.Match.start, re.Match.group
 UNANCHORED = re2._Anchor.UNANCHORED
 
 
 @dataclass(frozen=True)
 class StdoutRead:
-    items: tuple[Item, ...]
+    pieces: tuple[Item | Block, ...]  # the records in order: items one at a time, blocks of a read matched whole
     lines: int
     problems: tuple[str, ...]
     sample: str | None  # the newest line that matched no pattern, for "what to fix"
@@ -52,6 +62,11 @@ class StdoutRead:
     more: bool
     state: dict[str, Any] | None = None  # the reader's state to persist: cursors, latest values, the preset
     notices: tuple[tuple[str, str], ...] = ()  # ("preset", name) chosen; ("step-backwards", text), once
+
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """The records one `Item` each (blocks expanded): what the line loop makes."""
+        return tuple(records.items_of(self.pieces))
 
 
 class LineContext:
@@ -120,7 +135,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     in memory at a time, whatever the backlog). `state`: the last read's `StdoutRead.state` ({} at
     first); `files`: the run's captured files when the caller has them listed already. `final`: every
     attempt has exited (its exit's drain), so a file's unterminated last line is read too."""
-    items: list[Item] = []
+    items: list[Item | Block] = []
     problems: list[str] = []
     cursors = state.get("cursors", {})
     new_cursors: dict[str, dict[str, Any]] = dict(cursors)  # a file not reached keeps its cursor
@@ -152,6 +167,15 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         if got.dropped:
             _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
         lines = got.lines
+        if lines and not candidates and not ctx.track:
+            twins = _twins(compiled)
+            fast = _read_fast(lines, compiled, twins, source, ctx) if twins is not None else None
+            if fast is not None:  # one pass over the whole read (sources.fastmatch), the same records
+                blocks, count, unmatched = fast
+                items.extend(blocks)
+                seen += count
+                sample = unmatched if unmatched is not None else sample
+                continue
         if filters is not None and not candidates and len(lines) > FAST_LINES:
             # a flood (progress bars): only the lines holding a pattern's literal (or a colour code, which
             # may split one) are looked at, found by C-speed searches of the whole read
@@ -183,6 +207,100 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     new_state = {"cursors": new_cursors, "context": ctx.to_dict(), "preset": preset, "attempt": attempt}
     return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more, new_state,
                       tuple(ctx.notices))
+
+
+def _twins(compiled: list[Matcher]) -> list[fastmatch.Twin] | None:
+    """Every pattern's `re` twin, or None when one has none (the read is matched with RE2)."""
+    twins = [fastmatch.twin(m.key) for m in compiled]
+    return None if not twins or any(t is None for t in twins) else twins  # type: ignore[return-value]
+
+
+def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], twins: list[fastmatch.Twin],
+               source: SourceSpec, ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
+    """(the read's records as blocks, in the order the line loop makes them; lines counted; the newest
+    line no pattern matched), or None when this read must go the line loop's way: a `\\v` or a line
+    over FAST_LINE_BYTES, non-ASCII text for a twin that holds over ASCII only, a step or a value that
+    is no number (the loop says which). The stripped lines are joined by `\\n` (as latin-1 text: a
+    byte a character, and `float` of a str is twice as fast) and each twin runs once over the whole; a
+    match's line is found by bisection of the lines' offsets, unless every line holds exactly one."""
+    raw = b"\n".join(lines)
+    if b"\x0b" in raw:
+        return None
+    if b"\x1b" in raw:  # colour codes never span a line: removed from the whole read at once
+        lines = ANSI.sub(b"", raw).split(b"\n")
+    stripped = list(filter(None, map(bytes.strip, lines)))
+    if not stripped:
+        return [], 0, None
+    if max(map(len, stripped)) > FAST_LINE_BYTES:
+        return None
+    blob = b"\n".join(stripped)
+    if not blob.isascii() and any(t.ascii_text for t in twins):
+        return None
+    text = blob.decode("latin-1")
+    n = len(stripped)
+    starts = list(accumulate(map(add, map(len, stripped), repeat(1)), initial=0))  # each line's offset; the end
+    offset = source.step_offset
+    last_by = dict(ctx.last_by_pattern)
+    hits: list[tuple[Matcher, list[int], list[int], list[list[float]], list[int] | None]] = []
+    for m, tw in zip(compiled, twins, strict=True):
+        found = list(tw.compiled.finditer(text))
+        if not found:
+            continue
+        at = list(map(_START, found))
+        try:
+            steps = list(map(int, map(_GROUP, found, repeat(m.step_group))))
+            columns = [list(map(float, map(_GROUP, found, repeat(index)))) for index, _, _ in m.groups]
+        except (TypeError, ValueError):  # no step, a group that took no part or no number: the loop says so
+            return None
+        kept = None
+        if m.forward_only:
+            last = last_by.get(m.key)
+            keep = []
+            for j, step in enumerate(steps):
+                if last is None or step >= last:
+                    keep.append(j)
+                    last = step
+            if last is not None:
+                last_by[m.key] = last
+            if len(keep) < len(steps):
+                kept = keep
+                steps = [steps[j] for j in keep]
+                columns = [[col[j] for j in keep] for col in columns]
+        if offset:
+            steps = [step + offset for step in steps]
+        hits.append((m, at, steps, columns, kept))
+    ctx.last_by_pattern.update(last_by)
+    if len(hits) == 1 and len(hits[0][1]) == n and all(map(le, starts[:-1], hits[0][1])) \
+            and all(map(lt, hits[0][1], starts[1:])):  # one match on every line: no line to find
+        m, _, steps, columns, _ = hits[0]
+        return [Block(tuple(name for _, _, name in m.groups), steps, tuple(columns))], n, None
+    matched: set[int] = set()
+    wheres = []
+    for _, at, _, _, kept in hits:
+        where = list(map(bisect_right, repeat(starts), at))  # 1 + the line's index
+        matched.update(where)
+        wheres.append(where if kept is None else [where[j] for j in kept])
+    blocks: list[Block] = []
+    if len(hits) == 1:
+        m, _, steps, columns, _ = hits[0]
+        blocks.append(Block(tuple(name for _, _, name in m.groups), steps, tuple(columns)))
+    elif hits:  # a line's records: pattern by pattern, each pattern's matches in order; lines in order
+        order = sorted((line, k, j) for k, where in enumerate(wheres) for j, line in enumerate(where))
+        run = 0
+        while run < len(order):
+            k, first = order[run][1], order[run][2]
+            end = run
+            while end + 1 < len(order) and order[end + 1][1] == k:
+                end += 1
+            m, _, steps, columns, _ = hits[k]
+            stop = order[end][2] + 1
+            blocks.append(Block(tuple(name for _, _, name in m.groups), steps[first:stop],
+                                tuple(col[first:stop] for col in columns)))
+            run = end + 1
+    unmatched = None
+    if len(matched) < n:
+        unmatched = next(stripped[i - 1] for i in range(n, 0, -1) if i not in matched)
+    return [b for b in blocks if b.steps], n, unmatched
 
 
 def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
@@ -315,8 +433,8 @@ def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = No
 
 
 def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tuple[list[bytes], int, bytes | None]:
-    """(the lines that may match, in order; how many were skipped; the last skipped one). A line is
-    skipped when it holds none of `filters` and no escape byte; every read line is non-empty. The lines
+    """(the lines that may match, in order; how many were skipped, blank ones not counted; the newest
+    skipped one not blank). A line is skipped when it holds none of `filters` and no escape byte. The lines
     are found by searching the read joined back together, each from the hit to its newlines."""
     blob = b"\n".join(lines)
     found: dict[int, bytes] = {}  # line start -> line
@@ -328,12 +446,12 @@ def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tupl
             end = len(blob) if end == -1 else end
             found.setdefault(start, blob[start:end])
             pos = blob.find(needle, end)
-    last_start = len(blob) - len(lines[-1]) if lines else 0
-    last = None if not lines or last_start in found else lines[-1].strip()
-    if last is None and lines:  # the last line is a hit: the newest skipped one is before it
-        last = next((line.strip() for line in reversed(lines[:-1]) if not any(n in line for n in (*filters, b"\x1b"))),
-                    None)
-    return [found[k] for k in sorted(found)], len(lines) - len(found), last
+    needles = (*filters, b"\x1b")
+    last = next((text for line in reversed(lines) if not any(n in line for n in needles) and (text := line.strip())),
+                None)  # the newest skipped line that is not blank (the line loop counts no blank line either)
+    blanks = len(lines) - len(list(filter(None, map(bytes.strip, lines))))
+    blanks -= sum(1 for line in found.values() if not line.strip())  # those the loop is handed skips itself
+    return [found[k] for k in sorted(found)], len(lines) - len(found) - blanks, last
 
 
 def _filters(compiled: list[Matcher]) -> tuple[bytes, ...] | None:
