@@ -49,7 +49,7 @@ from babysit.notify import Channel
 from babysit.probes.gpu import GpuProbe, open_gpu_probe
 from babysit.probes.host import HostProbe, ProcHostProbe, process_tree
 from babysit.sampler import Sampler
-from babysit.sources import wandbfile
+from babysit.sources import mlflowstore, wandbfile
 from babysit.store import Row
 from babysit.supervisor import RunSupervisor
 from babysit.timers import SchedulerTimers, ThreadTimers, Timers
@@ -542,6 +542,8 @@ class Daemon:
             sources.require()
         elif spec.source.kind == "wandb":
             wandbfile.require()
+        elif spec.source.kind == "mlflow":
+            mlflowstore.require()
         if spec.host is not None and self.store.host is None:
             raise SpecError(str(path), "run.host", "no host on a box outside a fleet (it has no [store] url)",
                             spec.host, hint="remove [run] host, or set [store] url on every box (docs/fleet.md)")

@@ -26,7 +26,7 @@ from babysit.core.specdiff import Change, changes
 from babysit.core.tomlfile import load
 from babysit.prereg_record import keep_frozen_copy
 from babysit.reading import check_fixture
-from babysit.sources import wandbfile
+from babysit.sources import mlflowstore, wandbfile
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ def check(spec: RunSpec, shown: str, *, accelerated: bool) -> tuple[list[str], l
         sources.require()  # exit 2 naming the extra, before anything is frozen
     elif spec.source.kind == "wandb":
         wandbfile.require()
+    elif spec.source.kind == "mlflow":
+        mlflowstore.require()
     warnings: list[str] = []
     program = commandcheck.check_program(spec, shown)
     if program is not None:

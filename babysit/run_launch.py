@@ -24,6 +24,7 @@ from babysit.executors import Executor
 from babysit.faults import crash_point
 from babysit.run_log import RunLog
 from babysit.run_observe import RunObserver
+from babysit.sources import mlflowstore
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
@@ -47,6 +48,8 @@ def attempt_env(spec: RunSpec, attempt: Attempt, records_log: Path, executor_env
     if spec.source.kind == "wandb" and "WANDB_DIR" not in spec.env:
         assert spec.source.path is not None  # wandb writes its run folders under $WANDB_DIR/wandb
         env["WANDB_DIR"] = str(spec.source.path)
+    if spec.source.kind == "mlflow":  # MLflow tags every run the attempt starts: the reader finds them
+        env[mlflowstore.ENV] = mlflowstore.run_context(spec.name, attempt.n, env.get(mlflowstore.ENV))
     watched = nonfinite.to_env(spec.guards.nonfinite_metrics)  # the hooks watch what the guard does
     if watched is not None:
         env[nonfinite.ENV] = watched

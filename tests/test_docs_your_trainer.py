@@ -32,7 +32,7 @@ def test_every_run_toml_on_the_page_loads(tmp_path: Path, index: int) -> None:
 
 def test_the_page_has_a_run_toml_for_every_kind_of_source(tmp_path: Path) -> None:
     kinds = {load(tmp_path, block).source.kind for block in BLOCKS}
-    assert kinds == {"jsonl", "stdout", "tensorboard", "csv", "wandb"}, kinds
+    assert kinds == {"jsonl", "stdout", "tensorboard", "csv", "wandb", "mlflow"}, kinds
 
 
 def test_each_quoted_line_is_one_record_of_the_patterns_beside_it(tmp_path: Path) -> None:

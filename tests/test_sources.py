@@ -128,8 +128,8 @@ step_column = "global_step"
 
 
 @pytest.mark.parametrize(("fragment", "message"), [
-    ('[source]\nkind = "mlflow"', 'run.toml: source.kind: expected one of "jsonl" | "stdout" | "tensorboard" | "csv" | '
-     '"wandb", got \'mlflow\''),
+    ('[source]\nkind = "neptune"', 'run.toml: source.kind: expected one of "jsonl" | "stdout" | "tensorboard" | "csv" | '
+     '"wandb" | "mlflow", got \'neptune\''),
     ('[source]\nkind = "stdout"', "run.toml: source.patterns: expected at least one [[source.patterns]] table"),
     ('[source]\nkind = "stdout"\n[[source.patterns]]\nregex = "iter (\\\\d+"',
      "run.toml: source.patterns[0].regex: expected a valid regular expression"),

@@ -28,7 +28,8 @@ from babysit.core import expr, presets
 from babysit.core.errors import SpecError
 from babysit.core.tomlfile import Table
 
-KINDS = ("jsonl", "stdout", "tensorboard", "csv", "wandb")
+KINDS = ("jsonl", "stdout", "tensorboard", "csv", "wandb", "mlflow")
+MLFLOW_STORE = "mlflow.db"  # kind = "mlflow": MLflow 3's default store (sqlite:///mlflow.db in the workdir)
 WANDB_DIR = "outputs/{name}/wandb"  # kind = "wandb": where babysit tells wandb to write ($WANDB_DIR)
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
 STEP_GROUP = "step"
@@ -156,6 +157,8 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
         path = workdir / _expand(t.str("path", check=bool, expected=expected), name, t)
     elif kind == "wandb":
         path = workdir / WANDB_DIR.format(name=name)
+    elif kind == "mlflow":
+        path = workdir / MLFLOW_STORE
     patterns = tuple(_pattern(p) for p in t.tables("patterns"))
     preset = t.str("preset", None, check=bool, expected="a preset name (" + ", ".join(presets.names()) + ', or "auto")')
     metrics = t.str_map("metrics", {})

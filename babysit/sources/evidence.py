@@ -62,6 +62,12 @@ def unreadable(source: SourceSpec, evidence: Evidence, *, log: Path) -> str | No
                 + _sample(evidence, "The keys of one")
                 + " Check that the trainer calls wandb.init() without its own dir= (babysit sets $WANDB_DIR to "
                 "source.path) and logs numbers.")
+    elif source.kind == "mlflow":
+        text = (f"{source.path}: {lines} MLflow metric points read, 0 records."
+                + _sample(evidence, "Skipped")
+                + " Check that source.path is the tracking store the trainer logs to (MLflow 3's default: mlflow.db "
+                "in its working directory; a file store: its mlruns folder) and that the trainer starts its runs "
+                "with mlflow.start_run() (babysit finds them by the tag babysit.run it sets in $MLFLOW_RUN_CONTEXT).")
     elif source.kind == "tensorboard":
         text = (f"{source.path}: {lines} summary values read, 0 scalar records."
                 + _sample(evidence, "A non-scalar tag")

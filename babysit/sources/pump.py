@@ -23,7 +23,7 @@ from typing import Any
 from babysit.core.records import LogRecord
 from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
-from babysit.sources import csvfile, lines, records, stdout, wandbfile
+from babysit.sources import csvfile, lines, mlflowstore, records, stdout, wandbfile
 from babysit.sources.evidence import Evidence
 from babysit.sources.tensorboard import TensorBoardReader
 
@@ -76,6 +76,7 @@ class SourcePump:
         self.records_path = records_path(spec, state_dir)
         self._watched = [] if spec.log is None or self.source.copies else [spec.log]
         self._tb = TensorBoardReader(self.source) if self.source.kind == "tensorboard" else None
+        self._mlflow = mlflowstore.MlflowReader(self.source, spec.name) if self.source.kind == "mlflow" else None
         self._captured = stdout.CapturedFiles(self.run_dir)
         self._state = self._reconcile(dict(state or {}))
 
@@ -119,6 +120,12 @@ class SourcePump:
             items, lines, problems, backlog = wb.items, wb.records, wb.problems, wb.more
             reader, sample = wb.state, wb.sample or sample
             watched.extend(wb.files)
+        elif kind == "mlflow":
+            assert self._mlflow is not None
+            ml = self._mlflow.read(reader)
+            items, lines, problems, backlog = ml.items, ml.points, ml.problems, ml.more
+            reader, sample = ml.state, ml.sample or sample
+            watched.extend(ml.files)
         elif kind == "tensorboard":
             assert self._tb is not None
             tb = self._tb.read(reader)
