@@ -209,24 +209,24 @@ class RunLog:
         """What the record loop leaves of a block of finite records with the same metrics, taken once:
         the last points and records, each shown metric's last value, the last declared end, the eval of
         the last record; no NaN or inf among them, so the pending grad norms clear (core.nonfinite)."""
-        steps, names, columns = seg.steps, seg.names, seg.columns
+        steps, names = seg.steps, seg.names
         keep = self.points.maxlen or len(steps)
         first = max(0, len(steps) - keep)
         self.points.extend(ProgressPoint(steps[i], seg.ts(i)) for i in range(first, len(steps)))
         self.recent.extend(seg.last(self.recent.maxlen or len(steps)))
         spec = self.spec
-        for name, column in zip(names, columns, strict=True):
+        for j, name in enumerate(names):
             if snapshot.shown(spec.poll.show, metric, name):
-                self.latest_shown[name] = (steps[-1], column[-1])
+                self.latest_shown[name] = (steps[-1], seg.value(j, -1))
         if not set(names).isdisjoint(progress.END_KEYS):
             for i in range(len(steps) - 1, -1, -1):
-                declared = progress.declared_by(dict(zip(names, (c[i] for c in columns), strict=True)))
+                declared = progress.declared_by({name: seg.value(j, i) for j, name in enumerate(names)})
                 if declared is not None:
                     self.declared_end = declared
                     break
         if self.nonfinite_pending:
             self.nonfinite_pending = frozenset(k for k in self.nonfinite_pending if k not in names)
-        evals = [(name, column[-1]) for name, column in zip(names, columns, strict=True) if name.startswith("eval")]
+        evals = [(name, seg.value(j, -1)) for j, name in enumerate(names) if name.startswith("eval")]
         if evals:
             self.latest_eval, self.latest_eval_step = dict(evals), steps[-1]
         if metric is not None and metric in names:

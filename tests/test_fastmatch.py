@@ -270,3 +270,14 @@ def test_a_run_reads_the_same_from_columns_as_from_records(tmp_path: Path, monke
     assert fast == loop
     assert fast["declared"] == 16000 and fast["eval"][1] == 8000 and len(fast["points"]) == 256
     assert [step for step, _ in fast["series"][0]] == [0, *range(1000, 8001, 1000)]  # the verdict's series
+
+
+def test_printed_decimals_are_written_as_the_repr_of_their_float() -> None:
+    rng = random.Random(5)
+    texts = [f"{rng.uniform(-1e6, 1e6):.{rng.randint(1, 8)}f}" for _ in range(5000)]
+    texts += [f"{rng.uniform(1e-4, 1e-2):.8f}" for _ in range(2000)] + ["1.00", "0.0000", "-0.000", "3.1230", "10.0"]
+    got = records.json_texts(texts)
+    assert got == [repr(float(t)) for t in texts]
+    for odd in (["1e-5"], ["0.00001"], ["0.00004248"], ["+1.5"], ["1234567.5"], ["1"], ["01.5"], ["nan"],
+                ["1.5", " 2.5"]):  # repr writes 4.248e-05 for the small one
+        assert records.json_texts(odd) is None, odd  # made floats (and repr'd) instead

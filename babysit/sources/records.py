@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,14 +41,38 @@ class Item:
     ts: float | None = None
 
 
+Column = list[float] | list[str]  # a metric's values: floats, or (`json_texts`) the repr of each, all finite
+
+# A decimal that is its own float's repr once its trailing zeros go (one kept after the point): at most
+# 14 significant digits (any decimal of up to 15 survives the trip to a double and back, and no shorter
+# one lands on the same double) and inside repr's fixed notation (1e-4 up; below 1e16).
+_DECIMAL = r"-?(?:[1-9]\d{0,5}\.\d{1,8}|0\.(?:0{0,3}[1-9]\d{0,7}|0{1,8}))"
+_DECIMALS = re.compile(f"{_DECIMAL}(?:\n{_DECIMAL})*")
+
+
+def json_texts(texts: list[str]) -> list[str] | None:
+    """`repr(float(t))` of every text, without making a float, when every text is such a decimal (a
+    printed `loss 3.1230`, `time 1.00ms`); else None (convert them). What `encode` writes for them."""
+    if not texts or _DECIMALS.fullmatch("\n".join(texts)) is None:
+        return None
+    out = list(map(str.rstrip, texts, repeat("0")))
+    if ".\n" in "\n".join(out) + "\n":  # `1.00` -> `1.`: repr keeps one zero
+        return [t if t[-1] != "." else t + "0" for t in out]
+    return out
+
+
+def floats(column: Column) -> list[float]:
+    return column if not column or not isinstance(column[0], str) else list(map(float, column))  # type: ignore
+
+
 @dataclass(frozen=True)
 class Block:
-    """Records of one pattern in print order, as columns: `steps` (offset applied) and one column of
-    floats per metric `names` (renamed, in the record's order). No time: stamped when written."""
+    """Records of one pattern in print order, as columns: `steps` (offset applied) and one column per
+    metric `names` (renamed, in the record's order). No time: stamped when written."""
 
     names: tuple[str, ...]
     steps: list[int]
-    columns: tuple[list[float], ...]
+    columns: tuple[Column, ...]
 
 
 def items_of(pieces: Iterable[Item | Block]) -> Iterator[Item]:
@@ -56,7 +81,7 @@ def items_of(pieces: Iterable[Item | Block]) -> Iterator[Item]:
         if isinstance(piece, Item):
             yield piece
         else:
-            for step, *values in zip(piece.steps, *piece.columns, strict=True):
+            for step, *values in zip(piece.steps, *map(floats, piece.columns), strict=True):
                 yield Item(step, dict(zip(piece.names, values, strict=True)))
 
 
@@ -171,7 +196,7 @@ class ColumnSegment:
     names: tuple[str, ...]
     steps: list[int]
     stamps: list[float]
-    columns: tuple[list[float], ...]
+    columns: tuple[Column, ...]
     start: int
     data: bytes
     _offsets: list[int] = field(default_factory=list, compare=False, repr=False)
@@ -188,10 +213,15 @@ class ColumnSegment:
     def ts(self, i: int) -> float:
         return round(self.stamps[i], 6)
 
+    def value(self, j: int, i: int) -> float:
+        """Metric `names[j]` of the i-th record, as a float."""
+        value = self.columns[j][i]
+        return float(value) if isinstance(value, str) else value
+
     def record(self, i: int) -> LogRecord:
         """The i-th record as `as_log_records` makes it (as logtail reads it back)."""
-        return LogRecord(self.steps[i], self.ts(i), MappingProxyType(dict(zip(self.names, (c[i] for c in self.columns),
-                                                                                strict=True))),
+        return LogRecord(self.steps[i], self.ts(i), MappingProxyType({name: self.value(j, i) for j, name in
+                                                                      enumerate(self.names)}),
                          None, _NO_FIELDS, self.offsets()[i])
 
     def last(self, n: int) -> list[LogRecord]:
@@ -266,8 +296,10 @@ def write_batch(path: Path, pieces: Sequence[Item | Block], anchor: tuple[int, f
         else:
             raw = [now] * len(steps)
         last = (steps[-1], raw[-1])
-        if all(all(map(math.isfinite, col)) for col in piece.columns):
-            fmt = ('{"step":%d,"ts":%s' + "".join(f",{_key(n).replace('%', '%%')}:%r" for n in piece.names)
+        if all(isinstance(col[0], str) or all(map(math.isfinite, col)) for col in piece.columns):
+            fmt = ('{"step":%d,"ts":%s' + "".join(f",{_key(n).replace('%', '%%')}:" + ("%s" if isinstance(col[0], str)
+                                                                                          else "%r")
+                                                  for n, col in zip(piece.names, piece.columns, strict=True))
                    + "}\n")
             text = (fmt * len(steps)) % tuple(chain.from_iterable(zip(steps, _ts_texts(raw), *piece.columns,
                                                                        strict=True)))
@@ -275,7 +307,7 @@ def write_batch(path: Path, pieces: Sequence[Item | Block], anchor: tuple[int, f
             segments.append(ColumnSegment(piece.names, steps, raw, piece.columns, offset, data))
         else:  # a NaN or an infinity: written as JSON spells it, kept out of `metrics` (rare: one at a time)
             items = [Item(s, dict(zip(piece.names, row, strict=True)), t)
-                     for s, t, *row in zip(steps, raw, *piece.columns, strict=True)]
+                     for s, t, *row in zip(steps, raw, *map(floats, piece.columns), strict=True)]
             lines = [encode(it) for it in items]
             data = b"".join(lines)
             segments.append(as_log_records(items, lines, offset))

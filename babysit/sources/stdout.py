@@ -241,7 +241,7 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
     starts = list(accumulate(map(add, map(len, stripped), repeat(1)), initial=0))  # each line's offset; the end
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
-    hits: list[tuple[Matcher, list[int], list[int], list[list[float]], list[int] | None]] = []
+    hits: list[tuple[Matcher, list[int], list[int], list[records.Column], list[int] | None]] = []
     for m, tw in zip(compiled, twins, strict=True):
         found = list(tw.compiled.finditer(text))
         if not found:
@@ -249,7 +249,10 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
         at = list(map(_START, found))
         try:
             steps = list(map(int, map(_GROUP, found, repeat(m.step_group))))
-            columns = [list(map(float, map(_GROUP, found, repeat(index)))) for index, _, _ in m.groups]
+            columns: list[records.Column] = []
+            for index, _, _ in m.groups:  # a printed decimal is written as it is printed (records.json_texts)
+                texts = list(map(_GROUP, found, repeat(index)))
+                columns.append(records.json_texts(texts) or list(map(float, texts)))
         except (TypeError, ValueError):  # no step, a group that took no part or no number: the loop says so
             return None
         kept = None
