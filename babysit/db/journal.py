@@ -51,7 +51,12 @@ POOL_LOW = POOL_BLOCK // 2  # a pool refilled below this while connected, so an 
 REPLAY_BATCH = 200  # journaled transactions a PostgreSQL transaction of the replay carries
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 5.0
-PROBE_TIMEOUT_S = 3  # libpq's connect_timeout for a try while down (a blackholed host must not hang it)
+PROBE_TIMEOUT_S = 3  # libpq's connect_timeout on the daemon's store (a blackholed host must not hang it)
+# ...and on its TCP connection: a statement on a network that went silent fails after ~10 s (unacknowledged
+# data, tcp_user_timeout) and an idle one after ~11 s (keepalives), instead of TCP's minutes; Unix sockets
+# ignore them
+TCP_BOUNDS = {"tcp_user_timeout": 10_000, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+              "keepalives_count": 3}
 BUSY_TIMEOUT_S = 30.0
 POLLS_KEPT = 3  # a run's newest polls the mirror holds (the daemon reads the newest only)
 VERDICTS_KEPT = 3  # a run's newest verdict reads the mirror holds, besides its FINAL one

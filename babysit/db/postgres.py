@@ -80,16 +80,18 @@ class PgConnection:
     """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
     psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite."""
 
-    def __init__(self, url: str, name: str = "babysit", timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, url: str, name: str = "babysit", timeout: float = CONNECT_TIMEOUT_S,
+                 bounds: dict[str, int] | None = None) -> None:
         self.url = url
         self.name = name  # PostgreSQL's application_name: which box a connection is, in pg_stat_activity
         self.timeout = timeout
+        self.bounds = bounds or {}  # libpq's TCP limits (journal.TCP_BOUNDS): a silent network fails in seconds
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=self.timeout, application_name=self.name)
+                                         connect_timeout=self.timeout, application_name=self.name, **self.bounds)
         return self._conn
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
@@ -166,7 +168,9 @@ class PostgresStore(Store):
         if self.host is None or self.state_dir is None:
             raise AssertionError("the journal is a fleet box's daemon's: a host and a state directory")
         local = journal.open_local(self.state_dir / journal.JOURNAL_FILE)
-        pg = self._db
+        self._db.close()  # this connection again with bounds: the daemon notices a silent network in seconds
+        pg = PgConnection(self.url, self._db.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
+        self._db = pg
         try:
             with self._lock:
                 left = journal.replay(pg, local)
@@ -225,7 +229,7 @@ class PostgresStore(Store):
         the mirror reconciled and the store connected again."""
         assert self.state_dir is not None and self.host is not None
         started = time.monotonic()
-        conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S)
+        conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
         try:
             conn.execute("SELECT 1")  # raises while PostgreSQL is still down
             reader = sqlite3.connect(self.state_dir / journal.JOURNAL_FILE, timeout=journal.BUSY_TIMEOUT_S,
@@ -239,7 +243,6 @@ class PostgresStore(Store):
                 replayed += journal.replay(conn, self._db.local)
                 journal.seed(conn, self._db.local, self.host)
                 self._db.pg.close()
-                conn.timeout = CONNECT_TIMEOUT_S
                 self._db.pg = conn
                 self._db.down = False
         except BaseException:
