@@ -67,7 +67,11 @@ PG_ONLY = ("clock_timestamp", "pg_notify", "SKIP LOCKED", "to_regclass", "nextva
 _TX = {"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT part", "RELEASE part", "ROLLBACK TO part"}
 
 _JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL,"
-                " statements TEXT NOT NULL)")
+                " statements TEXT NOT NULL)",
+                # what PostgreSQL refused on replay (not a lost connection: the statement itself), kept to look
+                # at rather than blocking the journal behind it forever
+                "CREATE TABLE IF NOT EXISTS journal_refused (seq INTEGER PRIMARY KEY, at REAL NOT NULL,"
+                " statements TEXT NOT NULL, error TEXT NOT NULL, refused_at REAL NOT NULL)")
 
 
 def is_read(sql: str) -> bool:
@@ -92,7 +96,8 @@ def open_local(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")  # FULL while down (JournaledConnection): the journal on disk
     db.execute("PRAGMA foreign_keys=OFF")
-    db.execute(_JOURNAL_DDL)
+    for ddl in _JOURNAL_DDL:
+        db.execute(ddl)
     return db
 
 
@@ -263,21 +268,44 @@ def replay(pg: Any, local: sqlite3.Connection) -> int:
     each batch's rows leave the journal once PostgreSQL has committed them. How many were replayed."""
     done = 0
     while True:
-        rows = local.execute("SELECT seq, statements FROM journal ORDER BY seq LIMIT ?", (REPLAY_BATCH,)).fetchall()
+        rows = local.execute("SELECT seq, at, statements FROM journal ORDER BY seq LIMIT ?",
+                             (REPLAY_BATCH,)).fetchall()
         if not rows:
             return done
-        pg.execute("BEGIN")
         try:
+            _apply(pg, rows)
+        except psycopg.OperationalError:
+            raise  # the connection: the journal stays as it is, tried again later
+        except psycopg.Error:  # a statement PostgreSQL refuses: find it, set it aside, replay the others
             for row in rows:
-                for sql, args in json.loads(row["statements"]):
-                    pg.execute(idempotent(sql), tuple(args))
-            pg.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                pg.execute("ROLLBACK")
-            raise
+                try:
+                    _apply(pg, [row])
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as exc:
+                    local.execute("INSERT OR REPLACE INTO journal_refused VALUES (?, ?, ?, ?, ?)",
+                                  (row["seq"], row["at"], row["statements"], str(exc)[:500], time.time()))
+                    log.error("PostgreSQL refused a journaled transaction; kept aside in journal_refused",
+                              seq=row["seq"], error=str(exc)[:300])
+                local.execute("DELETE FROM journal WHERE seq = ?", (row["seq"],))
+            done += len(rows)
+            continue
         local.execute("DELETE FROM journal WHERE seq <= ?", (rows[-1]["seq"],))
         done += len(rows)
+
+
+def _apply(pg: Any, rows: Sequence[Any]) -> None:
+    """Journaled transactions in one PostgreSQL transaction: all of them or none."""
+    pg.execute("BEGIN")
+    try:
+        for row in rows:
+            for sql, args in json.loads(row["statements"]):
+                pg.execute(idempotent(sql), tuple(args))
+        pg.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            pg.execute("ROLLBACK")
+        raise
 
 
 # -- the mirror's rows: this box's, copied from PostgreSQL -------------------------------------------------

@@ -131,6 +131,8 @@ def test_a_journal_left_by_a_daemon_stopped_while_down_is_replayed_when_it_start
     attempt = store.begin_attempt("r1", 1, "base", ["true"], "local", 0, "a1", 1.0)
     outage()
     store.mark_ended(attempt.id, ended_at=2.0, outcome="completed", exit_code=0)
+    bad = store._db.local.execute("INSERT INTO journal (at, statements) VALUES (?, ?)",
+                                  (2.5, '[["UPDATE no_such_table SET x = 1", []]]')).lastrowid
     verdict = store.save_verdict("r1", {"status": "CONFIRMED"}, 3.0, final=True)
     store.close()  # the daemon stopped before PostgreSQL came back
     postgres.start()
@@ -138,7 +140,9 @@ def test_a_journal_left_by_a_daemon_stopped_while_down_is_replayed_when_it_start
     try:
         assert again.journal_pending() == 0
         assert again.attempt("r1", 1).outcome == "completed"
-        assert again.final_verdict("r1").id == verdict
+        assert again.final_verdict("r1").id == verdict  # replayed after the one PostgreSQL refused
+        refused = again._db.local.execute("SELECT seq, error FROM journal_refused").fetchall()
+        assert [r[0] for r in refused] == [bad] and "no_such_table" in refused[0][1]
     finally:
         again.close()
 
