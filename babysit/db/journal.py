@@ -172,11 +172,10 @@ class JournaledConnection:
             return self.local.execute(sql, args)
         if not self._tx:
             raise AssertionError(f"a write outside a transaction: {sql[:60]}")
-        if self._pg_tx:
-            self._on_pg(lambda: self.pg.execute(sql, args), sql)
+        done = self._on_pg(lambda: self.pg.execute(sql, args), sql) if self._pg_tx else None
         cursor = self.local.execute(sql, args)
         self._statements.append([sql, list(args)])
-        return cursor
+        return done if done is not None else cursor  # connected, PostgreSQL's answer (its rowcount) is the truth
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if self._pg_tx:
@@ -188,7 +187,7 @@ class JournaledConnection:
         """The next id of `table` for a row this box writes; the pool refilled first when low and connected
         (a refill that fails is an outage starting: the pool's rest carries the journal)."""
         if self.pool.low(table) and not self.down:
-            self._on_pg(lambda: self.pool.refill(self.pg.execute, table), "nextval")
+            self._on_pg(lambda: self.pool.refill(self.pg.execute, table), "a refill")
         return self.pool.take(table)
 
     # -- internals -----------------------------------------------------------------------------------------

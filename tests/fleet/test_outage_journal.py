@@ -196,3 +196,30 @@ def test_the_mirror_holds_this_box_rows_only(pg_url: str, tmp_path: Path) -> Non
     finally:
         store.close()
     shutil.rmtree(tmp_path / "unused", ignore_errors=True)
+
+
+def test_connected_a_write_answers_with_postgres_rowcount_not_the_mirror(pg_url: str, tmp_path: Path) -> None:
+    store = _daemon_store(pg_url, tmp_path)
+    gateway = PostgresStore(pg_url, host="box-a")  # another process: its row is not in the daemon's mirror
+    try:
+        call = gateway.open_owner_call("c", "r1", "go on?", ("yes", "no"), {}, 1.0, "c:r1:1")
+        assert store.decide_owner_call(call.id, "yes", "U1", 2.0) is True  # the mirror would say 0 rows
+        assert store.decide_owner_call(call.id, "no", "U2", 3.0) is False
+        assert gateway.owner_call(call.id).decision == "yes"
+    finally:
+        store.close()
+        gateway.close()
+
+
+def test_a_refill_of_ids_cut_by_the_outage_goes_on_from_the_reserve(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _daemon_store(pg_url, tmp_path)
+    try:
+        monkeypatch.setattr(journal, "POOL_LOW", 10**9)  # every id taken asks PostgreSQL for more first
+        before = store.add_incident("r1", None, 1.0, "first", {})
+        outage()
+        after = store.add_incident("r1", None, 2.0, "second", {})  # the refill fails: the store goes down
+        assert store.down and after > before
+        assert [r.kind for r in store.incidents("r1")] == ["second", "first"]
+    finally:
+        store.close()
