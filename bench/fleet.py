@@ -242,7 +242,7 @@ def main() -> int:
             term = boxes["box-b"] / "outputs" / run / "train_log.jsonl.term"
             asked = time.time()
             gateway.request(run, "abort", "bench", asked)
-            wait_for(term.exists, 30, 0.002)
+            wait_for(lambda term=term: term.exists() and term.read_text(), 30, 0.002)  # written, not just created
             lat.append(json.loads(term.read_text())["ts"] - asked)
             time.sleep(0.2)
         out["abort_ms_median"] = round(statistics.median(lat) * 1000, 1)
