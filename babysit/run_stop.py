@@ -42,8 +42,9 @@ class RunStop:
     def send(self, attempt: Attempt, stop: dict[str, Any], grace: float) -> None:
         """The stop signal now, the SIGKILL after `grace` seconds; then the store says it was sent."""
         self.arm_kill(attempt, grace)
+        sent_at = self.ctx.now()  # before the signal: a trainer may save within the same millisecond
         self.executor.stop(attempt, signal.Signals[stop.get("signal") or self.host.spec.stop_signal])
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, stop={**stop, "sent_at": self.ctx.now()})
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, stop={**stop, "sent_at": sent_at})
 
     def arm_kill(self, attempt: Attempt, delay: float) -> None:
         """In `delay` seconds the machine is told the grace period is over, and whether the attempt exited."""

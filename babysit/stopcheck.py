@@ -14,6 +14,9 @@ from pathlib import Path
 MAX_ENTRIES = 5000  # entries looked at, at most
 MAX_DEPTH = 3  # folders below [run].checkpoints (HF: checkpoint-500/…, Lightning: version_0/checkpoints/…)
 POINTER_BYTES = 256  # a file this small is a pointer (`latest`), not the checkpoint itself
+# Linux stamps a file with its coarse clock (up to a jiffy, 1-10 ms, behind time.time()): a file written
+# just after the signal can carry an mtime a few ms before it
+MTIME_SLACK_S = 0.02
 
 
 def written_after(folder: Path, since: float) -> tuple[str, float] | None:
@@ -38,7 +41,7 @@ def written_after(folder: Path, since: float) -> tuple[str, float] | None:
                 st = entry.stat()
             except OSError:
                 continue
-            if st.st_mtime >= since:
+            if st.st_mtime >= since - MTIME_SLACK_S:
                 key = (st.st_size > POINTER_BYTES, st.st_mtime, os.path.relpath(entry.path, folder))
                 if best is None or key[:2] > best[:2]:
                     best = key
