@@ -109,11 +109,21 @@ class JsonlWriter:
         plain, a key to check (and its line's template to build), a folder to make, a warning to say."""
         if not self._all_ranks and env_rank() > 0:
             return False
-        path = self.path
-        if path is None:
+        if self.path is None:
             self._warn("unset", f"babysit.log: ${ENV} is not set (not running under babysit?): records are "
                                 "dropped. babysit sets it for every attempt; set it yourself to log elsewhere")
             return False
+        return self.append(self.encode(step, fields))
+
+    def encode(self, step: Any, fields: Mapping[str, Any], ts: float | None = None) -> bytes:
+        """The line `write` appends for this record, at `ts` (None: now): for a hook that writes its records
+        later, in one `append`. Raises TypeError for a step that is not an integer; warns for a reserved key."""
+        if ts is None:
+            ts = time.time()
+        if type(step) is int:
+            line = _fast_line(step, ts, fields)
+            if line is not None:
+                return line
         at = step if type(step) is int else _as_step(step)
         values: dict[str, Any] = {}
         for key, value in fields.items():
@@ -128,10 +138,16 @@ class JsonlWriter:
             template = _template(keys)
             if template is not None:
                 _TEMPLATES[keys] = template  # the next record with these keys takes the one pass
-        ts = time.time()
         line = _line(at, ts, values)
         if line is None:  # a string, a list, a nested dict: json's encoder, the same format
             line = (json.dumps({"step": at, "ts": ts, **values}, allow_nan=True, default=str) + "\n").encode("utf-8")
+        return line
+
+    def append(self, lines: bytes) -> bool:
+        """Append whole encoded lines (one or many) in one write: the caller has checked the rank."""
+        path = self.path
+        if path is None:
+            return False
         try:
             fd = _open(path)
         except OSError as exc:
@@ -139,7 +155,7 @@ class JsonlWriter:
                                        "(training goes on; babysit will see no progress)")
             return False
         try:
-            _write_all(fd, line)
+            _write_all(fd, lines)
         except OSError as exc:
             self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
                                         "until a write succeeds (training goes on)")
@@ -320,6 +336,22 @@ def _line(step: int, ts: float, values: Mapping[str, Any]) -> bytes | None:
             name = _KEYS.setdefault(key, json.dumps(key) + ": ")
         parts.append(name + text)
     return (", ".join(parts) + "}\n").encode("utf-8")
+
+
+def _fast_line(step: int, ts: float, fields: Mapping[str, Any]) -> bytes | None:
+    """`write`'s one pass, for `encode`: the line of keys seen before and plain finite numbers, else None."""
+    template = _TEMPLATES.get(tuple(fields))
+    if template is None:
+        return None
+    values = (step, ts, *fields.values())
+    for value in values:
+        kind = type(value)
+        if kind is float:
+            if value - value:
+                return None
+        elif kind is not int:
+            return None
+    return (template % values).encode()
 
 
 def _open(path: str) -> int:

@@ -4,7 +4,9 @@
 
 Every `Trainer.log` (train loss, grad_norm, learning_rate, eval_* metrics, the final train_* summary)
 becomes one record at `state.global_step`, values exactly as HF logged them (its `state.log_history`),
-plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes.
+plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes, off
+the training thread (`babysit.integrations.DeferredWriter`: within a tenth of a second, all on disk when
+training ends).
 
 A non-finite watched value (by default any logged key containing `loss` or `grad_norm`; the run's
 `[guards] nonfinite_metrics` when it declares them: the one rule babysit's guard applies, see
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from babysit.client import JsonlWriter
-from babysit.integrations import EXIT_DIVERGED, Diverged, NonfiniteWatch, describe
+from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
 
 try:
     from transformers import TrainerCallback
@@ -42,6 +44,7 @@ class BabysitCallback(TrainerCallback):
     def __init__(self, path: str | None = None, *, watch: Sequence[str] | None = None,
                  exit_code: int | None = EXIT_DIVERGED) -> None:
         self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
+        self.records = DeferredWriter(self.writer)  # written off the training thread, a tenth of a second later
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
@@ -84,12 +87,13 @@ class BabysitCallback(TrainerCallback):
         main = state.is_world_process_zero
         if main:
             total = state.max_steps
-            record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else logs
-            self.writer.write(step, record)
+            record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else dict(logs)
+            self.records.put(step, record)
         bad = self.nonfinite.check(logs)
         if bad and self.diverged is None:
             self.diverged = f"non-finite {', '.join(bad)} ({describe(bad)}) at step {step}"
             if main:
+                self.records.flush()  # the records before it, then the diverged record, on disk now
                 self.writer.write(step, {"event": "diverged", "reason": self.diverged, **bad})
                 _say(f"babysit: diverged: {self.diverged}; training stops after this step"
                      + (f" and the process exits with code {self.exit_code}" if self.exit_code is not None else ""))
@@ -97,6 +101,7 @@ class BabysitCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.records.close()  # every record on disk before training returns (an evaluate() after starts it again)
         if self.diverged is not None and self.exit_code is not None:
             raise Diverged(f"babysit: training diverged: {self.diverged}", self.exit_code)
 

@@ -102,3 +102,22 @@ def test_a_nan_eval_loss_is_divergence_too(tmp_path: Path, babysit_log: Path) ->
     assert trainer.state.global_step == 5
     (event,) = [r for r in raw(babysit_log) if r.get("event") == "diverged"]
     assert event["step"] == 5 and math.isnan(event["eval_loss"])
+
+
+def test_the_diverged_record_is_on_disk_after_the_records_before_it_when_on_log_returns(tmp_path: Path) -> None:
+    """Records are written off the training thread; the divergence is not left to it: when on_log returns,
+    the records queued before it and then the diverged record are in the file (the process may exit next)."""
+    from transformers import TrainerControl, TrainerState
+
+    log = tmp_path / "log.jsonl"
+    callback = hf.BabysitCallback(str(log), exit_code=None)
+    state, control = TrainerState(max_steps=100, is_world_process_zero=True), TrainerControl()
+    callback.records.delay = 3600  # its thread would not write them in this test's time
+    for step, loss in ((10, 3.5), (20, 3.25), (30, float("nan"))):
+        state.global_step = step
+        callback.on_log(None, state, control, logs={"loss": loss, "learning_rate": 1e-3})
+    got = raw(log)
+    assert [(r["step"], r.get("event")) for r in got] == [(10, None), (20, None), (30, None), (30, "diverged")]
+    assert got[0]["loss"] == 3.5 and got[0]["total_steps"] == 100 and math.isnan(got[2]["loss"])
+    assert control.should_training_stop
+    callback.on_train_end(None, state, control)
