@@ -218,14 +218,21 @@ class ColumnSegment:
         value = self.columns[j][i]
         return float(value) if isinstance(value, str) else value
 
-    def record(self, i: int) -> LogRecord:
+    def record(self, i: int, offset: int | None = None) -> LogRecord:
         """The i-th record as `as_log_records` makes it (as logtail reads it back)."""
         return LogRecord(self.steps[i], self.ts(i), MappingProxyType({name: self.value(j, i) for j, name in
                                                                       enumerate(self.names)}),
-                         None, _NO_FIELDS, self.offsets()[i])
+                         None, _NO_FIELDS, self.offsets()[i] if offset is None else offset)
 
     def last(self, n: int) -> list[LogRecord]:
-        return [self.record(i) for i in range(max(0, len(self.steps) - n), len(self.steps))]
+        """The last `n` records, their offsets found back from the end (not a split of the whole block)."""
+        count = min(n, len(self.steps))
+        starts, end = [], len(self.data) - 1  # the last record's newline
+        for _ in range(count):
+            end = self.data.rfind(b"\n", 0, end)
+            starts.append(end + 1)
+        first = len(self.steps) - count
+        return [self.record(first + k, self.start + at) for k, at in enumerate(reversed(starts))]
 
 
 class RecordBatch(Sequence[LogRecord]):

@@ -19,11 +19,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from operator import add, le, lt
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +220,7 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
     over FAST_LINE_BYTES, non-ASCII text for a twin that holds over ASCII only, a step or a value that
     is no number (the loop says which). The stripped lines are joined by `\\n` (as latin-1 text: a
     byte a character, and `float` of a str is twice as fast) and each twin runs once over the whole; a
-    match's line is found by bisection of the lines' offsets, unless every line holds exactly one."""
+    match's line is the count of newlines before it."""
     raw = b"\n".join(lines)
     if b"\x0b" in raw:
         return None
@@ -238,7 +236,6 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
         return None
     text = blob.decode("latin-1")
     n = len(stripped)
-    starts = list(accumulate(map(add, map(len, stripped), repeat(1)), initial=0))  # each line's offset; the end
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
     hits: list[tuple[Matcher, list[int], list[int], list[records.Column], list[int] | None]] = []
@@ -273,14 +270,10 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
             steps = [step + offset for step in steps]
         hits.append((m, at, steps, columns, kept))
     ctx.last_by_pattern.update(last_by)
-    if len(hits) == 1 and len(hits[0][1]) == n and all(map(le, starts[:-1], hits[0][1])) \
-            and all(map(lt, hits[0][1], starts[1:])):  # one match on every line: no line to find
-        m, _, steps, columns, _ = hits[0]
-        return [Block(tuple(name for _, _, name in m.groups), steps, tuple(columns))], n, None
     matched: set[int] = set()
     wheres = []
-    for _, at, _, _, kept in hits:
-        where = list(map(bisect_right, repeat(starts), at))  # 1 + the line's index
+    for _, at, _, _, kept in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
+        where = list(accumulate(map(text.count, repeat("\n"), [0, *at[:-1]], at), initial=1))[1:]
         matched.update(where)
         wheres.append(where if kept is None else [where[j] for j in kept])
     blocks: list[Block] = []
