@@ -1,7 +1,8 @@
 """The state database: schema versioning, attempts, GPU-seconds, outbox order and dedupe, verdicts, amendments.
 
 The conformance suite of the store's backends: every test taking `store` (or `backend`) runs against
-SQLite and against a real PostgreSQL (tests/postgres.py); the few about SQLite's file take `sqlite_store`.
+SQLite, against a real PostgreSQL (tests/postgres.py), and against it through the daemon's local journal
+(`start_journal`: every write mirrored, ids reserved); the few about SQLite's file take `sqlite_store`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class Backend:
             return Store.in_dir(self.tmp_path / "state")
         from babysit.db.postgres import PostgresStore
 
+        if self.name == "postgresql+journal":  # the daemon's store: the same answers, connected
+            store = PostgresStore(self.url, host="box-a", state_dir=self.tmp_path / "state")
+            store.start_journal()
+            return store
         return PostgresStore(self.url, host="box-a")
 
     def reader(self) -> Any:
@@ -42,9 +47,9 @@ class Backend:
         return PgConnection(self.url)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql+journal"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    url = request.getfixturevalue("pg_url") if request.param.startswith("postgresql") else None
     return Backend(request.param, tmp_path, url)
 
 
@@ -236,12 +241,13 @@ def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(backend: Ba
     with store.batch():
         store.add_poll("a", 1, 1.0, "first", {"step": 1})
         with pytest.raises(ZeroDivisionError), store.tx() as db:  # one part fails: only it is undone
-            db.execute("INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES ('a', 1, 2.0, 'x', '{}')")
+            db.execute("INSERT INTO run_state (run, status, facts, updated_at) VALUES ('a', 'x', '{}', 2.0)")
             raise ZeroDivisionError
         store.add_poll("a", 1, 3.0, "periodic", {"step": 3})
         assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 0  # not committed yet
     assert [p.kind for p in store.polls("a")] == ["periodic", "first"]
     assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 2
+    assert store.run_state("a") == ("pending", {})  # the failed part undone
 
 
 def test_an_error_out_of_a_batch_undoes_all_of_it(store: Store) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -64,6 +65,7 @@ VERDICTS_KEPT = 3  # a run's newest verdict reads the mirror holds, besides its 
 # while down: its clock, its wake-ups, requests, which cannot arrive without the database).
 PG_ONLY = ("clock_timestamp", "pg_notify", "SKIP LOCKED", "to_regclass", "nextval", "babysit_schema_version",
            "INSERT INTO control")  # a request: addressed to a box through the database, and numbered by it
+_INSERT_INTO = re.compile(r"\s*INSERT INTO (\w+) \((\w+)")
 _TX = {"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT part", "RELEASE part", "ROLLBACK TO part"}
 
 _JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL,"
@@ -172,6 +174,10 @@ class JournaledConnection:
             return self.local.execute(sql, args)
         if not self._tx:
             raise AssertionError(f"a write outside a transaction: {sql[:60]}")
+        table = _INSERT_INTO.match(sql)
+        if table is not None and table.group(1) in ID_TABLES and table.group(2) != "id":
+            # its id would be PostgreSQL's there and SQLite's here, and a replayed row could take another's
+            raise AssertionError(f"an INSERT into {table.group(1)} without its id: use Store._insert_id")
         done = self._on_pg(lambda: self.pg.execute(sql, args), sql) if self._pg_tx else None
         cursor = self.local.execute(sql, args)
         self._statements.append([sql, list(args)])
