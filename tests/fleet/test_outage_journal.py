@@ -223,3 +223,22 @@ def test_a_refill_of_ids_cut_by_the_outage_goes_on_from_the_reserve(
         assert [r.kind for r in store.incidents("r1")] == ["second", "first"]
     finally:
         store.close()
+
+
+def test_an_outage_in_the_middle_of_a_transaction_journals_all_of_it(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None], postgres: Any) -> None:
+    store = _daemon_store(pg_url, tmp_path)
+    other = PostgresStore(pg_url, host="box-b")
+    try:
+        with store.batch():  # one transaction: its first write reached PostgreSQL, which then went away
+            store.add_poll("r1", 1, 1.0, "first", {"step": 1})
+            outage()
+            store.add_poll("r1", 1, 2.0, "second", {"step": 2})
+        assert store.down and store.journal_pending() == 1
+        assert [p.kind for p in store.polls("r1")] == ["second", "first"]
+        postgres.start()
+        wait_for("the journal replayed", lambda: not store.down and store.journal_pending() == 0)
+        assert [p.kind for p in other.polls("r1")] == ["second", "first"]  # the rolled-back part included
+    finally:
+        store.close()
+        other.close()
