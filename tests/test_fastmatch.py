@@ -139,8 +139,10 @@ forward_only = true
                              f"iter {step + 1}: loss 1.0, time 4.0ms")
             elif kind < 0.8:  # a bar that resets (forward only), in colour, with non-ASCII
                 lines.append(f"\x1b[32m {rng.randint(0, 99)}%|██▏ | {rng.randint(0, 300)}/300 [00:01<00:02]\x1b[0m")
-            elif kind < 0.85:
+            elif kind < 0.83:
                 lines.append("   ")
+            elif kind < 0.85:  # blanks around a record: stripped or not, the same match
+                lines.append(f" \t iter {step}: loss 0.5, time 1.0ms \t ")
             else:
                 lines.append(f"compiling the model … {rng.random()}")
         text = "\r\n".join(lines) if k % 3 == 0 else "\n".join(lines)
@@ -281,3 +283,11 @@ def test_printed_decimals_are_written_as_the_repr_of_their_float() -> None:
     for odd in (["1e-5"], ["0.00001"], ["0.00004248"], ["+1.5"], ["1234567.5"], ["1"], ["01.5"], ["nan"],
                 ["1.5", " 2.5"]):  # repr writes 4.248e-05 for the small one
         assert records.json_texts(odd) is None, odd  # made floats (and repr'd) instead
+
+
+def test_a_twin_runs_over_unstripped_lines_only_when_its_matches_keep_off_the_edges() -> None:
+    assert fastmatch.twin(NANOGPT[0]).edges and fastmatch.twin(NANOGPT[1]).edges
+    assert fastmatch.twin(r"iter (?P<s>\d+)(?:, mfu (?P<m>[\d.]+)%)?").edges
+    for regex in (r"x(?P<s>\d+)\s*", r"^x(?P<s>\d+)", r"x(?P<s>\d+)$", r"x(?:a|\s)(?P<s>\d+)(?: |b)?"):
+        tw = fastmatch.twin(regex)
+        assert tw is not None and not tw.edges, regex  # a match may end (or look) at a stripped edge

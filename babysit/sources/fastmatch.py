@@ -56,6 +56,7 @@ class Twin:
 
     compiled: Any
     ascii_text: bool
+    edges: bool = False  # its matches never touch a line's edges: it may run over unstripped lines alike
 
 
 @cache
@@ -75,8 +76,9 @@ def twin(regex: str) -> Twin | None:
         if data[0] != (c.AT, c.AT_BEGINNING) and (lead is None or lead[0] is not c.LITERAL):
             return None  # neither anchored at the line's start nor begun by a literal: tried at every byte
         _check(data, [], flags)
+        edges = not _anchored(data) and not _first(data, flags) & _SPACE and not _last(data, flags) & _SPACE
         wide = _rebuild(tree, flags)
-        return Twin(sre_compile.compile(tree, flags), wide)
+        return Twin(sre_compile.compile(tree, flags), wide, edges)
     except (_NoTwin, re.error, RecursionError, TypeError, ValueError, AttributeError, IndexError):
         return None
 
@@ -156,6 +158,61 @@ def _first(seq: list[Any], flags: int) -> frozenset[int]:
             continue
         raise _NoTwin(f"node {op}")
     return frozenset(out)
+
+
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.strip() takes off a line's ends
+
+
+def _anchored(seq: list[Any]) -> bool:
+    """Whether `^` or `$` occurs anywhere (they look at the line's edges)."""
+    for op, av in seq:
+        if op is c.AT and av in (c.AT_BEGINNING, c.AT_END):
+            return True
+        if op is c.SUBPATTERN and _anchored(list(av[3].data)):
+            return True
+        if op is c.BRANCH and any(_anchored(list(alt.data)) for alt in av[1]):
+            return True
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT) and _anchored(list(av[2].data)):
+            return True
+    return False
+
+
+def _last(seq: list[Any], flags: int) -> frozenset[int]:
+    """The bytes a match of `seq` may end with (`_first` from the other end)."""
+    out: set[int] = set()
+    for op, av in reversed(seq):
+        chars = _charset(op, av, flags)
+        if chars is not None:
+            return frozenset(out | chars)
+        if op is c.AT:
+            continue
+        if op is c.SUBPATTERN:
+            inner = list(av[3].data)
+            out |= _last(inner, flags)
+            if _nullable(inner):
+                continue
+            return frozenset(out)
+        if op is c.BRANCH:
+            alts = [list(alt.data) for alt in av[1]]
+            for alt in alts:
+                out |= _last(alt, flags)
+            if any(_nullable(alt) for alt in alts):
+                continue
+            return frozenset(out)
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT):
+            lo, _, body = av
+            out |= _last(list(body.data), flags)
+            if lo > 0 and not _nullable(list(body.data)):
+                return frozenset(out)
+            continue
+        raise _NoTwin(f"node {op}")
+    return frozenset(out)
+
+
+def _nullable(seq: list[Any]) -> bool:
+    """Whether `seq` may match the empty string."""
+    lo, _ = sre_parse.SubPattern(sre_parse.State(), seq).getwidth()
+    return lo == 0
 
 
 def _check(seq: list[Any], cont: list[Any], flags: int, branches: int = 1) -> int:

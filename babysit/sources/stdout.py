@@ -138,8 +138,6 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     cursors = state.get("cursors", {})
     new_cursors: dict[str, dict[str, Any]] = dict(cursors)  # a file not reached keeps its cursor
     ctx = LineContext(state.get("context"))
-    ctx.track = any(p.step is not None for p in source.patterns) or \
-        any(p.step is not None for _, pats in source.candidates for p in pats)
     preset = state.get("preset")
     seen = 0
     sample: bytes | None = None
@@ -147,6 +145,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     own = matchers(source)
     compiled = own + (matchers(source, dict(source.candidates).get(preset, ())) if preset is not None else [])
     candidates = _candidates(source, preset)
+    ctx.track = _computes(compiled, candidates)
     filters = _filters(compiled)
     attempt = state.get("attempt")
     left = budget
@@ -197,6 +196,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
                                                                                problems, ctx):
                         preset, matched, candidates = name, True, candidates[:k]
                         compiled = own + tried
+                        ctx.track = _computes(compiled, candidates)
                         filters = _filters(compiled)
                         ctx.notices.append(("preset", name))
                         break
@@ -205,6 +205,13 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     new_state = {"cursors": new_cursors, "context": ctx.to_dict(), "preset": preset, "attempt": attempt}
     return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more, new_state,
                       tuple(ctx.notices))
+
+
+def _computes(compiled: list[Matcher], candidates: list[tuple[str, list[Matcher], Any]]) -> bool:
+    """Whether a pattern that may still read a line computes its step (then the latest values are kept):
+    with `auto`, only until the preset chosen leaves none ahead of it that does."""
+    return any(m.step_expr is not None for m in compiled) or \
+        any(m.step_expr is not None for _, tried, _ in candidates for m in tried)
 
 
 def _twins(compiled: list[Matcher]) -> list[fastmatch.Twin] | None:
@@ -218,24 +225,31 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
     """(the read's records as blocks, in the order the line loop makes them; lines counted; the newest
     line no pattern matched), or None when this read must go the line loop's way: a `\\v` or a line
     over FAST_LINE_BYTES, non-ASCII text for a twin that holds over ASCII only, a step or a value that
-    is no number (the loop says which). The stripped lines are joined by `\\n` (as latin-1 text: a
-    byte a character, and `float` of a str is twice as fast) and each twin runs once over the whole; a
-    match's line is the count of newlines before it."""
+    is no number (the loop says which). The lines are joined by `\\n` (as latin-1 text: a byte a
+    character, and `float` of a str is twice as fast) and each twin runs once over the whole; a match's
+    line is the count of newlines before it. Stripped first, unless every twin's matches keep off a
+    line's edges (`Twin.edges`: then stripping changes no match, and a flood of progress bars costs no
+    Python step a line); blank lines are not lines, as in the loop."""
     raw = b"\n".join(lines)
     if b"\x0b" in raw:
         return None
     if b"\x1b" in raw:  # colour codes never span a line: removed from the whole read at once
         lines = ANSI.sub(b"", raw).split(b"\n")
-    stripped = list(filter(None, map(bytes.strip, lines)))
-    if not stripped:
+        raw = b""
+    if raw and all(t.edges for t in twins):
+        body, blob = list(lines), raw  # lines are never empty; whitespace-only ones are no lines
+        blank = len(list(filter(bytes.isspace, body)))
+    else:
+        body, blank = list(filter(None, map(bytes.strip, lines))), 0
+        blob = b"\n".join(body)
+    if len(body) == blank:
         return [], 0, None
-    if max(map(len, stripped)) > FAST_LINE_BYTES:
+    if max(map(len, body)) > FAST_LINE_BYTES:
         return None
-    blob = b"\n".join(stripped)
     if not blob.isascii() and any(t.ascii_text for t in twins):
         return None
     text = blob.decode("latin-1")
-    n = len(stripped)
+    n = len(body)
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
     hits: list[tuple[Matcher, list[int], list[int], list[records.Column], list[int] | None]] = []
@@ -295,8 +309,9 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
             run = end + 1
     unmatched = None
     if len(matched) < n:
-        unmatched = next(stripped[i - 1] for i in range(n, 0, -1) if i not in matched)
-    return [b for b in blocks if b.steps], n, unmatched
+        unmatched = next((line for i in range(n, 0, -1) if i not in matched and (line := body[i - 1].strip())),
+                         None)
+    return [b for b in blocks if b.steps], n - blank, unmatched
 
 
 def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
