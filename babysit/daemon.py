@@ -459,6 +459,7 @@ class Daemon:
                             supervisor.exits.check_exit_later()  # no descriptor watched (Slurm), or its handling failed
                         if running:
                             supervisor.guard()
+                        supervisor.retry_verdict()  # a FINAL post the store refused: queued now, once
                     except Exception as exc:
                         supervisor.failed("checking its guards", exc)
         except BabysitError as exc:  # the offsets' commit: the next round writes them again, whole

@@ -42,6 +42,11 @@ class RunVerdicts:
         self.last_provisional_post = 0.0
         self.series_cache: reading.SeriesCache | None = None  # made on the first read
         self.chart: tuple[Path | None, BaseException | None] = (None, None)  # the FINAL verdict's, drawn
+        # the FINAL verdict the machine decided to post that the store refused to save or queue (a full
+        # disk, a database error), or a FINAL read that failed: done again at the daemon's next guard
+        # round (`retry`), not only by a restarted daemon; the outbox's key queues its post once
+        self.unposted: dict[str, Any] | None = None
+        self.final_failed = False
 
     def check_prereg(self) -> None:
         """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
@@ -122,6 +127,7 @@ class RunVerdicts:
         read (an internal-error incident says why; a restarted daemon reads it again)."""
         if self.spec.prereg is None:
             return
+        self.final_failed = False
         try:
             stored = self.ctx.store.final_verdict(self.run)
             if stored is None:
@@ -130,13 +136,16 @@ class RunVerdicts:
             else:  # saved, maybe never posted: the machine posts it unless it was
                 self.feed(ev.VerdictRead(self.ctx.now(), stored.body, stored=True))
         except BabysitError as exc:
-            log.error("final verdict not read; a restarted daemon reads it", run=self.run, error=exc.message)
+            self.final_failed = True
+            log.error("final verdict not read; read again at the next guard round", run=self.run,
+                      error=exc.message)
         except Exception as exc:
             self.internal_error("reading the final verdict", exc)
 
     def save(self, body: dict[str, Any], stored: bool) -> None:
         """The FINAL verdict's JSON written, then the verdict saved (a stored one: its JSON rewritten if
         lost). The chart is drawn next, best effort, before the post (so Slack can attach it)."""
+        self.unposted = body  # until its post is queued: a refused write here or there is retried
         json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
         if not stored:
             reading.write_json_atomic(json_path, body)
@@ -160,14 +169,46 @@ class RunVerdicts:
             self.internal_error("drawing the verdict chart", self.chart[1])
 
     def post(self, body: dict[str, Any]) -> None:
-        """The FINAL verdict queued once (with its chart, or why there is none), then its campaign's actions."""
+        """The FINAL verdict queued once (with its chart, or why there is none), then its campaign's actions.
+        A store that refuses the message leaves it to the next guard round (`retry`); never raises."""
         drawn, error = self.chart
         json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
-        self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
-                                 "chart_error": None if error is None else short_error(error),
-                                 "json_path": str(json_path),
-                                 "precision": self.spec.prereg.precision if self.spec.prereg else 4,
-                                 "channel": self.spec.notify.channel or self.ctx.default_channel},
-                     key=verdict_key(self.run), thread=False)
+        self.unposted = body
+        try:
+            self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
+                                     "chart_error": None if error is None else short_error(error),
+                                     "json_path": str(json_path),
+                                     "precision": self.spec.prereg.precision if self.spec.prereg else 4,
+                                     "channel": self.spec.notify.channel or self.ctx.default_channel},
+                         key=verdict_key(self.run), thread=False)
+        except Exception as exc:  # the store's write (or its commit) failed: queued again next round
+            log.error("final verdict not queued; queued again at the next guard round", run=self.run,
+                      error=short_error(exc))
+            return
+        self.unposted = None
         after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
+
+    def retry(self) -> None:
+        """The daemon's guard round: a FINAL verdict decided but not saved or queued (the store refused
+        it), saved, charted if it was not and queued now; a FINAL read that failed, read again. Its post
+        is queued once whatever the tries (the outbox's key: a write that was committed before its error
+        is found, not queued again). Never raises: the store still refusing waits for the next round."""
+        try:
+            if self.final_failed:
+                self.final()
+            body = self.unposted
+            if body is None:
+                return
+            stored = self.ctx.store.final_verdict(self.run)
+            if stored is None:
+                self.save(body, False)
+            else:
+                body = stored.body
+                self.save(body, True)
+            if self.chart == (None, None):
+                self.draw_chart(body)
+            self.post(body)
+        except Exception as exc:
+            log.error("final verdict still not saved or queued; tried again at the next guard round",
+                      run=self.run, error=short_error(exc))
 

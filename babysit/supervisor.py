@@ -253,6 +253,12 @@ class RunSupervisor:
         """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
         self.errors.failed(where, exc)
 
+    def retry_verdict(self) -> None:
+        """A FINAL verdict the store refused to save or queue, done again (the guard round's backstop)."""
+        if self.verdicts.unposted is not None or self.verdicts.final_failed:
+            with self.lock:
+                self.verdicts.retry()
+
     def guard(self) -> None:
         """The live check (babysit/run_guard.py): foreign GPU processes, GPU-hour cap, stalls, divergence,
         host memory."""

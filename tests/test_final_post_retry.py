@@ -1,0 +1,91 @@
+"""A FINAL verdict whose post the store refused (its enqueue raised) is queued again by the same daemon at
+its next guard round, once: before, only a restarted daemon (whose start reads the stored verdict as not
+posted) queued it. The daemon is driven in process (tests/fakes.py); the store is a real SQLite whose
+connection refuses the verdict's outbox row through a TEMP trigger, as a failing disk would refuse it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from babysit import registration
+from babysit.daemon import Daemon
+from babysit.notify import ConsoleChannel, deliver_due
+from babysit.probes.gpu import FileGpuProbe
+from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
+RUN = "grasp_sft_v2_demosonly_1gpu_disc"
+REFUSE = ("CREATE TEMP TRIGGER refuse_verdict BEFORE INSERT ON outbox WHEN NEW.kind = 'verdict'"
+          " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
+    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n')
+    for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
+        shutil.copy(FIXTURES / log, tmp_path / log)
+    spec = (FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
+    (tmp_path / "run.toml").write_text(spec)
+    registration.register(tmp_path / "run.toml", tmp_path / "babysit.toml", accelerated=True, wake_daemon=False)
+    clock = FakeClock()
+    host = FakeHostProbe()
+    executor = FakeExecutor(clock, host)
+    state = tmp_path / ".babysit"
+    d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
+               channel=ConsoleChannel(state, None), clock=clock, host_probe=host, executors={"local": executor},
+               timers=ManualTimers(clock), accelerated=True)
+    d.reconcile_registry()
+    d.handle_requests()
+    yield d, executor, clock
+    d.exits.close()
+    d.store.close()
+
+
+def verdict_posts(d: Daemon) -> list:
+    return [m for m in d.store.messages(RUN) if m.kind == "verdict"]
+
+
+def test_a_final_verdict_whose_enqueue_raised_is_queued_at_the_next_round_once(daemon) -> None:
+    d, executor, clock = daemon
+    d.store._db.execute(REFUSE)  # the daemon's own connection: this one insert fails, nothing else
+    executor.end(RUN, 1, exit_code=0)
+    d.guards()  # the exit: the FINAL verdict read, saved, charted; its post refused by the store
+    assert d.store.run_state(RUN)[0] == "finished"
+    assert d.store.final_verdict(RUN) is not None and verdict_posts(d) == []
+    d.guards()  # still refused: nothing queued, nothing raised into the round
+    assert verdict_posts(d) == []
+    d.store._db.execute("DROP TRIGGER refuse_verdict")
+    d.guards()  # the store takes writes again: the same daemon queues it
+    posts = verdict_posts(d)
+    assert len(posts) == 1 and posts[0].payload["verdict"]["status"] == "FINAL"
+    assert posts[0].payload["chart_path"] is not None  # the chart drawn at the verdict, not lost
+    d.guards()
+    while deliver_due(d.store, d.channel, lambda: clock.now + 1, 50):  # a run's posts one a pass, in order
+        pass
+    assert [m.status for m in verdict_posts(d)] == ["sent"]  # once, whatever the rounds after
+
+
+def test_a_verdict_post_that_was_committed_is_not_queued_again(daemon) -> None:
+    """The enqueue's commit went through and the error came after it (the wake): the round's retry finds
+    the row by its key and queues nothing more."""
+    d, executor, _ = daemon
+    calls = []
+
+    def wake() -> None:
+        calls.append(1)
+        if len(verdict_posts(d)) == 1 and len(calls) < 50:
+            raise sqlite3.OperationalError("the wake failed after the commit (the test's)")
+
+    d.store.on_enqueue = wake
+    executor.end(RUN, 1, exit_code=0)
+    d.guards()
+    d.store.on_enqueue = None
+    d.guards()
+    d.guards()
+    assert len(verdict_posts(d)) == 1
