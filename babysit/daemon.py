@@ -100,6 +100,9 @@ class Daemon:
                 f"{self.registry_path}: a host name is set ([host] name or ${HOST_ENV}) but no [store] url: "
                 "a fleet of boxes needs a PostgreSQL (SQLite is one box's file)",
                 hint="set [store] url (docs/fleet.md), or remove the host name to babysit this box alone")
+        bind = getattr(channel, "read_from", None)  # a fleet's Slack channel reads through this store
+        if bind is not None and self.store.backend == "postgresql":
+            bind(self.store)
         self.fleet: FleetMember | None = None  # a box of a fleet (PostgreSQL): its lease and LISTEN
         # a fleet's box publishes its GPU reading with its lease for the gateway's `/babysit gpus`, through a
         # probe of its own: a read of the daemon's would take the health signals its guards wait for

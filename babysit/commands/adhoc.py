@@ -172,9 +172,9 @@ def _view(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> W
 
 def _channel(reg: registry.Registry, out: TextIO) -> Channel:
     """Slack when SLACK_BOT_TOKEN is set, else the console (as `babysit up`); Slack's re-renders read the
-    configured store (a fleet's PostgreSQL), never a stray state.db."""
+    configured store (on a fleet's box the daemon's own, given when it opens it), never a stray state.db."""
     if os.environ.get("SLACK_BOT_TOKEN"):
-        return SlackChannel.from_env(reg.state_dir, open_store(reg) if store_url(reg) else None)
+        return SlackChannel.from_env(reg.state_dir, fleet=store_url(reg) is not None)
     return ConsoleChannel(reg.state_dir, out)
 
 

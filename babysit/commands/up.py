@@ -13,7 +13,7 @@ import structlog
 
 from babysit import logs, registry
 from babysit.daemon import Daemon
-from babysit.db.url import open_store, store_url
+from babysit.db.url import store_url
 from babysit.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
@@ -138,8 +138,8 @@ def slack_configured() -> bool:
 
 def open_channel(state_dir: Path, stream: Any = None, reg: registry.Registry | None = None) -> Channel:
     """Slack when SLACK_BOT_TOKEN is set, else the console channel. The Slack channel reads the box's
-    store (a launch post re-rendered under a header update): a fleet's PostgreSQL when `reg` names one."""
+    store (a launch post re-rendered under a header update): on a fleet's box (`reg` names a PostgreSQL)
+    the daemon's own, given when the daemon opens it (its mirror answers while the database is down)."""
     if slack_configured():
-        fleet_store = open_store(reg) if reg is not None and store_url(reg) else None
-        return SlackChannel.from_env(state_dir, fleet_store)
+        return SlackChannel.from_env(state_dir, fleet=reg is not None and store_url(reg) is not None)
     return ConsoleChannel(state_dir, stream)

@@ -56,13 +56,21 @@ class SlackChannel:
         self.journal = Journal(Path(state_dir) / "slack_journal.jsonl")
 
     @classmethod
-    def from_env(cls, state_dir: Path, store: Store | None = None) -> SlackChannel:
+    def from_env(cls, state_dir: Path, store: Store | None = None, *, fleet: bool = False) -> SlackChannel:
         """SLACK_BOT_TOKEN and BABYSIT_SLACK_API_URL from the environment; the default channel from
         BABYSIT_SLACK_CHANNEL, else `[daemon].channel` of the registry whose state this is. `store`: the
-        box's (a fleet's PostgreSQL); none: the state directory's SQLite."""
+        box's; none: the state directory's SQLite, or, on a fleet's box (`fleet`), the daemon's store,
+        given by `read_from` when the daemon opens it."""
 
-        return cls(web_client(), state_dir, default_channel=_default_channel(Path(state_dir)),
-                   store=store if store is not None else Store.in_dir(state_dir))
+        if store is None and not fleet:
+            store = Store.in_dir(state_dir)
+        return cls(web_client(), state_dir, default_channel=_default_channel(Path(state_dir)), store=store)
+
+    def read_from(self, store: Store) -> None:
+        """Re-render launch posts from the daemon's own store: on a fleet's box its journaled one, which
+        answers from the local mirror while PostgreSQL is down (a store of the channel's own would fail
+        then, and hold up every run's posts behind a header update until the database is back)."""
+        self.store = store
 
     # -- Channel ---------------------------------------------------------------------------------------
     def deliver(self, delivery: Delivery) -> str | None:
