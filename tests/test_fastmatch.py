@@ -147,6 +147,14 @@ forward_only = true
                 lines.append(f"compiling the model … {rng.random()}")
         text = "\r\n".join(lines) if k % 3 == 0 else "\n".join(lines)
         chunks.append((text + ("\n" if k % 4 else ""), f"warn {k}\n" if k % 2 else ""))
+    for k in range(3):  # floods of bars with a record now and then: matched on the lines with a literal only
+        bars = [f" {j % 100:3d}%|██▏ | {j}/300 [00:01<00:02, 9.0it/s]" if j % 97 else "  " for j in range(2000)]
+        for j in range(0, 2000, 500 + 300 * k):
+            step += 1
+            bars[j] = f"iter {step}: loss {rng.random():.4f}, time 1.0ms"
+        if k == 1:
+            bars[-1] = f"step {step}: train loss 2.5, val loss 0.5"  # the newest line matched: the sample before
+        chunks.append(("\n".join(bars) + "\n", ""))
     chunks.append(("iter 1: loss nan, time 1.0ms\niter 2: loss 1.5, time 1.0ms\n", ""))  # a NaN: written as NaN
     chunks.append(("iter 3: loss abc, time 1.0ms\n", ""))  # no number: the loop says so (the fast path gives way)
     fast, loop = _pump_twice(tmp_path, body, chunks, monkeypatch)
