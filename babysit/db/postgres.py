@@ -159,6 +159,7 @@ class PostgresStore(Store):
         self.last_replay: dict[str, float] | None = None
         self._reconnector: journal.Reconnector | None = None
         self._seen_version = 0  # data_version's last answer, kept while PostgreSQL is down
+        self._mirror_file: tuple[int, int] | None = None  # the mirror's (device, inode) when opened
 
     # -- the local journal (babysit.db.journal; the daemon's store only) -----------------------------------
     def start_journal(self, on_reconnect: Callable[[], None] | None = None) -> int:
@@ -167,7 +168,8 @@ class PostgresStore(Store):
         daemon stopped while down left is replayed first. How many journaled transactions it replayed."""
         if self.host is None or self.state_dir is None:
             raise AssertionError("the journal is a fleet box's daemon's: a host and a state directory")
-        local = journal.open_local(self.state_dir / journal.JOURNAL_FILE)
+        local = journal.open_local(self.mirror_path)
+        self._mirror_file = _file_id(self.mirror_path)
         self._db.close()  # this connection again with bounds: the daemon notices a silent network in seconds
         pg = PgConnection(self.url, self._db.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
         self._db = pg
@@ -192,6 +194,27 @@ class PostgresStore(Store):
         return left
 
     @property
+    def mirror_path(self) -> Path:
+        assert self.state_dir is not None
+        return self.state_dir / journal.JOURNAL_FILE
+
+    def _mirror_moved(self) -> bool:
+        """The mirror's file was removed (or replaced) under the daemon: its connection writes to a file
+        nobody will find again, whose journal is lost when the daemon stops."""
+        return _file_id(self.mirror_path) != self._mirror_file
+
+    def _reopen_mirror(self, pg: Any) -> None:
+        """A new mirror at its path, seeded from PostgreSQL (connected, journal replayed, under the lock).
+        The old file's connection is closed first: its WAL must not be shared with the new file's."""
+        self._db.local.close()
+        local = journal.open_local(self.mirror_path)
+        journal.seed(pg, local, self.host)
+        self._db.local = local
+        self._mirror_file = _file_id(self.mirror_path)
+        log.warning("the local mirror's file was removed under the daemon; made again from PostgreSQL",
+                    mirror=str(self.mirror_path))
+
+    @property
     def down(self) -> bool:
         """PostgreSQL unreachable: the daemon's store works on its local mirror (and journals)."""
         return self.journaled and self._db.down
@@ -210,6 +233,9 @@ class PostgresStore(Store):
             return
         with self._lock:
             try:
+                if self._mirror_moved():  # removed by hand: the next outage would journal into nothing
+                    self._reopen_mirror(self._db.pg)
+                    return
                 journal.refresh(self._db.pg, self._db.local, self.host)
             except psycopg.Error as exc:
                 if self._db.pg.lost:
@@ -232,16 +258,21 @@ class PostgresStore(Store):
         conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
         try:
             conn.execute("SELECT 1")  # raises while PostgreSQL is still down
-            reader = sqlite3.connect(self.state_dir / journal.JOURNAL_FILE, timeout=journal.BUSY_TIMEOUT_S,
-                                     isolation_level=None)
-            reader.row_factory = sqlite3.Row
-            try:
-                replayed = journal.replay(conn, reader)  # while the daemon journals on: nothing waits
-            finally:
-                reader.close()
+            replayed = 0
+            moved = self._mirror_moved()  # removed by hand: its journal is only on the daemon's connection
+            if not moved:
+                reader = sqlite3.connect(self.mirror_path, timeout=journal.BUSY_TIMEOUT_S, isolation_level=None)
+                reader.row_factory = sqlite3.Row
+                try:
+                    replayed = journal.replay(conn, reader)  # while the daemon journals on: nothing waits
+                finally:
+                    reader.close()
             with self._lock:  # the rest, then connected: no write of the daemon's in between
                 replayed += journal.replay(conn, self._db.local)
-                journal.seed(conn, self._db.local, self.host)
+                if moved or self._mirror_moved():
+                    self._reopen_mirror(conn)
+                else:
+                    journal.seed(conn, self._db.local, self.host)
                 self._db.pg.close()
                 self._db.pg = conn
                 self._db.down = False
@@ -374,6 +405,14 @@ class PostgresStore(Store):
             self._reconnector.close()
         with self._lock:
             self._db.close()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def check_version(version: int, where: str) -> None:

@@ -3,6 +3,7 @@ PostgreSQL stopped and started under it (docs/fleet.md, "The database down")."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from babysit.commands.up import open_channel
 from babysit.daemon import Daemon
+from babysit.db import journal
 from babysit.notify import deliver_due
 from babysit.probes.gpu import FileGpuProbe
 from babysit.store import PollRow
@@ -92,3 +94,62 @@ def test_a_poll_header_update_goes_out_while_postgres_is_down(
         assert len(slack.calls_to("chat.update")) == 1
     finally:
         daemon.store.close()
+
+
+def _store(url: str, state: Path) -> Any:
+    from babysit.db.postgres import PostgresStore
+
+    store = PostgresStore(url, host="box-a", state_dir=state)
+    store.claim_run("r1", 1.0)
+    store.start_journal()
+    return store
+
+
+def _remove_mirror(state: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):  # `rm .babysit/fleet-journal.db*` by hand
+        (state / f"{journal.JOURNAL_FILE}{suffix}").unlink(missing_ok=True)
+
+
+def test_a_mirror_removed_during_an_outage_is_replayed_from_the_open_file_and_made_again(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None], postgres: Any) -> None:
+    """The replay's first pass reads the journal through a second connection at the mirror's path: a file
+    removed meanwhile made it read an empty new one (no journal table), fail, and try again forever, the
+    store never connected again and the journal lost when the daemon stopped."""
+    from babysit.db.postgres import PostgresStore
+
+    store = _store(pg_url, tmp_path)
+    other = PostgresStore(pg_url, host="box-b")
+    try:
+        outage()
+        store.add_incident("r1", None, 2.0, "while-down", {})
+        assert store.down
+        _remove_mirror(tmp_path)
+        store.add_incident("r1", None, 3.0, "after-rm", {})
+        postgres.start()
+        wait_for("the store connected again", lambda: not store.down, timeout=20)
+        assert [r.kind for r in other.incidents("r1")] == ["after-rm", "while-down"]
+        assert (tmp_path / journal.JOURNAL_FILE).exists()  # a mirror again, for the next outage
+        assert [r[0] for r in sqlite3.connect(tmp_path / journal.JOURNAL_FILE).execute("SELECT run FROM runs")] == ["r1"]
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_mirror_removed_while_connected_is_made_again_at_the_guard_round(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None], postgres: Any) -> None:
+    """Removed while PostgreSQL answers, the mirror would take the next outage's journal into a file that
+    vanishes when the daemon stops: those writes were lost for good."""
+
+    store = _store(pg_url, tmp_path)
+    _remove_mirror(tmp_path)
+    store.refresh_mirror()  # the daemon's guard round
+    outage()
+    store.add_incident("r1", None, 2.0, "while-down", {})
+    assert store.down
+    store.close()  # the daemon stopped before PostgreSQL came back
+    postgres.start()
+    again = _store(pg_url, tmp_path)
+    try:
+        assert [r.kind for r in again.incidents("r1")] == ["while-down"]
+    finally:
+        again.close()
