@@ -133,6 +133,7 @@ class Daemon:
         self._broken_specs: dict[str, str] = {}
         self._registry_seen: tuple[int, int, int] | None = None
         self._seen_data_version: int | None = None
+        self._owed: dict[int, str] = {}  # request id -> its answer, carried out but not yet written
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -493,49 +494,58 @@ class Daemon:
         if version == self._seen_data_version:
             return False
         self._seen_data_version = version
+        unanswered = False
         for req in self.store.pending_requests():
-            supervisor = self.supervisors.get(req.run)
-            now = self.ctx.now()
-            if req.kind in relaunch.ASKED:  # another box's gateway asked: the checks are this box's (its files)
-                try:
-                    relaunch.prepare(self.registry_path, req.run, accelerated=True)  # the cadence: _babysittable
-                    result = self._relaunch(req.run, req.body.get("requested_by", "?"),
-                                            resume=relaunch.ASKED[req.kind])
-                except BabysitError as exc:
-                    result = f"not relaunched: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
-                except Exception as exc:  # answered, so the asker is not left waiting
-                    log.exception("relaunch failed", run=req.run)
-                    result = f"failed: {type(exc).__name__}: {exc}"[:300]
-                self.store.finish_request(req.id, result[:500], self.ctx.now())
-                continue
-            if req.kind in (relaunch.ACTION, relaunch.ACTION_RESUME):
-                try:
-                    result = self._relaunch(req.run, req.body.get("requested_by", "?"),
-                                            resume=req.kind == relaunch.ACTION_RESUME)
-                except Exception as exc:  # answered, so the asker is not left waiting
-                    log.exception("relaunch failed", run=req.run)
-                    result = f"failed: {type(exc).__name__}: {exc}"[:300]
-                self.store.finish_request(req.id, result, self.ctx.now())
-                continue
-            if clicks.parse_action(req.kind) is not None:  # another box's gateway passing on an owner's click
-                try:
-                    result = clicks.carry_out(self.registry_path, self.store, req.kind,
-                                              req.body.get("requested_by", "?"), now)
-                except Exception as exc:  # answered, so the clicker is not left waiting
-                    log.exception("owner call click failed", request=req.id)
-                    result = clicks.Answer(False, f"the owner call failed on this box: {type(exc).__name__}: "
-                                                  f"{exc}"[:300]).to_result()
-                self.store.finish_request(req.id, result, self.ctx.now())
-                continue
-            if supervisor is None:
-                self.store.finish_request(req.id, f"no run named {req.run} is babysat", now)
-                continue
             try:
-                self._handle_request(req, supervisor, now)
-            except Exception as exc:  # answered, so the asker is not left waiting; the others go on
-                supervisor.failed(f"handling a {req.kind} request", exc)
-                self.store.finish_request(req.id, f"failed: {type(exc).__name__}: {exc}"[:300], now)
+                if req.id not in self._owed:  # carried out once; an answer the store refused is written again
+                    self._owed[req.id] = self._carry_out(req)[:500]
+                self.store.finish_request(req.id, self._owed[req.id], self.ctx.now())
+                del self._owed[req.id]
+            except Exception:  # the answer not written (the store refused it): claimed, still owed
+                log.exception("control request not answered; answered at the next guard round",
+                              request=req.id, run=req.run, action=req.kind)
+                unanswered = True
+        if unanswered:  # the next round looks again, though nobody queues anything meanwhile
+            self._seen_data_version = None
         return True
+
+    def _carry_out(self, req: Row) -> str:
+        """One control request carried out; its answer (written by handle_requests). An error of the
+        action itself is the answer, so the asker is never left waiting."""
+        supervisor = self.supervisors.get(req.run)
+        now = self.ctx.now()
+        by = req.body.get("requested_by", "?")
+        if req.kind in relaunch.ASKED:  # another box's gateway asked: the checks are this box's (its files)
+            try:
+                relaunch.prepare(self.registry_path, req.run, accelerated=True)  # the cadence: _babysittable
+                return self._relaunch(req.run, by, resume=relaunch.ASKED[req.kind])
+            except BabysitError as exc:
+                return f"not relaunched: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+            except Exception as exc:
+                log.exception("relaunch failed", run=req.run)
+                return f"failed: {type(exc).__name__}: {exc}"[:300]
+        if req.kind in (relaunch.ACTION, relaunch.ACTION_RESUME):
+            try:
+                return self._relaunch(req.run, by, resume=req.kind == relaunch.ACTION_RESUME)
+            except Exception as exc:
+                log.exception("relaunch failed", run=req.run)
+                return f"failed: {type(exc).__name__}: {exc}"[:300]
+        if clicks.parse_action(req.kind) is not None:  # another box's gateway passing on an owner's click
+            try:
+                return clicks.carry_out(self.registry_path, self.store, req.kind, by, now)
+            except Exception as exc:
+                log.exception("owner call click failed", request=req.id)
+                return clicks.Answer(False, f"the owner call failed on this box: {type(exc).__name__}: "
+                                            f"{exc}"[:300]).to_result()
+        if supervisor is None:
+            return f"no run named {req.run} is babysat"
+        try:
+            if req.kind in ("abort", "poll-now"):
+                return supervisor.request(req.kind, by, req.id)
+            return f"unknown action {req.kind}"
+        except Exception as exc:  # the others go on
+            supervisor.failed(f"handling a {req.kind} request", exc)
+            return f"failed: {type(exc).__name__}: {exc}"[:300]
 
     def _babysittable(self, path: Path) -> RunSpec:
         """The run.toml at `path` as this daemon can babysit it: valid, its cadence possible in this mode,
@@ -588,14 +598,6 @@ class Daemon:
             why = self.store.run_state(run)[1].get("refused") or "the daemon log says why"
             return f"not launched: {supervisor.status} ({why})"
         return f"launched attempt {launched.n}" + (" (resuming)" if resume else "")
-
-    def _handle_request(self, req: Row, supervisor: RunSupervisor, now: float) -> None:
-        """One control request; answers it (finish_request) with what was done."""
-        if req.kind in ("abort", "poll-now"):
-            self.store.finish_request(req.id, supervisor.request(req.kind, req.body.get("requested_by", "?"), req.id),
-                                      now)
-        else:
-            self.store.finish_request(req.id, f"unknown action {req.kind}", now)
 
 
 def _pool_executor(pool: concurrent.futures.ThreadPoolExecutor) -> Any:

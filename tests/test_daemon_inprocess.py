@@ -4,6 +4,7 @@ a guard round observes each run once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -129,3 +130,26 @@ def test_a_round_the_store_refuses_records_nothing_and_comes_again_a_minute_late
     clock.advance(60)
     timers.run_due()
     assert [p.kind for run in RUNS for p in d.store.polls(run)] == ["first"] * len(RUNS)
+
+
+def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(daemon) -> None:
+    """The store refuses the answer to one request (a's): the requests after it in the same look are carried
+    out and answered all the same, and a's is answered at the next round, though nobody queued anything
+    since (before: the look had noted the store's version first, so b's abort and a's answer waited for some
+    other request or message to be queued, however long that took)."""
+    d, _, executor, _, _ = daemon
+    asker = Store.in_dir(d.state_dir)
+    d.store._db.execute("CREATE TEMP TRIGGER refuse_a BEFORE UPDATE ON control WHEN NEW.run = 'a'"
+                        " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+    try:
+        first, second = asker.request("a", "abort", "test", 0.0), asker.request("b", "abort", "test", 0.0)
+        with contextlib.suppress(Exception):
+            d.handle_requests()
+        assert executor.process("b", 1).signals == [signal.SIGTERM]  # the one after it, carried out
+        assert asker.request_result(second) == "stopping" and asker.request_result(first) is None
+        d.store._db.execute("DROP TRIGGER refuse_a")
+        d.guards()  # the round's backstop: nothing new was queued, the answer is still owed
+        assert asker.request_result(first) == "stopping"
+        assert executor.process("a", 1).signals == [signal.SIGTERM]  # stopped once: a's stop is not sent twice
+    finally:
+        asker.close()
