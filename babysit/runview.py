@@ -203,6 +203,15 @@ class _Bulk:
 LIVE_STATUSES = ("pending", "running", "stopping", "retrying", "registered")
 
 
+def out_of_sight(row: RunRow, box_state: str) -> RunRow:
+    """A live run of a box that is lost or stopped: `host-lost` / `host-down` (not failed: it may well still
+    train), its step the last one its daemon stored, said so, and no ETA or GPU utilization, which would be
+    a pace and a reading nobody has measured since (the same ETA, frozen, for as long as the box is away)."""
+    note = (f"{row.note} " if row.note else "") + f"({box_state}: its step as last stored)"
+    return replace(row, status=f"host-{box_state}", progress=replace(row.progress, eta_seconds=None),
+                   gpu_util_pct=(), note=note)
+
+
 def host_states(hosts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """box -> "up" | "lost" (its lease lapsed: another box noticed) | "down" (its daemon was stopped)."""
     out = {}
@@ -289,7 +298,7 @@ class Reader:
                 now=now, spec=spec, records=records, note=note)
             box_state = away.get(owners.get(name, ""))
             if box_state in ("lost", "down") and row.status in LIVE_STATUSES:
-                row = replace(row, status=f"host-{box_state}")
+                row = out_of_sight(row, box_state)
             out.append(row)
         return out
 
