@@ -12,9 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit import registry
+from babysit import registry, runview
+from babysit.core.render import Rendered
 from babysit.db.url import open_store
 from babysit.store import Store
+from bot import messages as msg
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,12 @@ def opened(cfg: BotConfig) -> Iterator[tuple[registry.Registry, Store]]:
         store.close()
 
 
-def wait_result(store: Store, request_id: int, wait_s: float) -> str | None:
-    """The answer to a control request, waited for up to `wait_s` (None: no daemon answered yet)."""
+def wait_result(store: Store, request_id: int, wait_s: float, run: str | None = None) -> str | None:
+    """The answer to a control request, waited for up to `wait_s` (None: no daemon answered yet). In a
+    fleet, a request for a run (`run`) whose box is lost or stopped is not waited for: no daemon can answer it
+    before that box is back (`unanswered` says so)."""
+    if run is not None and box_away(store, run) is not None:
+        return store.request_result(request_id)
     deadline = time.monotonic() + wait_s
     while True:
         result = store.request_result(request_id)
@@ -53,3 +59,26 @@ def owner_elsewhere(store: Store, run: str) -> str | None:
     if owner is None or owner == store.host:
         return None
     return owner
+
+
+def box_away(store: Store, run: str) -> tuple[str, str] | None:
+    """(the box, its staleness line) when `run`'s box of the fleet is lost or its daemon was stopped; None
+    on one box, or while that box is up."""
+    if store.host is None:
+        return None
+    owner = store.run_hosts().get(run)
+    host = next((h for h in store.hosts() if h["name"] == owner), None) if owner is not None else None
+    if host is None:
+        return None
+    state = runview.host_states([host])[host["name"]]
+    return None if state == "up" else (host["name"], runview.box_staleness(host, state, store.now()))
+
+
+def unanswered(store: Store, run: str, action: str, request_id: int, wait_s: float,
+               shown: str | None = None) -> Rendered:
+    """What the asker is told when no daemon answered: the box out of sight named with its staleness (the
+    request waits for it), else that no daemon took it within the wait."""
+    away = box_away(store, run)
+    if away is not None:
+        return msg.request_for_away_box(shown or run, action, request_id, *away)
+    return msg.request_unanswered(shown or run, action, request_id, wait_s)

@@ -23,7 +23,7 @@ from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.db.url import fleet_owner
 from bot import messages as msg
-from bot.context import BotConfig, opened, owner_elsewhere, wait_result
+from bot.context import BotConfig, opened, owner_elsewhere, unanswered, wait_result
 from bot.gpus import box_lines, read_gpus, run_owners
 from bot.messages import answer
 from bot.owner_calls import campaign_reply
@@ -95,9 +95,9 @@ def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
         run = str(cmd.run)
         request = store.request(run, "poll-now", f"slack:{user_of(body)}", time.time())
         ack(**answer(msg.poll_queued(run)))
-        result = wait_result(store, request, cfg.request_wait_s)
+        result = wait_result(store, request, cfg.request_wait_s, run)
         if result is None:
-            respond(**answer(msg.request_unanswered(run, "poll", request, cfg.request_wait_s)))
+            respond(**answer(unanswered(store, run, "poll", request, cfg.request_wait_s)))
             return
         polls = store.polls(run, 1)
         respond(**answer(msg.poll_result(run, result, polls[0].body if polls else None)))
@@ -131,11 +131,11 @@ def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: 
         request = store.request(str(run), "abort", f"slack:{user}", time.time())
         log.warning("abort requested from Slack", run=run, user=user, request=request)
         respond(**answer(msg.abort_queued(str(run), str(user)), replace=True))
-        result = wait_result(store, request, cfg.request_wait_s)
-    if result is None:
-        respond(**answer(msg.request_unanswered(str(run), "abort", request, cfg.request_wait_s)))
-    else:
-        respond(**answer(msg.abort_result(str(run), result)))
+        result = wait_result(store, request, cfg.request_wait_s, str(run))
+        if result is None:
+            respond(**answer(unanswered(store, str(run), "abort", request, cfg.request_wait_s)))
+            return
+    respond(**answer(msg.abort_result(str(run), result)))
 
 
 def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond,
@@ -159,10 +159,12 @@ def relaunch(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, re
             request = store.request(run, action, f"slack:{user}", time.time())
             log.warning("relaunch requested from Slack for another box", run=run, box=owner, user=user,
                         request=request)
-            result = wait_result(store, request, cfg.request_wait_s)
+            result = wait_result(store, request, cfg.request_wait_s, run)
+            if result is None:
+                respond(**answer(unanswered(store, run, "relaunch", request, cfg.request_wait_s)))
+                return
     if owner is not None:
-        respond(**answer(msg.request_unanswered(run, "relaunch", request, cfg.request_wait_s) if result is None
-                         else msg.relaunch_result(run, result)))
+        respond(**answer(msg.relaunch_result(run, result)))
         return
     try:
         # the cadence is the daemon's to hold to its own mode (--accelerated or not) when it relaunches

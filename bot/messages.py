@@ -117,6 +117,12 @@ def request_unanswered(run: str, action: str, request_id: int, waited_s: float) 
                  f"{waited_s:g}s. It runs as soon as `babysit up` does; check the daemon on the babysat host.")
 
 
+def request_for_away_box(run: str, action: str, request_id: int, box: str, staleness: str) -> Rendered:
+    return reply(f"`{run}`: the {action} request (#{request_id}) is queued for box {box}, out of sight now "
+                 f"({staleness}): it is carried out when box {box} is back (its daemon takes its requests "
+                 "up when it starts). `/babysit status` shows the fleet's boxes.")
+
+
 def poll_queued(run: str) -> Rendered:
     return reply(f"📊 Poll of `{run}` requested; waiting for the daemon…")
 

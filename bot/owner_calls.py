@@ -31,8 +31,8 @@ from babysit.core.blocks import context, section
 from babysit.core.campaign_spec import Banked, Campaign, Suspect, load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
-from bot.context import BotConfig, opened, owner_elsewhere, wait_result
-from bot.messages import answer, reply, request_unanswered
+from bot.context import BotConfig, opened, owner_elsewhere, unanswered, wait_result
+from bot.messages import answer, reply
 from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
@@ -67,10 +67,10 @@ def clicked(cfg: BotConfig, body: Mapping[str, Any], ack: Any, respond: Any) -> 
         else:
             request = store.request(call.run, clicks.request_action(call.id, str(decision)), f"slack:{user}", now)
             log.info("owner call click sent to its box", call=call.id, box=owner, user=user, request=request)
-            result = wait_result(store, request, cfg.request_wait_s)
+            result = wait_result(store, request, cfg.request_wait_s, call.run)
             if result is None:
-                respond(**answer(request_unanswered(f"owner call #{call.id} (box {owner})", "decision", request,
-                                                    cfg.request_wait_s)))
+                respond(**answer(unanswered(store, call.run, "decision", request, cfg.request_wait_s,
+                                            shown=f"owner call #{call.id} (box {owner})")))
                 return
             done = clicks.Answer.from_result(result)
     respond(**answer(reply(done.text), in_channel=done.accepted, replace=True if done.accepted else None))

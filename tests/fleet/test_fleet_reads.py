@@ -199,3 +199,22 @@ def test_campaign_of_another_box_is_shown_from_the_database_with_that_box_s_stal
     assert f"From the fleet's database: saga's file {spec} is on box box-b; its question, suspects and banked " \
            "runs as registered" in text, text  # before: "babysit could not answer /babysit campaign"
     assert re.search(r"box box-b: up, lease renewed \d+ s ago", text), text
+
+
+def test_a_request_for_a_lost_box_s_run_says_so_at_once_and_stays_queued(gateway: tuple[Bot, Any]) -> None:
+    """box-c is lost (no lease renewal for two minutes; box-b noticed): `/babysit poll` and the abort of its
+    run are queued for it (carried out when it comes back), and the asker is told at once that box-c is
+    lost, with its staleness, instead of after the wait a daemon that is up gets, in words naming no box."""
+    bot, box_b = gateway
+    now = box_b.now()
+    with box_b.tx() as db:
+        db.execute("INSERT INTO hosts (name, started_at, renewed_at, lease_until, pid, info, lost_at)"
+                   " VALUES ('box-c', ?, ?, ?, 1, '{}', ?)", (now - 3600, now - 120, now - 90, now - 60))
+        db.execute("INSERT INTO runs (run, host, registered_at) VALUES ('rc', 'box-c', ?)", (now - 3600,))
+    _, ack, path = slash(bot, "/babysit", "poll rc")
+    assert "Poll of `rc` requested" in ack["text"], ack
+    (told,) = responses(bot, path, timeout=8)  # before: only after the 10-s wait
+    assert "box box-c: LOST, lease renewed 1" in told["text"], told["text"]
+    assert "queued" in told["text"] and "when box box-c is back" in told["text"], told["text"]
+    rows = box_b._query("SELECT run, action, host, handled_at FROM control ORDER BY id")
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("rc", "poll-now", "box-c", None)]  # box-c's, still owed
