@@ -93,7 +93,7 @@ class Daemon:
         self.tick_seconds = tick_seconds or (0.25 if accelerated else 5.0)
         self.guard_seconds = self.registry.daemon.guard_interval_seconds * self.scale / 60
         self.channel = channel
-        self.store = open_store(self.registry)
+        self.store = open_store(self.registry, daemon=True)
         if self.store.backend == "sqlite" and (self.registry.host.name or os.environ.get(HOST_ENV)):
             self.store.close()
             raise RegistryError(
@@ -204,7 +204,8 @@ class Daemon:
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
                                      on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
                                      on_gateway=self.on_gateway, report=lambda: self._report)
-            self.fleet.start()
+            # started while PostgreSQL is down: the lease (and the gateway) is taken once it is back
+            self.fleet.start(connect=not self.store.down)
             threading.Thread(target=self._report_loop, args=(self.fleet.renew_s,), name="fleet-report",
                              daemon=True).start()
         log.info("daemon up", registry=str(self.registry_path), state=str(self.state_dir), pid=os.getpid(),

@@ -80,9 +80,11 @@ class FleetMember:
         self.report = report  # what this box publishes in hosts.info at each renewal (its GPU reading)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Take the lease now (raising if the database cannot be reached), then keep it on a thread."""
-        self._connect()
+    def start(self, *, connect: bool = True) -> None:
+        """Take the lease now (raising if the database cannot be reached), then keep it on a thread; with
+        `connect` False (a daemon started while the database is down) the thread takes it once it can."""
+        if connect:
+            self._connect()
         self._thread = threading.Thread(target=self._loop, name="fleet", daemon=True)
         self._thread.start()
 

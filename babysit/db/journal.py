@@ -49,6 +49,8 @@ ID_TABLES = ("attempts", "polls", "incidents", "outbox", "verdicts", "control", 
              "owner_calls", "owner_call_clicks")
 POOL_BLOCK = 4096  # ids reserved on a table's sequence at a time: a 5-min outage of 150 runs uses ~1,000
 POOL_LOW = POOL_BLOCK // 2  # a pool refilled below this while connected, so an outage starts with enough
+RESTART_MARGIN = 512  # a restarted daemon's reserve skips this many ids a table (IdPool.saved: more than one
+# transaction takes: a round's polls of 150 runs take 300 outbox ids)
 REPLAY_BATCH = 200  # journaled transactions a PostgreSQL transaction of the replay carries
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 5.0
@@ -73,7 +75,13 @@ _JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUT
                 # what PostgreSQL refused on replay (not a lost connection: the statement itself), kept to look
                 # at rather than blocking the journal behind it forever
                 "CREATE TABLE IF NOT EXISTS journal_refused (seq INTEGER PRIMARY KEY, at REAL NOT NULL,"
-                " statements TEXT NOT NULL, error TEXT NOT NULL, refused_at REAL NOT NULL)")
+                " statements TEXT NOT NULL, error TEXT NOT NULL, refused_at REAL NOT NULL)",
+                # the ids this box reserved and has not used yet (IdPool): a daemon that starts while
+                # PostgreSQL is down numbers its rows from them
+                "CREATE TABLE IF NOT EXISTS id_reserve (tbl TEXT NOT NULL, id INTEGER NOT NULL,"
+                " PRIMARY KEY (tbl, id)) WITHOUT ROWID",
+                # synced_at: when the mirror was last a copy of PostgreSQL (a seed, the last write connected)
+                "CREATE TABLE IF NOT EXISTS mirror_info (key TEXT PRIMARY KEY, value REAL NOT NULL)")
 
 
 def is_read(sql: str) -> bool:
@@ -104,10 +112,36 @@ def open_local(path: Path) -> sqlite3.Connection:
 
 
 class IdPool:
-    """Ids reserved on each table's PostgreSQL sequence, handed out in increasing order."""
+    """Ids reserved on each table's PostgreSQL sequence, handed out in increasing order. The free ones are
+    also kept in the mirror (`id_reserve`, each taken one removed in the transaction that uses it), so a
+    daemon restarted while PostgreSQL is down numbers its rows from what its predecessor reserved."""
 
-    def __init__(self) -> None:
+    def __init__(self, local: sqlite3.Connection) -> None:
+        self.local = local
         self._free: dict[str, deque[int]] = {t: deque() for t in ID_TABLES}
+
+    @classmethod
+    def fresh(cls, local: sqlite3.Connection) -> IdPool:
+        """At a start with PostgreSQL up: what a predecessor left reserved is never used (new blocks)."""
+        local.execute("DELETE FROM id_reserve")
+        return cls(local)
+
+    @classmethod
+    def saved(cls, local: sqlite3.Connection) -> IdPool:
+        """At a start with PostgreSQL down: the predecessor's reserve, less its RESTART_MARGIN lowest ids of
+        each table (a transaction PostgreSQL committed just before a kill that kept its mirror's copy from
+        committing leaves its ids in `id_reserve`; they are the lowest, since ids are taken in order)."""
+        pool = cls(local)
+        for table in ID_TABLES:
+            ids = [int(r[0]) for r in local.execute("SELECT id FROM id_reserve WHERE tbl=? ORDER BY id", (table,))]
+            pool._free[table].extend(ids[RESTART_MARGIN:])
+        return pool
+
+    def rebind(self, local: sqlite3.Connection) -> None:
+        """A new mirror (the old file was removed): the free ids are kept there from now on."""
+        self.local = local
+        local.executemany("INSERT OR IGNORE INTO id_reserve VALUES (?, ?)",
+                          [(t, i) for t, free in self._free.items() for i in free])
 
     def low(self, table: str) -> bool:
         return len(self._free[table]) < POOL_LOW
@@ -115,14 +149,18 @@ class IdPool:
     def refill(self, execute: Callable[[str, tuple], Any], table: str) -> None:
         rows = execute("SELECT nextval(pg_get_serial_sequence(?, 'id')) FROM generate_series(1, ?)",
                        (table, POOL_BLOCK)).fetchall()
-        self._free[table].extend(sorted(int(r[0]) for r in rows))  # later than every id handed out so far
+        ids = sorted(int(r[0]) for r in rows)  # later than every id handed out so far
+        self.local.executemany("INSERT OR IGNORE INTO id_reserve VALUES (?, ?)", [(table, i) for i in ids])
+        self._free[table].extend(ids)
 
     def take(self, table: str) -> int:
         try:
-            return self._free[table].popleft()
+            taken = self._free[table].popleft()
         except IndexError:
             raise StateError(f"no {table} id left for the journal while PostgreSQL is down",
                              hint="babysit writes again once PostgreSQL is back (docs/fleet.md)") from None
+        self.local.execute("DELETE FROM id_reserve WHERE tbl=? AND id=?", (table, taken))
+        return taken
 
     def left(self, table: str) -> int:
         return len(self._free[table])
@@ -133,11 +171,11 @@ class JournaledConnection:
     while it is down, to the mirror with each transaction journaled. `pg` is a `PgConnection`."""
 
     def __init__(self, pg: Any, local: sqlite3.Connection, pool: IdPool, *,
-                 on_down: Callable[[BaseException], None]) -> None:
+                 on_down: Callable[[BaseException], None], down: bool = False) -> None:
         self.pg = pg
         self.local = local
         self.pool = pool
-        self.down = False
+        self.down = down  # True from the start: the daemon started while PostgreSQL was down
         self._on_down = on_down
         self._tx = False  # inside BEGIN … COMMIT
         self._pg_tx = False  # that transaction is open on PostgreSQL too
@@ -220,6 +258,8 @@ class JournaledConnection:
             self.down = True
             with contextlib.suppress(Exception):
                 self.pg.close()
+            with contextlib.suppress(sqlite3.Error):  # how old the mirror is, for a restart and `status`
+                synced(self.local, time.time())
             self._on_down(exc)
 
     def _control(self, sql: str) -> Any:
@@ -261,6 +301,36 @@ class JournaledConnection:
             del self._statements[self._marks[-1]:]
         else:  # RELEASE
             self._marks.pop()
+        return None
+
+
+def synced(local: sqlite3.Connection, at: float) -> None:
+    """The mirror was a copy of PostgreSQL at `at` (a seed; the daemon stopped or cut off connected)."""
+    local.execute("INSERT OR REPLACE INTO mirror_info VALUES ('synced_at', ?)", (at,))
+
+
+def synced_at(local: sqlite3.Connection) -> float | None:
+    try:
+        row = local.execute("SELECT value FROM mirror_info WHERE key='synced_at'").fetchone()
+    except sqlite3.OperationalError:  # a mirror an older babysit made: no such table
+        return None
+    return float(row[0]) if row else None
+
+
+def mirror_of(path: Path, host: str) -> float | None:
+    """When the mirror at `path` was last a copy of PostgreSQL, if it holds runs of `host` (what a daemon
+    started while the database is down babysits); None: no usable mirror."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+        try:
+            if not db.execute("SELECT 1 FROM runs WHERE host=? LIMIT 1", (host,)).fetchone():
+                return None
+            return synced_at(db) or path.stat().st_mtime
+        finally:
+            db.close()
+    except sqlite3.Error:
         return None
 
 
@@ -359,6 +429,7 @@ def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:
         with contextlib.suppress(psycopg.Error):
             pg.execute("COMMIT")  # a read-only snapshot: nothing to keep or lose
     _replace(local, MIRRORED, copied)
+    synced(local, time.time())
     return sum(len(rows) for rows in copied.values())
 
 

@@ -14,6 +14,7 @@ down it babysits on a local mirror of this box's rows and replays what it wrote 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import threading
@@ -94,6 +95,9 @@ class PgConnection:
                                          connect_timeout=self.timeout, application_name=self.name, **self.bounds)
         return self._conn
 
+    def connect(self) -> None:
+        self._connection()
+
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         return self._connection().execute(_pg_sql(sql), tuple(args))
 
@@ -139,7 +143,10 @@ class PostgresStore(Store):
     _begin = "BEGIN"
     journaled = False  # True on the daemon's store once start_journal ran
 
-    def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None) -> None:
+    def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None,
+                 may_start_down: bool = False) -> None:
+        """`may_start_down`: the daemon's store, which with PostgreSQL unreachable starts from the box's
+        local mirror (`start_journal`) when it has one; the schema is then checked once the database is back."""
         self.url = url
         self.where = redact(url)
         self.host = host
@@ -147,19 +154,32 @@ class PostgresStore(Store):
         self.state_dir = state_dir  # this box's .babysit/ (its runs' record logs); None: a bare connection
         self._init_common()
         self._read_lock = threading.Lock()
-        try:
-            self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit")
-            version = self.schema_version()
-        except psycopg.Error as exc:
-            raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
-                             hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
-        check_version(version, self.where)
-        self.journaled = False  # start_journal: the daemon's store (class default False too: _query is used above)
+        self.journaled = False  # start_journal: the daemon's store (class default False too: _query is used below)
         self.on_reconnect: Callable[[], None] | None = None
         self.last_replay: dict[str, float] | None = None
         self._reconnector: journal.Reconnector | None = None
         self._seen_version = 0  # data_version's last answer, kept while PostgreSQL is down
         self._mirror_file: tuple[int, int] | None = None  # the mirror's (device, inode) when opened
+        self.started_down: tuple[str, float] | None = None  # (the error, the mirror's age) of a start while down
+        self._version_refused = False  # a schema mismatch found at a reconnection, logged once
+        try:
+            self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit")
+            self._db.connect()  # unreachable: the error here, before any statement
+            version = self.schema_version()
+        except psycopg.Error as exc:
+            if may_start_down and isinstance(exc, psycopg.OperationalError) and host and state_dir:
+                since = journal.mirror_of(self.mirror_path, host)
+                if since is not None:
+                    self.started_down = (str(exc).strip(), since)
+                    return
+                raise StateError(
+                    f"{self.where}: cannot reach PostgreSQL ({str(exc).strip()[:200]}), and this box has no local"
+                    f" mirror of its runs to start from ({self.mirror_path})",
+                    hint="start PostgreSQL (or fix [store] url / $BABYSIT_STORE_URL), then `babysit up` again: a"
+                         " box's mirror is made at its first start with the database up (docs/fleet.md)") from exc
+            raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
+                             hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
+        check_version(version, self.where)
 
     # -- the local journal (babysit.db.journal; the daemon's store only) -----------------------------------
     def start_journal(self, on_reconnect: Callable[[], None] | None = None) -> int:
@@ -173,11 +193,13 @@ class PostgresStore(Store):
         self._db.close()  # this connection again with bounds: the daemon notices a silent network in seconds
         pg = PgConnection(self.url, self._db.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
         self._db = pg
+        if self.started_down is not None:
+            return self._start_down(pg, local, on_reconnect)
         try:
             with self._lock:
                 left = journal.replay(pg, local)
                 journal.seed(pg, local, self.host)
-                pool = journal.IdPool()
+                pool = journal.IdPool.fresh(local)
                 for table in journal.ID_TABLES:
                     pool.refill(pg.execute, table)
         except psycopg.Error as exc:
@@ -192,6 +214,25 @@ class PostgresStore(Store):
         if left:
             log.info("journal replayed at start", transactions=left)
         return left
+
+    def _start_down(self, pg: PgConnection, local: sqlite3.Connection, on_reconnect: Callable[[], None] | None) -> int:
+        """The daemon started with PostgreSQL unreachable: from the mirror its predecessor kept (its runs,
+        attempts, outbox; the ids it reserved), journaling from the first write; the journal it left, the
+        schema check and the mirror's reconciliation wait for the database (`_back`)."""
+        assert self.started_down is not None
+        error, since = self.started_down
+        self.on_reconnect = on_reconnect
+        self._write_errors = (*self._write_errors, sqlite3.OperationalError)
+        self._reconnector = journal.Reconnector(self)
+        self._db = journal.JournaledConnection(pg, local, journal.IdPool.saved(local), on_down=self._went_down,
+                                               down=True)
+        self.journaled = True
+        log.warning("PostgreSQL unreachable at start: this box babysits its runs from its local mirror; no host"
+                    " lease, gateway or requests until the database is back", mirror=str(self.mirror_path),
+                    mirror_as_of=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
+                    journaled=journal.pending(local), error=error[:200])
+        self._reconnector.start()
+        return 0
 
     @property
     def mirror_path(self) -> Path:
@@ -209,6 +250,7 @@ class PostgresStore(Store):
         self._db.local.close()
         local = journal.open_local(self.mirror_path)
         journal.seed(pg, local, self.host)
+        self._db.pool.rebind(local)
         self._db.local = local
         self._mirror_file = _file_id(self.mirror_path)
         log.warning("the local mirror's file was removed under the daemon; made again from PostgreSQL",
@@ -258,6 +300,7 @@ class PostgresStore(Store):
         conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
         try:
             conn.execute("SELECT 1")  # raises while PostgreSQL is still down
+            self._check_version_back(conn)  # upgraded meanwhile: nothing replayed into a schema it does not know
             replayed = 0
             moved = self._mirror_moved()  # removed by hand: its journal is only on the daemon's connection
             if not moved:
@@ -280,11 +323,27 @@ class PostgresStore(Store):
             conn.close()
             raise
         took = time.monotonic() - started
+        self.started_down = None
         log.info("PostgreSQL back: journal replayed", transactions=replayed, replay_s=round(took, 3))
         self.last_replay = {"transactions": replayed, "seconds": took}
         if self.on_reconnect is not None:
             self.on_reconnect()
         return True
+
+    def _check_version_back(self, conn: PgConnection) -> None:
+        """The schema check of a reconnection (a daemon started while down had none): a mismatch keeps the
+        box on its mirror, the journal kept, said once; StateError (the reconnection tries again)."""
+        exists = conn.execute("SELECT to_regclass(?) IS NOT NULL",
+                              (VERSION_TABLE,)).fetchone()[0]
+        found = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() if exists else []
+        try:
+            check_version(int(found[0][0]) if found else 0, self.where)
+        except StateError as exc:
+            if not self._version_refused:
+                self._version_refused = True
+                log.error("PostgreSQL is back at another schema version: babysitting on from the local mirror,"
+                          " the journal kept", error=exc.message, hint=exc.hint)
+            raise
 
     def _insert_id(self, db: Any, sql: str, args: tuple) -> int:  # type: ignore[override]
         """The new row's id: on the daemon's store one of its reserved ids (the row keeps it when journaled);
@@ -404,6 +463,9 @@ class PostgresStore(Store):
         if self._reconnector is not None:
             self._reconnector.close()
         with self._lock:
+            if self.journaled and not self._db.down:  # stopped connected: the mirror is current as of now
+                with contextlib.suppress(sqlite3.Error):
+                    journal.synced(self._db.local, time.time())
             self._db.close()
 
 

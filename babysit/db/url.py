@@ -41,14 +41,16 @@ def host_name(registry: Registry, environ: Mapping[str, str] | None = None) -> s
     return name
 
 
-def open_store(registry: Registry, environ: Mapping[str, str] | None = None) -> Store:
-    """The box's store: PostgreSQL when a url is configured (psycopg imported only then), else SQLite."""
+def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, daemon: bool = False) -> Store:
+    """The box's store: PostgreSQL when a url is configured (psycopg imported only then), else SQLite.
+    `daemon`: the daemon's, which starts from the box's local mirror while PostgreSQL is unreachable."""
     url = store_url(registry, environ)
     if url is None:
         return Store.in_dir(registry.state_dir)
     from babysit.db.postgres import PostgresStore
 
-    return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir)
+    return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir,
+                         may_start_down=daemon)
 
 
 def open_existing(registry: Registry, environ: Mapping[str, str] | None = None) -> Store | None:

@@ -1,0 +1,254 @@
+"""A daemon (re)started while PostgreSQL is down (docs/fleet.md, "The database down"): with the box's local
+mirror it starts from it, numbering its rows from the ids its predecessor reserved, and catches the
+database up once it is back; without one it refuses, saying what to do. Against a real PostgreSQL
+stopped and started (`pg_ctl`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from babysit.core.errors import StateError
+from babysit.db.postgres import PostgresStore
+from tests.fleet.test_fleet import _env, babysit
+from tests.reliability.harness import gpu_file
+from tests.slack.conftest import TOKEN
+from tests.slack.fake_slack import FakeSlack
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+GATED = ROOT / "bench" / "_gated_trainer.py"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture
+def outage(postgres: Any) -> Iterator[Callable[[], None]]:
+    """Stops this worker's server on call; it is always started again (other tests share it)."""
+    try:
+        yield lambda: postgres.stop("fast")
+    finally:
+        if not postgres.running():
+            postgres.start()
+
+
+def test_a_store_restarted_while_down_numbers_rows_from_its_saved_reserve_and_catches_up(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None], postgres: Any) -> None:
+    first = PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
+    first.claim_run("r1", 1.0)
+    first.start_journal()
+    one = first.begin_attempt("r1", 1, "base", ["true"], "local", 0, "a1", 1.0)
+    box_b = PostgresStore(pg_url, host="box-b", state_dir=tmp_path / "b", may_start_down=True)
+    (tmp_path / "b").mkdir()
+    box_b.claim_run("rb", 1.0)
+    box_b.start_journal()  # another box's daemon: its own blocks of the same sequences
+    first.close()
+    outage()
+    again = PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
+    other = None
+    try:
+        assert again.started_down is not None
+        again.start_journal()
+        assert again.down
+        assert [a.id for a in again.attempts("r1")] == [one.id]  # the mirror its predecessor kept
+        again.mark_ended(one.id, ended_at=2.0, outcome="crashed", exit_code=1)
+        two = again.begin_attempt("r1", 2, "base", ["true"], "local", 0, "a2", 3.0)
+        assert two.id > one.id
+        assert again.claim_run("r1", 3.0) == "box-a"
+        with pytest.raises(StateError, match="not this box's yet"):
+            again.claim_run("new-run", 3.0)
+        postgres.start()
+        box_b_attempt = box_b.begin_attempt("rb", 1, "base", ["true"], "local", 0, "b1", 4.0)  # its connection back
+        wait_for("the journal replayed", lambda: not again.down and again.journal_pending() == 0)
+        other = PostgresStore(pg_url, host="cli")  # a CLI process: the sequence's own next id
+        cli_incident = other.add_incident("r1", None, 5.0, "by-hand", {})
+        assert [(a.id, a.n, a.status) for a in other.attempts("r1")] == [(one.id, 1, "ended"), (two.id, 2, "launching")]
+        assert len({two.id, box_b_attempt.id, one.id}) == 3
+        mine = again.add_incident("r1", None, 6.0, "mine", {})
+        assert mine != cli_incident
+        assert sorted((r.id, r.kind) for r in other.incidents("r1")) == sorted([(mine, "mine"), (cli_incident, "by-hand")])
+    finally:
+        again.close()
+        box_b.close()
+        if other is not None:
+            other.close()
+
+
+def test_a_store_started_while_down_without_a_mirror_refuses_saying_what_to_do(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None]) -> None:
+    outage()
+    with pytest.raises(StateError, match="no local mirror of its runs") as refused:
+        PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
+    assert "start PostgreSQL" in (refused.value.hint or "")
+    with pytest.raises(StateError, match="cannot open the state database"):
+        PostgresStore(pg_url, host="box-a", state_dir=tmp_path)  # the CLI's store: never from a mirror
+
+
+CRASHER = """import os, sys, time
+log, gate = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+with open(log, "a") as f:
+    step = 0
+    while True:
+        step += 1
+        f.write('{"step": %d, "train_loss": 1.0}\\n' % step)
+        f.flush()
+        if "--crash" in sys.argv and os.path.exists(gate):
+            sys.exit(1)
+        time.sleep(0.5)
+"""
+
+PREREG = """
+[prereg]
+question = "Does val_loss fall between steps 50 and 100?"
+metric = "val_loss"
+baseline_step = 50
+read_step = 100
+[[prereg.bands]]
+label = "IMPROVED"
+max = 0.0
+[prereg.otherwise]
+label = "NOT-IMPROVED"
+"""
+
+
+def _spec(box: Path, run: str, cmd: list[str], body: str = "") -> Path:
+    path = box / f"{run}.toml"
+    path.write_text(f"""[run]
+name = "{run}"
+command = {json.dumps(cmd)}
+log = "outputs/{{name}}/train_log.jsonl"
+gpus = [0]
+
+[guards]
+min_free_host_ram_gib = 0.1
+stop_grace_seconds = 20
+stall_minutes = 120
+
+[poll]
+first_after_minutes = 600
+every_minutes = 600
+{body}""")
+    return path
+
+
+def _posted_ids(fake: FakeSlack) -> Counter[int]:
+    return Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
+                   if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")
+
+
+def _up(box: Path, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    with open(box / name, "wb") as out:
+        return subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")],
+                                cwd=box, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.mark.slow  # ~50 s: two daemons' starts, runs launched, a retry and a verdict while down
+def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mirror(
+        tmp_path: Path, pg_url: str, postgres: Any) -> None:
+    box = tmp_path / "box-a"
+    box.mkdir()
+    gpu_file(box / "gpus.json")
+    (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\nguard_interval_seconds = 60\n'
+                                      f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
+    (box / "crasher.py").write_text(CRASHER)
+    gate, crash = box / "gate", box / "crash"
+    ends = _spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    retries = _spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
+                    '[retry]\non = ["crashed"]\n[[attempts]]\nprofile = "first"\nargs = ["--crash"]\n'
+                    '[[attempts]]\nprofile = "second"\nargs = []\n')
+    for spec in (ends, retries):
+        out = babysit(box, "register", str(spec), "--accelerated")
+        assert out.returncode == 0, out.stderr
+    fake = FakeSlack(TOKEN).start()
+    env = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
+    env.pop("BABYSIT_SLACK_CHANNEL", None)
+    first = _up(box, env, "daemon-1.txt")
+    second = None
+    store = PostgresStore(pg_url, host="test")
+    try:
+        wait_for("both runs running and announced", lambda: len(
+            [a for a in store.live_attempts() if a.status == "running"]) == 2 and store.pending_count() == 0
+            and len(_posted_ids(fake)) >= 2, timeout=90)
+        trainers = {a.run: a.pid for a in store.live_attempts()}
+        store.close()
+        first.kill()  # SIGKILL: the daemon alone, its trainers run on
+        first.wait(10)
+        postgres.stop("fast")
+        try:
+            second = _up(box, env, "daemon-2.txt")
+            daemon_log = box / ".babysit" / "daemon.log"
+            wait_for("the start from the mirror said", lambda: "babysits its runs from its local mirror"
+                     in daemon_log.read_text(), timeout=60)
+            for pid in trainers.values():
+                os.kill(pid, 0)  # adopted, not relaunched: still running
+            gate.touch()  # `ends` finishes: its FINAL verdict lands while the database is down
+            crash.touch()  # `retries` crashes: its next declared profile is launched while down
+            wait_for("the FINAL verdict posted while down", lambda: [
+                m for m in fake.messages if "FINAL" in json.dumps(m.get("blocks") or m.get("text"))], timeout=90)
+            wait_for("the retry's launch posted while down", lambda: [
+                m for m in fake.messages if "attempt 2" in json.dumps(m.get("blocks") or m.get("text"))], timeout=60)
+            assert second.poll() is None, "the daemon started while down died"
+        finally:
+            postgres.start()
+        store = PostgresStore(pg_url, host="test")
+        final = wait_for("the verdict replayed into PostgreSQL", lambda: store.final_verdict("ends"), timeout=30)
+        assert final.kind == "FINAL"
+        attempts = store.attempts("retries")
+        assert [(a.n, a.status, a.outcome) for a in attempts] == [(1, "ended", "crashed"), (2, "running", None)]
+        assert attempts[0].pid == trainers["retries"]
+        assert store.attempts("ends")[0].pid == trainers["ends"]  # the same trainer, seen to its end
+        wait_for("every post delivered", lambda: store.pending_count() == 0, timeout=30)
+        posted = _posted_ids(fake)
+        assert [i for i, n in posted.items() if n > 1] == [], "a post was delivered twice"
+        sent = {m.id for m in store.messages() if m.status == "sent" and m.kind != "header"}
+        assert set(posted) == sent, (sorted(posted), sorted(sent))
+        host = wait_for("the lease taken once the database is back", lambda: [
+            h for h in store.hosts() if h["name"] == "box-a" and h["pid"] == second.pid])
+        assert host
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                _stop(proc)
+        if not postgres.running():
+            postgres.start()
+        check = PostgresStore(pg_url, host="test")
+        try:
+            for a in check.live_attempts():
+                if a.pid:
+                    try:
+                        os.killpg(a.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        finally:
+            check.close()
+        store.close()
+        fake.stop()
