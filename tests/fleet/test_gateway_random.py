@@ -114,6 +114,13 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
             (h["info"].get("gpus") for h in store.hosts() if h["name"] == "box-b" and h["info"].get("gpus")), None))
         assert [g["name"] for g in info["gpus"]] == ["Simulated H200 #0", "Simulated H200 #1"], info
 
+        drawn: dict[str, list[tuple[str, int]]] = {"verdict": [], "click": []}  # (the run's box, the link)
+
+        def delivered(what: str, run: str, envelope: str, ack: Any) -> None:
+            (delivery,) = slack.deliveries_of(envelope)  # once: no redelivery, so no second answer
+            assert ack.link == delivery.link, (ack, delivery)  # answered by the bot it was delivered to
+            drawn[what].append((owners[run], delivery.link))
+
         # 14 /verdict commands, round-robin over the six runs
         for i in range(14):
             run = every[i % len(every)]
@@ -122,6 +129,7 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
                                            response_url=fake.base + path)
             ack = slack.wait_ack(envelope)
             assert ack.payload and run in ack.payload["text"], ack
+            delivered("verdict", run, envelope, ack)
             (card,) = _responses(fake, path, 1)
             assert "FINAL VERDICT" in json.dumps(card) and f"{run} read on {owners[run]}" in json.dumps(card), card
 
@@ -132,8 +140,9 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
             ack = slack.wait_ack(envelope)
             assert ack.payload and f"Abort `{run}`?" in ack.payload["text"], ack
             path = f"/response/abort-{i}"
-            slack.block_action("babysit_abort_confirmed", run, user=ADMIN, channel="C0RUNS",
-                               response_url=fake.base + path)
+            click = slack.block_action("babysit_abort_confirmed", run, user=ADMIN, channel="C0RUNS",
+                                       response_url=fake.base + path)
+            delivered("click", run, click, slack.wait_ack(click))
             queued, result = _responses(fake, path, 2)
             assert f"Abort of `{run}` requested" in queued["text"], queued
             assert f"`{run}` is stopping: the daemon sent SIGTERM" in result["text"], result
@@ -146,6 +155,10 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
         # both connections answered: the draws did spread the envelopes (the seed makes it so every time)
         used = {d.link for d in slack.deliveries}
         assert len(slack.open_links()) == 2 and used == {1, 2}, slack.deliveries
+        # ...and each bot got commands for the other box's runs: a /verdict of each box's runs on each
+        # connection, and one connection got the abort clicks of both boxes' runs (whichever bot it is)
+        assert {(box, link) for box, link in drawn["verdict"]} == {(b, n) for b in RUNS for n in (1, 2)}, drawn
+        assert any({box for box, link in drawn["click"] if link == n} == set(RUNS) for n in (1, 2)), drawn
         assert len(slack.deliveries) >= 26 and not [a for a in slack.acks if a.late]
     finally:
         for proc in procs:
