@@ -106,7 +106,7 @@ class Daemon:
         self.fleet: FleetMember | None = None  # a box of a fleet (PostgreSQL): its lease and LISTEN
         # a fleet's box publishes its GPU reading with its lease for the gateway's `/babysit gpus`, through a
         # probe of its own: a read of the daemon's would take the health signals its guards wait for
-        self._report_probe_factory = report_probe or (lambda: open_gpu_probe(None))
+        self._report_probe_factory = report_probe or (lambda: open_gpu_probe(None, health_events=False))
         self._report_probe: GpuProbe | None = None
         self._report: dict[str, Any] = {}  # the latest reading, taken on a thread of its own (never the lease's)
         self._report_stop = threading.Event()

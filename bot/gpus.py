@@ -54,7 +54,7 @@ def read_gpus(owners: Mapping[int, str], probe_spec: str | None = None,
               quarantined: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[list[str], str | None]:
     """Read every GPU now; returns (lines, None) or ([], why it could not be read)."""
 
-    probe = open_gpu_probe(probe_spec)
+    probe = open_gpu_probe(probe_spec, health_events=False)  # a read of who holds them: no event thread
     try:
         probe.sample()
         view = probe.read([])

@@ -274,3 +274,19 @@ def test_an_event_wait_that_blocks_is_said_on_every_reading(nv, probe, monkeypat
     monkeypatch.setattr(probe._watcher, "heartbeat", time.monotonic() - 100)
     errors = probe.read([0, 1]).gpu(1).errors
     assert any("the NVML event wait has not returned for 100 s" in e for e in errors), errors
+
+
+def test_a_reading_probe_without_health_events_has_no_event_set_thread_or_wait(nv) -> None:
+    """The fleet's GPU report and /babysit gpus read who holds the GPUs through a probe of their own: it
+    registers no event, starts no event thread and never waits on one (before: a second event thread,
+    waking every few seconds, for a probe read once a renewal)."""
+    before = {t.name for t in threading.enumerate()}
+    p = NvmlGpuProbe(library=nv, events_thread=True, health_events=False)
+    try:
+        view = p.read([])
+        time.sleep(0.6)
+        assert view.available and [g.index for g in view.gpus] == [0, 1]
+        assert nv.registered == {} and nv.waits == 0
+        assert "babysit-nvml-events" not in {t.name for t in threading.enumerate()} - before, threading.enumerate()
+    finally:
+        p.close()

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         daemon = Daemon(path, gpu_probe=probe, channel=open_channel(reg.state_dir, out, reg),
                         accelerated=args.accelerated, exit_when_idle=args.exit_when_idle,
                         on_gateway=gate.want if gate is not None else None,
-                        report_probe=lambda: open_gpu_probe(args.gpu_probe))
+                        report_probe=lambda: open_gpu_probe(args.gpu_probe, health_events=False))
         if args.bot and gate is None:
             start_in_background(path, http_port=args.bot_http)
         web = _start_web(path, web_settings, out) if web_settings is not None else None

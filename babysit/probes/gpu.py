@@ -91,9 +91,12 @@ class NvmlGpuProbe:
 
     def __init__(self, *, library: Any = None, sample_buffer: bool = False, events_thread: bool | None = None,
                  call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time,
-                 slow_field_seconds: float = health.SLOW_FIELD_S) -> None:
+                 slow_field_seconds: float = health.SLOW_FIELD_S, health_events: bool = True) -> None:
         self._lock = threading.Lock()
         self._events_thread = (library is None) if events_thread is None else events_thread
+        # False: a probe that reads who holds the GPUs (a fleet's GPU report, /babysit gpus) and waits for
+        # no Xid/ECC event: no event set, no event thread, none of its wake-ups (the guards' probe has them)
+        self._health_events = health_events
         self._call_timeout = call_timeout_s
         self._slow_field_s = slow_field_seconds  # the costly warn-only fields' cadence (health.SLOW_FIELDS)
         self._clock = clock
@@ -175,7 +178,7 @@ class NvmlGpuProbe:
             self._nvml("nvmlShutdown")
             return False
         self._ok, self._reason, self._count = True, None, int(count)
-        self._events = self._nvml("nvmlEventSetCreate", default=None)
+        self._events = self._nvml("nvmlEventSetCreate", default=None) if self._health_events else None
         for i in range(self._count):
             self._handle(i)
         self._errors.clear()
@@ -550,12 +553,13 @@ class NullGpuProbe:
 GPU_PROBE_ENV = "BABYSIT_GPU_PROBE"
 
 
-def open_gpu_probe(spec: str | None = None) -> GpuProbe:
+def open_gpu_probe(spec: str | None = None, *, health_events: bool = True) -> GpuProbe:
     """The one place the GPU probe is chosen: `spec` (a --gpu-probe flag), else $BABYSIT_GPU_PROBE, else
-    NVML. "nvml" | "file:PATH" (simulated GPUs, for tests) | "none"."""
+    NVML. "nvml" | "file:PATH" (simulated GPUs, for tests) | "none". Without `health_events`, an NVML probe
+    that only reads (no event thread)."""
     text = (spec or os.environ.get(GPU_PROBE_ENV) or "nvml").strip()
     if text == "nvml":
-        return NvmlGpuProbe()
+        return NvmlGpuProbe(health_events=health_events)
     if text == "none":
         return NullGpuProbe()
     if text.startswith("file:") and len(text) > 5:
