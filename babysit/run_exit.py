@@ -8,44 +8,35 @@ run reaches a defined state (`InternalError`): a watcher or timer thread never l
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
 
 from babysit import gpufault, runstate, stopcheck
-from babysit.context import DaemonContext
 from babysit.core import classify
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
 from babysit.core.run_machine import RunState
-from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
-from babysit.executors import Executor
 from babysit.run_errors import short_error
 from babysit.run_guard import GUARD_LOCK_WAIT_SECONDS
 from babysit.run_log import RunLog
+from babysit.run_part import RunPartHost
 from babysit.runreader import CHUNK_BYTES
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
 
 
-class ExitingRun(Protocol):
+class ExitingRun(RunPartHost, Protocol):
     """What the exit handling needs of its run (`babysit.supervisor.RunSupervisor`)."""
 
-    run: str
-    spec: RunSpec
-    ctx: DaemonContext
     lock: threading.RLock
-    executor: Executor
     attempt: Attempt | None
     state: RunState
     runlog: RunLog
 
     def is_running(self) -> bool: ...
-    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None: ...
-    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def internal_error(self, where: str, exc: BaseException) -> None: ...
 

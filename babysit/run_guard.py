@@ -9,22 +9,19 @@ What it keeps between checks: how many reads in a row each foreign-looking (GPU,
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Protocol
 
 import structlog
 
 from babysit import gpufault
-from babysit.context import DaemonContext
 from babysit.core import guards
 from babysit.core import run_events as ev
 from babysit.core.observation import Observation
 from babysit.core.run_machine import RunState
-from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
-from babysit.executors import Executor
 from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run_observe import RunObserver
+from babysit.run_part import RunPartHost
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
@@ -33,20 +30,13 @@ RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (r
 GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
 
 
-class GuardedRun(Protocol):
+class GuardedRun(RunPartHost, Protocol):
     """What the live check needs of its run (`babysit.supervisor.RunSupervisor`)."""
 
-    run: str
-    spec: RunSpec
-    ctx: DaemonContext
     lock: threading.RLock
-    executor: Executor
     attempt: Attempt | None
     state: RunState
     observer: RunObserver
-
-    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None: ...
-    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None: ...
 
 
 class RunGuard:

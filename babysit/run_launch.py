@@ -7,23 +7,22 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
 from babysit import gpufault, nccl
-from babysit.context import DaemonContext
 from babysit.core import guards, nonfinite, retry, smoke
 from babysit.core import run_events as ev
 from babysit.core.run_machine import RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
-from babysit.executors import Executor
 from babysit.faults import crash_point
 from babysit.run_log import RunLog
 from babysit.run_observe import RunObserver
+from babysit.run_part import RunPartHost
 from babysit.sources import mlflowstore
 from babysit.store import Attempt
 
@@ -81,15 +80,12 @@ def note_lines(notes: Any) -> list[str]:
     return [str(n) for n in notes]
 
 
-class LaunchedRun(Protocol):
+class LaunchedRun(RunPartHost, Protocol):
     """What launching needs of its run (`babysit.supervisor.RunSupervisor`)."""
 
-    run: str
     spec: RunSpec  # the attempt's: `use_gpus` swaps a quarantined GPU out of it
     declared_gpus: tuple[int, ...]
-    ctx: DaemonContext
     lock: threading.RLock
-    executor: Executor
     attempt: Attempt | None
     state: RunState
     runlog: RunLog
@@ -99,8 +95,6 @@ class LaunchedRun(Protocol):
     def status(self) -> str: ...
     def use_gpus(self, gpus: Any) -> None: ...
     def set_status(self, status: str, **facts: Any) -> None: ...
-    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None: ...
-    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None: ...
     def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
 

@@ -9,30 +9,19 @@ died before sending it sends it on adoption, one that died after does not.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
 
-from babysit.context import DaemonContext
 from babysit.core import run_events as ev
-from babysit.core.spec import RunSpec
-from babysit.executors import Executor
+from babysit.run_part import RunPartHost
 from babysit.store import Attempt
 
 log = structlog.get_logger("babysit.supervisor")
 
 
-class StoppedRun(Protocol):
+class StoppedRun(RunPartHost, Protocol):
     """What a stop needs of its run (`babysit.supervisor.RunSupervisor`)."""
-
-    run: str
-    spec: RunSpec
-    ctx: DaemonContext
-    executor: Executor
-
-    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None: ...
-    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None: ...
 
 
 class RunStop:
