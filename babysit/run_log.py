@@ -65,6 +65,8 @@ class RunLog:
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
         self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
+        self._shows: dict[str, bool] = {}  # metric -> whether polls show it (snapshot.shown, per name)
+        self._shows_for: tuple[object, str | None] | None = None  # the ([poll].show, prereg metric) it is for
         self.declared_end: int | None = None  # the newest record's total_steps / max_steps
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
         self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
@@ -258,14 +260,23 @@ class RunLog:
         """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
         spec = self.spec
         metric = spec.prereg.metric if spec.prereg else None
-        numbers = {k: v for k, v in record.fields.items() if isinstance(v, float)}  # logtail keeps NaN/inf here
+        fields = record.fields
+        numbers = {k: v for k, v in fields.items() if isinstance(v, float)} if fields else {}  # NaN/inf kept there
         numbers.update(record.metrics)
+        if self._shows_for != (spec.poll.show, metric):  # a spec of other [poll].show or prereg: asked again
+            self._shows, self._shows_for = {}, (spec.poll.show, metric)
+        shows = self._shows
         for name, value in numbers.items():
-            if isinstance(value, (int, float)) and snapshot.shown(spec.poll.show, metric, name):
+            show = shows.get(name)
+            if show is None:  # the same answer for a name all run long: asked once (bench/scale.py's guard round)
+                show = shows[name] = snapshot.shown(spec.poll.show, metric, name)
+            if show and isinstance(value, (int, float)):
                 self.latest_shown[name] = (record.step, float(value))
         declared = progress.declared_by(record.metrics)
         if declared is not None:
             self.declared_end = declared
+        if not self.nonfinite_pending and len(numbers) == len(record.metrics):
+            return  # only finite numbers and no grad norm pending: nonfinite.divergence would find nothing
         counted, self.nonfinite_pending = nonfinite.divergence(numbers, spec.guards.nonfinite_metrics,
                                                                self.nonfinite_pending)
         bad = next(iter(counted.items()), None)

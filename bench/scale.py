@@ -125,11 +125,13 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
             flood_behind = daemon.supervisors["flood"].runlog.reader.unread_bytes()
         time.sleep(2)
         guard_rounds = []
+        guard_cpu = []  # the process's CPU in each round (its threads idle but for it): the figure noise spares
         for _ in range(args.ticks):
             time.sleep(1)  # a second of new records in every log
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             daemon.guards()
             guard_rounds.append(time.perf_counter() - t)
+            guard_cpu.append(time.process_time() - c)
         db = root / ".babysit" / "state.db"
         size0 = _row_bytes(db)
         time.sleep(1)  # a second of new records in every log
@@ -171,6 +173,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
             flood_read = daemon.supervisors["flood"].runlog.pump.state.get("lines")
         return {"runs": n, "pathological": pathological, "flood_unread_bytes_at_start": flood_behind,
                 "flood_lines_read_by_the_end": flood_read, "guard_rounds_s": guard_rounds,
+                "guard_round_cpu_s": sorted(guard_cpu)[len(guard_cpu) // 2],
                 "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,
                 "guard_round_s": guard_rounds[len(guard_rounds) // 2], "poll_round_s": poll_round_s,
                 "poll_one_by_one_s": one_by_one_s,
@@ -260,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                       "≤ 20 threads": r["threads"] <= 20, "RSS ≤ 150 MB": r["rss_bytes"] <= 150e6}
             notes.append(f"at {r['runs']} runs: " + "; ".join(f"{k}: {'met' if ok else 'MISSED'}"
                                                              for k, ok in checks.items()))
+    for r in results:
+        if "guard_round_cpu_s" in r:
+            notes.append(f"{r['runs']} runs: guard round CPU {fmt_us(r['guard_round_cpu_s'] * 1e6)} (median, "
+                         "time.process_time)")
     for r in results:
         if r.get("pathological"):
             behind = r["flood_unread_bytes_at_start"] / 2**20
