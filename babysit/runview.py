@@ -261,6 +261,8 @@ class Reader:
         answer, the same for every box's runs; bench/README.md §12)."""
         now = time.time() if now is None else now
         reg = self.registry
+        if self.banner() is not None:
+            self.close()  # the last look read the mirror: PostgreSQL may be back
         store = self._open_store()
         owners = store.run_hosts() if store is not None and store.host is not None else {}
         away = host_states(store.hosts()) if owners else {}
@@ -307,10 +309,19 @@ class Reader:
         return fleet_boxes(self.registry, self._open_store())
 
     def _open_store(self) -> Store | None:
-        """The store once it exists: `status` never creates a state directory the daemon has not."""
+        """The store once it exists: `status` never creates a state directory the daemon has not. With
+        PostgreSQL unreachable, the box's local mirror (its daemon's copy of its runs), said by `banner`."""
         if self._store is None:
-            self._store = open_existing(self.registry)
+            self._store = open_existing(self.registry, mirror_ok=True)
         return self._store
+
+    def store(self) -> Store | None:
+        return self._open_store()
+
+    def banner(self) -> str | None:
+        """The line a reader prints above the rows when they come from the box's mirror, else None."""
+        banner = getattr(self._store, "banner", None)
+        return banner() if banner is not None else None
 
 
 def fleet_boxes(reg: registry.Registry, store: Store | None = None) -> list[str]:

@@ -10,9 +10,9 @@ import time
 from babysit import registry, runview
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import preset_line
-from babysit.db.url import open_existing
 from babysit.gpufault import quarantine_lines
 from babysit.runtable import status_table
+from babysit.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,12 +26,23 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput("--watch and --json do not go together",
                            hint="`babysit status --json` for one look, `babysit status --watch` for the live table")
         return watch(reg.path, names if args.run else None, interval=args.interval)
-    rows = runview.collect(reg.path, names if args.run else None)  # None: in a fleet, every box's runs too
+    reader = runview.Reader(reg.path)  # one store for the whole look: a fleet's PostgreSQL, or the mirror
+    try:
+        return _show(args, reg, reader, names)
+    finally:
+        reader.close()
+
+
+def _show(args: argparse.Namespace, reg: registry.Registry, reader: runview.Reader, names: list[str]) -> int:
+    rows = reader.rows(names if args.run else None)  # None: in a fleet, every box's runs too
+    banner = reader.banner()  # PostgreSQL unreachable: this box's runs from its local mirror, and how old
     if args.json:
         dicts = [row.to_dict() for row in rows]
         print(json.dumps(dicts if not args.run else dicts[0], indent=2))
         return 0
-    boxes = runview.fleet_boxes(reg)  # a fleet: every box, with its staleness (docs/fleet.md)
+    if banner:
+        print(banner)
+    boxes = reader.fleet_boxes()  # a fleet: every box, with its staleness (docs/fleet.md)
     if not rows:
         print(f"no runs registered in {reg.path}; `babysit register RUN.toml` adds one")
         print("\n".join(boxes) if boxes else "", end="\n" if boxes else "")
@@ -39,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     print(status_table(rows, time.time()))
     for line in boxes:
         print(line)
-    quarantined = _quarantined(reg)
+    quarantined = _quarantined(reader.store())
     if quarantined:
         print("quarantined GPUs (`babysit gpu release UUID` lifts one):")
         print("\n".join("  " + line for line in quarantined))
@@ -62,12 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 
-def _quarantined(reg: registry.Registry) -> list[str]:
+def _quarantined(store: Store | None) -> list[str]:
     """The quarantined GPUs' lines, read-only (no state database yet: none)."""
-    store = open_existing(reg)
-    if store is None:
-        return []
-    try:
-        return quarantine_lines(store.quarantined_gpus())
-    finally:
-        store.close()
+    return [] if store is None else quarantine_lines(store.quarantined_gpus())

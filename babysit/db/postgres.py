@@ -40,6 +40,10 @@ CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control reques
 CONNECT_TIMEOUT_S = 10
 
 
+class DatabaseUnreachable(StateError):
+    """PostgreSQL could not be reached at all (no statement ran): a reader may show the box's mirror."""
+
+
 class PgRow:
     """A row read by position and by name, like sqlite3.Row, so the shared SQL reads both alike."""
 
@@ -177,8 +181,9 @@ class PostgresStore(Store):
                     f" mirror of its runs to start from ({self.mirror_path})",
                     hint="start PostgreSQL (or fix [store] url / $BABYSIT_STORE_URL), then `babysit up` again: a"
                          " box's mirror is made at its first start with the database up (docs/fleet.md)") from exc
-            raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
-                             hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
+            error = DatabaseUnreachable if isinstance(exc, psycopg.OperationalError) else StateError
+            raise error(f"{self.where}: cannot open the state database: {exc}".strip(),
+                        hint="check [store] url (or $BABYSIT_STORE_URL) and that PostgreSQL is up") from exc
         check_version(version, self.where)
 
     # -- the local journal (babysit.db.journal; the daemon's store only) -----------------------------------

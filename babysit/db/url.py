@@ -53,12 +53,28 @@ def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, 
                          may_start_down=daemon)
 
 
-def open_existing(registry: Registry, environ: Mapping[str, str] | None = None) -> Store | None:
+def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, *,
+                  mirror_ok: bool = False) -> Store | None:
     """The box's store for a reader (`status`, the web page, the bot): None on SQLite while no daemon has
-    made `state.db` yet (a reader never creates the state directory)."""
-    if store_url(registry, environ) is None and not (registry.state_dir / "state.db").exists():
+    made `state.db` yet (a reader never creates the state directory). `mirror_ok`: with PostgreSQL
+    unreachable, the box's local mirror read-only (a `MirrorStore`: its banner says so) when it has one."""
+    url = store_url(registry, environ)
+    if url is None and not (registry.state_dir / "state.db").exists():
         return None
-    return open_store(registry, environ)
+    if url is None or not mirror_ok:
+        return open_store(registry, environ)
+    from babysit.db.postgres import DatabaseUnreachable
+
+    try:
+        return open_store(registry, environ)
+    except DatabaseUnreachable as exc:
+        from babysit.db.mirror_view import MirrorStore
+
+        reason = str(exc.__cause__ or exc).strip().splitlines()[0][:160]
+        mirror = MirrorStore.of_box(registry.state_dir, host_name(registry, environ), reason)
+        if mirror is None:
+            raise
+        return mirror
 
 
 def fleet_owner(registry: Registry, run: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -252,3 +252,38 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
             check.close()
         store.close()
         fake.stop()
+
+
+def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_saying_so(
+        tmp_path: Path, pg_url: str, outage: Callable[[], None], postgres: Any) -> None:
+    box = tmp_path / "box-a"
+    box.mkdir()
+    gpu_file(box / "gpus.json")
+    (box / "babysit.toml").write_text(f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n')
+    spec = _spec(box, "r1", [PY, "-c", "pass"])
+    assert babysit(box, "register", str(spec)).returncode == 0
+    outage()
+    refused = babysit(box, "status")  # no daemon ever ran here: no mirror, the database's error as before
+    assert refused.returncode != 0 and "cannot open the state database" in refused.stderr
+    postgres.start()
+    daemon = PostgresStore(pg_url, host="box-a", state_dir=box / ".babysit", may_start_down=True)
+    daemon.claim_run("r1", 1.0)
+    daemon.start_journal()  # what `babysit up` does: the mirror
+    attempt = daemon.begin_attempt("r1", 1, "base", ["python"], "local", 1, "a1", time.time())
+    daemon.mark_running(attempt.id, started_at=time.time(), pid=os.getpid())
+    daemon.set_run_state("r1", "running", time.time(), step=7)
+    outage()
+    daemon.add_incident("r1", 1, time.time(), "while-down", {})  # the daemon babysits on, journaling
+    try:
+        shown = babysit(box, "status")
+        assert shown.returncode == 0, shown.stderr
+        banner, *rest = shown.stdout.splitlines()
+        assert "the database cannot be reached" in banner and "local mirror" in banner and " ago" in banner
+        assert any(line.split()[:2] == ["r1", "running"] for line in rest), shown.stdout
+        as_json = json.loads(babysit(box, "status", "--json").stdout)
+        assert [(r["run"], r["status"]) for r in as_json] == [("r1", "running")]
+    finally:
+        daemon.close()
+    postgres.start()
+    back = babysit(box, "status")
+    assert back.returncode == 0 and "cannot be reached" not in back.stdout
