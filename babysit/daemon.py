@@ -494,9 +494,10 @@ class Daemon:
         version = self.store.data_version()
         if version == self._seen_data_version:
             return False
+        requests = self.store.pending_requests()  # raising, the next look reads them again
         self._seen_data_version = version
         unanswered = False
-        for req in self.store.pending_requests():
+        for req in requests:
             try:
                 if req.id not in self._owed:  # carried out once; an answer the store refused is written again
                     self._owed[req.id] = self._carry_out(req)[:500]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -151,5 +152,26 @@ def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(da
         d.guards()  # the round's backstop: nothing new was queued, the answer is still owed
         assert asker.request_result(first) == "stopping"
         assert executor.process("a", 1).signals == [signal.SIGTERM]  # stopped once: a's stop is not sent twice
+    finally:
+        asker.close()
+
+
+def test_requests_the_store_could_not_list_are_listed_again_by_the_next_round(daemon) -> None:
+    """The look's read of the requests failed (a real SQLite error: a temp view shadows the table, over a
+    table since dropped): the next round reads them again, though nothing new was queued (before: the
+    store's version was noted first, and the abort waited for some other request or message)."""
+    d, _, executor, _, _ = daemon
+    asker = Store.in_dir(d.state_dir)
+    try:
+        request = asker.request("b", "abort", "test", 0.0)
+        for sql in ("CREATE TEMP TABLE gone (x)", "CREATE TEMP VIEW control AS SELECT * FROM gone",
+                    "DROP TABLE gone"):
+            d.store._db.execute(sql)
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            d.handle_requests()
+        d.store._db.execute("DROP VIEW temp.control")
+        d.guards()
+        assert asker.request_result(request) == "stopping"
+        assert executor.process("b", 1).signals == [signal.SIGTERM]
     finally:
         asker.close()
