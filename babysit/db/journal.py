@@ -319,7 +319,7 @@ def synced_at(local: sqlite3.Connection) -> float | None:
 
 def mirror_of(path: Path, host: str) -> float | None:
     """When the mirror at `path` was last a copy of PostgreSQL, if it holds runs of `host` (what a daemon
-    started while the database is down babysits); None: no usable mirror."""
+    started while the database is down babysits) and ids reserved for them; None: no usable mirror."""
     if not path.exists():
         return None
     try:
@@ -327,6 +327,8 @@ def mirror_of(path: Path, host: str) -> float | None:
         try:
             if not db.execute("SELECT 1 FROM runs WHERE host=? LIMIT 1", (host,)).fetchone():
                 return None
+            if not db.execute("SELECT 1 FROM id_reserve LIMIT 1").fetchone():
+                return None  # an older babysit's mirror: no ids to number the rows it would write
             return synced_at(db) or path.stat().st_mtime
         finally:
             db.close()

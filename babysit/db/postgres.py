@@ -178,7 +178,8 @@ class PostgresStore(Store):
                     return
                 raise StateError(
                     f"{self.where}: cannot reach PostgreSQL ({str(exc).strip()[:200]}), and this box has no local"
-                    f" mirror of its runs to start from ({self.mirror_path})",
+                    f" mirror of its runs to start from ({self.mirror_path}: none, or none with this box's runs"
+                    " and ids reserved for them)",
                     hint="start PostgreSQL (or fix [store] url / $BABYSIT_STORE_URL), then `babysit up` again: a"
                          " box's mirror is made at its first start with the database up (docs/fleet.md)") from exc
             error = DatabaseUnreachable if isinstance(exc, psycopg.OperationalError) else StateError

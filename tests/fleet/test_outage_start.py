@@ -287,3 +287,17 @@ def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_s
     postgres.start()
     back = babysit(box, "status")
     assert back.returncode == 0 and "cannot be reached" not in back.stdout
+
+
+def test_a_mirror_without_reserved_ids_is_not_started_from(
+        pg_url: str, tmp_path: Path, outage: Callable[[], None]) -> None:
+    """A mirror an older babysit made holds runs but no reserve: a daemon started from it could number
+    nothing it writes, so it is refused like no mirror at all."""
+    store = PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
+    store.claim_run("r1", 1.0)
+    store.start_journal()
+    store._db.local.execute("DELETE FROM id_reserve")
+    store.close()
+    outage()
+    with pytest.raises(StateError, match="no local\\s+mirror of its runs"):
+        PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
