@@ -211,4 +211,6 @@ def _look(reader: Reader, names: Sequence[str] | None, now: float,
     except (BabysitError, sqlite3.Error) as exc:
         message = exc.message if isinstance(exc, BabysitError) else str(exc)
         return None, now, f"{clock} · could not read the state: {message} · {footer}"
-    return rows, now, f"{clock} · {footer}" if footer else clock
+    banner = reader.banner()  # PostgreSQL unreachable: this box's runs from its mirror, said with its age
+    text = f"{clock} · {footer}" if footer else clock
+    return rows, now, f"{banner} · {text}" if banner else text

@@ -282,6 +282,15 @@ def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_s
         assert any(line.split()[:2] == ["r1", "running"] for line in rest), shown.stdout
         as_json = json.loads(babysit(box, "status", "--json").stdout)
         assert [(r["run"], r["status"]) for r in as_json] == [("r1", "running")]
+        from babysit.runview import Reader
+        from babysit.watch import _look
+
+        reader = Reader(box / "babysit.toml")  # the live view of `babysit up` (and `status --watch`)
+        try:
+            rows, _, footer = _look(reader, None, time.time(), "babysit up")
+            assert [r.run for r in rows or []] == ["r1"] and "local mirror" in footer
+        finally:
+            reader.close()
     finally:
         daemon.close()
     postgres.start()
@@ -299,5 +308,5 @@ def test_a_mirror_without_reserved_ids_is_not_started_from(
     store._db.local.execute("DELETE FROM id_reserve")
     store.close()
     outage()
-    with pytest.raises(StateError, match="no local\\s+mirror of its runs"):
+    with pytest.raises(StateError, match=r"no local\s+mirror of its runs"):
         PostgresStore(pg_url, host="box-a", state_dir=tmp_path, may_start_down=True)
