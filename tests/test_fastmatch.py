@@ -299,3 +299,18 @@ def test_a_twin_runs_over_unstripped_lines_only_when_its_matches_keep_off_the_ed
     for regex in (r"x(?P<s>\d+)\s*", r"^x(?P<s>\d+)", r"x(?P<s>\d+)$", r"x(?:a|\s)(?P<s>\d+)(?: |b)?"):
         tw = fastmatch.twin(regex)
         assert tw is not None and not tw.edges, regex  # a match may end (or look) at a stripped edge
+
+
+def test_a_column_printed_with_one_format_is_checked_by_its_shape_and_written_as_repr() -> None:
+    rng = random.Random(28)
+    for digits in range(1, 9):  # `%.Nf` of values >= 1: the shape check alone decides (no regex)
+        texts = [f"{rng.uniform(1, 999999):.{digits}f}" for _ in range(2000)] + [f"{7:.{digits}f}"]
+        texts = [t for t in texts if len(t) == len(texts[0])]
+        assert records._uniform_decimals(texts, "\n".join(texts)), digits
+        assert records.json_texts(texts) == [repr(float(t)) for t in texts]
+    assert records.json_texts(["1.00"] * 5) == ["1.0"] * 5 and records.json_texts(["3.25", "4.50"]) == ["3.25", "4.5"]
+    for odd in (["1.5", "2.5.", "3.5"][:2], ["1.5", "1..5"], ["0.50", "1.50"], ["10.5", "01.5"], ["1.5", "\u00b2.5"],
+                ["1.5", "-1.5"], ["1234567.5"], ["1.123456789"], [".5", ".6"], ["15", "16"], ["1.5", "1.5 "]):
+        assert not records._uniform_decimals(odd, "\n".join(odd)), odd  # then `_DECIMALS` (or floats) decide
+        got = records.json_texts(odd)
+        assert got is None or got == [repr(float(t)) for t in odd], odd

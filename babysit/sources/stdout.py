@@ -46,7 +46,6 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (tor
 SAMPLE_CHARS = 200
 FAST_LINES = 64  # reads of more lines than this look only at the lines a pattern's literal is in
 FAST_LINE_BYTES = 4096  # a read with a longer line is matched by RE2 (`re`'s time on a line may grow with it)
-_START, _GROUP = re.Match.start, re.Match.group
 UNANCHORED = re2._Anchor.UNANCHORED
 
 
@@ -252,17 +251,19 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
     n = len(body)
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
-    hits: list[tuple[Matcher, list[int], list[int], list[records.Column], list[int] | None]] = []
+    hits: list[tuple[Matcher, list[str], list[int], list[records.Column], list[int] | None]] = []
     for m, tw in zip(compiled, twins, strict=True):
-        found = list(tw.compiled.finditer(text))
-        if not found:
+        # split, not finditer: the groups and the text between matches in one C call, no match object
+        # (a match's groups are parts[1 + k * stride:][:groups], the gap before it parts[k * stride])
+        parts = tw.compiled.split(text)
+        if len(parts) == 1:
             continue
-        at = list(map(_START, found))
+        stride = tw.compiled.groups + 1
         try:
-            steps = list(map(int, map(_GROUP, found, repeat(m.step_group))))
+            steps = list(map(int, parts[m.step_group::stride]))
             columns: list[records.Column] = []
             for index, _, _ in m.groups:  # a printed decimal is written as it is printed (records.json_texts)
-                texts = list(map(_GROUP, found, repeat(index)))
+                texts = parts[index::stride]
                 columns.append(records.json_texts(texts) or list(map(float, texts)))
         except (TypeError, ValueError):  # no step, a group that took no part or no number: the loop says so
             return None
@@ -282,12 +283,12 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
                 columns = [[col[j] for j in keep] for col in columns]
         if offset:
             steps = [step + offset for step in steps]
-        hits.append((m, at, steps, columns, kept))
+        hits.append((m, parts[:-1:stride], steps, columns, kept))
     ctx.last_by_pattern.update(last_by)
     matched: set[int] = set()
     wheres = []
-    for _, at, _, _, kept in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
-        where = list(accumulate(map(text.count, repeat("\n"), [0, *at[:-1]], at), initial=1))[1:]
+    for _, gaps, _, _, kept in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
+        where = list(accumulate(map(str.count, gaps, repeat("\n")), initial=1))[1:]
         matched.update(where)
         wheres.append(where if kept is None else [where[j] for j in kept])
     blocks: list[Block] = []
