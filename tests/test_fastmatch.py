@@ -314,3 +314,15 @@ def test_a_column_printed_with_one_format_is_checked_by_its_shape_and_written_as
         assert not records._uniform_decimals(odd, "\n".join(odd)), odd  # then `_DECIMALS` (or floats) decide
         got = records.json_texts(odd)
         assert got is None or got == [repr(float(t)) for t in odd], odd
+
+
+def test_a_sources_matchers_are_made_once_and_never_those_of_another_source(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = _spec(tmp_path / "a", '[source]\nkind = "stdout"\npreset = "auto"').source
+    other = _spec(tmp_path / "b", '[source]\nkind = "stdout"\npreset = "nanogpt"').source
+    first = stdout._prepared(one, "nanogpt")
+    assert all(a is b for a, b in zip(first[1], stdout._prepared(one, "nanogpt")[1], strict=True))  # not made again
+    assert [m.key for m in stdout._prepared(other, None)[1]] == [m.key for m in stdout.matchers(other)]
+    assert [name for name, _, _ in stdout._prepared(one, None)[2]] == [name for name, _ in one.candidates]
+    assert stdout._prepared(one, "nanogpt")[2] == []  # nanoGPT's is the first preset tried: none ahead of it
