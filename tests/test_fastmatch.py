@@ -15,6 +15,7 @@ from babysit.core.presets import names
 from babysit.core.source_spec import preset_patterns
 from babysit.core.spec import load_spec
 from babysit.sources import SourcePump, fastmatch, records, stdout
+from babysit.sources import lines as ln
 
 NANOGPT = ['iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+), time (?P<ms>[\\d.]+)ms',
            'step (?P<step>\\d+): train loss [-+.\\w]+, val loss (?P<val_loss>[-+.\\w]+)']
@@ -326,3 +327,43 @@ def test_a_sources_matchers_are_made_once_and_never_those_of_another_source(tmp_
     assert [m.key for m in stdout._prepared(other, None)[1]] == [m.key for m in stdout.matchers(other)]
     assert [name for name, _, _ in stdout._prepared(one, None)[2]] == [name for name, _ in one.candidates]
     assert stdout._prepared(one, "nanogpt")[2] == []  # nanoGPT's is the first preset tried: none ahead of it
+
+
+def test_a_flood_read_whole_never_split_gives_the_loops_records_counts_and_samples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = "[source]\nkind = \"stdout\"\n" + "".join(f"[[source.patterns]]\nregex = '{r}'\n" for r in NANOGPT)
+    rng = random.Random(41)
+    chunks = []
+    step = 0
+    for k in range(14):
+        lines = [f" {j % 100:3d}%|███▏ | {j}/900 [00:01<00:02, 9.0it/s]" for j in range(rng.randint(20, 300))]
+        for j in range(0, len(lines), rng.randint(3, 60)):
+            step += 1
+            lines[j] = f"iter {step}: loss {rng.random() * 4:.4f}, time 1.00ms, mfu 1.2%"
+        if k % 3 == 1:
+            lines[-1] = f"step {step}: train loss 2.5, val loss {rng.random():.4f}"  # the newest line matched
+        if k % 4 == 2:
+            lines.insert(len(lines) // 2, "")  # an empty line (a print after a `\r` bar): no line
+        if k == 5:
+            lines.insert(3, " \t ")  # blanks only: no line either (the split path says so)
+        if k == 7:
+            lines.insert(2, "x" * 5000)  # longer than FAST_LINE_BYTES: split (and the loop reads it)
+        sep = "\r" if k % 5 == 0 else "\r\n" if k % 5 == 1 else "\n"  # tqdm's redraws, Windows' ends
+        chunks.append((sep + sep.join(lines) + ("\n" if k % 6 else ""), f"warn {k}\n" if k % 2 else ""))
+    taken = []
+    whole = stdout._read_whole
+    monkeypatch.setattr(stdout, "_read_whole", lambda *a: taken.append(whole(*a)) or taken[-1])
+    fast, loop = _pump_twice(tmp_path, body, chunks, monkeypatch)
+    assert sum(t is not None for t in taken) >= 10  # read whole, most of them
+    assert fast[1] == loop[1] and fast[1].count(b"\n") > 100  # the record log, byte for byte
+    assert fast[0] == loop[0]  # per pump: records, lines, sample, problems, backlog, the records handed on
+    assert fast[2] == loop[2]
+    path = tmp_path / "out.log"
+    path.write_bytes(b"\r 1%|\r 2%|\r\n\niter 1: loss 1.0, time 1.00ms\n\r 3%| no newline yet")
+    for final in (False, True):  # the writer's unterminated last line: a line of the whole read once it exited
+        got = ln.read_lines(path, ln.Cursor(), final=final, whole=stdout.FAST_LINE_BYTES)
+        split = ln.read_lines(path, ln.Cursor(), final=final)
+        assert got.whole is not None and tuple(got.whole.split(b"\n")[:-1]) == split.lines
+        assert got.cursor == split.cursor and got.lines == () and (got.grown, got.more) == (split.grown, split.more)
+    path.write_bytes(b"a\n" + b"x" * 5000 + b"\nb\n")
+    assert ln.read_lines(path, ln.Cursor(), whole=stdout.FAST_LINE_BYTES).whole is None  # over the bound: split

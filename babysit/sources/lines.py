@@ -62,6 +62,7 @@ class LinesRead:
     missing: bool  # no such file (yet); the cursor is unchanged
     dropped: int  # over-long lines dropped
     more: bool  # the window was full: call again for the rest
+    whole: bytes | None = None  # (`read_lines(whole=...)`) the lines as one text instead: each ends in `\n`
 
 
 def identity(path: Path) -> tuple[tuple[int, int], int, bytes] | None:
@@ -96,9 +97,11 @@ def head_digest(head: bytes) -> str | None:
 
 
 def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
-               max_line_bytes: int = MAX_LINE_BYTES, final: bool = False) -> LinesRead:
+               max_line_bytes: int = MAX_LINE_BYTES, final: bool = False, whole: int = 0) -> LinesRead:
     """The complete lines appended since `cursor`, at most `window` bytes of them. `final`: the writer
-    has exited, so what follows the last terminator at the end of the file is a line too."""
+    has exited, so what follows the last terminator at the end of the file is a line too. `whole`: when
+    no line is over that many bytes, the lines come as one text (`LinesRead.whole`: `\r` made `\n`, no
+    empty line), never split (a flood of progress bars costs no object a line); else as `lines`."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError, PermissionError):
@@ -114,6 +117,14 @@ def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
         data = os.pread(fd, min(want, max(window, max_line_bytes + 1)), cursor.offset)
     finally:
         os.close(fd)
+    if whole and not cursor.skipping:
+        got = _whole(data, final and len(data) == want, min(whole, max_line_bytes))
+        if got is not None:
+            text, consumed = got
+            new = replace(cursor, offset=cursor.offset + consumed, size=st.st_size, file_id=file_id,
+                          head=head_digest(head), head_len=len(head), skipping=False)
+            return LinesRead((), new, st.st_size if reset else max(0, st.st_size - cursor.size), reset, False, 0,
+                             len(data) < want, text)
     lines, consumed, skipping, dropped = split_lines(data, cursor.skipping, max_line_bytes)
     if final and consumed < len(data) == want:  # the file's unterminated end, and no writer left to end it
         if not skipping:
@@ -143,6 +154,34 @@ def split_lines(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[
                 return lines, len(data), True, 1
             return lines, cut, False, 0
     return _split_each(data, skipping, max_line_bytes)
+
+
+def _whole(data: bytes, to_end: bool, longest: int) -> tuple[bytes, int] | None:
+    """(the complete lines of `data` as one text, each ended by `\n`, no empty line; bytes consumed), when
+    no line is over `longest` bytes; None: split it (`split_lines`). `to_end`: the unterminated end is a
+    line too. No line is over `longest` when every aligned block of `longest // 2` bytes holds a newline
+    (a longer line would hold one whole): a `find` a block, not a step a line."""
+    cut = len(data) if to_end else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    if not cut or len(data) - cut > longest:
+        return None
+    text = data[:cut].replace(b"\r", b"\n")
+    half = max(1, longest // 2)
+    find = text.find
+    for at in range(0, len(text) - half + 1, half):
+        if find(b"\n", at, at + half) == -1:
+            return None
+    if text[-1:] != b"\n":
+        text += b"\n"  # the writer's last line, unterminated (to_end)
+    text = text.lstrip(b"\n")
+    if _BLANK.search(b"\n" + text) is not None:  # one pass, sre's (a 2-byte `in` is ~3x slower here)
+        text = _EMPTY.sub(b"\n", text)  # `\r\n`, a print after a `\r` bar: no line
+        if _BLANK.search(b"\n" + text) is not None:
+            return None  # a line of blanks only (no line either, but kept: `split_lines` and the loop say so)
+    return (text, cut) if text else None
+
+
+_BLANK = re.compile(rb"\n[ \t\x0c]*\n")  # an empty line, or one of blanks only (what `bytes.strip` empties)
+_EMPTY = re.compile(rb"\n\n+")
 
 
 def _split_each(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[bytes], int, bool, int]:

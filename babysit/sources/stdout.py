@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from pathlib import Path
@@ -154,16 +154,27 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
             attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
         before = ln.Cursor.from_dict(cursors.get(key))
-        got = ln.read_lines(path, before, window=left, final=final)
+        twins = _twins(compiled) if not candidates and not ctx.track else None
+        whole = FAST_LINE_BYTES if twins is not None and all(t.edges for t in twins) else 0
+        got = ln.read_lines(path, before, window=left, final=final, whole=whole)
         new_cursors[key] = got.cursor.to_dict()
         left -= got.cursor.offset - (0 if got.reset else before.offset)
         more = more or got.more
         if got.dropped:
             _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
         lines = got.lines
-        if lines and not candidates and not ctx.track:
-            twins = _twins(compiled)
-            fast = _read_fast(lines, compiled, twins, source, ctx) if twins is not None else None
+        if got.whole is not None:  # a flood never split into lines: counted, matched whole
+            assert twins is not None
+            fast = _read_whole(got.whole, compiled, twins, source, ctx)
+            if fast is not None:
+                blocks, count, unmatched = fast
+                items.extend(blocks)
+                seen += count
+                sample = unmatched if unmatched is not None else sample
+                continue
+            lines = tuple(filter(None, got.whole.split(b"\n")))
+        if lines and twins is not None:
+            fast = _read_fast(lines, compiled, twins, source, ctx)
             if fast is not None:  # one pass over the whole read (sources.fastmatch), the same records
                 blocks, count, unmatched = fast
                 items.extend(blocks)
@@ -264,8 +275,38 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
         return None
     if not blob.isascii() and any(t.ascii_text for t in twins):
         return None
-    text = blob.decode("latin-1")
-    n = len(body)
+    return _match_text(blob.decode("latin-1"), len(body), blank, ((i, body[i - 1]) for i in range(len(body), 0, -1)),
+                       compiled, twins, source, ctx)
+
+
+def _read_whole(blob: bytes, compiled: list[Matcher], twins: list[fastmatch.Twin], source: SourceSpec,
+                ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
+    """`_read_fast` of a read never split into lines (`lines.read_lines(whole=...)`: every line ends in
+    `\n`, none empty or over FAST_LINE_BYTES), for twins whose matches keep off a line's edges: the
+    lines are counted with one `count`, only the newest unmatched one is cut out. None: split it and
+    take `_read_fast`'s way (a colour code, a `\v`, non-ASCII for an ASCII twin)."""
+    if b"\x1b" in blob or b"\x0b" in blob:
+        return None
+    if not blob.isascii() and any(t.ascii_text for t in twins):
+        return None
+    n = blob.count(b"\n")
+    text = blob[:-1].decode("latin-1")
+
+    def newest_first() -> Iterator[tuple[int, bytes]]:
+        end = len(text)
+        for i in range(n, 0, -1):
+            start = text.rfind("\n", 0, end) + 1
+            yield i, text[start:end].encode("latin-1")
+            end = start - 1
+
+    return _match_text(text, n, 0, newest_first(), compiled, twins, source, ctx)
+
+
+def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int, bytes]], compiled: list[Matcher],
+                twins: list[fastmatch.Twin], source: SourceSpec,
+                ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
+    """The twins run over `text` (`n` lines joined by `\n`, `blank` of them blanks only); `newest_first`:
+    (line number, line) from the last line back, for the newest line no pattern matched."""
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
     hits: list[tuple[Matcher, list[str], list[int], list[records.Column], list[int] | None]] = []
@@ -327,8 +368,7 @@ def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], 
             run = end + 1
     unmatched = None
     if len(matched) < n:
-        unmatched = next((line for i in range(n, 0, -1) if i not in matched and (line := body[i - 1].strip())),
-                         None)
+        unmatched = next((text for i, line in newest_first if i not in matched and (text := line.strip())), None)
     return [b for b in blocks if b.steps], n - blank, unmatched
 
 
