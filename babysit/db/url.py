@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from babysit.core.errors import RegistryError
 from babysit.core.spec import HOST_NAME
+from babysit.db.mirror_view import MirrorStore
 from babysit.db.redact import redact
 from babysit.registry import Registry
 from babysit.store import Store
@@ -68,8 +69,6 @@ def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, 
     try:
         return open_store(registry, environ)
     except DatabaseUnreachable as exc:
-        from babysit.db.mirror_view import MirrorStore
-
         reason = str(exc.__cause__ or exc).strip().splitlines()[0][:160]
         mirror = MirrorStore.of_box(registry.state_dir, host_name(registry, environ), reason)
         if mirror is None:
