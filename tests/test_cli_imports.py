@@ -53,3 +53,14 @@ def test_status_on_sqlite_imports_no_database_library(tmp_path: Path) -> None:
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_demo_command_imports_no_database_library() -> None:
+    """README command 1 installs `.[trainer]` only: `babysit demo` must load without SQLAlchemy, Alembic
+    or psycopg (the fleet demo imports them when it runs, saying what to install when they are missing)."""
+    code = ("import sys; import babysit.commands.demo; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic', 'psycopg'}))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"

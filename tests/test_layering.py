@@ -82,6 +82,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("babysit/commands/db.py", "babysit.db.postgres"): "psycopg only for a PostgreSQL url (`db version` on SQLite)",
     ("babysit/commands/db.py", "babysit.db.copy"): "psycopg only for `db copy`",
     ("babysit/daemon.py", "babysit.db.fleet"): "psycopg only for a daemon of a fleet (a PostgreSQL url)",
+    ("babysit/demo/fleet.py", "babysit.db.migrate"):
+        "SQLAlchemy + Alembic only for `demo --fleet`: `babysit demo` runs on README command 1's install, without them",
 }
 
 

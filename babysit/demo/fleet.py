@@ -14,6 +14,7 @@ install (`require_server`).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -26,7 +27,6 @@ from pathlib import Path
 
 from babysit.core.errors import BadInput
 from babysit.db.localserver import LocalPostgres, PostgresUnavailable, find_bin_dir
-from babysit.db.migrate import upgrade_postgres
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory babysit is imported from: the boxes' daemons too
 
@@ -97,8 +97,20 @@ def require_server() -> Path:
                             "--fleet` again") from None
 
 
+def require_driver() -> None:
+    """The fleet's Python libraries (the `postgres` extra), or a BadInput (exit 2) that says what to install:
+    README command 1 installs `.[trainer]` only, and a single box needs none of them."""
+    missing = [name for name in ("psycopg", "psycopg_pool", "sqlalchemy", "alembic")
+               if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BadInput(f"babysit demo --fleet needs the PostgreSQL libraries, missing here: {', '.join(missing)}",
+                       hint='install them with `pip install -e ".[postgres]"` (from the checkout; '
+                            '`pip install "babysit[postgres]"` from an index), then run `babysit demo --fleet` again')
+
+
 def main() -> int:
     try:
+        require_driver()
         require_server()
         root = Path(tempfile.mkdtemp(prefix="babysit-fleet-demo-"))
         os.chmod(root, 0o755)  # the postgres user runs the server under it when this runs as root
@@ -115,6 +127,8 @@ def _demo(root: Path, server: LocalPostgres) -> int:
         say("a PostgreSQL for the fleet, and its schema (`babysit db upgrade` would do the same)")
         server.start()
         url = server.create_database("babysit")
+        from babysit.db.migrate import upgrade_postgres  # SQLAlchemy + Alembic: only the fleet demo's
+
         upgrade_postgres(url)
         print(f"   {url}")
         for name in ("box-a", "box-b"):
