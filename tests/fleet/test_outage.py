@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.fleet.outage_runs import PREREG, write_spec
 from tests.fleet.test_fleet import FAKE, _env, babysit, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
@@ -29,38 +30,6 @@ PY = sys.executable
 GATED = ROOT / "bench" / "_gated_trainer.py"
 OUTAGE_S = 30.0
 
-PREREG = """
-[prereg]
-question = "Does val_loss fall between steps 50 and 100?"
-metric = "val_loss"
-baseline_step = 50
-read_step = 100
-[[prereg.bands]]
-label = "IMPROVED"
-max = 0.0
-[prereg.otherwise]
-label = "NOT-IMPROVED"
-"""
-
-
-def _spec(box: Path, run: str, cmd: list[str], body: str = "") -> Path:
-    path = box / f"{run}.toml"
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 600
-every_minutes = 600
-{body}""")
-    return path
 
 
 def _pg(url: str) -> Any:
@@ -83,8 +52,8 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
     (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\nguard_interval_seconds = 60\n'
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     gate = box / "gate"
-    ends = _spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
-    trains = _spec(box, "trains", [PY, str(FAKE), "outputs/trains/train_log.jsonl", "--steps", "100000",
+    ends = write_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    trains = write_spec(box, "trains", [PY, str(FAKE), "outputs/trains/train_log.jsonl", "--steps", "100000",
                                    "--sleep", "0.5"])
     for spec in (ends, trains):
         out = babysit(box, "register", str(spec), "--accelerated")

@@ -20,6 +20,7 @@ import pytest
 
 from babysit.core.errors import StateError
 from babysit.db.postgres import PostgresStore
+from tests.fleet.outage_runs import PREREG, write_spec
 from tests.fleet.test_fleet import _env, babysit
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
@@ -116,38 +117,6 @@ with open(log, "a") as f:
         time.sleep(0.5)
 """
 
-PREREG = """
-[prereg]
-question = "Does val_loss fall between steps 50 and 100?"
-metric = "val_loss"
-baseline_step = 50
-read_step = 100
-[[prereg.bands]]
-label = "IMPROVED"
-max = 0.0
-[prereg.otherwise]
-label = "NOT-IMPROVED"
-"""
-
-
-def _spec(box: Path, run: str, cmd: list[str], body: str = "") -> Path:
-    path = box / f"{run}.toml"
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 600
-every_minutes = 600
-{body}""")
-    return path
 
 
 def _posted_ids(fake: FakeSlack) -> Counter[int]:
@@ -181,8 +150,8 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     (box / "crasher.py").write_text(CRASHER)
     gate, crash = box / "gate", box / "crash"
-    ends = _spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
-    retries = _spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
+    ends = write_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    retries = write_spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
                     '[retry]\non = ["crashed"]\n[[attempts]]\nprofile = "first"\nargs = ["--crash"]\n'
                     '[[attempts]]\nprofile = "second"\nargs = []\n')
     for spec in (ends, retries):
@@ -260,7 +229,7 @@ def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_s
     box.mkdir()
     gpu_file(box / "gpus.json")
     (box / "babysit.toml").write_text(f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n')
-    spec = _spec(box, "r1", [PY, "-c", "pass"])
+    spec = write_spec(box, "r1", [PY, "-c", "pass"])
     assert babysit(box, "register", str(spec)).returncode == 0
     outage()
     refused = babysit(box, "status")  # no daemon ever ran here: no mirror, the database's error as before
