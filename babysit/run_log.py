@@ -117,6 +117,17 @@ class RunLog:
         bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms). `final`
         (with `drain`, once the attempt's exit is known): a last printed line without its newline is read
         too — never while the trainer lives, as it may be writing that line still."""
+        reader = self.reader
+        # one save of the offsets a call, not one a chunk (a flood drained at ~30 chunks a second paid a store
+        # commit and an fsync for each): the record log made durable first, so what is saved never runs ahead
+        # of what it holds; a daemon killed before the save reads those chunks again (the pump cuts first)
+        with self.ctx.store.deferred_facts():
+            try:
+                return self._read_chunks(budget, drain, wait, chunk, final)
+            finally:
+                reader.sync()
+
+    def _read_chunks(self, budget: float, drain: bool, wait: bool, chunk: int | None, final: bool) -> int:
         start = time.monotonic()
         total = 0
         reader, lock = self.reader, self.host.lock

@@ -66,7 +66,7 @@ class RunReader:
         pumped = None
         if not self._record_log_behind(size):
             caught_up = self.pump.source.copies and self.tail.offset == self.pump.state.get("records_bytes")
-            pumped = self.pumped = self.pump.pump(now, budget=size, final=final)
+            pumped = self.pumped = self.pump.pump(now, budget=size, final=final, sync=False)
             taken = self._taken(pumped, final) if caught_up else None
             if taken is not None:
                 self.pending = taken
@@ -101,6 +101,12 @@ class RunReader:
 
     def applied(self) -> None:
         self.pending = None
+
+    def sync(self) -> None:
+        """The record log made durable before its offsets are saved (`SourcePump.sync`), by whichever
+        thread applied the chunks, whichever pumped them; never under `lock` (a reader thread woken to
+        read on must find it free)."""
+        self.pump.sync()
 
     def _record_log_behind(self, chunk: int) -> bool:
         """Whether the record log holds more than a chunk the tail has not read."""

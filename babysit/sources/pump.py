@@ -15,6 +15,7 @@ with the tail offset of the record log, after reading it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,8 @@ class SourcePump:
         self._mlflow = mlflowstore.MlflowReader(self.source, spec.name) if self.source.kind == "mlflow" else None
         self._captured = stdout.CapturedFiles(self.run_dir)
         self._state = self._reconcile(dict(state or {}))
+        self._unsynced = False  # appended with sync=False since the last sync()
+        self._sync_lock = threading.Lock()  # the pumping thread sets it, any applying thread syncs
 
     @property
     def state(self) -> Mapping[str, Any]:
@@ -91,10 +94,11 @@ class SourcePump:
             return self.source.preset
         return self._state.get("reader", {}).get("preset")
 
-    def pump(self, now: float, budget: int = lines.WINDOW_BYTES, final: bool = False) -> PumpResult:
+    def pump(self, now: float, budget: int = lines.WINDOW_BYTES, final: bool = False, sync: bool = True) -> PumpResult:
         """Read the source on, at most about `budget` bytes of it (stdout; csv and tensorboard bound
         their reads themselves), and append what it gave to the record log; `backlog`: call again.
-        `final`: the attempt has exited (its exit's drain): a printed last line without its newline is read."""
+        `final`: the attempt has exited (its exit's drain): a printed last line without its newline is read.
+        `sync=False`: the append is not made durable here; call `sync()` before persisting `state`."""
         st = self._state
         items: tuple[records.Item, ...] = ()
         lines: int | None = None
@@ -138,15 +142,18 @@ class SourcePump:
         appended: records.RecordBatch | tuple[LogRecord, ...] | None
         if any(isinstance(it, records.Block) for it in items):  # a read matched whole: columns, one format
             written, new_anchor, batch = records.write_batch(self.records_path, items,
-                                                             tuple(anchor) if anchor else None, now, start)
+                                                             tuple(anchor) if anchor else None, now, start, sync=sync)
             added, appended = len(batch), batch if self.source.copies else None
         else:
             stamped = records.stamp(items, tuple(anchor) if anchor else None, now)  # type: ignore[arg-type]
             encoded = [records.encode(it) for it in stamped]
-            written = records.append_lines(self.records_path, encoded) if encoded else 0
+            written = records.append_lines(self.records_path, encoded, sync=sync) if encoded else 0
             new_anchor = records.next_anchor(stamped, tuple(anchor) if anchor else None)
             added = len(stamped)
             appended = records.as_log_records(stamped, encoded, start) if self.source.copies else None
+        if written and not sync:
+            with self._sync_lock:
+                self._unsynced = True
         sizes, grown = _grown(captured + watched, st.get("sizes", {}))
         counted = kind != "jsonl"
         self._state = {
@@ -180,6 +187,14 @@ class SourcePump:
             records_start=start,
             notices=notices,
         )
+
+    def sync(self) -> None:
+        """Make the record log's appends durable (one fsync for the pumps since the last): call it before
+        the state that counts them is persisted, so a saved state never runs ahead of the file."""
+        with self._sync_lock:  # held through the fsync: a second caller returns once the bytes are durable
+            if self._unsynced:
+                records.sync(self.records_path)
+                self._unsynced = False
 
     def unread_bytes(self) -> int:
         """Bytes the run's captured files hold beyond the cursors now (stdout; 0 for the other kinds):
