@@ -1,0 +1,119 @@
+"""A run's reading of a flood, as the daemon does it (babysit/run_log.py over babysit/runreader.py): a read
+of many chunks saves the offsets once, after the record log is durable, so what is saved never runs ahead
+of what the record log holds; and a read that hands the rest to the reader thread leaves it free to read."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from babysit.core.spec import load_spec
+from babysit.runreader import CHUNK_BYTES
+
+RUN_TOML = """[run]
+name = "r"
+command = ["python", "train.py"]
+
+[guards]
+min_free_host_ram_gib = 1
+
+[source]
+kind = "stdout"
+[[source.patterns]]
+regex = 'iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+)'
+"""
+
+FLOOD = "".join(f" {i % 100:3d}%|###   | {i}/200000 [00:01<00:02, 100000.00it/s]\n"
+                + (f"iter {i}: loss {4 - i / 1e5:.4f}\n" if i % 100 == 0 else "") for i in range(1, 40_001))
+
+
+@contextmanager
+def supervised(tmp_path: Path) -> Iterator[object]:
+    from babysit.context import DaemonContext
+    from babysit.probes.gpu import FileGpuProbe
+    from babysit.store import Store
+    from babysit.supervisor import RunSupervisor
+    from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+
+    (tmp_path / "r.toml").write_text(RUN_TOML)
+    (tmp_path / "gpus.json").write_text('{"gpus": []}')
+    clock, host = FakeClock(), FakeHostProbe()
+    store = Store.in_dir(tmp_path / ".babysit")
+    ctx = DaemonContext(store=store, state_dir=tmp_path / ".babysit", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
+                        executors={"local": FakeExecutor(clock, host)}, scale=60.0, clock=clock, host_probe=host,
+                        timers=ManualTimers(clock))
+    try:
+        sup = RunSupervisor(ctx, load_spec(tmp_path / "r.toml"), None)
+        sup.start()
+        attempt = tmp_path / ".babysit" / "runs" / "r" / "attempt-1"
+        attempt.mkdir(parents=True, exist_ok=True)
+        (attempt / "stdout.log").write_text(FLOOD)
+        (attempt / "stderr.log").write_text("")
+        yield sup
+    finally:
+        ctx.reads.close()
+        store.close()
+
+
+def saved_source(tmp_path: Path) -> dict:
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / ".babysit" / "state.db")
+    try:
+        (facts,) = con.execute("SELECT facts FROM run_state WHERE run = 'r'").fetchone()
+    finally:
+        con.close()
+    return json.loads(facts)
+
+
+def test_a_read_of_many_chunks_saves_once_after_one_fsync_of_the_record_log(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a store commit and an fsync per chunk (~30 a second under a flood). Now one of each per read,
+    the fsync first: the saved record-log length is never more than the record log held when it was synced."""
+    from babysit.store import Store
+
+    records_log = tmp_path / ".babysit" / "runs" / "r" / "records.jsonl"
+    synced: list[int] = []  # the record log's size at each fsync of it
+    saves: list[tuple[int, int | None]] = []  # (records_bytes saved, the record log's size at the last fsync)
+    real_fsync, real_merge = os.fsync, Store._merge_facts
+
+    def fsync(fd: int) -> None:
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(records_log.resolve()):
+            synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    def merge(self: Store, facts_by_run: dict) -> None:
+        for _, facts in facts_by_run.values():
+            if "source" in facts:
+                saves.append((facts["source"]["records_bytes"], synced[-1] if synced else None))
+        real_merge(self, facts_by_run)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Store, "_merge_facts", merge)
+    with supervised(tmp_path) as sup:
+        assert len(FLOOD) > 8 * CHUNK_BYTES
+        sup.runlog.read_log(drain=True)
+        assert saved_source(tmp_path)["source"]["lines"] == 40_400  # every line read, in one call
+    assert len(saves) == 1 and len(synced) == 1, (saves, synced)
+    saved, durable = saves[0]
+    assert durable is not None and saved == durable == records_log.stat().st_size
+    assert records_log.read_text().count('"train_loss"') == 400
+
+
+def test_a_guard_read_hands_the_rest_to_the_reader_thread_and_it_reads_on(tmp_path: Path) -> None:
+    """A guard reads a budget's worth and wishes the rest on the reader thread: the thread, woken at once,
+    must find the reading free (it gave up on a lock the guard still held for its fsync, and the flood
+    waited for the next tick)."""
+    with supervised(tmp_path) as sup:
+        sup.ctx.reads.start()
+        sup.runlog.read_log(budget=0.0, wait=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sup.runlog.reader.pump.state["lines"] < 40_400:
+            time.sleep(0.02)  # (never taking the reader's lock: a reader thread that finds it taken waits for a wish)
+        assert sup.runlog.reader.pump.state["lines"] == 40_400
