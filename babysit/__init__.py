@@ -3,6 +3,6 @@
 Kept light on purpose: importing babysit imports no ML framework (torch, transformers, lightning).
 """
 
-from babysit.client import log
+from babysit.integrations.client import log
 
 __all__ = ["log"]

@@ -10,7 +10,7 @@ was sent. Target ≤ 1 s.
 
 Side by side, the same abort without the wake (the request written to the store, no signal to the
 daemon): what a daemon that polls for control requests gets — here its guard round's backstop, at
-most one guard interval (the daemon before babysit.wake polled every tick). `--before DIR` runs the
+most one guard interval (the daemon before babysit.runtime.wake polled every tick). `--before DIR` runs the
 same trials against the code exported in DIR (bench/export_before.sh): its daemon and its bot.
 """
 

@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Daemon, emit, kill_runs, nvml_or_reason, wait_for, write_gpu_file, write_registry, write_run
 
-from babysit.store import Store
+from babysit.db.store import Store
 
 HERE = Path(__file__).resolve().parent
 WRITER = [sys.executable, str(HERE / "_logwriter.py"), "--interval", "0.2"]

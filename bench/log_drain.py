@@ -136,7 +136,7 @@ def measure(kind: str, n: int, work: Path, prereg: bool = True) -> dict[str, Any
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(usage.read_text())
     sys.path.insert(0, str(REPO))
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     store = Store.in_dir(work / ".babysit")
     try:

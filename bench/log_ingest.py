@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, log_line, naive_parse, summary, time_calls, write_log
 
-from babysit import logtail
+from babysit.sources import logtail
 
 MB = 1e6
 

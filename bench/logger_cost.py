@@ -35,9 +35,9 @@ def records(n: int) -> list[dict[str, float]]:
 
 
 def client_at(before: str | None) -> Any:
-    """This tree's `babysit.client`, or (before) DIR/babysit/client.py loaded on its own (stdlib only)."""
+    """This tree's `babysit.integrations.client`, or (before) DIR/babysit/client.py loaded on its own (stdlib only)."""
     if before is None:
-        from babysit import client
+        from babysit.integrations import client
 
         return client
     spec = importlib.util.spec_from_file_location("babysit_client_before", Path(before) / "babysit" / "client.py")

@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, naive_parse, nvml_or_reason, summary, time_calls, write_log
 
-from babysit import logtail
+from babysit.sources import logtail
 from babysit.probes import proctree
 from babysit.probes.host import read_host
 

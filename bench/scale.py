@@ -5,7 +5,7 @@
 
 For each size: N real runs launched through the real local executor (shim + `sleep 100000`; each
 run's log is fed by ONE writer process appending a record per second to all logs), GPUs injected
-with a FileGpuProbe (every run declares gpus = [0]). The daemon is the real `babysit.daemon.Daemon`
+with a FileGpuProbe (every run declares gpus = [0]). The daemon is the real `babysit.service.daemon.Daemon`
 STARTED IN THIS PROCESS (`Daemon.start()`: its scheduler, worker pool, exit-watcher and delivery
 threads run as under `babysit up`; its guard interval is set to an hour so no round of its own
 overlaps a timed one). Once the launch posts are delivered, a guard round and a poll round (every
@@ -72,8 +72,8 @@ time.sleep(100000)
 
 
 def one_size(n: int, args: argparse.Namespace, pathological: bool = False) -> dict[str, Any]:
-    from babysit.daemon import Daemon
-    from babysit.notify import ConsoleChannel
+    from babysit.service.daemon import Daemon
+    from babysit.channels.notify import ConsoleChannel
     from babysit.probes.gpu import FileGpuProbe
 
     root = Path(tempfile.mkdtemp(prefix=f"babysit-scale{n}-"))
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time each size with one more run whose reader is far behind (a flood of lines)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    from babysit import logs
+    from babysit.runtime import logs
 
     logs.configure(None, console=False)
     logging.getLogger().addHandler(logging.NullHandler())  # the runs killed at teardown are not news

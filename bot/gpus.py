@@ -18,7 +18,7 @@ from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import process_tree
-from babysit.store import Store
+from babysit.db.store import Store
 
 FOREIGN = "FOREIGN"
 

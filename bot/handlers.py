@@ -16,9 +16,9 @@ from typing import Any
 
 import structlog
 
-from babysit import registry as registry_mod
-from babysit import relaunch as relaunch_mod
-from babysit import runview
+from babysit.runtime import registry as registry_mod
+from babysit.register import relaunch as relaunch_mod
+from babysit.view import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.db.url import fleet_owner

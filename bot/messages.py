@@ -12,8 +12,8 @@ from typing import Any
 from babysit.core.blocks import actions, code, confirm_button, context, section
 from babysit.core.render import Rendered, snapshot_line
 from babysit.core.snapshot import Snapshot
-from babysit.runtable import status_table
-from babysit.runview import RunRow
+from babysit.view.runtable import status_table
+from babysit.view.runview import RunRow
 
 # -- slash commands ------------------------------------------------------------------------------------
 # Every string a slash command answers with. Each tells the user what to do next.

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 
 import structlog
 
-from babysit import runview
+from babysit.view import runview
 from babysit.campaign import clicks
 from babysit.campaign.history import view_of
 from babysit.core import campaign_render as crender

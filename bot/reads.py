@@ -1,7 +1,7 @@
 """The verdict and its chart for the slash commands, read the way the daemon reads them.
 
 The FINAL verdict, once stored, is the one of record and is shown as stored. Before it, /verdict
-reads the log now through `babysit.reading` (prereg hash checked on every read, so a tampered
+reads the log now through `babysit.verdict.reading` (prereg hash checked on every read, so a tampered
 pre-registration gives a refusal, never a card). Errors are BabysitErrors whose message the bot
 shows as is.
 
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit import runview
-from babysit.chart import render_chart
+from babysit.view import runview
+from babysit.verdict.chart import render_chart
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.spec import load_spec
 from babysit.db.url import store_url
-from babysit.reading import read_registered_verdict, read_series, records_log, require_prereg
-from babysit.registry import Registry, RunEntry
-from babysit.runview import RunRow, box_staleness, host_states
-from babysit.store import Store
+from babysit.verdict.reading import read_registered_verdict, read_series, records_log, require_prereg
+from babysit.runtime.registry import Registry, RunEntry
+from babysit.view.runview import RunRow, box_staleness, host_states
+from babysit.db.store import Store
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from babysit.core.readings import HostReading
 from babysit.executors import ExitInfo, Launched
 from babysit.probes.gpu import GpuProbe
-from babysit.store import Attempt
+from babysit.db.store import Attempt
 
 GIB = 2**30
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.chart import render_chart
+from babysit.verdict.chart import render_chart
 from babysit.core.amendment import load_amendment, what_if
 from babysit.core.spec import load_spec
 from babysit.core.verdict import evaluate
-from babysit.reading import read_series
+from babysit.verdict.reading import read_series
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -46,14 +46,14 @@ def test_chart_with_no_data_at_all(tmp_path: Path, seed):
 
 
 def test_importing_the_cli_and_chart_does_not_import_matplotlib():
-    code = "import sys, babysit.chart, babysit.commands.verdict, babysit.core.verdict; print('matplotlib' in sys.modules)"
+    code = "import sys, babysit.verdict.chart, babysit.commands.verdict, babysit.core.verdict; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_write_verdict_files_as_the_daemon_calls_it(tmp_path: Path, seed):
-    from babysit.reading import write_verdict_files
-    from babysit.store import Store
+    from babysit.verdict.reading import write_verdict_files
+    from babysit.db.store import Store
 
     spec, series, train, _ = seed
     store = Store.in_dir(tmp_path / "state")
@@ -94,7 +94,7 @@ def test_a_no_read_of_an_overflowing_delta_still_draws(tmp_path: Path, seed):
 
 
 def test_a_chart_that_cannot_be_written_is_reported_never_raised(tmp_path: Path, seed):
-    from babysit.reading import draw_chart
+    from babysit.verdict.reading import draw_chart
 
     spec, series, train, _ = seed
     verdict = evaluate(spec.prereg, (), series, train_series=train)
@@ -109,7 +109,7 @@ from pathlib import Path
 from babysit.core.amendment import load_amendment, what_if
 from babysit.core.spec import load_spec
 from babysit.core.verdict import evaluate
-from babysit.reading import draw_chart, read_series
+from babysit.verdict.reading import draw_chart, read_series
 fixtures, out = Path(sys.argv[1]), Path(sys.argv[2])
 spec = load_spec(fixtures / "run.toml")
 series, train, _ = read_series(spec.log, spec.prereg)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.daemon import Daemon
-from babysit.notify import ConsoleChannel
+from babysit.service.daemon import Daemon
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import FileGpuProbe
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 RUNS = ("a", "b", "c")

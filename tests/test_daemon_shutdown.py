@@ -12,8 +12,8 @@ from pathlib import Path
 SCRIPT = r"""
 import os, sys, threading, time
 from pathlib import Path
-from babysit.daemon import Daemon
-from babysit.notify import ConsoleChannel
+from babysit.service.daemon import Daemon
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import NullGpuProbe
 
 root = Path(sys.argv[1])

@@ -8,10 +8,10 @@ import threading
 import time
 from pathlib import Path
 
-from babysit import delivery
-from babysit.delivery import DeliveryWorker
-from babysit.notify import Delivery
-from babysit.store import Store
+from babysit.channels import delivery
+from babysit.channels.delivery import DeliveryWorker
+from babysit.channels.notify import Delivery
+from babysit.db.store import Store
 
 
 class Recording:

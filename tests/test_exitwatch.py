@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from babysit import exitwatch
-from babysit.exitwatch import ExitWatcher
+from babysit.runtime import exitwatch
+from babysit.runtime.exitwatch import ExitWatcher
 
 pytestmark = pytest.mark.skipif(not exitwatch.supported(), reason="no pidfd_open/epoll on this platform")
 

@@ -223,10 +223,10 @@ label = "FLAT-OR-WORSE"
 
 
 def _runlog_state(tmp_path: Path, text: str, twins: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
-    from babysit.context import DaemonContext
+    from babysit.run.context import DaemonContext
     from babysit.probes.gpu import FileGpuProbe
-    from babysit.store import Store
-    from babysit.supervisor import RunSupervisor
+    from babysit.db.store import Store
+    from babysit.run.supervisor import RunSupervisor
     from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
     tmp_path.mkdir()

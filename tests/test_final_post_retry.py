@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit import registration
-from babysit.daemon import Daemon
-from babysit.notify import ConsoleChannel, deliver_due
+from babysit.register import registration
+from babysit.service.daemon import Daemon
+from babysit.channels.notify import ConsoleChannel, deliver_due
 from babysit.probes.gpu import FileGpuProbe
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from babysit.context import DaemonContext
+from babysit.run.context import DaemonContext
 from babysit.core.render import render
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
-from babysit.store import Store
-from babysit.supervisor import RunSupervisor
+from babysit.db.store import Store
+from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 
@@ -197,7 +197,7 @@ def test_the_gpu_command_quarantines_lists_and_releases_by_uuid_or_index(tmp_pat
 
 def test_the_quarantine_is_shown_by_slack_and_the_web_page() -> None:
     from babysit.core.readings import GpuReading, GpuView
-    from babysit.gpufault import quarantine_lines
+    from babysit.run.gpufault import quarantine_lines
     from babysit.web.pages import runs_fragment
     from bot.gpus import gpu_lines
 

@@ -13,13 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.context import DaemonContext
+from babysit.run.context import DaemonContext
 from babysit.core.spec import load_spec
 from babysit.executors import ExitInfo
 from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
-from babysit.store import Attempt, Store
-from babysit.supervisor import RunSupervisor
+from babysit.db.store import Attempt, Store
+from babysit.run.supervisor import RunSupervisor
 
 FAKE_TRAINER = Path(__file__).parent / "reliability" / "fake_trainer.py"
 

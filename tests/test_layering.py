@@ -75,13 +75,13 @@ def test_babysit_never_imports_bot_except_where_the_cli_starts_it():
 
 # Function-local imports of babysit's or bot's own modules, each with the reason it is not at the top.
 LOCAL_IMPORTS_ALLOWED = {
-    ("babysit/commands/status.py", "babysit.watch"):
+    ("babysit/commands/status.py", "babysit.view.watch"):
         "only `status --watch` needs it, and it imports structlog and rich (~0.2 s): `babysit status` stays fast",
     ("babysit/db/url.py", "babysit.db.postgres"):
         "psycopg (~0.35 s) only where a PostgreSQL url is configured: a SQLite box never loads it",
     ("babysit/commands/db.py", "babysit.db.postgres"): "psycopg only for a PostgreSQL url (`db version` on SQLite)",
     ("babysit/commands/db.py", "babysit.db.copy"): "psycopg only for `db copy`",
-    ("babysit/daemon.py", "babysit.db.fleet"): "psycopg only for a daemon of a fleet (a PostgreSQL url)",
+    ("babysit/service/daemon.py", "babysit.db.fleet"): "psycopg only for a daemon of a fleet (a PostgreSQL url)",
     ("babysit/demo/fleet.py", "babysit.db.migrate"):
         "SQLAlchemy + Alembic only for `demo --fleet`: `babysit demo` runs on README command 1's install, without them",
 }
@@ -126,10 +126,10 @@ def test_the_checks_above_see_a_violation(tmp_path: Path):
     """The import walker finds function-local and TYPE_CHECKING imports (a checker that sees nothing
     would pass everything)."""
     sample = tmp_path / "m.py"
-    sample.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from babysit.store import Store\n"
+    sample.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from babysit.db.store import Store\n"
                       "def f():\n    import bot.app\n")
-    assert {m for _, m in imports(sample)} == {"typing", "babysit.store", "bot.app"}
-    assert local_imports(sample) == [(3, "babysit.store"), (5, "bot.app")]
+    assert {m for _, m in imports(sample)} == {"typing", "babysit.db.store", "bot.app"}
+    assert local_imports(sample) == [(3, "babysit.db.store"), (5, "bot.app")]
 
 
 def test_only_the_cli_imports_the_commands():

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from babysit.executors.local import LocalExecutor
-from babysit.store import Store
+from babysit.db.store import Store
 
 WORKER = """
 import os, signal, sys, time

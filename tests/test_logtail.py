@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from babysit.core.records import LogRecord, ProgressPoint, metric_series, seconds_per_step
-from babysit.logtail import TailState, read_all, read_new, read_recent
+from babysit.sources.logtail import TailState, read_all, read_new, read_recent
 
 
 def line(step: int, ts: float, **metrics: object) -> bytes:
@@ -409,7 +409,7 @@ def test_read_recent_says_none_for_a_log_it_cannot_read_and_nothing_for_one_long
 
 
 def test_values_no_float_holds_are_kept_out_of_metrics_and_a_step_beyond_an_integer_is_garbage() -> None:
-    from babysit.logtail import parse_line
+    from babysit.sources.logtail import parse_line
 
     huge = 10**400
     record = parse_line(b'{"step": 5, "ts": 1.0, "e": %d, "n": -%d, "tiny": 1e-320, "big": 1.7e308, "x": NaN}'

@@ -1,4 +1,4 @@
-"""A hung collective explained (babysit/nccl.py): a real two-rank gloo job (torchrun, CPU) in which rank 1
+"""A hung collective explained (babysit/run/nccl.py): a real two-rank gloo job (torchrun, CPU) in which rank 1
 skips an all-reduce; every rank's stack is taken with py-spy, then the flight records (torch's own
 `_dump_fr_trace`, PyTorch's format, asked for through the dump pipe babysit writes) name rank 1 as the
 one that never entered the collective; without records the stacks name it."""
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit import nccl
+from babysit.run import nccl
 from babysit.core.render import render
 from babysit.probes.host import process_tree
-from babysit.stackdump import STOPPED_MARK, stack_dump
+from babysit.run.stackdump import STOPPED_MARK, stack_dump
 
 HANG = Path(__file__).parent / "fixtures" / "nccl" / "gloo_hang.py"
 

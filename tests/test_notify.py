@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from babysit.core.errors import StateError, TransientDeliveryError
-from babysit.notify import UNEXPECTED_TRIES, ConsoleChannel, Delivery, deliver_due
-from babysit.store import Store
+from babysit.channels.notify import UNEXPECTED_TRIES, ConsoleChannel, Delivery, deliver_due
+from babysit.db.store import Store
 from tests.reliability.test_resources import fill, small_disk  # noqa: F401 - small_disk is a fixture
 
 

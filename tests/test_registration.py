@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.cli import main
 
 PREREG = """

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.core.errors import EXIT_BAD_INPUT, RegistryError, SpecError, UnknownRun
-from babysit.registry import DaemonSettings, Registry, RunEntry, load, resolve_registry_path, update, with_run
+from babysit.runtime.registry import DaemonSettings, Registry, RunEntry, load, resolve_registry_path, update, with_run
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

@@ -1,6 +1,6 @@
 """The run's transition function, driven by random event sequences (hypothesis) and by examples.
 
-A small stand-in shell carries out the effects the way babysit/supervisor.py does (a Launch is
+A small stand-in shell carries out the effects the way babysit/run/supervisor.py does (a Launch is
 answered by Launched or LaunchRefused, an Adopt by Adopted, a ReadVerdict by a verdict or none) and
 keeps what the store would hold; a "crash" drops the rest of a step's effects, restores the state from
 that store and feeds Registered, as a restarted daemon does. The invariants are checked against an

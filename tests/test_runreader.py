@@ -1,4 +1,4 @@
-"""A run's reading in bounded chunks (babysit/runreader.py): a backlog is read a chunk at a time, every
+"""A run's reading in bounded chunks (babysit/run/runreader.py): a backlog is read a chunk at a time, every
 line counted once; the records the pump made are handed over as logtail would read them back (the
 same steps, times, metrics and non-finite fields, the same tail), and read from the file instead when
 someone else wrote to the record log too."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from babysit import logtail
+from babysit.sources import logtail
 from babysit.core.spec import load_spec
-from babysit.runreader import CHUNK_BYTES, RunReader
+from babysit.run.runreader import CHUNK_BYTES, RunReader
 
 RUN = r"""[run]
 name = "r1"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from babysit.sampler import Sampler
+from babysit.service.sampler import Sampler
 
 
 def test_samples_come_at_the_interval_and_stop_with_the_sampler() -> None:

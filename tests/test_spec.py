@@ -275,7 +275,7 @@ def test_no_key_babysit_reads_is_a_near_miss_of_a_required_key_of_its_table(
 
     from babysit.core import tomlfile
     from babysit.core.amendment import load_amendment
-    from babysit.registry import load
+    from babysit.runtime.registry import load
 
     keys: dict[str, set[str]] = defaultdict(set)
     needed: dict[str, set[str]] = defaultdict(set)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from babysit.stopcheck import written_after
+from babysit.run.stopcheck import written_after
 
 
 def touch(path: Path, size: int, mtime: float) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
-from babysit.store import SCHEMA_VERSION, Store
+from babysit.db.store import SCHEMA_VERSION, Store
 
 
 class Backend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from babysit.db.interface import StateStore
-from babysit.store import Store
+from babysit.db.store import Store
 
 MEMBERS = [n for n, v in vars(StateStore).items() if callable(v) and not n.startswith("_")]
 

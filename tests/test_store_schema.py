@@ -18,7 +18,7 @@ from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 from babysit.db import schema
 from babysit.db.copy import digest
-from babysit.store import SCHEMA_VERSION, Store
+from babysit.db.store import SCHEMA_VERSION, Store
 
 ROOT = Path(__file__).resolve().parents[1]
 V2 = ROOT / "tests" / "fixtures" / "store" / "state_v2.db"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from babysit.context import DaemonContext
+from babysit.run.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core.spec import load_spec
 from babysit.probes.gpu import FileGpuProbe
-from babysit.run_stop import RunStop
-from babysit.store import Store
-from babysit.supervisor import RunSupervisor
+from babysit.run.run_stop import RunStop
+from babysit.db.store import Store
+from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 GIB = 2**30

@@ -80,7 +80,7 @@ def test_seed_bounds_show_as_spec_section_5_writes_them():
 
 def test_rigonly_fixture_reads_ambiguous():
     spec = load_spec(FIXTURES / "run.toml")
-    from babysit.reading import run_fixture
+    from babysit.verdict.reading import run_fixture
 
     result = run_fixture(spec.prereg)
     assert result.ok

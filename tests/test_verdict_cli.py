@@ -92,7 +92,7 @@ def test_tampered_prereg_exits_1_and_records_the_incident_once(project: Path, ca
     assert main(["verdict", RUN, "--json"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "ERROR:" in err and "HINT:" in err and "edited after registration" in err
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     incidents = [r for r in Store.in_dir(project / ".babysit").incidents(RUN) if r.kind == "prereg-tampered"]
     assert len(incidents) == 1
@@ -157,8 +157,8 @@ def test_prereg_show_verifies_the_chain(project: Path, capsys):
 # -- one poison value, one typo, one what-if: never a traceback, never the FINAL verdict's files ----------
 def final_files(project: Path) -> dict[str, bytes]:
     """Write the FINAL verdict's files and record it, exactly as the daemon does (reading + store)."""
-    from babysit.reading import load_registered, read_registered_verdict, write_verdict_files
-    from babysit.store import Store
+    from babysit.verdict.reading import load_registered, read_registered_verdict, write_verdict_files
+    from babysit.db.store import Store
 
     reg, entry, spec = load_registered(project / "babysit.toml", RUN)
     store = Store.in_dir(reg.state_dir)
@@ -235,7 +235,7 @@ def test_a_what_if_amendment_with_a_typo_exits_2_naming_the_file_and_field_as_am
 def test_a_read_mid_run_says_the_run_is_still_running_and_when_the_read_step_is_due(project: Path, capsys):
     """`babysit verdict RUN` mid-run said a bare NO-READ/PROVISIONAL; now where the run is and when the
     read step comes, from its step and s/step."""
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     registered(project, line(500, eval_chunk_mae=3.4623) + line(600, train_chunk_mae=3.0)
                + line(750, eval_chunk_mae=4.0))

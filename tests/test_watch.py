@@ -7,7 +7,7 @@ import io
 import re
 import threading
 
-from babysit.watch import LiveView
+from babysit.view.watch import LiveView
 
 
 class Screen(io.StringIO):

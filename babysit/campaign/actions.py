@@ -21,8 +21,8 @@ from typing import Any
 
 import structlog
 
-from babysit import registration
-from babysit.atomic import write_atomic
+from babysit.register import registration
+from babysit.runtime.atomic import write_atomic
 from babysit.campaign import propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
@@ -30,7 +30,7 @@ from babysit.core import campaign_grid as grid_mod
 from babysit.core.campaign_spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.tomlfile import load
-from babysit.store import OwnerCall, Store
+from babysit.db.store import OwnerCall, Store
 
 log = structlog.get_logger("babysit.campaign")
 

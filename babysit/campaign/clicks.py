@@ -4,7 +4,7 @@ The bot (bot/owner_calls.py) hands a click here after Bolt checked its signature
 decision need the campaign's file (its `owners`) and its proposals, which are on the box whose run raised
 the call: on that box (or a single box) the bot calls `answer` itself; a fleet's gateway answering for
 another box's call queues a control request addressed to that box instead (`request_action`), which its
-daemon carries out through the same `answer` (babysit/daemon.py) and answers with `Answer.to_result`; the
+daemon carries out through the same `answer` (babysit/service/daemon.py) and answers with `Answer.to_result`; the
 gateway then tells the clicker through the response_url, as an abort's answer is told.
 
 Checks, in order: the clicker on the campaign's `owners` (else `[daemon].abort_allow_list`), the decision
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import structlog
 
-from babysit import registry as registry_mod
+from babysit.runtime import registry as registry_mod
 from babysit.campaign import actions
 from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
-from babysit.store import Store
+from babysit.db.store import Store
 
 log = structlog.get_logger("babysit.campaign")
 

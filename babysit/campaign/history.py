@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from babysit import registry as registry_mod
+from babysit.runtime import registry as registry_mod
 from babysit.campaign import settle
 from babysit.core import campaign_grid as grid_mod
 from babysit.core.campaign_spec import Campaign, load_campaign
@@ -20,8 +20,8 @@ from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.verdict import build_rules
 from babysit.db.url import open_store
-from babysit.reading import read_series, records_log
-from babysit.store import OwnerCall, Row, Store
+from babysit.verdict.reading import read_series, records_log
+from babysit.db.store import OwnerCall, Row, Store
 
 
 @dataclass(frozen=True)

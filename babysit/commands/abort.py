@@ -7,10 +7,10 @@ import getpass
 import time
 from datetime import datetime, timezone
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.core.status import ENDED_STATUSES
 from babysit.db.url import fleet_owner, open_existing, open_store
-from babysit.registry import utc_timestamp
+from babysit.runtime.registry import utc_timestamp
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,21 +22,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from babysit import logs, registration, registry, wake
+from babysit.register import registration
+from babysit.runtime import logs, registry, wake
 from babysit.commands import register
 from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
 from babysit.core.presets import names as preset_names
 from babysit.core.spec import RUN_NAME
 from babysit.core.status import RunStatus
-from babysit.daemon import Daemon
+from babysit.service.daemon import Daemon
 from babysit.db.url import open_existing, open_store, store_url
-from babysit.follow import Follower
-from babysit.notify import Channel, ConsoleChannel
+from babysit.view.follow import Follower
+from babysit.channels.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
-from babysit.store import Store
-from babysit.watch import Watcher, open_view
+from babysit.db.store import Store
+from babysit.view.watch import Watcher, open_view
 
 SAY = "babysit run:"
 

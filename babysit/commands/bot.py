@@ -11,7 +11,7 @@ import argparse
 import sys
 import threading
 
-from babysit import logs, registry
+from babysit.runtime import logs, registry
 from bot.app import start
 from bot.context import BotConfig
 

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.campaign import history
 from babysit.campaign.saga import render_saga
 from babysit.commands import register

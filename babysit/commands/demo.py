@@ -8,16 +8,16 @@ import json
 import sys
 import time
 
-from babysit import logs, registry
+from babysit.runtime import logs, registry
 from babysit.commands import adhoc, campaign, register, status
 from babysit.commands import amend as amend_command
 from babysit.commands.args import parse
 from babysit.core.errors import BabysitError, BadInput
-from babysit.daemon import Daemon
+from babysit.service.daemon import Daemon
 from babysit.demo import fleet, runner
-from babysit.notify import ConsoleChannel
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
-from babysit.watch import Watcher, open_view
+from babysit.view.watch import Watcher, open_view
 
 # Banked deltas over steps 500 -> 1000 of the bundled recipes on CPU (seed 0), and the read of the
 # bundled fixture log: see docs/demo.md for the runs that produced them.

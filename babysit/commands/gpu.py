@@ -12,7 +12,8 @@ import argparse
 import getpass
 import time
 
-from babysit import gpufault, registry
+from babysit.run import gpufault
+from babysit.runtime import registry
 from babysit.core.errors import BadInput
 from babysit.db.url import open_store
 from babysit.probes.gpu import open_gpu_probe

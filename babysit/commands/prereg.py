@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from babysit.prereg_record import collect
-from babysit.registry import resolve_registry_path
+from babysit.verdict.prereg_record import collect
+from babysit.runtime.registry import resolve_registry_path
 
 
 def run(args: argparse.Namespace) -> int:

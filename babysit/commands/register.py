@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from babysit import registration, registry
+from babysit.register import registration
+from babysit.runtime import registry
 
 APPLIES = ("  these apply when a daemon next reads run.toml, at its next start (`babysit up`): a running daemon "
            "keeps the spec it read; restart it to apply them now (the runs keep running across a restart); "

@@ -7,7 +7,8 @@ import getpass
 import sys
 import time
 
-from babysit import registry, relaunch
+from babysit.register import relaunch
+from babysit.runtime import registry
 from babysit.commands.register import say
 from babysit.db.url import open_store
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.core.errors import EXIT_BAD_INPUT, BabysitError
 from babysit.core.spec import load_spec
 from babysit.slack.channel import CHANNEL_ENV

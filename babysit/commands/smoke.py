@@ -1,6 +1,6 @@
 """`babysit smoke RUN.toml`: try the run's profiles for N steps, keep the first that fits (docs/smoke.md).
 
-The thin shell around `babysit/core/smoke.py` (pure evidence and selection) and `babysit/smoke_record.py`
+The thin shell around `babysit/core/smoke.py` (pure evidence and selection) and `babysit/register/smoke_record.py`
 (the record): it applies the exclusive-GPU guard, starts each smoke run through the local executor's
 shim (argv only, its own process group, stdout/stderr/exit.json files; SIGKILL to the group at the
 timeout or on Ctrl-C, so nothing outlives it), samples NVML and RSS while it runs, asks a subprocess
@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit import logtail, registry
+from babysit.runtime import registry
+from babysit.sources import logtail
 from babysit.core import guards
 from babysit.core.classify import classify_exit
 from babysit.core.errors import BadInput, LaunchRefused
@@ -44,9 +45,9 @@ from babysit.db.url import open_store
 from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import read_host
-from babysit.reading import write_json_atomic
-from babysit.smoke_record import GpuInfo, Hardware, build_record, declared_attempt, validate
-from babysit.store import Attempt
+from babysit.verdict.reading import write_json_atomic
+from babysit.register.smoke_record import GpuInfo, Hardware, build_record, declared_attempt, validate
+from babysit.db.store import Attempt
 
 SAMPLE_S = 0.5
 _FRAMEWORK_PROBE = (

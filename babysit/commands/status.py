@@ -1,5 +1,5 @@
 """`babysit status [RUN] [--json] [--watch]`: what every run is doing, from the store and the runs' logs
-(fast, read-only; the rows come from babysit/runview.py, the table from babysit/runtable.py)."""
+(fast, read-only; the rows come from babysit/view/runview.py, the table from babysit/view/runtable.py)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,21 @@ import argparse
 import json
 import time
 
-from babysit import registry, runview
+from babysit.runtime import registry
+from babysit.view import runview
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import preset_line
-from babysit.gpufault import quarantine_lines
-from babysit.runtable import status_table
-from babysit.store import Store
+from babysit.run.gpufault import quarantine_lines
+from babysit.view.runtable import status_table
+from babysit.db.store import Store
 
 
 def run(args: argparse.Namespace) -> int:
     reg = registry.load(registry.resolve_registry_path(args.registry))
     names = [reg.get(args.run).name] if args.run else list(reg.names)
     if args.watch:
-        # Lazy: babysit.watch imports structlog, and with it rich (~0.2 s); `babysit status` stays fast.
-        from babysit.watch import watch
+        # Lazy: babysit.view.watch imports structlog, and with it rich (~0.2 s); `babysit status` stays fast.
+        from babysit.view.watch import watch
 
         if args.json:
             raise BadInput("--watch and --json do not go together",

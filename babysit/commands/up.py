@@ -11,13 +11,13 @@ from typing import Any
 
 import structlog
 
-from babysit import logs, registry
-from babysit.daemon import Daemon
+from babysit.runtime import logs, registry
+from babysit.service.daemon import Daemon
 from babysit.db.url import store_url
-from babysit.notify import Channel, ConsoleChannel
+from babysit.channels.notify import Channel, ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
-from babysit.watch import Watcher, open_view
+from babysit.view.watch import Watcher, open_view
 from babysit.web.server import WebServer, settings_for
 from bot.app import APP_TOKEN_ENV, start_in_background
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.core.errors import BadInput
 from babysit.web.server import WebServer, settings_for
 

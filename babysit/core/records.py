@@ -1,6 +1,6 @@
 """A trainer's records as frozen values, and the pure reads over them (a metric's series, s/step).
 
-babysit/logtail.py parses the record log into these; the verdict, the guards, the poll and the smoke
+babysit/sources/logtail.py parses the record log into these; the verdict, the guards, the poll and the smoke
 selection read them here, without importing the file reader.
 """
 

@@ -2,7 +2,7 @@
 
 Frozen values only. An event carries the time it was seen and what the shell saw (an exit already
 classified, the guards' actions on one observation); an effect says what the shell is to write, post,
-launch, signal or kill (babysit/supervisor.py carries them out in order).
+launch, signal or kill (babysit/run/supervisor.py carries them out in order).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A run's life as one pure transition: `step(state, event) -> (state, effects)`.
 
 The Elm architecture: the run's state is one frozen value, everything that happens to it is an
-event, and everything babysit does about it is an effect the shell carries out (babysit/supervisor.py
+event, and everything babysit does about it is an effect the shell carries out (babysit/run/supervisor.py
 and babysit/run_effects.py). No clock, no store, no process here: the events carry the times and what
 the shell saw, the effects say what to write, post, launch, signal or kill.
 

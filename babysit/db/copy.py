@@ -17,7 +17,7 @@ from typing import Any
 from babysit.core.errors import StateError
 from babysit.db import schema
 from babysit.db.postgres import PostgresStore
-from babysit.store import Store
+from babysit.db.store import Store
 
 
 @dataclass(frozen=True)

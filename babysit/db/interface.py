@@ -1,7 +1,7 @@
 """What the shell may ask of the state database: runs' attempts and state, polls, incidents, the outbox and its
 claims, verdicts, amendments, control requests, campaigns and owner calls, and the facts of a run.
 
-`babysit.store.Store` (SQLite) and `babysit.db.postgres.PostgresStore` implement it; the supervisor, the
+`babysit.db.store.Store` (SQLite) and `babysit.db.postgres.PostgresStore` implement it; the supervisor, the
 daemon, the bot and the surfaces depend on this shape, not on a backend (tests/test_store_interface.py
 checks that both match it, signature for signature). A method added to the store belongs here too, and
 runs in tests/test_store.py on both backends.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from babysit.store import Amendment, Attempt, OutboxMessage, OwnerCall, PollRow, Row
+from babysit.db.store import Amendment, Attempt, OutboxMessage, OwnerCall, PollRow, Row
 
 
 @runtime_checkable

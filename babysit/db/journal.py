@@ -40,7 +40,7 @@ import psycopg
 import structlog
 
 from babysit.core.errors import StateError
-from babysit.store import Store
+from babysit.db.store import Store
 
 log = structlog.get_logger("babysit.journal")
 

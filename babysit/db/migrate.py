@@ -13,7 +13,7 @@ from pathlib import Path
 
 from babysit.db.redact import redact
 from babysit.db.schema import VERSION_TABLE
-from babysit.store import SCHEMA_VERSION, Store
+from babysit.db.store import SCHEMA_VERSION, Store
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 UPGRADE_LOCK = 0x62616279  # pg_advisory_xact_lock key: "baby"

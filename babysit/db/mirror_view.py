@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from babysit.core.errors import StateError
-from babysit.store import BUSY_TIMEOUT_S, Store
+from babysit.db.store import BUSY_TIMEOUT_S, Store
 
 JOURNAL_FILE = "fleet-journal.db"  # babysit.db.journal.JOURNAL_FILE (that module imports psycopg)
 

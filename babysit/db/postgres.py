@@ -1,4 +1,4 @@
-"""The PostgreSQL backend: `babysit.store.Store`'s SQL on a psycopg 3 connection, for a fleet of boxes
+"""The PostgreSQL backend: `babysit.db.store.Store`'s SQL on a psycopg 3 connection, for a fleet of boxes
 sharing one database (docs/fleet.md).
 
 One connection a store, as SQLite has: the store's writes are serialised by its lock anyway, and a box
@@ -31,9 +31,9 @@ from psycopg import pq
 from babysit.core.errors import StateError
 from babysit.db import journal
 from babysit.db.redact import redact
-from babysit.store import SCHEMA_VERSION, Row, Store
+from babysit.db.store import SCHEMA_VERSION, Row, Store
 
-log = structlog.get_logger("babysit.store")
+log = structlog.get_logger("babysit.db.store")
 
 VERSION_TABLE = "babysit_schema_version"
 CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to

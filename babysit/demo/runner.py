@@ -11,7 +11,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from babysit import logtail
+from babysit.sources import logtail
 
 DRIFT_RUN = "drift_disc"
 CAMPAIGN = "drift_saga"

@@ -1,7 +1,7 @@
 """Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`.
 
 This package's own module holds what they share (the protocol, `Launched`, `ExitInfo`); the daemon
-picks one by name (`babysit.daemon.open_executor`), so this module imports neither back.
+picks one by name (`babysit.service.daemon.open_executor`), so this module imports neither back.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from babysit.probes.gpu import GpuProbe
-from babysit.store import Attempt
+from babysit.db.store import Attempt
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Executor(Protocol):
 
     def exit_fd(self, attempt: Attempt) -> int | None:
         """A descriptor (the caller's to close) that turns readable when the attempt ends, so one thread
-        watches every run (`babysit.exitwatch`); None: ask `exit_info` every `exit_poll_seconds`."""
+        watches every run (`babysit.runtime.exitwatch`); None: ask `exit_info` every `exit_poll_seconds`."""
 
     def start_time(self, attempt: Attempt) -> float | None:
         """When the attempt really started: a queued job (Slurm) says None until it leaves the queue,

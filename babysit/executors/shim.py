@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.atomic import write_json_atomic
+from babysit.runtime.atomic import write_json_atomic
 from babysit.core.spec import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import structlog
 
-from babysit.atomic import write_atomic
+from babysit.runtime.atomic import write_atomic
 from babysit.core.errors import BabysitError
 from babysit.core.spec import SlurmSpec, load_spec
 from babysit.executors import ExitInfo, Launched
@@ -44,7 +44,7 @@ from babysit.executors import slurm_state as st
 from babysit.executors.local import tail_lines
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.remote import SidecarGpuProbe
-from babysit.store import Attempt
+from babysit.db.store import Attempt
 
 log = structlog.get_logger("babysit.slurm")
 

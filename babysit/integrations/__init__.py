@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.client import JsonlWriter, plain
+from babysit.integrations.client import JsonlWriter, plain
 from babysit.core import nonfinite
 
 EXIT_DIVERGED = 11  # babysit's classifier (classify.EXIT_DIVERGED) and the reference trainer's code

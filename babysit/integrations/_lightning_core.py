@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.client import JsonlWriter, env_rank
+from babysit.integrations.client import JsonlWriter, env_rank
 from babysit.integrations import EXIT_DIVERGED, Diverged, NonfiniteWatch, describe
 
 

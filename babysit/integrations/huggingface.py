@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.client import JsonlWriter
+from babysit.integrations.client import JsonlWriter
 from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
 
 try:

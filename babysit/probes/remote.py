@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.readings import GpuProcess, GpuReading, GpuView
-from babysit.logtail import tail_bytes
+from babysit.sources.logtail import tail_bytes
 from babysit.probes.gpu import GUARD_WINDOW
 
 RECORD_VERSION = 1

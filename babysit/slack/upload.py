@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from babysit.core.errors import PermanentDeliveryError
-from babysit.faults import crash_point
+from babysit.runtime.faults import crash_point
 from babysit.slack.errors import delivery_error
 from babysit.slack.journal import Journal
 

@@ -3,7 +3,7 @@
 Read-only: the store is opened only once it exists (the web server never creates a state directory),
 only SELECTs are issued, and the runs' logs are read, never their offsets. Each server thread gets its
 own SQLite connection (WAL: pages read while the daemon writes). The rows are the ones `babysit
-status` shows (babysit/runview.py), so the page, the terminal and Slack say the same thing; runs the
+status` shows (babysit/view/runview.py), so the page, the terminal and Slack say the same thing; runs the
 store remembers but the registry no longer lists are shown too, from the store alone.
 """
 
@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysit import logtail, prereg_record, reading, registry, runview, sources
+from babysit import sources
+from babysit.runtime import registry
+from babysit.sources import logtail
+from babysit.verdict import prereg_record, reading
+from babysit.view import runview
 from babysit.campaign.history import view_of
 from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
@@ -26,9 +30,9 @@ from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.core.verdict import evaluate
 from babysit.db.url import open_existing
-from babysit.gpufault import quarantine_lines
-from babysit.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
-from babysit.store import Attempt, Row, Store
+from babysit.run.gpufault import quarantine_lines
+from babysit.view.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
+from babysit.db.store import Attempt, Row, Store
 from babysit.web import svg
 
 CHART_TAIL_BYTES = 256 * 1024  # a run without a [prereg]: its train curve from the log's last records

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from babysit.core.status import SHOWN_STATUSES
-from babysit.runview import RunRow
+from babysit.view.runview import RunRow
 from babysit.web.data import DaemonFacts
 
 STATES = SHOWN_STATUSES  # one gauge series each (core/status.py)

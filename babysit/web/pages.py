@@ -3,7 +3,7 @@
 Every value that came from a run (its name, profile, log values, incident texts, prereg, verdict
 JSON) goes through `esc` here, and the server sends a Content-Security-Policy that forbids inline
 script: a run name with `<script>` in it is shown as text. The cells are the ones `babysit status`
-prints (babysit/runtable.py), so the page and the terminal say the same thing the same way.
+prints (babysit/view/runtable.py), so the page and the terminal say the same thing the same way.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from babysit.runtable import NONE, cells, fmt_duration
-from babysit.runview import RunRow
-from babysit.store import Attempt
+from babysit.view.runtable import NONE, cells, fmt_duration
+from babysit.view.runview import RunRow
+from babysit.db.store import Attempt
 from babysit.web import svg
 from babysit.web.data import IncidentEntry, RunDetail
 

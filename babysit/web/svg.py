@@ -4,7 +4,7 @@ from baseline against the frozen bands, with the baseline/read steps and amendme
 Pure: a frozen `CurveChart` in, a string out. No CDN, no script, nothing fetched: the page works
 offline and the chart is testable as XML. Every text that reaches the SVG (metric names, band labels,
 amendment titles) is escaped here. Values that are not finite or beyond ±CLIP are left off the axes
-and counted in the caption, as the PNG chart does (babysit/chart.py).
+and counted in the caption, as the PNG chart does (babysit/verdict/chart.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.campaign_join import parent_spec
+from babysit.register.campaign_join import parent_spec
 from babysit.core import campaign_delta as delta
 from babysit.core import campaign_grid as grid
 from babysit.core.amendment import load_amendment, what_if
@@ -68,7 +68,7 @@ def test_the_amended_discriminator_reads_exactly_as_the_seed_rules() -> None:
 
 
 def test_the_fixture_still_reads_rigonly_as_ambiguous() -> None:
-    from babysit.reading import read_series
+    from babysit.verdict.reading import read_series
 
     spec = load_spec(DISC)
     series, train, _ = read_series(spec.prereg.fixture.log, spec.prereg)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from babysit.store import SCHEMA_VERSION
+from babysit.db.store import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "fleet.md"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.campaign import actions
 from tests.campaign.test_campaign_e2e import write
 from tests.slack.conftest import TOKEN

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from babysit.wake import daemon_pid
+from babysit.runtime.wake import daemon_pid
 from tests.fleet.test_fleet import PY, _env, babysit, wait_for
 from tests.reliability.harness import gpu_file
 

@@ -3,7 +3,7 @@ its own GPU 0, is not listed by box-b, and cannot be released from box-b by inde
 
 from __future__ import annotations
 
-from babysit import gpufault
+from babysit.run import gpufault
 from babysit.db.postgres import PostgresStore
 
 

@@ -132,7 +132,7 @@ def _own_run(root: Path, store: Any, run: str, *, step: int, logged: int) -> Non
     """A run of box-a (the gateway's box) as its daemon leaves it: registered, running, its step stored."""
     from datetime import datetime, timezone
 
-    from babysit import registry
+    from babysit.runtime import registry
 
     spec = root / f"{run}.toml"
     spec.write_text(f'[run]\nname = "{run}"\ncommand = ["python", "train.py"]\nlog = "{run}.jsonl"\ngpus = []\n')

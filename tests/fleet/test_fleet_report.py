@@ -16,9 +16,9 @@ SCRIPT = r'''
 import json, sys, threading, time
 from pathlib import Path
 from babysit.core.readings import GpuReading, GpuView
-from babysit.daemon import Daemon
+from babysit.service.daemon import Daemon
 from babysit.db.postgres import PostgresStore
-from babysit.notify import ConsoleChannel
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import NullGpuProbe
 
 root, url = Path(sys.argv[1]), sys.argv[2]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from babysit import runview
-from babysit.runtable import cells
+from babysit.view import runview
+from babysit.view.runtable import cells
 
 
 def _box_b(pg_url: str, *, lost: bool) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from tests.campaign.test_owner_calls import answered, dispatch
 from tests.fleet.test_fleet import PY, _env, _spec, wait_for
 from tests.reliability.harness import gpu_file

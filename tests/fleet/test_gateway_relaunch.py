@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from babysit import registry
+from babysit.runtime import registry
 from tests.fleet.test_fleet import FAKE, PY, _env, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN

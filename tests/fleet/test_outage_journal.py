@@ -16,7 +16,7 @@ import pytest
 
 from babysit.db import journal
 from babysit.db.postgres import PgConnection, PostgresStore
-from babysit.store import PollRow
+from babysit.db.store import PollRow
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from babysit.commands.up import open_channel
-from babysit.daemon import Daemon
+from babysit.service.daemon import Daemon
 from babysit.db import journal
-from babysit.notify import deliver_due
+from babysit.channels.notify import deliver_due
 from babysit.probes.gpu import FileGpuProbe
-from babysit.store import PollRow
+from babysit.db.store import PollRow
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
@@ -65,7 +65,7 @@ def _box(tmp_path: Path, url: str) -> Path:
 
 def _daemon(path: Path) -> Daemon:
     """The daemon as `babysit up` builds it (its channel from `open_channel`), its store journaling."""
-    from babysit import registry
+    from babysit.runtime import registry
 
     reg = registry.load(path)
     daemon = Daemon(path, gpu_probe=FileGpuProbe(path.parent / "gpus.json"), channel=open_channel(reg.state_dir, None, reg))

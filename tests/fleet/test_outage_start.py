@@ -251,8 +251,8 @@ def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_s
         assert any(line.split()[:2] == ["r1", "running"] for line in rest), shown.stdout
         as_json = json.loads(babysit(box, "status", "--json").stdout)
         assert [(r["run"], r["status"]) for r in as_json] == [("r1", "running")]
-        from babysit.runview import Reader
-        from babysit.watch import _look
+        from babysit.view.runview import Reader
+        from babysit.view.watch import _look
 
         reader = Reader(box / "babysit.toml")  # the live view of `babysit up` (and `status --watch`)
         try:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from babysit.executors.local import LocalExecutor
-from babysit.stackdump import STOPPED_MARK
+from babysit.run.stackdump import STOPPED_MARK
 from tests.gpu.cuda import foreign, require_gpus
 from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, wait_for
 

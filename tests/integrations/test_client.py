@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import babysit
-from babysit import client
-from babysit.client import JsonlWriter
+from babysit.integrations import client
+from babysit.integrations.client import JsonlWriter
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series
-from babysit.logtail import read_all
+from babysit.sources.logtail import read_all
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,7 +210,7 @@ def test_only_rank_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_importing_babysit_and_its_integrations_package_imports_no_ml_framework() -> None:
-    code = ("import sys, babysit, babysit.integrations, babysit.client; babysit.log(1, x=1.0); "
+    code = ("import sys, babysit, babysit.integrations, babysit.integrations.client; babysit.log(1, x=1.0); "
             "print(sorted(m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning', 'numpy', "
             "'accelerate') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}

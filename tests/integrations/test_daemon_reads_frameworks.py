@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.integrations.pace import read_times, seconds_per_step
 from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
 

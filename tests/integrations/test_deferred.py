@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.client import JsonlWriter
+from babysit.integrations.client import JsonlWriter
 from babysit.integrations import DeferredWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_queued_records_reach_the_file_on_their_own_as_the_writer_would_write_th
 
 _EXIT = """
 import os, sys
-from babysit.client import JsonlWriter
+from babysit.integrations.client import JsonlWriter
 from babysit.integrations import DeferredWriter
 w = DeferredWriter(JsonlWriter(sys.argv[1]), delay=3600)  # its thread would wait an hour
 w.put(1, {"loss": 1.0})

@@ -12,7 +12,7 @@ import pytest
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.integrations import Diverged
-from babysit.logtail import read_all
+from babysit.sources.logtail import read_all
 from tests.conftest import Lazy, missing
 
 pytestmark = [pytest.mark.skipif(missing("transformers", "accelerate"),

@@ -15,7 +15,7 @@ import pytest
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series
 from babysit.integrations import Diverged
-from babysit.logtail import read_all
+from babysit.sources.logtail import read_all
 from tests.conftest import Lazy, missing
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from babysit import registry
-from babysit.store import Store
+from babysit.runtime import registry
+from babysit.db.store import Store
 
 PY = sys.executable
 RUNS = ("r_retry", "r_prereg")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psutil
 
-from babysit.notify import deliver_due
+from babysit.channels.notify import deliver_due
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.store import Store
+from babysit.db.store import Store
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
 """Crash campaign: a real daemon babysitting real trainer processes is SIGKILLed at named crash points
-(babysit/faults.py) and at random instants, then restarted; after each trial no run was launched twice,
+(babysit/runtime/faults.py) and at random instants, then restarted; after each trial no run was launched twice,
 nothing is orphaned, every message was delivered once and in order, GPU-seconds match the attempts'
 own records to the second, the registry parses and the FINAL verdict is the uninterrupted run's.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from tests.reliability.harness import Daemons, check_invariants, make_workspace, run_trial
 
 POINTS = ("after-begin-attempt", "after-launch", "after-send", "after-mark-ended", "after-begin-attempt:2",

@@ -26,7 +26,7 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from babysit import logtail
+from babysit.sources import logtail
 from babysit.cli import main
 from babysit.core.records import LogRecord, metric_series, seconds_per_step
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from babysit.cli import main
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.reliability.harness import Daemons
 from tests.reliability.test_security import FAKE_TRAINER
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.notify import deliver_due
+from babysit.channels.notify import deliver_due
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.slack.fake_slack import FakeSlack
 
 TOKEN = "xoxb-reliability-token"

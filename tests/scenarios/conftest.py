@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 
 PY = sys.executable
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit import runview
+from babysit.view import runview
 from babysit.core import adhoc
 from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
 from tests.scenarios.test_live_view import Terminal

@@ -240,7 +240,7 @@ def test_status_of_a_finished_run_shows_how_it_ended_not_a_stale_incident(tmp_pa
 
 
 def test_abort_of_a_run_that_already_ended_answers_at_once_from_the_store(tmp_path: Path) -> None:
-    from babysit.registry import utc_timestamp
+    from babysit.runtime.registry import utc_timestamp
 
     reg = tmp_path / "babysit.toml"
     assert run_cli("register", str(tiny_run(tmp_path, "done", steps=10)), "--accelerated",

@@ -256,7 +256,7 @@ time.sleep(600)
 def test_torchrun_ranks_that_ignore_the_stop_die_with_the_run_after_the_grace(tmp_path: Path) -> None:
     """torchrun starts each rank in a session of its own: a SIGKILL to the shim's group killed the agent
     and orphaned its ranks. The kill reaches them through the tree."""
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     store = Store.in_dir(tmp_path / "state")
     executor = LocalExecutor()

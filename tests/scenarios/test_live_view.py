@@ -240,7 +240,7 @@ def test_status_tells_step_pace_and_eta_from_the_log_before_the_first_poll(works
         assert row["target_step"] == 2000, "to the command's --steps (no [prereg] read step)"
         table = babysit("status", "--registry", str(workspace / "babysit.toml"), cwd=workspace).stdout
         line = next(x for x in table.splitlines() if x.startswith("nopoll"))
-        assert re.search(r"running\s+1/3 default\s+\d+/2000\s+0\.0\d+\s+\d+s", line), table
+        assert re.search(r"running\s+1/3 default\s+\d+/2000\s+0\.\d+\s+(\d+m)?\d+s to step 2000", line), table
     finally:
         daemon.proc.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
 
 BASELINE, FINAL = 4.0, 2.3456

@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.scenarios.conftest import PY, Daemon, babysit, wait_for
 
 STALL_MINUTES = 5  # 5 s under --accelerated

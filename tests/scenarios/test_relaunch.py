@@ -15,8 +15,8 @@ from tests.scenarios.conftest import PY, babysit, kill_runs, store_of, wait_for
 HOURLY = """
 import sys
 from pathlib import Path
-from babysit.daemon import Daemon
-from babysit.notify import ConsoleChannel
+from babysit.service.daemon import Daemon
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit import registry
 reg = Path(sys.argv[1])

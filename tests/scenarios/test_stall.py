@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from babysit.core.render import render
-from babysit.stackdump import stack_dump
+from babysit.run.stackdump import stack_dump
 from tests.scenarios.conftest import PY, Daemon, babysit, store_of
 
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from babysit.executors.local import LocalExecutor
-from babysit.stackdump import STOPPED_MARK
+from babysit.run.stackdump import STOPPED_MARK
 from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
 from tests.scenarios.test_graceful_stop import (  # noqa: F401 (needs_torchrun: a fixture)
     TORCHRUN,

@@ -7,15 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from babysit import wake
+from babysit.runtime import wake
 from tests.scenarios.conftest import PY, babysit, store_of, tiny_run, wait_for
 
 # A daemon whose tick comes round once an hour: only the wake can make it see the abort in time.
 HOURLY_TICK = """
 import sys
 from pathlib import Path
-from babysit.daemon import Daemon
-from babysit.notify import ConsoleChannel
+from babysit.service.daemon import Daemon
+from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
 from babysit import registry
 reg = Path(sys.argv[1])

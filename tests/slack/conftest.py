@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.slack.fake_slack import FakeSlack
 
 TOKEN = "xoxb-test-token"

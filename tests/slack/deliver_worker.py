@@ -2,7 +2,7 @@
 
 It runs the real outbox worker (`deliver_due`) with the real SlackChannel (BABYSIT_SLACK_API_URL,
 SLACK_BOT_TOKEN) until nothing is pending, then exits 0. With BABYSIT_CRASH_AT naming a crash point it
-SIGKILLs itself there (babysit/faults.py): the crash is a real one, not an exception.
+SIGKILLs itself there (babysit/runtime/faults.py): the crash is a real one, not an exception.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.notify import deliver_due
+from babysit.channels.notify import deliver_due
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.store import Store
+from babysit.db.store import Store
 
 
 def main(argv: list[str]) -> int:

@@ -21,9 +21,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from babysit import registry
+from babysit.runtime import registry
 from babysit.core.spec import load_spec
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from babysit.slack.upload import shared_in
-from babysit.store import Store
+from babysit.db.store import Store
 from tests.slack.conftest import PNG
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_slack_channel import VERDICT, launch

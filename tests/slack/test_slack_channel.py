@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from babysit.delivery import DeliveryWorker
-from babysit.notify import Delivery, deliver_due
+from babysit.channels.delivery import DeliveryWorker
+from babysit.channels.notify import Delivery, deliver_due
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.store import PollRow, Store
+from babysit.db.store import PollRow, Store
 from tests.slack.conftest import PNG, TOKEN
 from tests.slack.fake_slack import FakeSlack
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 from bot.messages import ABORT_ACTION_ID
 from bot.owner_calls import HOLD_ACTION_ID
 from tests.slack.conftest import TOKEN

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.store import Store
+from babysit.db.store import Store
 from bot.messages import ABORT_ACTION_ID
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack

@@ -108,7 +108,7 @@ class Bench:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def store(self) -> Any:
-        from babysit.store import Store
+        from babysit.db.store import Store
 
         return Store.in_dir(self.state_dir)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from babysit.executors.slurm_state import parse_time
-from babysit.store import Attempt
+from babysit.db.store import Attempt
 from tests.slurm.conftest import REPO, Bench, jobs_named, jobscript, slurm_job
 
 pytestmark = pytest.mark.slurm
@@ -159,7 +159,7 @@ def test_find_recovers_a_job_by_its_submit_token_when_job_json_is_lost(bench: Be
     from dataclasses import replace
 
     from babysit.executors.slurm import SlurmExecutor
-    from babysit.store import Attempt
+    from babysit.db.store import Attempt
 
     name = unique("ttoken")
     spec = bench.run_toml(name, jobscript("sleep", "30"))
@@ -186,7 +186,7 @@ def test_a_stop_reaches_the_trainer_alone_not_its_dataloader_workers(bench: Benc
     from dataclasses import replace
 
     from babysit.executors.slurm import SlurmExecutor
-    from babysit.store import Attempt
+    from babysit.db.store import Attempt
 
     name = unique("tleader")
     notes = tmp_path / "signals.txt"

@@ -78,7 +78,7 @@ def test_no_state_database_yet_is_not_created_by_looking(tmp_path: Path) -> None
 
 def test_the_batched_store_reads_equal_the_per_run_ones(site_root: Path) -> None:
     """The page reads every run at once (Store.latest_*); each must say what the per-run read says."""
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     store = Store.in_dir(site_root / ".babysit")
     try:

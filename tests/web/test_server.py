@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from babysit.core.errors import EXIT_BAD_INPUT, BadInput
-from babysit.store import Store
+from babysit.db.store import Store
 from babysit.web.server import Settings, WebServer, settings_for, sse
 from tests.web.conftest import fetch
 from tests.web.workspace import HOSTILE, RUN

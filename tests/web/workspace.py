@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from babysit.cli import main
-from babysit.store import Store
+from babysit.db.store import Store
 
 RUN = "drift_web"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'

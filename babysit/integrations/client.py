@@ -1,0 +1,387 @@
+"""`babysit.log(step, **metrics)`: the one line a trainer needs to be babysat (docs/your-trainer.md).
+
+It appends one JSONL record `{"step": step, "ts": time.time(), **metrics}` to `$BABYSIT_LOG` (the daemon
+sets it for every attempt). What it promises, because it runs inside someone's training loop:
+
+- it never raises into training: an unwritable path, an odd value, a full disk each warn once on
+  stderr and the call returns False; without `$BABYSIT_LOG` it is a no-op (also said once);
+- a record is one `os.write` of a whole line on an `O_APPEND` descriptor, so writers in several
+  threads or processes never interleave or tear lines, and nothing waits in a buffer;
+- floats keep full precision (`repr` round-trips) and non-finite ones are written as JSON's `NaN`,
+  `Infinity`, `-Infinity`, which babysit reads back as non-finite: a diverged loss is seen, not dropped;
+- numpy and torch scalars become plain numbers by duck typing (`.item()`, `float()`): importing this
+  module imports neither;
+- under torchrun/Slurm only rank 0 writes (`RANK`, else `SLURM_PROCID`), so N ranks make one log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+ENV = "BABYSIT_LOG"
+_RESERVED = ("step", "ts")
+_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+class JsonlWriter:
+    """Appends records to one JSONL file: `path`, or (None) whatever `$BABYSIT_LOG` names at each call,
+    so a writer made before the variable was set still follows it.
+
+    The file is opened for each record (microseconds, next to a training step): no descriptor to go
+    stale when the file is replaced, to share with a forked DataLoader worker, or to keep from pickling.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, all_ranks: bool = False) -> None:
+        self._fixed = os.fspath(path) if path is not None else None
+        self._all_ranks = all_ranks
+        self._warned: set[str] = set()
+
+    @property
+    def path(self) -> str | None:
+        """Where records go now; None: nowhere (no path given and `$BABYSIT_LOG` unset or empty)."""
+        if self._fixed is not None:
+            return self._fixed
+        if _env.stale():
+            _env.read()
+        return _env.log
+
+    def log(self, step: Any, /, **metrics: Any) -> bool:
+        """Append `{"step": step, "ts": now, **metrics}`; True when the line was written."""
+        return self.write(step, metrics)
+
+    def write(self, step: Any, fields: Mapping[str, Any]) -> bool:
+        """`log` with the fields as a mapping (keys that are not identifiers: `"eval/loss"`).
+
+        The common record — an int step, plain float/int values under keys seen before — is one pass
+        with no call but the line's format, `time.time`, `os.open`, `os.write` and `os.close`
+        (bench/logger_cost.py: ≤ 10 µs a call); anything else takes `_write`, the same bytes."""
+        try:
+            env = _env
+            if env.read_at != env.changes or env.environ is not os.environ:
+                env.read()
+            if not self._all_ranks and env.rank > 0:
+                return False
+            path = self._fixed if self._fixed is not None else env.log
+            if path is None or type(step) is not int:
+                return self._write(step, fields)
+            template = _TEMPLATES.get(tuple(fields))
+            if template is None:
+                return self._write(step, fields)
+            values = (step, time.time(), *fields.values())
+            for value in values:
+                kind = type(value)
+                if kind is float:
+                    if value - value:  # NaN or an infinity: NaN - NaN and inf - inf are NaN, never 0
+                        return self._write(step, fields)
+                elif kind is not int:
+                    return self._write(step, fields)
+            line = (template % values).encode()
+            try:
+                fd = os.open(path, _FLAGS, 0o644)
+            except OSError:
+                return self._write(step, fields)  # the folder to make, or the warning to say
+            try:
+                written = os.write(fd, line)
+                if written != len(line):
+                    _write_all(fd, memoryview(line)[max(written, 0):])
+            except OSError as exc:
+                self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
+                                            "until a write succeeds (training goes on)")
+                return False
+            finally:
+                os.close(fd)
+            return True
+        except Exception as exc:  # the promise: whatever happens here, training goes on
+            what = type(exc).__name__
+            self._warn(f"error:{what}", f"babysit.log: record dropped ({what}: {exc}); later records are still tried")
+            return False
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _write(self, step: Any, fields: Mapping[str, Any]) -> bool:
+        """Every record the one-pass path in `write` does not take: a step to convert, a value to make
+        plain, a key to check (and its line's template to build), a folder to make, a warning to say."""
+        if not self._all_ranks and env_rank() > 0:
+            return False
+        if self.path is None:
+            self._warn("unset", f"babysit.log: ${ENV} is not set (not running under babysit?): records are "
+                                "dropped. babysit sets it for every attempt; set it yourself to log elsewhere")
+            return False
+        return self.append(self.encode(step, fields))
+
+    def encode(self, step: Any, fields: Mapping[str, Any], ts: float | None = None) -> bytes:
+        """The line `write` appends for this record, at `ts` (None: now): for a hook that writes its records
+        later, in one `append`. Raises TypeError for a step that is not an integer; warns for a reserved key."""
+        if ts is None:
+            ts = time.time()
+        if type(step) is int:
+            line = _fast_line(step, ts, fields)
+            if line is not None:
+                return line
+        at = step if type(step) is int else _as_step(step)
+        values: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key in _RESERVED:
+                self._warn(f"reserved:{key}", f"babysit.log: a metric named {key!r} is ignored: "
+                                              f"`{key}` is the record's own (rename it)")
+                continue
+            kind = type(value)  # a plain float or int as it is; anything else through plain(): a CUDA
+            values[str(key)] = value if kind is float or kind is int else plain(value)  # scalar syncs there
+        keys = tuple(fields)
+        if keys not in _TEMPLATES and len(_TEMPLATES) < _MAX_TEMPLATES:
+            template = _template(keys)
+            if template is not None:
+                _TEMPLATES[keys] = template  # the next record with these keys takes the one pass
+        line = _line(at, ts, values)
+        if line is None:  # a string, a list, a nested dict: json's encoder, the same format
+            line = (json.dumps({"step": at, "ts": ts, **values}, allow_nan=True, default=str) + "\n").encode("utf-8")
+        return line
+
+    def append(self, lines: bytes) -> bool:
+        """Append whole encoded lines (one or many) in one write: the caller has checked the rank."""
+        path = self.path
+        if path is None:
+            return False
+        try:
+            fd = _open(path)
+        except OSError as exc:
+            self._warn(f"open:{path}", f"babysit.log: cannot open {path} (${ENV}): {exc}; records are dropped "
+                                       "(training goes on; babysit will see no progress)")
+            return False
+        try:
+            _write_all(fd, lines)
+        except OSError as exc:
+            self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
+                                        "until a write succeeds (training goes on)")
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def _warn(self, key: str, message: str) -> None:
+        """Once per kind of trouble, on stderr directly: `warnings` can be made errors (-W error)."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        try:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+def plain(value: Any) -> Any:
+    """A value JSON can hold: numbers as they are (non-finite floats too), numpy/torch scalars via
+    `.item()`, other numbers via `float()`, containers element by element, anything else as `str`."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return float(value)  # a float subclass (numpy.float64) as a plain float
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):  # numpy scalars and 0-d arrays, torch tensors of one element
+        try:
+            got = item()
+        except Exception:
+            got = None  # more than one element: fall through to float()/str()
+        else:
+            if isinstance(got, (bool, int, float)):
+                return float(got) if isinstance(got, float) else got
+    if hasattr(value, "__index__"):
+        try:
+            return int(value.__index__())
+        except Exception:
+            pass
+    if hasattr(value, "__float__"):
+        try:
+            return float(value)
+        except Exception:
+            pass
+    return str(value)
+
+
+def is_nonfinite(value: Any) -> bool:
+    """A number that is NaN or an infinity (after `plain`)."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _as_step(step: Any) -> int:
+    """The step as an int; a float step that is integral is accepted, anything else raises (caught)."""
+    got = plain(step)
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise TypeError(f"step must be an integer, got {step!r}")
+    if isinstance(got, float):
+        if not got.is_integer():
+            raise TypeError(f"step must be an integer, got {step!r}")
+        got = int(got)
+    return got
+
+
+class _Environment:
+    """`$BABYSIT_LOG` and the rank as `os.environ` says them, read once and again only after the
+    environment may have changed, not three `os.environ.get`s a record (a third of a call).
+
+    How it knows: every change to `os.environ` (`os.environ[k] = v`, `del`, `update`, `pop`, `clear`,
+    pytest's monkeypatch, `mock.patch.dict`) goes through `os.putenv` / `os.unsetenv`, which raise the
+    audit events of those names (PEP 578; docs.python.org/3/library/audit_events.html); a hook counts
+    them in `changes`, and a read keeps the count it saw in `read_at`. `os.environ` itself replaced (a
+    test's `mock.patch("os.environ", …)`) is seen by identity. The hook is added at the first record, not
+    at import, and costs each audit event of the process one set lookup (~0.2 µs). A forked child (a
+    DataLoader worker) inherits the values with the environment they came from, and a change made before
+    the fork but not read yet is counted in the child too. Where the hook cannot be added (another hook
+    refuses it) or `os.environ` is not `os`'s own mapping, `read_at` stays -1: every record reads
+    `os.environ`. What `os.environ` does not see (a C library's `setenv`), this does not see either."""
+
+    def __init__(self) -> None:
+        self.changes = 0     # os.putenv/os.unsetenv events seen by the hook
+        self.read_at = -1    # `changes` when log/rank were read; -1: read again at the next record
+        self.environ: object = None  # the os.environ they were read from
+        self.log: str | None = None
+        self.rank = 0
+        self.hooked = False  # the hook is known to run (its probe event came back)
+        self._tried = False
+
+    def stale(self) -> bool:
+        return self.read_at != self.changes or self.environ is not os.environ
+
+    def read(self) -> None:
+        if not self._tried:
+            self._tried = True
+            try:
+                sys.addaudithook(self._audit)
+                sys.audit(_PROBE)
+            except Exception:
+                pass  # no hook: every record reads os.environ
+        seen = self.changes  # before the reads: a change made during them is read at the next record
+        environ = os.environ
+        self.log = environ.get(ENV) or None
+        self.rank = _rank(environ)
+        self.environ = environ
+        self.read_at = seen if self.hooked and type(environ) is _ENVIRON_TYPE else -1
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event in _ENV_EVENTS:
+            self.changes += 1
+        elif event == _PROBE:
+            self.hooked = True
+
+
+_ENV_EVENTS = frozenset({"os.putenv", "os.unsetenv"})
+_PROBE = "babysit.integrations.client.audit_probe"
+_ENVIRON_TYPE = type(os.environ)  # os._Environ: its writes go through os.putenv/os.unsetenv
+_env = _Environment()
+
+
+def _rank(environ: Mapping[str, str]) -> int:
+    for name in ("RANK", "SLURM_PROCID"):
+        raw = environ.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                return 0
+    return 0
+
+
+def env_rank() -> int:
+    """This process's global rank as launchers say it (`RANK`, else `SLURM_PROCID`); 0 when none does
+    or it cannot be read."""
+    if _env.stale():
+        _env.read()
+    return _env.rank
+
+
+_KEYS: dict[str, str] = {}  # a key as json writes it, with its ": " (encoded once, not per record)
+# the line of a record with these keys, every value `%r`: what `_line` writes for plain finite numbers
+_TEMPLATES: dict[tuple[Any, ...], str] = {}
+_MAX_TEMPLATES = 1024  # a trainer logging ever new keys: past this, its new key sets take `_write`
+
+
+def _template(keys: tuple[Any, ...]) -> str | None:
+    """The `%`-format of a record's line with these keys, byte for byte `_line`'s (for finite floats and
+    ints, whose `%r` is their `repr`); None when a key is not a plain string or is `step`/`ts`."""
+    parts = ['{"step": %r, "ts": %r']
+    for key in keys:
+        if type(key) is not str or key in _RESERVED:
+            return None
+        parts.append(json.dumps(key).replace("%", "%%") + ": %r")
+    return ", ".join(parts) + "}\n"
+_NONFINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _line(step: int, ts: float, values: Mapping[str, Any]) -> bytes | None:
+    """The record's line when every value is a plain int or float (the common case), byte for byte what
+    `json.dumps` writes — float repr, NaN/Infinity/-Infinity, ", " and ": " — at a fraction of its cost
+    (bench/logger_cost.py); None for anything else."""
+    parts = [f'{{"step": {step!r}, "ts": {ts!r}']
+    for key, value in values.items():
+        kind = type(value)
+        if kind is float:
+            text = repr(value) if math.isfinite(value) else ("NaN" if value != value else _NONFINITE[value])
+        elif kind is int:
+            text = repr(value)
+        else:
+            return None
+        name = _KEYS.get(key)
+        if name is None:
+            name = _KEYS.setdefault(key, json.dumps(key) + ": ")
+        parts.append(name + text)
+    return (", ".join(parts) + "}\n").encode("utf-8")
+
+
+def _fast_line(step: int, ts: float, fields: Mapping[str, Any]) -> bytes | None:
+    """`write`'s one pass, for `encode`: the line of keys seen before and plain finite numbers, else None."""
+    template = _TEMPLATES.get(tuple(fields))
+    if template is None:
+        return None
+    values = (step, ts, *fields.values())
+    for value in values:
+        kind = type(value)
+        if kind is float:
+            if value - value:
+                return None
+        elif kind is not int:
+            return None
+    return (template % values).encode()
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, _FLAGS, 0o644)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not parent:
+            raise
+        os.makedirs(parent, exist_ok=True)  # the first record of a run whose folder is not made yet
+        return os.open(path, _FLAGS, 0o644)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """One write of the whole line (atomic on an O_APPEND regular file); a short write (a full disk,
+    a signal) is finished rather than left torn."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError("short write")
+        view = view[n:]
+
+
+_default = JsonlWriter()
+
+
+def log(step: Any, /, **metrics: Any) -> bool:
+    """Append one record for `step` to `$BABYSIT_LOG`: `babysit.log(step, loss=loss, eval_acc=acc)`.
+
+    Never raises; returns whether the line was written. Keys `step` and `ts` are the record's own.
+    """
+    return _default.write(step, metrics)

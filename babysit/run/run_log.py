@@ -1,0 +1,384 @@
+"""One run's log as the daemon reads it: the reader (babysit/run/runreader.py: the source pumped, the record
+log read in chunks) and the state its records fill — step points, recent records, the latest evals and
+shown metrics, the declared end step, a non-finite watched metric, when output and records were last
+seen. The guards and polls observe this state (babysit/run/run_observe.py); the supervisor owns one.
+
+Why an object of its own: the reading is done by whichever thread asks (the reader thread, a guard, an
+exit's drain), under the reader's lock, and applied under the run's lock only when that is free; the
+state it fills is read by the observation. Both belong together, apart from the run's life cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+from babysit import sources
+from babysit.sources import logtail
+from babysit.run.context import DaemonContext
+from babysit.core import nonfinite, progress, readable, snapshot
+from babysit.core.records import LogRecord, ProgressPoint
+from babysit.core.source_spec import describe
+from babysit.core.spec import RunSpec
+from babysit.core.suggest import suggest
+from babysit.run.run_verdict import RunVerdicts
+from babysit.run.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
+from babysit.sources.records import ColumnSegment, RecordBatch
+from babysit.sources.sniff import sniff
+from babysit.db.store import Attempt
+
+DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
+READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
+READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
+
+
+class LogHost(Protocol):
+    """What the reading needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
+
+    run: str
+    spec: RunSpec
+    ctx: DaemonContext
+    lock: threading.RLock
+    attempt: Attempt | None
+    verdicts: RunVerdicts
+
+    def is_running(self) -> bool: ...
+    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int: ...
+    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
+    def note_attempt(self, attempt: Attempt, **facts: Any) -> None: ...
+    def failed(self, where: str, exc: BaseException) -> None: ...
+
+
+class RunLog:
+    """The run's reader and the read state. `read_log`, `is_running`, `failed` and `run` are what the
+    daemon's reader thread (`runreader.ReadWorker`) asks of what it reads."""
+
+    def __init__(self, host: LogHost, facts: dict[str, Any]) -> None:
+        self.host, self.ctx, self.run = host, host.ctx, host.run
+        self.reader = RunReader(host.spec, host.ctx.state_dir, facts)  # the source, the record log, in chunks
+        self.records_log: Path = self.reader.records_log
+        self.points: deque[ProgressPoint] = deque(maxlen=256)
+        self.recent: deque[LogRecord] = deque(maxlen=16)
+        self.last_record_wall: float | None = None
+        self.latest_eval: dict[str, float] | None = None
+        self.latest_eval_step: int | None = None
+        self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
+        self._shows: dict[str, bool] = {}  # metric -> whether polls show it (snapshot.shown, per name)
+        self._shows_for: tuple[object, str | None] | None = None  # the ([poll].show, prereg metric) it is for
+        self.declared_end: int | None = None  # the newest record's total_steps / max_steps
+        self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
+        self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
+        self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
+        self.last_output_wall: float | None = None
+        self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.host.spec  # the attempt's (a quarantined GPU may be swapped out): read it each time
+
+    @property
+    def tail(self) -> logtail.TailState:
+        return self.reader.tail
+
+    @property
+    def pump(self) -> sources.SourcePump:
+        return self.reader.pump
+
+    @property
+    def pumped(self) -> sources.PumpResult | None:
+        return self.reader.pumped
+
+    def is_running(self) -> bool:
+        return self.host.is_running()
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        self.host.failed(where, exc)
+
+    def new_attempt(self, now: float) -> None:
+        """A new attempt's reading is its own: the last one's pace, records and divergence say nothing of it."""
+        self.nonfinite = None
+        self.nonfinite_pending = frozenset()
+        self.points.clear()
+        self.recent.clear()
+        self.latest_shown.clear()
+        self.last_record_wall = now
+        self.first_output_wall = None
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
+                 chunk: int | None = None, final: bool = False) -> int:
+        """Read the source and the record log on, chunk by chunk; returns the records applied. `drain`:
+        to the end of what is written (an exit: the last lines belong to its classification and the
+        verdict); else for about `budget` real seconds, the rest left to the daemon's reader thread.
+        `wait=False` (the guard path): if another thread is reading this run, go on with what is known.
+        Each chunk's offsets are stored with its records, so a restart reads on from there. `chunk`: its
+        bytes at most (a drain's and the reader thread's: 256 KiB; a guard's: 64 KiB, a few ms). `final`
+        (with `drain`, once the attempt's exit is known): a last printed line without its newline is read
+        too — never while the trainer lives, as it may be writing that line still."""
+        reader = self.reader
+        # one save of the offsets a call, not one a chunk (a flood drained at ~30 chunks a second paid a store
+        # commit and an fsync for each): the record log made durable first, so what is saved never runs ahead
+        # of what it holds; a daemon killed before the save reads those chunks again (the pump cuts first)
+        with self.ctx.store.deferred_facts():
+            try:
+                return self._read_chunks(budget, drain, wait, chunk, final)
+            finally:
+                reader.sync()
+
+    def _read_chunks(self, budget: float, drain: bool, wait: bool, chunk: int | None, final: bool) -> int:
+        start = time.monotonic()
+        total = 0
+        reader, lock = self.reader, self.host.lock
+        size = chunk or (CHUNK_BYTES if drain else SMALL_CHUNK_BYTES)
+        while True:
+            if not reader.lock.acquire(blocking=wait):
+                return total  # the reader thread (or an exit's drain) is on it
+            try:
+                t0 = time.monotonic()
+                got = reader.next_chunk(self.ctx.now(), size, final=final)
+                applied = lock.acquire(blocking=False)  # never wait on the run's lock while reading it
+                if applied:
+                    try:
+                        total += self._apply(got)
+                        reader.applied()
+                    finally:
+                        lock.release()
+                self._note_pace(got.more, time.monotonic() - t0)
+            finally:
+                reader.lock.release()
+            if applied and not got.more and (got.final or not final):  # a chunk read before the exit: once more
+                break
+            if drain and self.ctx.reads.closed:
+                raise ReadInterrupted(f"{self.run}: the daemon stopped while the run's output was read for its "
+                                      "exit", hint="the next `babysit up` reads it to the end and handles the exit")
+            if not drain and (self.ctx.reads.closed or time.monotonic() - start >= budget):
+                self.ctx.reads.want(self)  # the rest on the daemon's reader thread, off every guard's path
+                break
+            if not applied:
+                if not wait:
+                    self.ctx.reads.want(self)
+                    break
+                time.sleep(0.005)  # the run's lock is held (a poll, a guard): the chunk is applied once it is free
+        if self.eval_unread and not self.reader.behind_since:
+            with lock:
+                if self.eval_unread:
+                    self.eval_unread = False
+                    self.host.verdicts.read()
+        return total
+
+    def _note_pace(self, more: bool, seconds: float) -> None:
+        """How long the reader has been behind (a reader that cannot keep up says so: `check_reader`)."""
+        reader = self.reader
+        if not more:
+            reader.behind_since, reader.read_seconds = None, 0.0
+            return
+        if reader.behind_since is None:
+            reader.behind_since = self.ctx.now()
+        reader.read_seconds += seconds
+
+    def _apply(self, chunk: Chunk) -> int:
+        """Under the run's lock: one chunk's records to the run's state (progress, metrics shown, the
+        end step, divergence), and its offsets stored."""
+        pumped, read = chunk.pumped, chunk.read
+        if pumped is not None:
+            self._say_notices(pumped.notices)
+        grew = pumped is not None and (pumped.output_grew or bool(pumped.lines_seen))
+        if pumped is not None and pumped.output_grew:
+            self.last_output_wall = self.ctx.now()
+            if self.first_output_wall is None:
+                self.first_output_wall = self.last_output_wall
+        if read.missing:
+            if grew:
+                self._save_tail()
+            return 0
+        metric = self.spec.prereg.metric if self.spec.prereg else None
+        if self.spec.prereg is not None:
+            self.host.verdicts.take_records(read.records, chunk.start, read.state)  # its series: no second parse
+        batch = read.records
+        for seg in batch.segments if isinstance(batch, RecordBatch) else (batch,):
+            if isinstance(seg, ColumnSegment):
+                self._apply_columns(seg, metric)
+                continue
+            for record in seg:
+                self.points.append(ProgressPoint(record.step, record.ts))
+                self.recent.append(record)
+                self._note_record(record)
+                metrics = record.metrics
+                if any(k.startswith("eval") for k in metrics):
+                    self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
+                    self.latest_eval_step = record.step
+                if metric is not None and metric in metrics:
+                    self.eval_unread = True
+        if not read.records and not read.reset and read.garbage == 0 and not grew:
+            return 0  # nothing new: no write (this runs every tick for every run)
+        if read.records:
+            self.last_record_wall = self.ctx.now()
+        self._save_tail()
+        return len(read.records)
+
+    def _apply_columns(self, seg: ColumnSegment, metric: str | None) -> None:
+        """What the record loop leaves of a block of finite records with the same metrics, taken once:
+        the last points and records, each shown metric's last value, the last declared end, the eval of
+        the last record; no NaN or inf among them, so the pending grad norms clear (core.nonfinite)."""
+        steps, names = seg.steps, seg.names
+        keep = self.points.maxlen or len(steps)
+        first = max(0, len(steps) - keep)
+        self.points.extend(ProgressPoint(steps[i], seg.ts(i)) for i in range(first, len(steps)))
+        self.recent.extend(seg.last(self.recent.maxlen or len(steps)))
+        spec = self.spec
+        for j, name in enumerate(names):
+            if snapshot.shown(spec.poll.show, metric, name):
+                self.latest_shown[name] = (steps[-1], seg.value(j, -1))
+        if not set(names).isdisjoint(progress.END_KEYS):
+            for i in range(len(steps) - 1, -1, -1):
+                declared = progress.declared_by({name: seg.value(j, i) for j, name in enumerate(names)})
+                if declared is not None:
+                    self.declared_end = declared
+                    break
+        if self.nonfinite_pending:
+            self.nonfinite_pending = frozenset(k for k in self.nonfinite_pending if k not in names)
+        evals = [(name, seg.value(j, -1)) for j, name in enumerate(names) if name.startswith("eval")]
+        if evals:
+            self.latest_eval, self.latest_eval_step = dict(evals), steps[-1]
+        if metric is not None and metric in names:
+            self.eval_unread = True
+
+    def _say_notices(self, notices: tuple[tuple[str, str], ...]) -> None:
+        """What the source found out about the run's printed lines, said once: the preset `auto` chose
+        (a message, and the run's facts for `status` and polls), a computed step that went backwards."""
+        attempt = self.host.attempt
+        n = attempt.n if attempt else 0
+        for kind, text in notices:
+            if kind == "preset":
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
+                self.host.message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
+                                  key=f"{self.run}:preset:{text}")
+            elif kind == "step-backwards":
+                self.host.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
+
+    def _save_tail(self) -> None:
+        """The record log's offset and the source's own state in one write: a restart reads on from both.
+        A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
+        those records again, and the pump cuts its record log back first, so nothing is counted twice."""
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), tail=self.tail.to_dict(),
+                                       source=dict(self.pump.state),
+                                       step=self.points[-1].step if self.points else None,
+                                       last_record_at=self.last_record_wall)
+
+    def _note_record(self, record: LogRecord) -> None:
+        """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
+        spec = self.spec
+        metric = spec.prereg.metric if spec.prereg else None
+        fields = record.fields
+        numbers = {k: v for k, v in fields.items() if isinstance(v, float)} if fields else {}  # NaN/inf kept there
+        numbers.update(record.metrics)
+        if self._shows_for != (spec.poll.show, metric):  # a spec of other [poll].show or prereg: asked again
+            self._shows, self._shows_for = {}, (spec.poll.show, metric)
+        shows = self._shows
+        for name, value in numbers.items():
+            show = shows.get(name)
+            if show is None:  # the same answer for a name all run long: asked once (bench/scale.py's guard round)
+                show = shows[name] = snapshot.shown(spec.poll.show, metric, name)
+            if show and isinstance(value, (int, float)):
+                self.latest_shown[name] = (record.step, float(value))
+        declared = progress.declared_by(record.metrics)
+        if declared is not None:
+            self.declared_end = declared
+        if not self.nonfinite_pending and len(numbers) == len(record.metrics):
+            return  # only finite numbers and no grad norm pending: nonfinite.divergence would find nothing
+        counted, self.nonfinite_pending = nonfinite.divergence(numbers, spec.guards.nonfinite_metrics,
+                                                               self.nonfinite_pending)
+        bad = next(iter(counted.items()), None)
+        attempt = self.host.attempt
+        if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
+            self.nonfinite = (record.step, bad[0], bad[1])
+            self.host.note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
+
+    # -- what the reading tells -------------------------------------------------------------------------
+    def check_reader(self, attempt: Attempt) -> None:
+        """A reader that cannot keep up says so, once an attempt: how far behind (bytes, about how many
+        lines, since when), the time spent reading, and what it reads with. Nothing is dropped: it reads on."""
+        reader = self.reader
+        since = reader.behind_since
+        if since is None or self.ctx.now() - since < READER_BEHIND_MINUTES * self.ctx.scale:
+            return
+        behind = reader.unread_bytes()
+        per_line = reader.bytes_per_line()
+        lines = int(behind / per_line) if per_line else None
+        seconds = self.ctx.now() - since
+        source = describe(self.spec.source)
+        sample = (self.pumped.evidence.sample if self.pumped is not None else None)
+        message = (f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind (~{lines:,} lines) and has "
+                   f"been behind for {seconds:.0f} s ({reader.read_seconds:.1f} s spent reading): the trainer "
+                   "writes faster than babysit reads, or a line is slow to match. Nothing is dropped; the "
+                   "guards act on the records read so far" if lines is not None else
+                   f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind and has been for "
+                   f"{seconds:.0f} s: nothing is dropped; the guards act on the records read so far")
+        self.host.incident("reader-behind", message,
+                           {"unread_bytes": behind, "unread_lines": lines, "behind_seconds": round(seconds, 1),
+                            "read_seconds": round(reader.read_seconds, 2), "source": source,
+                            "line": sample, "log": str(self.records_log)},
+                           key=f"{self.run}:{attempt.n}:reader-behind")
+
+    def check_readable(self, attempt: Attempt) -> None:
+        """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
+        pumped = self.pumped
+        if pumped is None:
+            return
+        if self.spec.source.copies:
+            evidence = pumped.evidence
+        else:
+            evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
+        if not self.spec.source.copies and not evidence.lines_seen:
+            return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
+        # A preamble (nanoGPT's ~55 lines, HF's config dumps) before the first record is normal: only
+        # enough lines AND enough time since the first one make a source unreadable (core.readable).
+        first = self.first_output_wall
+        waited = readable.judge(evidence.lines_seen, None if first is None else self.ctx.now() - first,
+                                self.ctx.scale)
+        if waited is None:
+            return
+        message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
+        if message:
+            self.host.incident("log-unreadable", f"{message} ({waited.phrase()})",
+                               {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
+                                "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
+                               key=f"{self.run}:{attempt.n}:log-unreadable")
+
+    def end_step(self, attempt: Attempt) -> int | None:
+        """The run's last step, by the rule status and the web page apply (`progress.end_step`)."""
+        return progress.end_step(self.spec.total_steps, self.declared_end, attempt.argv)
+
+    def quiet_seconds(self, now: float) -> float | None:
+        """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty
+        sources and tqdm-only progress are not stalls; a frozen process is."""
+        marks = [t for t in (self.last_record_wall, self.last_output_wall) if t is not None]
+        return None if not marks else now - max(marks)
+
+    def data_wait_frac(self) -> float | None:
+        """The trainer's own input-wait share of step time over the recent records, when it logs one."""
+        values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
+        return sum(values) / len(values) if values else None
+
+    def reading_line(self) -> str | None:
+        """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
+        and what pattern would read the newest line."""
+        source = self.spec.source
+        if source.kind == "jsonl" and not self.points and self.first_output_wall is not None:
+            hint = sniff(self.pump.run_dir)  # it prints, its log stays empty: would a preset read it?
+            if hint is not None:
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
+            return hint
+        if source.kind != "stdout" or source.preset is None:
+            return None
+        chosen = self.pump.preset
+        if chosen is not None:
+            return "📄 " + sources.preset_line(chosen)
+        sample = self.pumped.evidence.sample if self.pumped is not None else None
+        would = suggest(sample) if sample else None
+        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
+                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
+                   if would else "") + " (docs/your-trainer.md)")

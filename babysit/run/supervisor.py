@@ -1,0 +1,272 @@
+"""One registered run under the daemon, a thin shell: every event goes through the run's transition
+(`core/run_machine.step`) and each effect it returns is carried out here or by the part that owns it —
+babysit/run/run_launch.py (launch, adopt), run_log.py (the log read, what its records tell), run_observe.py
+(one look at the attempt), run_guard.py (the live check), run_polls.py, run_exit.py (an exit watched,
+drained, classified), run_stop.py (the stop signal, the SIGKILL), run_verdict.py, run_errors.py.
+
+The order of every step is: decide (pure functions), write the fact to the store, then act. So a
+daemon killed between any two lines resumes from the store without launching twice, posting twice or
+losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from babysit.run import runstate
+from babysit.run.context import DaemonContext
+from babysit.core import run_events as ev
+from babysit.core import run_machine
+from babysit.core.spec import RunSpec
+from babysit.core.status import AttemptStatus, RunStatus
+from babysit.runtime.faults import crash_point
+from babysit.run.run_errors import RunErrors
+from babysit.run.run_exit import RunExits
+from babysit.run.run_guard import RunGuard
+from babysit.run.run_launch import RunLauncher
+from babysit.run.run_log import RunLog
+from babysit.run.run_observe import RunObserver
+from babysit.run.run_polls import RunPolls
+from babysit.run.run_stop import RunStop
+from babysit.run.run_verdict import RunVerdicts
+from babysit.run.stackdump import stack_dump
+from babysit.db.store import Attempt
+
+log = structlog.get_logger("babysit.run.supervisor")
+
+
+class RunSupervisor:
+    """The run's state (the machine's `RunState`, the current attempt's row, the spec of the attempt) and
+    its parts, each of which reads that state through this object; the daemon asks only public methods."""
+
+    def __init__(self, ctx: DaemonContext, spec: RunSpec, registered_prereg_sha256: str | None) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.run = spec.name
+        self.executor = ctx.executors[spec.executor]
+        self.declared_gpus = spec.gpus  # spec.gpus is the attempt's: a quarantined GPU may be swapped out
+        self.lock = threading.RLock()
+        self.attempt: Attempt | None = None
+        self.launch_msg: int | None = None
+        self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
+        self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
+        self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run/run_polls.py)
+        self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
+                                    internal_error=self.internal_error, feed=self.feed,
+                                    read_log=lambda: self.runlog.read_log(drain=True),  # the FINAL one reads all
+                                    attempt_n=lambda: self.attempt.n if self.attempt else None)
+        self.runlog = RunLog(self, ctx.store.run_state(self.run)[1])  # the reader and what its records tell
+        self.observer = RunObserver(self)  # one look at the attempt: what guards and polls decide on
+        self.guarding = RunGuard(self)  # the live check
+        self.exits = RunExits(self)  # an attempt's end: watched, drained, classified, decided
+        self.launcher = RunLauncher(self)  # an attempt launched, or adopted after a restart
+        self.stopper = RunStop(self)  # the stop signal and the SIGKILL after its grace period
+
+    # -- state ------------------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        return self.ctx.store.run_state(self.run)[0]
+
+    def is_active(self) -> bool:
+        return not RunStatus.of(self.status).terminal
+
+    def is_running(self) -> bool:
+        """Its current attempt runs (no store query: what the daemon's rounds ask of every run)."""
+        return self.attempt is not None and self.attempt.status == AttemptStatus.RUNNING
+
+    def set_status(self, status: str, **facts: Any) -> None:
+        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
+
+    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int:
+        return self.ctx.store.enqueue(self.run, kind, {"run": self.run, **payload}, self.ctx.now(),
+                                      thread_of=self.launch_msg if thread else None, dedupe_key=key)
+
+    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None:
+        """Record an incident on this run's current attempt and post it, once per `key`."""
+        n = self.attempt.n if self.attempt else None
+        if self.ctx.store.has_message(key):  # a restarted daemon redoing this step: already recorded
+            return
+        self.ctx.store.add_incident(self.run, n, self.ctx.now(), kind, detail)
+        self.message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
+                                   "mention": list(self.spec.notify.mention_on_incident)}, key)
+        log.warning("incident", run=self.run, attempt=n, incident=kind, message=message, posted=True)
+
+    # -- the machine ----------------------------------------------------------------------------------
+    def feed(self, event: ev.Event, *, defer: tuple[type, ...] = ()) -> str | None:
+        """One event through the run's transition (core/run_machine.py), then its effects in order, under
+        the run's lock; effects of a `defer` type after the lock is released. Returns the answer an effect
+        gave (a request's reply), if any."""
+        later: list[ev.Effect] = []
+        reply = None
+        with self.lock:
+            self.state, effects = run_machine.step(self.state, event)
+            for effect in effects:
+                if isinstance(effect, defer):
+                    later.append(effect)
+                else:
+                    reply = self._do(effect) or reply
+        for effect in later:
+            reply = self._do(effect) or reply
+        return reply
+
+    def _do(self, e: ev.Effect) -> str | None:
+        """Carry out one effect: the store written, a message queued, a process started, signalled or killed."""
+        match e:
+            case ev.SetStatus():
+                self.set_status(e.status.value, **e.facts)
+                if e.status.ended:
+                    log.info("run over", run=self.run, status=e.status.value, reason=e.facts.get("end_reason"))
+            case ev.Launch():
+                self.launcher.launch(e.n, resume=e.resume, halvings=e.halvings, note=e.note)
+            case ev.Adopt():
+                self.launcher.adopt(self.ctx.store.attempt(self.run, e.n))
+            case ev.Post(kind="launch"):
+                self.launch_msg = self.launcher.launch_message(self._row(e.n), e.note)
+            case ev.Post():
+                self._ended_message(self._row(e.n))
+            case ev.Watch():
+                self.exits.watch()
+                self.polls.schedule_next()
+            case ev.Incident():
+                self._raise(e)
+            case ev.NoteAttempt():
+                self.note_attempt(self._row(e.n), **e.facts)
+            case ev.RecordExit():
+                row = self.ctx.store.attempt(self.run, e.n)
+                self.ctx.store.mark_ended(row.id, ended_at=e.ended_at, outcome=e.outcome, exit_code=e.exit_code,
+                                          exit_signal=e.signal, detail=dict(e.detail))
+                crash_point("after-mark-ended")
+                self.attempt = self.ctx.store.attempt(self.run, e.n)
+            case ev.Signal():
+                self.stopper.send(self._row(e.n), e.stop.to_dict(), e.kill_after)
+            case ev.ArmKill():
+                self.stopper.arm_kill(self._row(e.n), e.delay)
+            case ev.Kill():
+                self.stopper.kill(self._row(e.n))
+            case ev.Recheck():
+                self.guarding.recheck_soon(e.action)
+            case ev.TakePoll():
+                if self.poll("on-demand"):
+                    return "polled"
+                return "not polled: the poll failed (the daemon log says why)"
+            case ev.ReadVerdict(full=True):
+                self.verdicts.final()
+            case ev.ReadVerdict():
+                self.verdicts.read()
+            case ev.SaveVerdict():
+                self.verdicts.save(dict(e.body), e.stored)
+            case ev.Chart():
+                self.verdicts.draw_chart(dict(e.body))
+            case ev.PostVerdict():
+                self.verdicts.post(dict(e.body))
+            case ev.Forget():
+                self._forget()
+            case ev.Reply():
+                return e.text
+        return None
+
+    def _row(self, n: int) -> Attempt:
+        """Attempt n's store row (the current one without a query)."""
+        attempt = self.attempt
+        return attempt if attempt is not None and attempt.n == n else self.ctx.store.attempt(self.run, n)
+
+    def _raise(self, e: ev.Incident) -> None:
+        if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
+            # a guard that stopped it for this very reason (stalled, diverged) has said it already: the
+            # attempt's end is said on its own
+            if e.ends is not None:
+                self._ended_message(self._row(e.ends))
+            return
+        detail = dict(e.detail)
+        if e.stacks_of is not None and "stacks" not in detail:  # a stall: where the trainer's threads are
+            detail["stacks"] = stack_dump(e.stacks_of)
+        if e.stacks_of is not None:
+            detail["log"] = str(self.runlog.records_log)  # where babysit saw no record
+        self.incident(e.kind, e.message, detail, key=e.key)
+
+    def _ended_message(self, attempt: Attempt) -> None:
+        summary = attempt.detail.get("summary") or attempt.outcome
+        self.message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
+                                "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
+                      key=f"{self.run}:{attempt.n}:ended")
+
+    # -- start ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Adopt a live attempt, finish one that ended while the daemon was down, or launch: the store's
+        state fed to the run's transition as `Registered` (run_machine), as a restarted daemon does."""
+        with self.lock:
+            self.verdicts.check_prereg()
+            now = self.ctx.now()
+            self.state = runstate.restore(self.ctx.store, self.spec, now)
+            last = self.state.last
+            if last is not None and not last.live and self.state.status in (RunStatus.RUNNING, RunStatus.RETRYING,
+                                                                            RunStatus.STOPPING, RunStatus.WAITING_GPU):
+                # the daemon died between recording the exit and deciding: decide now
+                self.exits.deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
+                return
+            self.feed(ev.Registered(now))
+
+    # -- what the parts share ---------------------------------------------------------------------------
+    def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None:
+        """`fn` on the daemon's timers in `delay` real seconds: an error is this run's (logged, or an
+        internal-error incident), never the timer thread's."""
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:
+                self.failed(where, exc)
+
+        self.ctx.timers.call_at(key, self.ctx.now() + delay, run)
+
+    def use_gpus(self, gpus: Any) -> None:
+        """The attempt's GPUs (recorded on it when they differ from the declared ones)."""
+        chosen = tuple(int(g) for g in gpus) if gpus else self.declared_gpus
+        if chosen != self.spec.gpus:
+            self.spec = dataclasses.replace(self.spec, gpus=chosen)
+
+    def _forget(self) -> None:
+        """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
+        self.ctx.polls.cancel(self.run)
+        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}", f"gpu-wait:{self.run}"):
+            self.ctx.timers.cancel(key)
+        self.ctx.gpu_probe.close_window(self.observer.poll_window)
+
+    def note_attempt(self, attempt: Attempt, **facts: Any) -> None:
+        self.ctx.store.merge_attempt_detail(attempt.id, facts)
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """An unexpected exception met while handling this run: an internal-error incident, once (run_errors)."""
+        self.errors.internal_error(where, exc)
+
+    # -- what the daemon asks ---------------------------------------------------------------------------
+    def poll(self, kind: str | None = None) -> bool:
+        """Poll now, alone (`/babysit poll`: kind "on-demand", which leaves the schedule as it is); True
+        when a poll was recorded (babysit/run/run_polls.py)."""
+        return self.polls.now_alone(kind)
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
+        self.errors.failed(where, exc)
+
+    def retry_verdict(self) -> None:
+        """A FINAL verdict the store refused to save or queue, done again (the guard round's backstop)."""
+        if self.verdicts.unposted is not None or self.verdicts.final_failed:
+            with self.lock:
+                self.verdicts.retry()
+
+    def guard(self) -> None:
+        """The live check (babysit/run/run_guard.py): foreign GPU processes, GPU-hour cap, stalls, divergence,
+        host memory."""
+        self.guarding.guard()
+
+    def request(self, kind: str, by: str = "?", request_id: int | None = None) -> str:
+        """A control request (`abort`, `poll-now`) through the run's transition; returns the answer for
+        the asker. The stop signal and the poll are sent after the run's lock is released, on the
+        asker's thread."""
+        event = ev.Request(self.ctx.now(), "poll" if kind == "poll-now" else kind, by, request_id)
+        return self.feed(event, defer=(ev.Signal, ev.TakePoll)) or "not running"
