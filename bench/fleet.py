@@ -53,9 +53,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from babysit.runtime import registry
 from babysit.db.localserver import LocalPostgres  # noqa: E402
 from babysit.db.migrate import upgrade_postgres  # noqa: E402
+from babysit.runtime import registry  # noqa: E402
 
 PY = sys.executable
 BOXES = ("box-a", "box-b", "box-c")

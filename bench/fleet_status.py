@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import fleet as bench  # noqa: E402 - bench/fleet.py's boxes and run.toml files
 
-from babysit.runtime import registry
-from babysit.view import runview
 from babysit.db.localserver import LocalPostgres  # noqa: E402
 from babysit.db.migrate import upgrade_postgres  # noqa: E402
 from babysit.db.postgres import PostgresStore  # noqa: E402
+from babysit.runtime import registry  # noqa: E402
+from babysit.view import runview  # noqa: E402
 from bot import messages as msg  # noqa: E402
 from bot.reads import fleet_rows  # noqa: E402
 

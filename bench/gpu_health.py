@@ -103,10 +103,10 @@ def read_cost(n: int, json_path: str | None) -> int:
 def event_latency(trials: int, json_path: str | None) -> int:
     import pynvml
 
-    from babysit.runtime.clock import SYSTEM
-    from babysit.service.daemon import Daemon
     from babysit.channels.notify import ConsoleChannel
+    from babysit.runtime.clock import SYSTEM
     from babysit.runtime.timers import ThreadTimers
+    from babysit.service.daemon import Daemon
     from tests.fakes import FakeExecutor, FakeHostProbe
     from tests.test_health_probe import StandIn
 

@@ -24,9 +24,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, naive_parse, nvml_or_reason, summary, time_calls, write_log
 
-from babysit.sources import logtail
 from babysit.probes import proctree
 from babysit.probes.host import read_host
+from babysit.sources import logtail
 
 
 def spawn_tree(children: int) -> subprocess.Popen:

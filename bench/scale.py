@@ -72,9 +72,9 @@ time.sleep(100000)
 
 
 def one_size(n: int, args: argparse.Namespace, pathological: bool = False) -> dict[str, Any]:
-    from babysit.service.daemon import Daemon
     from babysit.channels.notify import ConsoleChannel
     from babysit.probes.gpu import FileGpuProbe
+    from babysit.service.daemon import Daemon
 
     root = Path(tempfile.mkdtemp(prefix=f"babysit-scale{n}-"))
     names = [f"r{i:04d}" for i in range(n)]

@@ -22,12 +22,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, write_log
 
-from babysit.sources import logtail
-from babysit.verdict import reading
 from babysit.core.records import metric_series
 from babysit.core.spec import load_spec
 from babysit.core.verdict import evaluate
 from babysit.db.store import Store
+from babysit.sources import logtail
+from babysit.verdict import reading
 
 
 def main(argv: list[str] | None = None) -> int:

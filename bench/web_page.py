@@ -50,9 +50,9 @@ label = "CLIMB"
 
 
 def build(root: Path, runs: int, records: int) -> Path:
-    from babysit.runtime import registry
     from babysit.core.spec import load_spec
     from babysit.db.store import Store
+    from babysit.runtime import registry
 
     t0 = time.time() - 86400
     names = [f"run{i:04d}" for i in range(runs)]

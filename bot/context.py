@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from babysit.core.render import Rendered
+from babysit.db.store import Store
+from babysit.db.url import open_store
 from babysit.runtime import registry
 from babysit.view import runview
-from babysit.core.render import Rendered
-from babysit.db.url import open_store
-from babysit.db.store import Store
 from bot import messages as msg
 
 

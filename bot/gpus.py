@@ -16,9 +16,9 @@ from typing import Any
 from babysit.core import gpureport
 from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
+from babysit.db.store import Store
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import process_tree
-from babysit.db.store import Store
 
 FOREIGN = "FOREIGN"
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import structlog
 
-from babysit.runtime import registry as registry_mod
-from babysit.register import relaunch as relaunch_mod
-from babysit.view import runview
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered, chart_comment, verdict_card
 from babysit.db.url import fleet_owner
+from babysit.register import relaunch as relaunch_mod
+from babysit.runtime import registry as registry_mod
+from babysit.view import runview
 from bot import messages as msg
 from bot.context import BotConfig, opened, owner_elsewhere, unanswered, wait_result
 from bot.gpus import box_lines, read_gpus, run_owners

@@ -23,7 +23,6 @@ from urllib.parse import parse_qs
 
 import structlog
 
-from babysit.view import runview
 from babysit.campaign import clicks
 from babysit.campaign.history import view_of
 from babysit.core import campaign_render as crender
@@ -31,6 +30,7 @@ from babysit.core.blocks import context, section
 from babysit.core.campaign_spec import Banked, Campaign, Suspect, load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
+from babysit.view import runview
 from bot.context import BotConfig, opened, owner_elsewhere, unanswered, wait_result
 from bot.messages import answer, reply
 from bot.predicates import user_of

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.view import runview
-from babysit.verdict.chart import render_chart
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.spec import load_spec
-from babysit.db.url import store_url
-from babysit.verdict.reading import read_registered_verdict, read_series, records_log, require_prereg
-from babysit.runtime.registry import Registry, RunEntry
-from babysit.view.runview import RunRow, box_staleness, host_states
 from babysit.db.store import Store
+from babysit.db.url import store_url
+from babysit.runtime.registry import Registry, RunEntry
+from babysit.verdict.chart import render_chart
+from babysit.verdict.reading import read_registered_verdict, read_series, records_log, require_prereg
+from babysit.view import runview
+from babysit.view.runview import RunRow, box_staleness, host_states
 
 
 @dataclass(frozen=True)

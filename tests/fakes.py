@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from babysit.core.readings import HostReading
+from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.probes.gpu import GpuProbe
-from babysit.db.store import Attempt
 
 GIB = 2**30
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from babysit.verdict import reading
 from babysit.commands.amend import amend_registered, record_amendment
 from babysit.core.amendment import amendment_sha256, check_against, parse_amendment
 from babysit.core.errors import BabysitError, PreregTampered, SpecError
 from babysit.core.spec import load_spec
 from babysit.db.store import Store
+from babysit.verdict import reading
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 NOW = datetime(2026, 8, 17, 21, 35, 0, tzinfo=timezone.utc)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.verdict.chart import render_chart
 from babysit.core.amendment import load_amendment, what_if
 from babysit.core.spec import load_spec
 from babysit.core.verdict import evaluate
+from babysit.verdict.chart import render_chart
 from babysit.verdict.reading import read_series
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
@@ -52,8 +52,8 @@ def test_importing_the_cli_and_chart_does_not_import_matplotlib():
 
 
 def test_write_verdict_files_as_the_daemon_calls_it(tmp_path: Path, seed):
-    from babysit.verdict.reading import write_verdict_files
     from babysit.db.store import Store
+    from babysit.verdict.reading import write_verdict_files
 
     spec, series, train, _ = seed
     store = Store.in_dir(tmp_path / "state")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.service.daemon import Daemon
 from babysit.channels.notify import ConsoleChannel
-from babysit.probes.gpu import FileGpuProbe
 from babysit.db.store import Store
+from babysit.probes.gpu import FileGpuProbe
+from babysit.service.daemon import Daemon
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 RUNS = ("a", "b", "c")

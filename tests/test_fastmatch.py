@@ -223,9 +223,9 @@ label = "FLAT-OR-WORSE"
 
 
 def _runlog_state(tmp_path: Path, text: str, twins: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
-    from babysit.run.context import DaemonContext
-    from babysit.probes.gpu import FileGpuProbe
     from babysit.db.store import Store
+    from babysit.probes.gpu import FileGpuProbe
+    from babysit.run.context import DaemonContext
     from babysit.run.supervisor import RunSupervisor
     from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.register import registration
-from babysit.service.daemon import Daemon
 from babysit.channels.notify import ConsoleChannel, deliver_due
 from babysit.probes.gpu import FileGpuProbe
+from babysit.register import registration
+from babysit.service.daemon import Daemon
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"

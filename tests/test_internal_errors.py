@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.run.context import DaemonContext
 from babysit.core.spec import load_spec
+from babysit.db.store import Attempt, Store
 from babysit.executors import ExitInfo
 from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
-from babysit.db.store import Attempt, Store
+from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 
 FAKE_TRAINER = Path(__file__).parent / "reliability" / "fake_trainer.py"

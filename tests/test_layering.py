@@ -304,8 +304,7 @@ def private_reaches(path: Path) -> list[str]:
 
 
 def daemon_rooms() -> list[Path]:
-    return [ROOT / "babysit" / "daemon.py", ROOT / "babysit" / "supervisor.py",
-            *sorted((ROOT / "babysit").glob("run_*.py"))]
+    return [ROOT / "babysit" / "service" / "daemon.py", *sorted((ROOT / "babysit" / "run").glob("*.py"))]
 
 
 def test_the_daemon_and_a_runs_parts_use_each_other_by_public_names_only():
@@ -320,3 +319,32 @@ def test_the_private_reach_check_sees_one(tmp_path: Path):
     sample = tmp_path / "m.py"
     sample.write_text("def f(supervisor):\n    supervisor._later('k', 0.0, print, 'w')\n    self._x = 1\n")
     assert private_reaches(sample) == ["m.py:2: supervisor._later"]
+
+
+# -- the tree shows the architecture ---------------------------------------------------------------------------
+TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "cli.py"}  # cli on top; everything else lives in a package
+LONG_MODULE_LINES = 500
+
+
+def test_babysit_has_no_loose_modules_beside_the_cli():
+    """babysit/ holds packages by concern (core/, run/, service/, db/, sources/, channels/, view/, …) and
+    cli.py on top: a new module goes into the package of its concern, so the tree reads as the picture in
+    docs/architecture.md."""
+    loose = sorted(p.name for p in (ROOT / "babysit").glob("*.py") if p.name not in TOP_LEVEL_MODULES)
+    assert not loose, f"modules loose at babysit/'s top (move each into the package of its concern): {loose}"
+
+
+def test_a_long_module_says_why_it_is_long():
+    """No module over ~500 lines without a sentence saying why one module is the right size for it (the
+    marker `Long on purpose:` in its docstring); otherwise split it by concern."""
+    bad = []
+    for path in sorted([*(ROOT / "babysit").rglob("*.py"), *(ROOT / "bot").rglob("*.py")]):
+        if "migrations" in path.parts:
+            continue
+        text = path.read_text()
+        lines = text.count("\n")
+        doc = ast.get_docstring(ast.parse(text, str(path))) or ""
+        if lines > LONG_MODULE_LINES and "Long on purpose:" not in doc:
+            bad.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+    assert not bad, "long modules with no sentence saying why (split them, or say why in the docstring):\n" + \
+        "\n".join(bad)

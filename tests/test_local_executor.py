@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from babysit.executors.local import LocalExecutor
 from babysit.db.store import Store
+from babysit.executors.local import LocalExecutor
 
 WORKER = """
 import os, signal, sys, time

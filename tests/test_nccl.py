@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run import nccl
 from babysit.core.render import render
 from babysit.probes.host import process_tree
+from babysit.run import nccl
 from babysit.run.stackdump import STOPPED_MARK, stack_dump
 
 HANG = Path(__file__).parent / "fixtures" / "nccl" / "gloo_hang.py"

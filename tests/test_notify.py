@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.errors import StateError, TransientDeliveryError
 from babysit.channels.notify import UNEXPECTED_TRIES, ConsoleChannel, Delivery, deliver_due
+from babysit.core.errors import StateError, TransientDeliveryError
 from babysit.db.store import Store
 from tests.reliability.test_resources import fill, small_disk  # noqa: F401 - small_disk is a fixture
 

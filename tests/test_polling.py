@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run.polling import PollCalendar
 from babysit.db.store import Store
+from babysit.run.polling import PollCalendar
 from tests.fakes import FakeClock, ManualTimers
 
 

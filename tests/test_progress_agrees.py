@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run.context import DaemonContext
 from babysit.core.render import render
 from babysit.core.spec import load_spec
+from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
+from babysit.run.context import DaemonContext
+from babysit.run.supervisor import RunSupervisor
 from babysit.view.runtable import change_line, live_table, status_table
 from babysit.view.runview import collect
-from babysit.db.store import Store
-from babysit.run.supervisor import RunSupervisor
 from babysit.web.data import Site
 from babysit.web.pages import runs_fragment
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.cli import main
+from babysit.runtime import registry
 
 PREREG = """
 [prereg]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.core.errors import EXIT_BAD_INPUT, RegistryError, SpecError, UnknownRun
+from babysit.runtime import registry
 from babysit.runtime.registry import DaemonSettings, Registry, RunEntry, load, resolve_registry_path, update, with_run
 
 SHA_A = "a" * 64

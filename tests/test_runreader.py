@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from babysit.sources import logtail
 from babysit.core.spec import load_spec
 from babysit.run.runreader import CHUNK_BYTES, RunReader
+from babysit.sources import logtail
 
 RUN = r"""[run]
 name = "r1"

@@ -10,9 +10,9 @@ import pytest
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord
 from babysit.core.spec import RunSpec, load_spec
+from babysit.db.store import Attempt, Row, Store
 from babysit.view.runtable import change_line, status_table
 from babysit.view.runview import RegistryCache, RunRow, TailCache, build_row, collect, target_step
-from babysit.db.store import Attempt, Row, Store
 
 T0 = 1_800_000_000.0
 

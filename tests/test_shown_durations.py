@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run.context import DaemonContext
 from babysit.core import guards
 from babysit.core.render import render
 from babysit.core.spec import GuardsSpec, load_spec
-from babysit.probes.gpu import FileGpuProbe
 from babysit.db.store import Store
+from babysit.probes.gpu import FileGpuProbe
+from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 

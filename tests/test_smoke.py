@@ -15,11 +15,11 @@ from types import MappingProxyType
 import psutil
 import pytest
 
-from babysit.register import smoke_record
 from babysit.core import smoke
 from babysit.core.records import LogRecord
 from babysit.core.spec import AttemptProfile, load_spec
 from babysit.db.store import Store
+from babysit.register import smoke_record
 from tests.scenarios.conftest import tiny_run
 from trainer.recipe import RECIPES_DIR
 

@@ -20,9 +20,9 @@ from babysit import cli
 from babysit.core.errors import SpecError
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
-from babysit.sources.logtail import read_all
 from babysit.sources import SourcePump, records_path, stdout, unreadable
 from babysit.sources.lines import Cursor, read_lines
+from babysit.sources.logtail import read_all
 from babysit.sources.records import Item
 
 RUN = """

@@ -15,8 +15,8 @@ import pytest
 
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
-from babysit.sources.logtail import read_all
 from babysit.sources import SourcePump, records_path, unreadable
+from babysit.sources.logtail import read_all
 from babysit.sources.tensorboard import event_files
 from tests.conftest import Lazy, missing
 

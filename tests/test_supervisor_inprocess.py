@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core.spec import load_spec
-from babysit.probes.gpu import FileGpuProbe
-from babysit.run.run_stop import RunStop
 from babysit.db.store import Store
+from babysit.probes.gpu import FileGpuProbe
+from babysit.run.context import DaemonContext
+from babysit.run.run_stop import RunStop
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 

@@ -157,8 +157,8 @@ def test_prereg_show_verifies_the_chain(project: Path, capsys):
 # -- one poison value, one typo, one what-if: never a traceback, never the FINAL verdict's files ----------
 def final_files(project: Path) -> dict[str, bytes]:
     """Write the FINAL verdict's files and record it, exactly as the daemon does (reading + store)."""
-    from babysit.verdict.reading import load_registered, read_registered_verdict, write_verdict_files
     from babysit.db.store import Store
+    from babysit.verdict.reading import load_registered, read_registered_verdict, write_verdict_files
 
     reg, entry, spec = load_registered(project / "babysit.toml", RUN)
     store = Store.in_dir(reg.state_dir)

@@ -21,8 +21,6 @@ from typing import Any
 
 import structlog
 
-from babysit.register import registration
-from babysit.runtime.atomic import write_atomic
 from babysit.campaign import propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
@@ -31,6 +29,8 @@ from babysit.core.campaign_spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.tomlfile import load
 from babysit.db.store import OwnerCall, Store
+from babysit.register import registration
+from babysit.runtime.atomic import write_atomic
 
 log = structlog.get_logger("babysit.campaign")
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import structlog
 
-from babysit.runtime import registry as registry_mod
 from babysit.campaign import actions
 from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.db.store import Store
+from babysit.runtime import registry as registry_mod
 
 log = structlog.get_logger("babysit.campaign")
 

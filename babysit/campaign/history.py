@@ -12,16 +12,16 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from babysit.runtime import registry as registry_mod
 from babysit.campaign import settle
 from babysit.core import campaign_grid as grid_mod
 from babysit.core.campaign_spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.verdict import build_rules
-from babysit.db.url import open_store
-from babysit.verdict.reading import read_series, records_log
 from babysit.db.store import OwnerCall, Row, Store
+from babysit.db.url import open_store
+from babysit.runtime import registry as registry_mod
+from babysit.verdict.reading import read_series, records_log
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from babysit.core.campaign_spec import Campaign, load_campaign, parse_grid
 from babysit.core.errors import BabysitError
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.tomlfile import Table
-from babysit.verdict.reading import read_registered_verdict
 from babysit.db.store import Store
+from babysit.verdict.reading import read_registered_verdict
 
 log = structlog.get_logger("babysit.campaign")
 _ORDER = {settle.SUSPEND: 0, settle.PEND: 1, settle.CARRY: 2}

@@ -23,9 +23,9 @@ import structlog
 
 from babysit.core.errors import BabysitError, PermanentDeliveryError, TransientDeliveryError
 from babysit.core.render import render
+from babysit.db.store import OutboxMessage, Store
 from babysit.runtime.faults import crash_point
 from babysit.sources.logtail import tail_bytes
-from babysit.db.store import OutboxMessage, Store
 
 log = structlog.get_logger("babysit.channels.notify")
 

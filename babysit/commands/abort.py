@@ -7,9 +7,9 @@ import getpass
 import time
 from datetime import datetime, timezone
 
-from babysit.runtime import registry
 from babysit.core.status import ENDED_STATUSES
 from babysit.db.url import fleet_owner, open_existing, open_store
+from babysit.runtime import registry
 from babysit.runtime.registry import utc_timestamp
 
 

@@ -22,21 +22,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from babysit.register import registration
-from babysit.runtime import logs, registry, wake
+from babysit.channels.notify import Channel, ConsoleChannel
 from babysit.commands import register
 from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
 from babysit.core.presets import names as preset_names
 from babysit.core.spec import RUN_NAME
 from babysit.core.status import RunStatus
-from babysit.service.daemon import Daemon
-from babysit.db.url import open_existing, open_store, store_url
-from babysit.view.follow import Follower
-from babysit.channels.notify import Channel, ConsoleChannel
-from babysit.probes.gpu import open_gpu_probe
-from babysit.slack.channel import SlackChannel
 from babysit.db.store import Store
+from babysit.db.url import open_existing, open_store, store_url
+from babysit.probes.gpu import open_gpu_probe
+from babysit.register import registration
+from babysit.runtime import logs, registry, wake
+from babysit.service.daemon import Daemon
+from babysit.slack.channel import SlackChannel
+from babysit.view.follow import Follower
 from babysit.view.watch import Watcher, open_view
 
 SAY = "babysit run:"

@@ -13,16 +13,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit.verdict import reading
 from babysit.campaign.outcomes import campaigns_touching, reconcile
 from babysit.core.amendment import AmendmentSpec, check_against, last_metric_step, load_amendment, utc_now_iso
 from babysit.core.errors import BabysitError, BadInput
 from babysit.core.records import metric_series
 from babysit.core.spec import RunSpec
-from babysit.db.url import open_store
-from babysit.sources.logtail import read_all
-from babysit.runtime.registry import resolve_registry_path
 from babysit.db.store import Amendment, Store
+from babysit.db.url import open_store
+from babysit.runtime.registry import resolve_registry_path
+from babysit.sources.logtail import read_all
+from babysit.verdict import reading
 
 
 def amend_registered(registry_path: Path, name: str, file: Path, now: datetime) -> tuple[Amendment, RunSpec]:

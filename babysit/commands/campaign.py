@@ -13,7 +13,6 @@ import json
 import time
 from pathlib import Path
 
-from babysit.runtime import registry
 from babysit.campaign import history
 from babysit.campaign.saga import render_saga
 from babysit.commands import register
@@ -21,6 +20,7 @@ from babysit.commands.args import parse
 from babysit.core.campaign_render import show_text
 from babysit.core.campaign_spec import load_campaign
 from babysit.db.url import open_store
+from babysit.runtime import registry
 
 
 def run_register(args: argparse.Namespace) -> int:

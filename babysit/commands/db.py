@@ -6,12 +6,12 @@ import argparse
 import time
 from dataclasses import replace
 
-from babysit.runtime import registry
 from babysit.core.errors import RegistryError
 from babysit.db import migrate
 from babysit.db.redact import redact
-from babysit.db.url import host_name, store_url
 from babysit.db.store import SCHEMA_VERSION, Store
+from babysit.db.url import host_name, store_url
+from babysit.runtime import registry
 
 
 def run_upgrade(args: argparse.Namespace) -> int:

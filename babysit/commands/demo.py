@@ -8,15 +8,15 @@ import json
 import sys
 import time
 
-from babysit.runtime import logs, registry
+from babysit.channels.notify import ConsoleChannel
 from babysit.commands import adhoc, campaign, register, status
 from babysit.commands import amend as amend_command
 from babysit.commands.args import parse
 from babysit.core.errors import BabysitError, BadInput
-from babysit.service.daemon import Daemon
 from babysit.demo import fleet, runner
-from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
+from babysit.runtime import logs, registry
+from babysit.service.daemon import Daemon
 from babysit.view.watch import Watcher, open_view
 
 # Banked deltas over steps 500 -> 1000 of the bundled recipes on CPU (seed 0), and the read of the

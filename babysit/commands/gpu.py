@@ -12,11 +12,11 @@ import argparse
 import getpass
 import time
 
-from babysit.run import gpufault
-from babysit.runtime import registry
 from babysit.core.errors import BadInput
 from babysit.db.url import open_store
 from babysit.probes.gpu import open_gpu_probe
+from babysit.run import gpufault
+from babysit.runtime import registry
 
 
 def run(args: argparse.Namespace) -> int:

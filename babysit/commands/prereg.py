@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from babysit.verdict.prereg_record import collect
 from babysit.runtime.registry import resolve_registry_path
+from babysit.verdict.prereg_record import collect
 
 
 def run(args: argparse.Namespace) -> int:

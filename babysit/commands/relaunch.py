@@ -7,10 +7,10 @@ import getpass
 import sys
 import time
 
-from babysit.register import relaunch
-from babysit.runtime import registry
 from babysit.commands.register import say
 from babysit.db.url import open_store
+from babysit.register import relaunch
+from babysit.runtime import registry
 
 
 def run(args: argparse.Namespace) -> int:

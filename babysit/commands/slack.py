@@ -6,9 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from babysit.runtime import registry
 from babysit.core.errors import EXIT_BAD_INPUT, BabysitError
 from babysit.core.spec import load_spec
+from babysit.runtime import registry
 from babysit.slack.channel import CHANNEL_ENV
 from babysit.slack.check import Finding, run_check
 from babysit.slack.client import TOKEN_ENV, web_client

@@ -24,8 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit.runtime import registry
-from babysit.sources import logtail
 from babysit.core import guards
 from babysit.core.classify import classify_exit
 from babysit.core.errors import BadInput, LaunchRefused
@@ -41,13 +39,15 @@ from babysit.core.smoke import (
     train_evidence,
 )
 from babysit.core.spec import load_spec
+from babysit.db.store import Attempt
 from babysit.db.url import open_store
 from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import read_host
-from babysit.verdict.reading import write_json_atomic
 from babysit.register.smoke_record import GpuInfo, Hardware, build_record, declared_attempt, validate
-from babysit.db.store import Attempt
+from babysit.runtime import registry
+from babysit.sources import logtail
+from babysit.verdict.reading import write_json_atomic
 
 SAMPLE_S = 0.5
 _FRAMEWORK_PROBE = (

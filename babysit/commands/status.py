@@ -7,13 +7,13 @@ import argparse
 import json
 import time
 
-from babysit.runtime import registry
-from babysit.view import runview
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import preset_line
-from babysit.run.gpufault import quarantine_lines
-from babysit.view.runtable import status_table
 from babysit.db.store import Store
+from babysit.run.gpufault import quarantine_lines
+from babysit.runtime import registry
+from babysit.view import runview
+from babysit.view.runtable import status_table
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,11 +11,11 @@ from typing import Any
 
 import structlog
 
+from babysit.channels.notify import Channel, ConsoleChannel
+from babysit.db.url import store_url
+from babysit.probes.gpu import open_gpu_probe
 from babysit.runtime import logs, registry
 from babysit.service.daemon import Daemon
-from babysit.db.url import store_url
-from babysit.channels.notify import Channel, ConsoleChannel
-from babysit.probes.gpu import open_gpu_probe
 from babysit.slack.channel import SlackChannel
 from babysit.view.watch import Watcher, open_view
 from babysit.web.server import WebServer, settings_for

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from babysit import sources
-from babysit.verdict import reading
-from babysit.view import runview
 from babysit.core.amendment import check_against, load_amendment, what_if
 from babysit.core.errors import BadInput, PreregTampered
 from babysit.core.fmt import fmt_delta, fmt_duration
@@ -28,6 +26,8 @@ from babysit.core.status import RunStatus
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
 from babysit.db.url import open_store
 from babysit.runtime.registry import resolve_registry_path
+from babysit.verdict import reading
+from babysit.view import runview
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from babysit.runtime import registry
 from babysit.core.errors import BadInput
+from babysit.runtime import registry
 from babysit.web.server import WebServer, settings_for
 
 

@@ -3,6 +3,9 @@
 Every default lives here, every rejection names the file, the key path and what was expected, and
 `[prereg]` is canonicalised and hashed so that `register` can freeze it and every later read can
 check it was not edited.
+
+Long on purpose: every run.toml table's dataclass sits beside the checks that fill it and their
+messages, so a field's type, default and rejection are read (and changed) together.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ daemon killed at any instant loses none and counts none twice.
 
 Every fact is committed before the daemon acts on it. WAL mode lets `babysit status` and the bot read
 while the daemon writes. All SQL lives here.
+
+Long on purpose: it is the SQLite implementation of the whole store interface (babysit/db/interface.py),
+and all SQL living in one file is what keeps a schema change reviewable in one place.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from babysit.runtime import wake
 from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
+from babysit.runtime import wake
 
 SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
 MERGE_CHUNK = 200  # runs a merge statement carries (4 parameters each: under SQLite's old 999 limit)

@@ -11,8 +11,8 @@ from babysit.core.errors import RegistryError
 from babysit.core.spec import HOST_NAME
 from babysit.db.mirror_view import MirrorStore
 from babysit.db.redact import redact
-from babysit.runtime.registry import Registry
 from babysit.db.store import Store
+from babysit.runtime.registry import Registry
 
 URL_ENV = "BABYSIT_STORE_URL"
 HOST_ENV = "BABYSIT_HOST"

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from babysit.probes.gpu import GpuProbe
 from babysit.db.store import Attempt
+from babysit.probes.gpu import GpuProbe
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from babysit.runtime import exitwatch
 from babysit.core import tails
+from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
-from babysit.sources.logtail import tail_bytes
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import CREATE_TIME_TOLERANCE_S, descendants, process_create_time, sigkill
-from babysit.db.store import Attempt
+from babysit.runtime import exitwatch
+from babysit.sources.logtail import tail_bytes
 
 
 def tail_lines(path: Path, lines: int = 40, max_bytes: int = 64 * 1024) -> str:

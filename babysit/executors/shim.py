@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.runtime.atomic import write_json_atomic
 from babysit.core.spec import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
+from babysit.runtime.atomic import write_json_atomic
 
 _PR_SET_CHILD_SUBREAPER = 36
 

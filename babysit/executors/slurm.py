@@ -35,16 +35,16 @@ from pathlib import Path
 
 import structlog
 
-from babysit.runtime.atomic import write_atomic
 from babysit.core.errors import BabysitError
 from babysit.core.spec import SlurmSpec, load_spec
+from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.executors.local import tail_lines
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.remote import SidecarGpuProbe
-from babysit.db.store import Attempt
+from babysit.runtime.atomic import write_atomic
 
 log = structlog.get_logger("babysit.slurm")
 

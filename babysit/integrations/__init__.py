@@ -22,8 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.integrations.client import JsonlWriter, plain
 from babysit.core import nonfinite
+from babysit.integrations.client import JsonlWriter, plain
 
 EXIT_DIVERGED = 11  # babysit's classifier (classify.EXIT_DIVERGED) and the reference trainer's code
 

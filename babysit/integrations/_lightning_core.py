@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.integrations.client import JsonlWriter, env_rank
 from babysit.integrations import EXIT_DIVERGED, Diverged, NonfiniteWatch, describe
+from babysit.integrations.client import JsonlWriter, env_rank
 
 
 class BabysitLoggerCore:

@@ -22,8 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.integrations.client import JsonlWriter
 from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
+from babysit.integrations.client import JsonlWriter
 
 try:
     from transformers import TrainerCallback

@@ -16,6 +16,9 @@ nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2
 
 GPU indices are NVML indices (nvidia-smi order, i.e. PCI bus order): the executor should export
 CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
+
+Long on purpose: the NVML probe (sampling windows, health events, the per-call wrapper), its file-fed twin
+for tests and CI, and the null probe give one `GpuView`; kept together so the three cannot drift apart.
 """
 
 from __future__ import annotations

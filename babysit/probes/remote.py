@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.readings import GpuProcess, GpuReading, GpuView
-from babysit.sources.logtail import tail_bytes
 from babysit.probes.gpu import GUARD_WINDOW
+from babysit.sources.logtail import tail_bytes
 
 RECORD_VERSION = 1
 

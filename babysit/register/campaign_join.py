@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.runtime import registry as registry_mod
 from babysit.core import campaign_spec as cspec
 from babysit.core import campaign_wording as wording
 from babysit.core.campaign_delta import Delta, compute, refusal
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import RunSpec, load_spec
 from babysit.db.url import open_store
+from babysit.runtime import registry as registry_mod
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit.register import campaign_join as campaign_join
 from babysit import sources
-from babysit.register import commandcheck, logcheck
-from babysit.runtime import registry, wake
-from babysit.runtime.atomic import write_private_json
 from babysit.core.retry import build_argv
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.specdiff import Change, changes
 from babysit.core.tomlfile import load
+from babysit.register import campaign_join as campaign_join
+from babysit.register import commandcheck, logcheck
+from babysit.runtime import registry, wake
+from babysit.runtime.atomic import write_private_json
+from babysit.sources import mlflowstore, wandbfile
 from babysit.verdict.prereg_record import keep_frozen_copy
 from babysit.verdict.reading import check_fixture
-from babysit.sources import mlflowstore, wandbfile
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.register import registration
-from babysit.runtime import registry
 from babysit.core.errors import BadInput, RegistryError
 from babysit.core.spec import load_spec
 from babysit.core.status import TERMINAL_STATUSES
 from babysit.db.url import open_existing, open_store
+from babysit.register import registration
+from babysit.runtime import registry
 
 ENDED = TERMINAL_STATUSES  # over, or a launch refused: what a relaunch may start again
 ACTION, ACTION_RESUME = "relaunch", "relaunch-resume"  # control-table actions: fresh, or with retry.resume_args

@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from babysit.runtime.clock import SYSTEM, Clock
+from babysit.db.store import Store
 from babysit.executors import Executor
-from babysit.runtime.exitwatch import ExitWatcher
-from babysit.run.polling import PollCalendar
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.run.polling import PollCalendar
 from babysit.run.runreader import ReadWorker
-from babysit.db.store import Store
+from babysit.runtime.clock import SYSTEM, Clock
+from babysit.runtime.exitwatch import ExitWatcher
 from babysit.runtime.timers import ThreadTimers, Timers
 
 

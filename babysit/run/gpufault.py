@@ -14,13 +14,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit.run import nccl
 from babysit.core import gpuchoice, gpuhealth
 from babysit.core.guards import Action
 from babysit.core.readings import GpuView
 from babysit.core.spec import RunSpec
-from babysit.run.stackdump import stack_dump
 from babysit.db.store import Attempt, Store
+from babysit.run import nccl
+from babysit.run.stackdump import stack_dump
 
 CHOICE_WINDOW = "gpu-choice"  # the probe window of the look at every GPU (closed at once)
 

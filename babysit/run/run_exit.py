@@ -12,18 +12,18 @@ from typing import Any, Protocol
 
 import structlog
 
-from babysit.run import gpufault, runstate, stopcheck
 from babysit.core import classify
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
 from babysit.core.run_machine import RunState
 from babysit.core.status import AttemptStatus
+from babysit.db.store import Attempt
+from babysit.run import gpufault, runstate, stopcheck
 from babysit.run.run_errors import short_error
 from babysit.run.run_guard import GUARD_LOCK_WAIT_SECONDS
 from babysit.run.run_log import RunLog
 from babysit.run.run_part import RunPartHost
 from babysit.run.runreader import CHUNK_BYTES
-from babysit.db.store import Attempt
 
 log = structlog.get_logger("babysit.run.supervisor")
 

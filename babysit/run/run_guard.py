@@ -13,16 +13,16 @@ from typing import Protocol
 
 import structlog
 
-from babysit.run import gpufault
 from babysit.core import guards
 from babysit.core import run_events as ev
 from babysit.core.observation import Observation
 from babysit.core.run_machine import RunState
 from babysit.core.status import AttemptStatus
+from babysit.db.store import Attempt
 from babysit.probes.gpu import GUARD_WINDOW
+from babysit.run import gpufault
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_part import RunPartHost
-from babysit.db.store import Attempt
 
 log = structlog.get_logger("babysit.run.supervisor")
 

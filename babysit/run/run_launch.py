@@ -13,18 +13,18 @@ from typing import Any, Protocol
 
 import structlog
 
-from babysit.run import gpufault, nccl
 from babysit.core import guards, nonfinite, retry, smoke
 from babysit.core import run_events as ev
 from babysit.core.run_machine import RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
-from babysit.runtime.faults import crash_point
+from babysit.db.store import Attempt
+from babysit.run import gpufault, nccl
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_part import RunPartHost
+from babysit.runtime.faults import crash_point
 from babysit.sources import mlflowstore
-from babysit.db.store import Attempt
 
 log = structlog.get_logger("babysit.run.supervisor")
 

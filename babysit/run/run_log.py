@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from babysit import sources
-from babysit.sources import logtail
-from babysit.run.context import DaemonContext
 from babysit.core import nonfinite, progress, readable, snapshot
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
 from babysit.core.suggest import suggest
+from babysit.db.store import Attempt
+from babysit.run.context import DaemonContext
 from babysit.run.run_verdict import RunVerdicts
 from babysit.run.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
+from babysit.sources import logtail
 from babysit.sources.records import ColumnSegment, RecordBatch
 from babysit.sources.sniff import sniff
-from babysit.db.store import Attempt
 
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on

@@ -14,16 +14,16 @@ from typing import Protocol
 
 import structlog
 
-from babysit.run.context import DaemonContext
 from babysit.core import progress, snapshot
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.spec import RunSpec
+from babysit.db.store import Attempt
 from babysit.executors import Executor
 from babysit.probes.gpu import GUARD_WINDOW
+from babysit.run.context import DaemonContext
 from babysit.run.run_log import RunLog
 from babysit.run.run_verdict import RunVerdicts
-from babysit.db.store import Attempt
 
 log = structlog.get_logger("babysit.run.supervisor")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from babysit.run.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core.spec import RunSpec
 from babysit.executors import Executor
+from babysit.run.context import DaemonContext
 
 
 class RunPartHost(Protocol):

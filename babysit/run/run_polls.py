@@ -13,9 +13,9 @@ from babysit.core import run_machine
 from babysit.core.run_machine import RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
+from babysit.db.store import Attempt, PollRow
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
-from babysit.db.store import Attempt, PollRow
 
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import structlog
 
 from babysit.core import run_events as ev
-from babysit.run.run_part import RunPartHost
 from babysit.db.store import Attempt
+from babysit.run.run_part import RunPartHost
 
 log = structlog.get_logger("babysit.run.supervisor")
 

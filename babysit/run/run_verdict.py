@@ -13,15 +13,15 @@ from typing import Any
 
 import structlog
 
-from babysit.verdict import reading
 from babysit.campaign.hook import after_final_verdict
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError, PreregTampered
 from babysit.core.records import LogRecord
 from babysit.core.spec import RunSpec
-from babysit.sources.logtail import TailState
 from babysit.run.run_errors import short_error
 from babysit.run.runstate import verdict_key
+from babysit.sources.logtail import TailState
+from babysit.verdict import reading
 
 log = structlog.get_logger("babysit.run.supervisor")
 PROVISIONAL_FIELDS = ("status", "label", "delta", "at_step", "read_step", "reason")  # what polls show of a read

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from babysit import sources
-from babysit.sources import logtail
 from babysit.core.errors import BabysitError
 from babysit.core.spec import RunSpec
+from babysit.sources import logtail
 from babysit.sources import records as record_log
 from babysit.sources import stdout as captured
 

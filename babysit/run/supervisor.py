@@ -18,13 +18,13 @@ from typing import Any
 
 import structlog
 
-from babysit.run import runstate
-from babysit.run.context import DaemonContext
 from babysit.core import run_events as ev
 from babysit.core import run_machine
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
-from babysit.runtime.faults import crash_point
+from babysit.db.store import Attempt
+from babysit.run import runstate
+from babysit.run.context import DaemonContext
 from babysit.run.run_errors import RunErrors
 from babysit.run.run_exit import RunExits
 from babysit.run.run_guard import RunGuard
@@ -35,7 +35,7 @@ from babysit.run.run_polls import RunPolls
 from babysit.run.run_stop import RunStop
 from babysit.run.run_verdict import RunVerdicts
 from babysit.run.stackdump import stack_dump
-from babysit.db.store import Attempt
+from babysit.runtime.faults import crash_point
 
 log = structlog.get_logger("babysit.run.supervisor")
 

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import tomli_w
 
-from babysit.runtime.atomic import temp_prefix, write_atomic
 from babysit.core import tomlfile
 from babysit.core.errors import RegistryError, SpecError, UnknownRun
+from babysit.runtime.atomic import temp_prefix, write_atomic
 from babysit.runtime.faults import crash_point
 
 T = TypeVar("T")

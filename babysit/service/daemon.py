@@ -12,6 +12,10 @@ while they have work: the GPU sampler's thread (utilization every `[daemon].gpu_
 `babysit.service.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s) while a run whose
 records babysit stamps with their read time is ([source] stdout or csv).
 SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
+
+Long on purpose: this is the composition root (it builds the store, executors, probes, channels, timers
+and each run's supervisor and wires them together) and the scheduler's job list; what a run does is in
+babysit/run/, and every rule in babysit/core/.
 """
 
 from __future__ import annotations
@@ -29,32 +33,32 @@ from typing import IO, TYPE_CHECKING, Any
 
 import structlog
 
-from babysit.runtime import registry as registry_mod
 from babysit import sources
-from babysit.register import relaunch
-from babysit.runtime import wake
 from babysit.campaign import clicks
 from babysit.campaign import hook as campaign_hook
-from babysit.runtime.clock import SYSTEM, Clock
-from babysit.run.context import DaemonContext
+from babysit.channels.delivery import DeliveryWorker
+from babysit.channels.notify import Channel
 from babysit.core import gpureport
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError, SpecError
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
+from babysit.db.store import Row
 from babysit.db.url import HOST_ENV, open_store
-from babysit.channels.delivery import DeliveryWorker
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
 from babysit.executors.slurm import SlurmExecutor
-from babysit.runtime.exitwatch import ExitWatcher
-from babysit.channels.notify import Channel
 from babysit.probes.gpu import GpuProbe, open_gpu_probe
 from babysit.probes.host import HostProbe, ProcHostProbe, process_tree
+from babysit.register import relaunch
+from babysit.run.context import DaemonContext
+from babysit.run.supervisor import RunSupervisor
+from babysit.runtime import registry as registry_mod
+from babysit.runtime import wake
+from babysit.runtime.clock import SYSTEM, Clock
+from babysit.runtime.exitwatch import ExitWatcher
+from babysit.runtime.timers import SchedulerTimers, ThreadTimers, Timers
 from babysit.service.sampler import Sampler
 from babysit.sources import mlflowstore, wandbfile
-from babysit.db.store import Row
-from babysit.run.supervisor import RunSupervisor
-from babysit.runtime.timers import SchedulerTimers, ThreadTimers, Timers
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
 if TYPE_CHECKING:  # types only: APScheduler loads when the daemon starts, psycopg only for a fleet

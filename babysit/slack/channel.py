@@ -27,16 +27,16 @@ from typing import Any
 
 import structlog
 
-from babysit.runtime import registry
+from babysit.channels.notify import Delivery
 from babysit.core.errors import BabysitError, PermanentDeliveryError
 from babysit.core.render import chart_comment, render
-from babysit.channels.notify import Delivery
+from babysit.db.store import OutboxMessage, Store
+from babysit.runtime import registry
 from babysit.slack.client import web_client
 from babysit.slack.errors import NETWORK_ERRORS, delivery_error
 from babysit.slack.journal import Journal
 from babysit.slack.refs import OUTBOX_EVENT, is_outbox_post, make_ref, split_ref
 from babysit.slack.upload import upload_once
-from babysit.db.store import OutboxMessage, Store
 
 log = structlog.get_logger("babysit.slack")
 

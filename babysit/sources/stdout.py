@@ -12,6 +12,9 @@ once, a notice), unless a more specific one (ahead of it in `core.presets.ORDER`
 A read whose patterns all have a twin in Python's `re` (`sources.fastmatch`: the same matches, linear
 time) is matched in one pass over the whole read and comes as `Block`s of columns, no object a record:
 the same records, in the same order, as the line-at-a-time loop with RE2 (tests/test_sources.py).
+
+Long on purpose: the two matching paths (columns from one pass, lines one at a time) live side by side
+because they must give the same records; apart, one would drift from the other.
 """
 
 from __future__ import annotations

@@ -114,12 +114,12 @@ def render_in_child(path: Path | str, *, timeout: float = CHILD_TIMEOUT_SECONDS,
     pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_proxy}
     pickler.dump((str(path), kwargs))
-    root = str(Path(__file__).resolve().parents[1])  # this babysit, whatever the child's cwd and sys.path
+    root = str(Path(__file__).resolve().parents[2])  # this babysit, whatever the child's cwd and sys.path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            "MPLBACKEND": "Agg"}
     try:
-        done = subprocess.run([sys.executable, "-m", "babysit.verdict.chart"], input=buf.getvalue(), capture_output=True,
-                              timeout=timeout, env=env, check=False)
+        done = subprocess.run([sys.executable, "-m", "babysit.verdict.chart"], input=buf.getvalue(),
+                              capture_output=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired as exc:
         raise ChartError(f"TimeoutExpired: the chart child ran over {timeout:.0f} s and was killed") from exc
     if done.returncode == 0:

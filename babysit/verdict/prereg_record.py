@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from babysit.verdict import reading
-from babysit.runtime.atomic import write_private_json
 from babysit.core.amendment import amendment_sha256
 from babysit.db.url import open_existing
+from babysit.runtime.atomic import write_private_json
 from babysit.sources import records_path
+from babysit.verdict import reading
 
 
 def keep_frozen_copy(state_dir: Path, name: str, sha256: str, canonical: str, now: str) -> Path:

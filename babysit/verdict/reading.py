@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from babysit import sources
-from babysit.runtime import atomic, registry
-from babysit.verdict.chart import render_chart, render_in_child
 from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
 from babysit.core.records import LogRecord
 from babysit.core.spec import Prereg, RunSpec, load_spec
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
+from babysit.db.store import Amendment, Store
+from babysit.runtime import atomic, registry
 from babysit.sources.logtail import TailState, read_new, scan
 from babysit.sources.records import ColumnSegment, RecordBatch
-from babysit.db.store import Amendment, Store
+from babysit.verdict.chart import render_chart, render_in_child
 
 TAMPER_INCIDENT = "prereg-tampered"
 Series = tuple[tuple[int, float], ...]

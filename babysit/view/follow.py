@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TextIO
 
 from babysit.core.render import render
+from babysit.db.store import Store
 from babysit.sources import stdout as captured
 from babysit.sources.pump import run_dir
-from babysit.db.store import Store
 
 CHUNK = 1 << 20
 FRAME_SECONDS = 1.0

@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from babysit import sources
-from babysit.runtime import registry
-from babysit.sources import logtail
 from babysit.core import progress
 from babysit.core.errors import BabysitError
 from babysit.core.progress import Progress, ProgressFields, declared_end, eta_seconds, target_step
@@ -31,6 +29,8 @@ from babysit.core.records import LogRecord, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.status import ENDED_STATUSES, RunStatus
 from babysit.db.url import open_existing
+from babysit.runtime import registry
+from babysit.sources import logtail
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]

@@ -18,10 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from babysit import sources
-from babysit.runtime import registry
-from babysit.sources import logtail
-from babysit.verdict import prereg_record, reading
-from babysit.view import runview
 from babysit.campaign.history import view_of
 from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import BabysitError
@@ -29,10 +25,14 @@ from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.core.verdict import evaluate
+from babysit.db.store import Attempt, Row, Store
 from babysit.db.url import open_existing
 from babysit.run.gpufault import quarantine_lines
+from babysit.runtime import registry
+from babysit.sources import logtail
+from babysit.verdict import prereg_record, reading
+from babysit.view import runview
 from babysit.view.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
-from babysit.db.store import Attempt, Row, Store
 from babysit.web import svg
 
 CHART_TAIL_BYTES = 256 * 1024  # a run without a [prereg]: its train curve from the log's last records

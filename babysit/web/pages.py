@@ -15,9 +15,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from babysit.db.store import Attempt
 from babysit.view.runtable import NONE, cells, fmt_duration
 from babysit.view.runview import RunRow
-from babysit.db.store import Attempt
 from babysit.web import svg
 from babysit.web.data import IncidentEntry, RunDetail
 

@@ -19,21 +19,21 @@ from typing import Any
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.campaign import history, hook, settle
 from babysit.campaign.saga import outcome_label
 from babysit.cli import main as cli_main
 from babysit.commands.amend import amend_registered
 from babysit.commands.demo import REFERENCES
-from babysit.run.context import DaemonContext
 from babysit.core.amendment import load_amendment
 from babysit.core.render import render
 from babysit.core.spec import load_spec
-from babysit.service.daemon import open_executor
 from babysit.db.url import open_store
 from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe
+from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
+from babysit.runtime import registry
+from babysit.service.daemon import open_executor
 from babysit.web.server import Settings, WebServer
 from tests.web.conftest import fetch
 

@@ -12,9 +12,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.core.campaign_render import render_call
 from babysit.db.store import Store
+from babysit.runtime import registry
 from bot.owner_calls import ACTION_IDS, HOLD_ACTION_ID, LAUNCH_ACTION_ID
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from babysit.register.campaign_join import parent_spec
 from babysit.core import campaign_delta as delta
 from babysit.core import campaign_grid as grid
 from babysit.core.amendment import load_amendment, what_if
@@ -17,6 +16,7 @@ from babysit.core.campaign_spec import load_campaign
 from babysit.core.errors import SpecError
 from babysit.core.spec import load_spec
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, evaluate, fixture_result, shown_bound
+from babysit.register.campaign_join import parent_spec
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 DISC = FIXTURES / "campaign" / "disc.toml"

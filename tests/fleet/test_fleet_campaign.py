@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.campaign import actions
+from babysit.runtime import registry
 from tests.campaign.test_campaign_e2e import write
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack

@@ -3,8 +3,8 @@ its own GPU 0, is not listed by box-b, and cannot be released from box-b by inde
 
 from __future__ import annotations
 
-from babysit.run import gpufault
 from babysit.db.postgres import PostgresStore
+from babysit.run import gpufault
 
 
 def test_each_box_sees_and_releases_only_its_own_quarantined_gpus(pg_url: str) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from babysit.commands.up import open_channel
-from babysit.service.daemon import Daemon
-from babysit.db import journal
 from babysit.channels.notify import deliver_due
-from babysit.probes.gpu import FileGpuProbe
+from babysit.commands.up import open_channel
+from babysit.db import journal
 from babysit.db.store import PollRow
+from babysit.probes.gpu import FileGpuProbe
+from babysit.service.daemon import Daemon
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack

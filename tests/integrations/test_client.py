@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import babysit
-from babysit.integrations import client
-from babysit.integrations.client import JsonlWriter
 from babysit.core.classify import classify_exit
 from babysit.core.records import metric_series
+from babysit.integrations import client
+from babysit.integrations.client import JsonlWriter
 from babysit.sources.logtail import read_all
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.integrations.client import JsonlWriter
 from babysit.integrations import DeferredWriter
+from babysit.integrations.client import JsonlWriter
 
 REPO = Path(__file__).resolve().parents[2]
 

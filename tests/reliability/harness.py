@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from babysit.runtime import registry
 from babysit.db.store import Store
+from babysit.runtime import registry
 
 PY = sys.executable
 RUNS = ("r_retry", "r_prereg")

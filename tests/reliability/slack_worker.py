@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 
 from babysit.channels.notify import deliver_due
+from babysit.db.store import Store
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.db.store import Store
 
 
 def main(argv: list[str]) -> int:

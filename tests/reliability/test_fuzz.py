@@ -26,9 +26,9 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from babysit.sources import logtail
 from babysit.cli import main
 from babysit.core.records import LogRecord, metric_series, seconds_per_step
+from babysit.sources import logtail
 
 FUZZ = settings(max_examples=int(os.environ.get("BABYSIT_FUZZ_EXAMPLES", "60")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

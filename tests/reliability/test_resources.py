@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from babysit.runtime import registry
-from babysit.core.errors import StateError
 from babysit.channels.notify import ConsoleChannel, deliver_due
+from babysit.core.errors import StateError
 from babysit.db.store import Store
+from babysit.runtime import registry
 from tests.reliability.harness import Daemons
 from tests.reliability.test_security import fake_run
 from tests.scenarios.conftest import wait_for

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from babysit.channels.notify import deliver_due
+from babysit.db.store import Store
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.db.store import Store
 from tests.slack.fake_slack import FakeSlack
 
 TOKEN = "xoxb-reliability-token"

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from babysit.channels.notify import deliver_due
+from babysit.db.store import Store
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.db.store import Store
 
 
 def main(argv: list[str]) -> int:

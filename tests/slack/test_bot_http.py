@@ -21,9 +21,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from babysit.runtime import registry
 from babysit.core.spec import load_spec
 from babysit.db.store import Store
+from babysit.runtime import registry
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.slack.upload import shared_in
 from babysit.db.store import Store
+from babysit.slack.upload import shared_in
 from tests.slack.conftest import PNG
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_slack_channel import VERDICT, launch

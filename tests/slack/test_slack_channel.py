@@ -8,9 +8,9 @@ from pathlib import Path
 
 from babysit.channels.delivery import DeliveryWorker
 from babysit.channels.notify import Delivery, deliver_due
+from babysit.db.store import PollRow, Store
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
-from babysit.db.store import PollRow, Store
 from tests.slack.conftest import PNG, TOKEN
 from tests.slack.fake_slack import FakeSlack
 

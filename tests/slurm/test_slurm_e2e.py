@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.executors.slurm_state import parse_time
 from babysit.db.store import Attempt
+from babysit.executors.slurm_state import parse_time
 from tests.slurm.conftest import REPO, Bench, jobs_named, jobscript, slurm_job
 
 pytestmark = pytest.mark.slurm
@@ -158,8 +158,8 @@ def test_find_recovers_a_job_by_its_submit_token_when_job_json_is_lost(bench: Be
     """A daemon killed between sbatch and writing job.json: the name's token finds the job."""
     from dataclasses import replace
 
-    from babysit.executors.slurm import SlurmExecutor
     from babysit.db.store import Attempt
+    from babysit.executors.slurm import SlurmExecutor
 
     name = unique("ttoken")
     spec = bench.run_toml(name, jobscript("sleep", "30"))
@@ -185,8 +185,8 @@ def test_a_stop_reaches_the_trainer_alone_not_its_dataloader_workers(bench: Benc
     """`scancel --batch`: the batch shell passes the stop to the trainer; its worker is the trainer's to stop."""
     from dataclasses import replace
 
-    from babysit.executors.slurm import SlurmExecutor
     from babysit.db.store import Attempt
+    from babysit.executors.slurm import SlurmExecutor
 
     name = unique("tleader")
     notes = tmp_path / "signals.txt"
