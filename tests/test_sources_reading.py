@@ -1,4 +1,4 @@
-"""A run's reading of a flood, as the daemon does it (babysit/run_log.py over babysit/runreader.py): a read
+"""A run's reading of a flood, as the daemon does it (babysit/run/run_log.py over babysit/run/runreader.py): a read
 of many chunks saves the offsets once, after the record log is durable, so what is saved never runs ahead
 of what the record log holds; and a read that hands the rest to the reader thread leaves it free to read."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.spec import load_spec
-from babysit.runreader import CHUNK_BYTES
+from babysit.run.runreader import CHUNK_BYTES
 
 RUN_TOML = """[run]
 name = "r"
@@ -35,10 +35,10 @@ FLOOD = "".join(f" {i % 100:3d}%|###   | {i}/200000 [00:01<00:02, 100000.00it/s]
 
 @contextmanager
 def supervised(tmp_path: Path) -> Iterator[object]:
-    from babysit.context import DaemonContext
+    from babysit.db.store import Store
     from babysit.probes.gpu import FileGpuProbe
-    from babysit.store import Store
-    from babysit.supervisor import RunSupervisor
+    from babysit.run.context import DaemonContext
+    from babysit.run.supervisor import RunSupervisor
     from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
     (tmp_path / "r.toml").write_text(RUN_TOML)
@@ -76,7 +76,7 @@ def test_a_read_of_many_chunks_saves_once_after_one_fsync_of_the_record_log(tmp_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: a store commit and an fsync per chunk (~30 a second under a flood). Now one of each per read,
     the fsync first: the saved record-log length is never more than the record log held when it was synced."""
-    from babysit.store import Store
+    from babysit.db.store import Store
 
     records_log = tmp_path / ".babysit" / "runs" / "r" / "records.jsonl"
     synced: list[int] = []  # the record log's size at each fsync of it
