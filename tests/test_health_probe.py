@@ -7,6 +7,7 @@ the batch read, the judgement, the daemon's wake) is babysit's real code."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pytest
 
 from babysit.core import gpuhealth
 from babysit.probes.gpu import NvmlGpuProbe
+from babysit.sampler import sampler_for
 
 pynvml = pytest.importorskip("pynvml")
 GIB = 2**30
@@ -44,6 +46,8 @@ class StandIn:
         self.block_gpu: int | None = None
         self.registered: dict[int, int] = {}
         self.waits = 0
+        self.util_threads: list[str] = []  # the thread of each utilization read
+        self.block_util: threading.Event | None = None  # set: nvmlDeviceGetUtilizationRates blocks on block_gpu
 
     def __getattr__(self, name):  # constants, structs, NVMLError: pynvml's
         return getattr(self._real, name)
@@ -85,7 +89,10 @@ class StandIn:
             return self.events.pop(0)
 
     def nvmlDeviceGetUtilizationRates(self, h):
-        self._check(h)
+        i = self._check(h)
+        self.util_threads.append(threading.current_thread().name)
+        if self.block_util is not None and i == self.block_gpu:
+            self.block_util.wait()
         return SimpleNamespace(gpu=80, memory=0)
 
     def nvmlDeviceGetMemoryInfo(self, h):
@@ -291,3 +298,97 @@ def test_a_reading_probe_without_health_events_has_no_event_set_thread_or_wait(n
         assert "babysit-nvml-events" not in {t.name for t in threading.enumerate()} - before, threading.enumerate()
     finally:
         p.close()
+
+
+def voluntary_switches() -> dict[int, int]:
+    """Each thread of this process: its voluntary context switches (one a return from a sleep or wait)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            out[int(tid)] = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+    return out
+
+
+def test_the_daemons_sampler_samples_on_the_nvml_worker_one_wake_up_a_sample(nv) -> None:
+    # before: a "gpu-sampler" thread handed each sample to the NVML worker and waited for it: ~5 wake-ups a
+    # sample (its timer, the worker, the result, the GIL), 121 a minute for a 4-run GPU daemon on the H200
+    probe = NvmlGpuProbe(library=nv, events_thread=False)
+    try:
+        probe.read([0, 1])
+        sampler = sampler_for(probe, 0.02)
+        time.sleep(0.05)
+        before, reads = voluntary_switches(), len(nv.util_threads)
+        sampler.start()
+        sampler.start()  # a second start is the same schedule
+        assert sampler.running
+        time.sleep(1.0)
+        sampler.stop()
+        after, samples = voluntary_switches(), (len(nv.util_threads) - reads) // 2  # 2 watched GPUs
+        assert not sampler.running
+        assert samples >= 10, samples  # ~50 at 0.02 s
+        assert set(nv.util_threads[reads:]) == {"babysit-nvml"}
+        assert not [t for t in threading.enumerate() if t.name == "gpu-sampler"]
+        woken = sum(n - before.get(tid, 0) for tid, n in after.items())
+        assert woken <= 1.5 * samples + 5, (woken, samples)  # one a sample (+ the start, the stop, this thread)
+        stopped_at = len(nv.util_threads)
+        time.sleep(0.1)
+        assert len(nv.util_threads) == stopped_at
+        view = probe.read([0])
+        assert view.gpu(0).util_pct == 80 and view.gpu(0).util_samples >= samples
+    finally:
+        probe.close()
+
+
+def test_a_sample_that_blocks_in_nvml_is_the_next_reads_unresponsive_and_stops_nothing(nv) -> None:
+    probe = NvmlGpuProbe(library=nv, events_thread=False, call_timeout_s=0.5)
+    sampler = sampler_for(probe, 0.02)
+    try:
+        probe.read([0, 1])
+        nv.block_util, nv.block_gpu = threading.Event(), 1
+        sampler.start()
+        deadline = time.monotonic() + 5
+        while nv.util_threads.count("babysit-nvml") < 2 + 1 + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the read's two, then a sample's GPU 0 and GPU 1, where it blocks
+        t0 = time.monotonic()
+        view = probe.read([0, 1])
+        assert time.monotonic() - t0 < 1.5  # the 0.5 s timeout, not the blocked sample
+        assert kinds(view.gpu(1)) == ["unresponsive"]
+        assert view.gpu(0).errors == ("not read: NVML is blocked on GPU 1",)
+        t1 = time.monotonic()
+        assert kinds(probe.read([1]).gpu(1)) == ["unresponsive"] and time.monotonic() - t1 < 0.2  # at once
+        nv.block_util.set()
+        time.sleep(0.1)
+        healthy = probe.read([0, 1])
+        assert healthy.gpu(1).signals == () and healthy.gpu(1).processes_known
+        assert sampler.running  # sampling goes on after the GPU answers again
+    finally:
+        sampler.stop()
+        if nv.block_util is not None:
+            nv.block_util.set()
+        probe.close()
+
+
+def test_closing_a_sampled_probe_makes_no_nvml_call_after_its_shutdown(nv) -> None:
+    calls_after: list[str] = []
+    shut = threading.Event()
+    real_util, real_shutdown = nv.nvmlDeviceGetUtilizationRates, nv.nvmlShutdown
+
+    def util(h):
+        if shut.is_set():
+            calls_after.append("nvmlDeviceGetUtilizationRates")
+        return real_util(h)
+
+    def shutdown():
+        shut.set()
+        return real_shutdown()
+
+    nv.nvmlDeviceGetUtilizationRates, nv.nvmlShutdown = util, shutdown
+    probe = NvmlGpuProbe(library=nv, events_thread=False)
+    probe.read([0, 1])
+    sampler = sampler_for(probe, 0.001)
+    sampler.start()
+    time.sleep(0.1)
+    probe.close()
+    assert shut.is_set() and not sampler.running
+    time.sleep(0.1)
+    assert calls_after == []

@@ -23,6 +23,7 @@ for tests and CI, and the null probe give one `GpuView`; kept together so the th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -271,14 +272,19 @@ class NvmlGpuProbe:
 
     def close(self) -> None:
         with self._lock:
+            self._caller.every(None)  # no sample after this
             waiting = False  # the event thread still in its NVML wait: the set and NVML stay (exit frees them)
             if self._watcher is not None:
                 waiting = not self._watcher.stop()
                 self._watcher = None
             if self._ok and not self._caller.stuck and not waiting:
-                if self._events is not None:
-                    self._nvml("nvmlEventSetFree", self._events)
-                self._nvml("nvmlShutdown")
+                def shut() -> None:  # on the worker: after a sample in flight there, never beside it
+                    if self._events is not None:
+                        self._nvml("nvmlEventSetFree", self._events)
+                    self._nvml("nvmlShutdown")
+                    self._ok = False
+                with contextlib.suppress(health.Unresponsive):  # blocked: NVML stays up, the exit frees it
+                    self._caller.call(shut, self._call_timeout)
             self._ok, self._events, self._handles = False, None, {}
 
     def util_source(self, index: int) -> str | None:
@@ -292,14 +298,26 @@ class NvmlGpuProbe:
         with self._lock:
             if not self._ok or self._caller.stuck:
                 return  # never initialise here: sample() must stay cheap; read() initialises
-
-            def work() -> None:
-                for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
-                    self._sample_gpu(i)
             try:
-                self._caller.call(work, self._call_timeout)
+                self._caller.call(self._sample_watched, self._call_timeout)
             except health.Unresponsive:
                 return  # the next read() says so, on the GPU that blocked
+
+    def own_sampler(self, interval: float) -> health.WorkerSampler:
+        """The daemon's sampler for this probe: every `interval` s on the NVML worker itself, one wake-up
+        a sample (babysit.sampler.Sampler on a thread of its own handed each sample to the worker: three).
+
+        Not under the probe's lock: it runs on the worker, where every NVML call and every change to the
+        samples' state is made, one job at a time (close_window's, the one change made elsewhere, is a
+        single dict pop; `_add` iterates a snapshot). A sample that blocks in NVML holds no lock: the next
+        read() times out on it and says `unresponsive`, as for a read that blocks."""
+        return health.WorkerSampler(self._caller, self._sample_watched, interval)
+
+    def _sample_watched(self) -> None:
+        if not self._ok:
+            return  # closed, or not initialised yet: read() initialises
+        for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
+            self._sample_gpu(i)
 
     def _sample_gpu(self, i: int) -> None:
         h = self._handle(i)
@@ -337,7 +355,7 @@ class NvmlGpuProbe:
             self._add(i, float(rates.gpu))
 
     def _add(self, i: int, value: float) -> None:
-        for window in self._windows.setdefault(i, {}).values():
+        for window in tuple(self._windows.setdefault(i, {}).values()):  # close_window may pop one meanwhile
             window.add(value)
 
     def _samples_one_call(self, h: Any, kind: int, last_ts: int) -> tuple[int, list[Any]]:

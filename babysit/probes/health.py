@@ -5,7 +5,10 @@ Three pieces, used by `NvmlGpuProbe` (babysit/probes/gpu.py):
 - `NvmlCaller` runs NVML work on one worker thread and waits for it with a timeout. A call that does
   not return in time is itself a signal (`unresponsive`, NVIDIA/DCGM#313 saw calls block > 45 s on a
   degrading GPU): the caller returns at the deadline, and while the stuck call has not returned every
-  later call answers "unresponsive" at once instead of queueing behind it.
+  later call answers "unresponsive" at once instead of queueing behind it. The utilization sampling
+  runs ON that worker, between jobs (`every`): a sample handed to it from a thread of its own cost three
+  wake-ups (the sampler's timer, the worker, the sampler again for the result), two thirds of a GPU
+  daemon's on the H200 (121 a minute with 4 runs; bench/README.md, Daemon overhead); here it is one.
 - `EventWatcher`: one thread for all GPUs waiting on the NVML event set (Xid critical errors,
   double-bit ECC, single-bit ECC storm, GPU unavailable, GPU recovery action, row remapping failure),
   so an event reaches the run within a second (`on_signal` wakes its guard).
@@ -25,8 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from babysit.core.gpuhealth import TEMPERATURE_MARGIN_C
 from babysit.core.readings import GpuSignal
+
+log = structlog.get_logger("babysit.probes.health")
 
 CALL_TIMEOUT_S = 2.0  # one guard round's NVML work for a run's GPUs, at most
 INIT_TIMEOUT_S = 60.0  # nvmlInit and the first handles: seconds on a box of many GPUs
@@ -90,6 +97,7 @@ class NvmlCaller:
         self._stuck: _Job | None = None
         self.current_gpu: int | None = None
         self.stuck_gpu: int | None = None
+        self._every: tuple[float, Callable[[], None]] | None = None  # the worker's own periodic work
 
     def call(self, fn: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
         stuck = self._stuck
@@ -97,11 +105,8 @@ class NvmlCaller:
             if not stuck.done.is_set():
                 raise Unresponsive(self.stuck_gpu, time.monotonic() - stuck.started)
             self._stuck, self.stuck_gpu = None, None
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._work, name="babysit-nvml", daemon=True)
-            self._thread.start()
+        self._ensure_worker()
         job = _Job(fn, started=time.monotonic())
-        self.current_gpu = None
         self._jobs.put(job)
         if not job.done.wait(timeout):
             self._stuck, self.stuck_gpu = job, self.current_gpu
@@ -114,15 +119,80 @@ class NvmlCaller:
     def stuck(self) -> bool:
         return self._stuck is not None and not self._stuck.done.is_set()
 
+    def every(self, interval: float | None, fn: Callable[[], None] | None = None) -> None:
+        """Run `fn` on the worker itself every `interval` s, between jobs; `every(None)` stops it.
+
+        The schedule does not drift (`next += interval`) and skips the catch-up after a sleep of the
+        machine, as babysit.sampler.Sampler's; a job queued while `fn` runs waits for it (NVML work is one
+        call at a time anyway), so an `fn` that blocks in NVML is seen as the next call's timeout."""
+        self._every = None if interval is None or fn is None else (float(interval), fn)
+        if self._every is None and (self._thread is None or not self._thread.is_alive()):
+            return  # nothing to stop: no worker started for it
+        self._ensure_worker()
+        self._jobs.put(_Job(_nothing))  # the worker takes up the new schedule now, not at its old date
+
+    @property
+    def periodic(self) -> bool:
+        return self._every is not None
+
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="babysit-nvml", daemon=True)
+            self._thread.start()
+
     def _work(self) -> None:
+        every: tuple[float, Callable[[], None]] | None = None
+        next_at = 0.0
         while True:
-            job = self._jobs.get()
+            wanted = self._every
+            if wanted is not every:  # started, stopped or changed: the first run one interval from now
+                every, next_at = wanted, time.monotonic() + (wanted[0] if wanted else 0.0)
+            try:
+                job = self._jobs.get(timeout=None if every is None else max(0.0, next_at - time.monotonic()))
+            except queue.Empty:  # the periodic work is due
+                if every is not None and self._every is every:
+                    self.current_gpu = None
+                    try:
+                        every[1]()
+                    except Exception:  # a probe bug never stops sampling: the next interval tries again
+                        log.exception("NVML periodic work failed")
+                    next_at += every[0]
+                    if time.monotonic() - next_at > 10 * every[0]:
+                        next_at = time.monotonic()  # the machine slept: no burst of catch-up runs
+                continue
+            self.current_gpu = None  # set by the job's per-GPU calls (never at the put: a sample may be in flight)
             try:
                 job.result = job.fn()
             except BaseException as exc:  # handed to the caller, who decides
                 job.error = exc
             finally:
                 job.done.set()
+
+
+def _nothing() -> None:
+    """The job that only wakes the worker (a changed schedule)."""
+
+
+class WorkerSampler:
+    """A probe's utilization sampling on its NvmlCaller's worker (see the module docstring), with the
+    start/stop/running of babysit.sampler.Sampler, which the daemon starts while a run has GPUs."""
+
+    def __init__(self, caller: NvmlCaller, sample: Callable[[], None], interval: float) -> None:
+        self._caller = caller
+        self.sample = sample
+        self.interval = interval
+
+    @property
+    def running(self) -> bool:
+        return self._caller.periodic
+
+    def start(self) -> None:
+        if not self._caller.periodic:
+            self._caller.every(self.interval, self.sample)
+
+    def stop(self) -> None:
+        if self._caller.periodic:
+            self._caller.every(None)
 
 
 @dataclass

@@ -8,9 +8,10 @@ exit-watcher thread (`babysit.runtime.exitwatch`); a queued message wakes the de
 (`babysit.channels.delivery`); SIGKILLs after a stop's grace period and GPU re-reads are date jobs keyed by run
 (`timers.SchedulerTimers`), and every run's polls share one date job, at the earliest, whose round
 polls all the runs falling due together in one transaction (`babysit.run.polling`). Two timers exist only
-while they have work: the GPU sampler's thread (utilization every `[daemon].gpu_sample_seconds`, 2 s;
-`babysit.service.sampler`) while a run with GPUs is active, and the `read` job (the log, 5 s) while a run whose
-records babysit stamps with their read time is ([source] stdout or csv).
+while they have work: the GPU sampler (utilization every `[daemon].gpu_sample_seconds`, 2 s;
+`babysit.service.sampler`; with NVML on the probe's NVML worker, one wake-up a sample) while a run with
+GPUs is active, and the `read` job (the log, 5 s) while a run whose records babysit stamps with their read
+time is ([source] stdout or csv).
 SIGINT/SIGTERM stop the daemon, never the runs: a restarted daemon re-adopts them.
 
 Long on purpose: this is the composition root (it builds the store, executors, probes, channels, timers
@@ -57,7 +58,7 @@ from babysit.runtime import wake
 from babysit.runtime.clock import SYSTEM, Clock
 from babysit.runtime.exitwatch import ExitWatcher
 from babysit.runtime.timers import SchedulerTimers, ThreadTimers, Timers
-from babysit.service.sampler import Sampler
+from babysit.service.sampler import sampler_for
 from babysit.sources import mlflowstore, wandbfile
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
@@ -125,7 +126,7 @@ class Daemon:
                                  exits=self.exits)
         self.delivery = DeliveryWorker(self.store, channel)
         # runs only while a run with GPUs is active
-        self.sampler = Sampler(gpu_probe.sample, self.registry.daemon.gpu_sample_seconds)
+        self.sampler = sampler_for(gpu_probe, self.registry.daemon.gpu_sample_seconds)
         self.supervisors: dict[str, RunSupervisor] = {}
         subscribe = getattr(gpu_probe, "subscribe", None)  # NVML: an event wakes the guards of its GPU's runs
         if subscribe is not None:

@@ -9,6 +9,9 @@ drift (`next += interval`, as nvitop's collector does). Each reading is the driv
 its last sampling period, so a window's mean is an unbiased estimate at any interval; 2 s (nvitop's
 default refresh) gives a poll 150 samples in 5 minutes, and a 1-s sampler is the largest single cost of
 a daemon babysitting a few GPU runs (bench/README.md, Daemon overhead).
+
+An NVML probe samples on its own NVML worker instead (`sampler_for`, babysit.probes.health): this
+thread handing each sample to that worker and waiting for it cost ~5 wake-ups a sample, not one.
 """
 
 from __future__ import annotations
@@ -16,10 +19,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import structlog
 
 log = structlog.get_logger("babysit.service.sampler")
+
+
+class SamplerLike(Protocol):
+    running: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def sampler_for(probe: Any, interval: float) -> SamplerLike:
+    """The probe's own sampler where it has one (NVML: on its NVML worker, one wake-up a sample,
+    babysit.probes.health), else a Sampler thread calling `probe.sample`."""
+    own = getattr(probe, "own_sampler", None)
+    return own(interval) if own is not None else Sampler(probe.sample, interval)
 
 
 class Sampler:
