@@ -222,6 +222,15 @@ def _row_bytes(db: Path) -> int:
         con.close()
 
 
+def said(r: dict) -> None:
+    """One size's figures on stderr as soon as they are measured: a run cut by its time limit (a GPU
+    machine's call) still shows the sizes it finished (the table comes only at the end)."""
+    rounds = ", ".join(fmt_us(x * 1e6) for x in r.get("guard_rounds_s", []))
+    print(f"  {r['runs']} runs measured: launch {r['launch_s']:.1f} s, guard round {fmt_us(r['guard_round_s'] * 1e6)} "
+          f"(rounds {rounds}), poll round {fmt_us(r['poll_round_s'] * 1e6)}, threads {r['threads']}, "
+          f"RSS {r['rss_bytes'] / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,100,1000")
@@ -244,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  {n} runs…", file=sys.stderr, flush=True)
         results.append(one_size(n, args))
+        said(results[-1])
         if args.pathological:
             print(f"  {n} runs + 1 pathological…", file=sys.stderr, flush=True)
             results.append(one_size(n, args, pathological=True))
+            said(results[-1])
     if args.before:
         results += run_before(args.before, "scale.py", ["--sizes", args.sizes, "--ticks", str(args.ticks)])
     rows = [[r.get("code", "before") + (" + 1 pathological run" if r.get("pathological") else ""), r["runs"],
