@@ -16,7 +16,7 @@ import pytest
 
 from babysit.core import gpuhealth
 from babysit.probes.gpu import NvmlGpuProbe
-from babysit.sampler import sampler_for
+from babysit.service.sampler import sampler_for
 
 pynvml = pytest.importorskip("pynvml")
 GIB = 2**30

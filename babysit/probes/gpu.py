@@ -305,7 +305,7 @@ class NvmlGpuProbe:
 
     def own_sampler(self, interval: float) -> health.WorkerSampler:
         """The daemon's sampler for this probe: every `interval` s on the NVML worker itself, one wake-up
-        a sample (babysit.sampler.Sampler on a thread of its own handed each sample to the worker: three).
+        a sample (babysit.service.sampler.Sampler on a thread of its own handed each sample to the worker: three).
 
         Not under the probe's lock: it runs on the worker, where every NVML call and every change to the
         samples' state is made, one job at a time (close_window's, the one change made elsewhere, is a

@@ -123,7 +123,7 @@ class NvmlCaller:
         """Run `fn` on the worker itself every `interval` s, between jobs; `every(None)` stops it.
 
         The schedule does not drift (`next += interval`) and skips the catch-up after a sleep of the
-        machine, as babysit.sampler.Sampler's; a job queued while `fn` runs waits for it (NVML work is one
+        machine, as babysit.service.sampler.Sampler's; a job queued while `fn` runs waits for it (NVML work is one
         call at a time anyway), so an `fn` that blocks in NVML is seen as the next call's timeout."""
         self._every = None if interval is None or fn is None else (float(interval), fn)
         if self._every is None and (self._thread is None or not self._thread.is_alive()):
@@ -175,7 +175,7 @@ def _nothing() -> None:
 
 class WorkerSampler:
     """A probe's utilization sampling on its NvmlCaller's worker (see the module docstring), with the
-    start/stop/running of babysit.sampler.Sampler, which the daemon starts while a run has GPUs."""
+    start/stop/running of babysit.service.sampler.Sampler, which the daemon starts while a run has GPUs."""
 
     def __init__(self, caller: NvmlCaller, sample: Callable[[], None], interval: float) -> None:
         self._caller = caller
