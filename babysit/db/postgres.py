@@ -263,6 +263,11 @@ class PostgresStore(Store):
                     mirror=str(self.mirror_path))
 
     @property
+    def connection_lost(self) -> bool:
+        """Its connection is gone (a read that failed on it tried a new one, which failed too)."""
+        return self._db.lost
+
+    @property
     def down(self) -> bool:
         """PostgreSQL unreachable: the daemon's store works on its local mirror (and journals)."""
         return self.journaled and self._db.down

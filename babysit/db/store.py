@@ -260,6 +260,12 @@ class Store:
         with self._lock:
             self._db.close()
 
+    @property
+    def connection_lost(self) -> bool:
+        """The database went away under this store (PostgreSQL: a server stopped, a failover): what a
+        reader falls back to the box's mirror on (babysit/view/readstore.py). Never on SQLite's file."""
+        return False
+
     def schema_version(self) -> int:
         """The schema version the database is at (SQLite keeps it in `PRAGMA user_version`)."""
         return int(self._query("PRAGMA user_version")[0][0])

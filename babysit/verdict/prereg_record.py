@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.amendment import amendment_sha256
+from babysit.db.store import Store
 from babysit.db.url import open_existing
 from babysit.runtime.atomic import write_private_json
 from babysit.sources import records_path
@@ -54,18 +55,20 @@ def verify_chain(amendments: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def collect(registry_path: Path, name: str) -> dict[str, Any]:
+def collect(registry_path: Path, name: str, store: Store | None = None) -> dict[str, Any]:
     """The run's [prereg] as registered and as its run.toml says now, and its amendment chain verified:
-    what `babysit prereg show` prints and the web page's prereg panel shows."""
+    what `babysit prereg show` prints and the web page's prereg panel shows. `store`: the reader's open
+    one (the web page's: its box's mirror while PostgreSQL is down), else one is opened here."""
     reg, entry, spec = reading.load_registered(registry_path, name)
     prereg = spec.prereg
     amendments = []
-    store = open_existing(reg)
     if store is not None:
+        amendments = store.amendments(spec.name)
+    elif (own := open_existing(reg)) is not None:
         try:
-            amendments = store.amendments(spec.name)
+            amendments = own.amendments(spec.name)
         finally:
-            store.close()
+            own.close()
     chain = verify_chain(amendments)
     current = prereg.sha256 if prereg else None
     frozen = frozen_copy(reg.state_dir, spec.name, entry.prereg_sha256)

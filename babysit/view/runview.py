@@ -31,6 +31,7 @@ from babysit.core.status import ENDED_STATUSES, RunStatus
 from babysit.db.url import open_existing
 from babysit.runtime import registry
 from babysit.sources import logtail
+from babysit.view.readstore import ReadStore
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]
@@ -239,7 +240,7 @@ class Reader:
         self._registry.get()  # a registry that cannot be read is the caller's error now, not at the first rows
         self._specs = SpecCache()
         self._tails = TailCache()
-        self._store: Store | None = None
+        self._store = ReadStore(self._registry.get)  # on the mirror: PostgreSQL tried again at each look
 
     @property
     def registry(self) -> registry.Registry:
@@ -250,9 +251,7 @@ class Reader:
         return self.registry.state_dir
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self._store.close()
 
     def rows(self, names: Sequence[str] | None = None, now: float | None = None, *,
              logs: bool = True) -> list[RunRow]:
@@ -262,10 +261,10 @@ class Reader:
         no log is read here either: every row's progress is what the daemons stored (the fleet gateway's
         answer, the same for every box's runs; bench/README.md §12)."""
         now = time.time() if now is None else now
+        return self._store.read(lambda store: self._rows(store, names, now, logs))
+
+    def _rows(self, store: Store | None, names: Sequence[str] | None, now: float, logs: bool) -> list[RunRow]:
         reg = self.registry
-        if self.banner() is not None:
-            self.close()  # the last look read the mirror: PostgreSQL may be back
-        store = self._open_store()
         owners = store.run_hosts() if store is not None and store.host is not None else {}
         away = host_states(store.hosts()) if owners else {}
         wanted = list(reg.names if names is None else names)
@@ -308,22 +307,16 @@ class Reader:
 
     def fleet_boxes(self) -> list[str]:
         """`fleet_boxes` on this reader's connection."""
-        return fleet_boxes(self.registry, self._open_store())
-
-    def _open_store(self) -> Store | None:
-        """The store once it exists: `status` never creates a state directory the daemon has not. With
-        PostgreSQL unreachable, the box's local mirror (its daemon's copy of its runs), said by `banner`."""
-        if self._store is None:
-            self._store = open_existing(self.registry, mirror_ok=True)
-        return self._store
+        return self._store.read(lambda store: fleet_boxes(self.registry, store))
 
     def store(self) -> Store | None:
-        return self._open_store()
+        """The store once it exists: `status` never creates a state directory the daemon has not. With
+        PostgreSQL unreachable, the box's local mirror (its daemon's copy of its runs), said by `banner`."""
+        return self._store.get()
 
     def banner(self) -> str | None:
         """The line a reader prints above the rows when they come from the box's mirror, else None."""
-        banner = getattr(self._store, "banner", None)
-        return banner() if banner is not None else None
+        return self._store.banner()
 
 
 def fleet_boxes(reg: registry.Registry, store: Store | None = None) -> list[str]:

@@ -9,13 +9,14 @@ store remembers but the registry no longer lists are shown too, from the store a
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from babysit import sources
 from babysit.campaign.history import view_of
@@ -26,17 +27,19 @@ from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.core.verdict import evaluate
 from babysit.db.store import Attempt, Row, Store
-from babysit.db.url import open_existing
 from babysit.run.gpufault import quarantine_lines
 from babysit.runtime import registry
 from babysit.sources import logtail
 from babysit.verdict import prereg_record, reading
 from babysit.view import runview
+from babysit.view.readstore import ReadStore
 from babysit.view.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
 from babysit.web import svg
 
 CHART_TAIL_BYTES = 256 * 1024  # a run without a [prereg]: its train curve from the log's last records
 TEXT_WINDOW_S = 5.0  # an incident and its message are recorded this close together
+MIRROR_RETRY_S = 2.0  # while a thread reads the box's mirror, PostgreSQL is tried again this often
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class RunDetail:
     attempts: tuple[Attempt, ...] = ()
     incidents: tuple[IncidentEntry, ...] = ()
     verdict: Mapping[str, Any] | None = None  # the latest read's JSON
+    banner: str | None = None  # PostgreSQL unreachable: read from the box's mirror, and since when
     has_chart_png: bool = False  # the FINAL verdict's chart, drawn by the daemon
     chart: svg.CurveChart | None = None
     chart_note: str | None = None  # why there is no chart, or what it leaves out
@@ -72,6 +76,25 @@ class DaemonFacts:
     oldest_pending_at: float | None
     last_error: str | None
     last_error_run: str | None
+
+
+@dataclass(frozen=True)
+class StoreFacts:
+    """What /metrics says of the store the page read: degraded while PostgreSQL cannot be reached (the
+    box's mirror read instead, or nothing when it has none)."""
+
+    degraded: bool
+    mirror_age_s: float | None = None  # since the mirror was last in step with PostgreSQL, while it is read
+
+
+def _falls_back(method: F) -> F:
+    """A read of the page's: made once more, from the box's mirror, when PostgreSQL is lost under it."""
+
+    @functools.wraps(method)
+    def read(self: Site, *args: Any, **kwargs: Any) -> Any:
+        return self._reader().read(lambda _store: method(self, *args, **kwargs))
+
+    return read  # type: ignore[return-value]
 
 
 class Site:
@@ -107,17 +130,34 @@ class Site:
         """The newest records of a log (what `babysit status` reads), re-read only when the log changed."""
         return self._tails.get(log)
 
+    def _reader(self) -> ReadStore:
+        """This thread's store, as `babysit status` opens it (babysit/view/readstore.py): the database once
+        it exists (never created here), else the box's mirror while PostgreSQL is unreachable."""
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = self._local.reader = ReadStore(self.registry, MIRROR_RETRY_S)
+        return reader
+
     def _store(self) -> Store | None:
-        """This thread's connection, once the database exists (never created here)."""
-        store = getattr(self._local, "store", None)
-        if store is None:
-            store = open_existing(self.registry())
-            if store is None:
-                return None
-            self._local.store = store
-        return store
+        return self._reader().get()
+
+    def banner(self) -> str | None:
+        """What this thread's last read came from, when not the database: the mirror's banner (call it on
+        the thread that read, right after: `rows_and_banner`)."""
+        return self._reader().banner()
+
+    def store_facts(self) -> StoreFacts:
+        """/metrics' store gauge, of this thread's reads."""
+        reader = self._reader()
+        return StoreFacts(reader.degraded, reader.mirror_age())
 
     # -- the runs table --------------------------------------------------------------------------------
+    def rows_and_banner(self, now: float | None = None) -> tuple[list[RunRow], str | None]:
+        """The rows and, when they come from the box's mirror, its banner (one thread's one read)."""
+        rows = self.rows(now)
+        return rows, self.banner()
+
+    @_falls_back
     def rows(self, now: float | None = None) -> list[RunRow]:
         """Every registered run's row (as `babysit status` shows it), then the store's other runs."""
         now = time.time() if now is None else now
@@ -158,6 +198,7 @@ class Site:
         return row
 
     # -- one run ---------------------------------------------------------------------------------------
+    @_falls_back
     def run(self, name: str, now: float | None = None) -> RunDetail | None:
         """One run's page, or None when neither the registry nor the store knows it."""
         now = time.time() if now is None else now
@@ -172,15 +213,17 @@ class Site:
             return RunDetail(row=row, registered=True, chart_note="nothing has run yet: no state database")
         latest = facts.verdicts.get(name)
         common = {"row": row, "registered": registered, "attempts": facts.attempts.get(name, ()),
-                  "incidents": incidents(store, name), "verdict": latest.body if latest is not None else None,
+                  "banner": self.banner(), "incidents": incidents(store, name),
+                  "verdict": latest.body if latest is not None else None,
                   "has_chart_png": self.chart_png(name) is not None}
         if not registered:
             return RunDetail(**common, chart_note="not in the registry: its run.toml is unknown, so there is no "
                                                   "curve to draw")
         chart, chart_note = self._chart(store, reg, name)
-        info, info_note = _prereg_info(self.registry_path, name)
+        info, info_note = _prereg_info(self.registry_path, name, store)
         return RunDetail(**common, chart=chart, chart_note=chart_note, prereg=info, prereg_note=info_note)
 
+    @_falls_back
     def chart_png(self, name: str) -> Path | None:
         """The FINAL verdict's PNG the daemon drew (state/verdicts/RUN.png), for a run the store knows."""
         store = self._store()
@@ -222,6 +265,7 @@ class Site:
             return cached[1].update(log)
 
     # -- campaigns (docs/campaigns.md) -----------------------------------------------------------------
+    @_falls_back
     def campaign_names(self) -> list[str]:
         store = self._store()
         try:
@@ -229,6 +273,7 @@ class Site:
         except sqlite3.OperationalError:  # a state database from before campaigns: none
             return []
 
+    @_falls_back
     def campaign(self, name: str) -> tuple[Any | None, str | None]:
         """(the campaign's view with its runs' curves, None) or (None, why not)."""
 
@@ -248,16 +293,19 @@ class Site:
         path = self.state_dir / "campaigns" / f"{name}.png"
         return path if path.is_file() else None
 
+    @_falls_back
     def quarantined(self) -> list[str]:
         """The quarantined GPUs, one line each (babysit/commands/gpu.py words them)."""
         store = self._store()
         return quarantine_lines(store.quarantined_gpus()) if store is not None else []
 
     # -- /metrics --------------------------------------------------------------------------------------
+    @_falls_back
     def incident_counts(self) -> dict[str, dict[str, int]]:
         store = self._store()
         return store.incident_counts() if store is not None else {}
 
+    @_falls_back
     def daemon_facts(self) -> DaemonFacts:
         store = self._store()
         if store is None:
@@ -314,9 +362,9 @@ def incidents(store: Store, name: str) -> tuple[IncidentEntry, ...]:
     return tuple(out)
 
 
-def _prereg_info(registry_path: Path, name: str) -> tuple[dict[str, Any] | None, str | None]:
+def _prereg_info(registry_path: Path, name: str, store: Store) -> tuple[dict[str, Any] | None, str | None]:
     try:
-        info = prereg_record.collect(registry_path, name)
+        info = prereg_record.collect(registry_path, name, store)
     except BabysitError as exc:
         return None, exc.message
     if info["prereg"] is None:

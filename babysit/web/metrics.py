@@ -13,15 +13,15 @@ from typing import Any
 
 from babysit.core.status import SHOWN_STATUSES
 from babysit.view.runview import RunRow
-from babysit.web.data import DaemonFacts
+from babysit.web.data import DaemonFacts, StoreFacts
 
 STATES = SHOWN_STATUSES  # one gauge series each (core/status.py)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def families(rows: Sequence[RunRow], incidents: Mapping[str, Mapping[str, int]], daemon: DaemonFacts,
-             now: float) -> list[Any]:
-    """Every metric family of one scrape."""
+             now: float, store: StoreFacts | None = None) -> list[Any]:
+    """Every metric family of one scrape (`store`: what the page read, for the store gauges)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     def gauge(name: str, doc: str, labels: Sequence[str] = ("run",)) -> Any:
@@ -79,6 +79,20 @@ def families(rows: Sequence[RunRow], incidents: Mapping[str, Mapping[str, int]],
         out.append(GaugeMetricFamily("babysit_outbox_oldest_pending_age_seconds",
                                      "how long the oldest undelivered message has waited",
                                      value=max(0.0, now - daemon.oldest_pending_at)))
+    return out + store_families(store or StoreFacts(degraded=False))
+
+
+def store_families(store: StoreFacts) -> list[Any]:
+    """Whether the page reads the shared database or, PostgreSQL unreachable, the box's mirror (then how
+    old its copy is): what an alert on a degraded box fires on."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    out = [GaugeMetricFamily("babysit_store_degraded", "1 while the shared database (PostgreSQL) cannot be reached: "
+                             "the series are this box's runs as its local mirror holds them (other boxes' runs "
+                             "absent), or none without a mirror; 0 otherwise", value=1.0 if store.degraded else 0.0)]
+    if store.mirror_age_s is not None:
+        out.append(GaugeMetricFamily("babysit_store_mirror_age_seconds", "while degraded, seconds since the local "
+                                     "mirror was last in step with the database", value=store.mirror_age_s))
     return out
 
 

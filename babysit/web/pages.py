@@ -73,11 +73,17 @@ def verdict_html(row: RunRow, text: str) -> str:
     return f'<span class="badge {kind}">{esc(v.status)}</span>{esc(rest)}'
 
 
+def degraded_html(banner: str | None) -> str:
+    """The banner above a page read from the box's mirror (PostgreSQL unreachable): since when, and that
+    other boxes' runs are not shown (babysit/db/mirror_view.py words it, for `babysit status` too)."""
+    return f'<div class="degraded" role="alert">{esc(banner)}</div>' if banner else ""
+
+
 def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] = (),
-                  quarantined: Sequence[str] = ()) -> str:
-    """What the runs page streams: the campaigns (when there are), quarantined GPUs, the table and when
-    it was read."""
-    above = ""
+                  quarantined: Sequence[str] = (), banner: str | None = None) -> str:
+    """What the runs page streams: the mirror's banner (PostgreSQL unreachable), the campaigns (when there
+    are), quarantined GPUs, the table and when it was read."""
+    above = degraded_html(banner)
     if campaigns:
         links = ", ".join(f'<a href="{esc(campaign_href(n))}">{esc(n)}</a>' for n in campaigns)
         above = f'<p class="campaigns">campaigns: {links}</p>'
@@ -112,8 +118,8 @@ def runs_fragment(rows: Sequence[RunRow], now: float, campaigns: Sequence[str] =
 
 
 def runs_page(rows: Sequence[RunRow], now: float, footer: str, campaigns: Sequence[str] = (),
-              quarantined: Sequence[str] = ()) -> str:
-    return layout("runs", runs_fragment(rows, now, campaigns, quarantined), stream="/events?page=runs",
+              quarantined: Sequence[str] = (), banner: str | None = None) -> str:
+    return layout("runs", runs_fragment(rows, now, campaigns, quarantined, banner), stream="/events?page=runs",
                   footer=footer)
 
 
@@ -129,7 +135,7 @@ def run_fragment(d: RunDetail, now: float) -> str:
                     f"{verdict_html(row, c[col]) if col == 'VERDICT' else esc(c[col])}</td></tr>"
                     for col, css in COLUMNS[1:])
     parts = [f'<h1><span class="run-name">{esc(row.run)}</span> '
-             f'<span class="state {esc(row.status)}">{esc(row.status)}</span></h1>']
+             f'<span class="state {esc(row.status)}">{esc(row.status)}</span></h1>{degraded_html(d.banner)}']
     if row.note:
         parts.append(f'<p class="note">{esc(row.note)}</p>')
     parts.append(f'<table class="facts">{facts}</table>')
@@ -263,4 +269,10 @@ def not_found(what: str, footer: str) -> str:
 
 def error_fragment(message: str) -> str:
     return f'<p class="error">{esc(message)}</p>'
+
+
+def unreachable_fragment(message: str, hint: str | None) -> str:
+    """The store cannot be read at all (PostgreSQL unreachable and this box has no mirror): said, not a 500."""
+    return (f'<h1>Runs</h1><div class="degraded" role="alert">{esc(message)}</div>'
+            + (f'<p class="note">{esc(hint)}</p>' if hint else ""))
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from babysit.core.errors import BadInput
+from babysit.core.errors import BadInput, StateError
 from babysit.web import campaign_page, metrics, pages
-from babysit.web.data import Site
+from babysit.web.data import Site, StoreFacts
 
 TOKEN_ENV = "BABYSIT_WEB_TOKEN"
 COOKIE = "babysit_web_token"
@@ -137,15 +137,24 @@ def build_app(site: Site, settings: Settings) -> Any:
     def html(body: str, status: int = 200) -> Any:
         return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
+    def runs_view(now: float) -> str:
+        """The runs page's live part, read on one thread (its banner is that thread's store's)."""
+        try:
+            rows, banner = site.rows_and_banner(now)
+            return pages.runs_fragment(rows, now, site.campaign_names(), site.quarantined(), banner)
+        except StateError as exc:  # PostgreSQL unreachable and no mirror on this box: said on the page
+            return pages.unreachable_fragment(exc.message, exc.hint)
+
     async def runs(_: Any) -> Any:
-        now = time.time()
-        rows = await off_loop(site.rows, now)
-        return html(pages.runs_page(rows, now, footer, await off_loop(site.campaign_names),
-                                    await off_loop(site.quarantined)))
+        body = await off_loop(runs_view, time.time())
+        return html(pages.layout("runs", body, stream="/events?page=runs", footer=footer))
 
     async def run(request: Any) -> Any:
         name, now = request.match_info["name"], time.time()
-        detail = await off_loop(site.run, name, now)
+        try:
+            detail = await off_loop(site.run, name, now)
+        except StateError as exc:  # PostgreSQL unreachable and no mirror on this box
+            return html(pages.layout(name, pages.unreachable_fragment(exc.message, exc.hint), footer=footer), 503)
         if detail is None:
             return html(pages.not_found(f"no run named {name!r} in the registry or the state database", footer), 404)
         return html(pages.run_page(detail, now, footer))
@@ -173,12 +182,15 @@ def build_app(site: Site, settings: Settings) -> Any:
     def fragment(page: str, name: str | None) -> str:
         now = time.time()
         if page == "runs":
-            return pages.runs_fragment(site.rows(now), now, site.campaign_names(), site.quarantined())
+            return runs_view(now)
         if page == "campaign":
             view, note = site.campaign(name or "")
             return campaign_page.campaign_fragment(view, site.saga_png(name or "") is not None, now) \
                 if view is not None else pages.error_fragment(note or f"no campaign named {name!r}")
-        detail = site.run(name or "", now)
+        try:
+            detail = site.run(name or "", now)
+        except StateError as exc:
+            return pages.unreachable_fragment(exc.message, exc.hint)
         return pages.run_fragment(detail, now) if detail is not None else pages.error_fragment(
             f"run {name!r} is no longer in the registry or the state database")
 
@@ -211,9 +223,12 @@ def build_app(site: Site, settings: Settings) -> Any:
     async def scrape(_: Any) -> Any:
         def collect() -> bytes:
             now = time.time()
-            rows = site.rows(now)
-            return metrics.exposition(metrics.families(rows, site.incident_counts(),
-                                                       site.daemon_facts(), now))
+            try:
+                rows = site.rows(now)
+                fams = metrics.families(rows, site.incident_counts(), site.daemon_facts(), now, site.store_facts())
+            except StateError:  # PostgreSQL unreachable, no mirror here: the scrape still answers, degraded
+                fams = metrics.store_families(StoreFacts(degraded=True))
+            return metrics.exposition(fams)
         body = await off_loop(collect)
         return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
