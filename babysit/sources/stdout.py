@@ -312,8 +312,10 @@ def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int,
     (line number, line) from the last line back, for the newest line no pattern matched."""
     offset = source.step_offset
     last_by = dict(ctx.last_by_pattern)
-    hits: list[tuple[Matcher, list[str], list[int], list[records.Column], list[int] | None]] = []
+    hits: list[tuple[Matcher, list[str], list[int], list[records.Column], list[int] | None, str]] = []
     for m, tw in zip(compiled, twins, strict=True):
+        if m.literal and not all(map(text.__contains__, _chars(m.literal))):
+            continue  # a byte every match holds is in no line: no scan (a one-byte `in` is memchr's, ~free)
         # split, not finditer: the groups and the text between matches in one C call, no match object
         # (a match's groups are parts[1 + k * stride:][:groups], the gap before it parts[k * stride])
         parts = tw.compiled.split(text)
@@ -344,17 +346,23 @@ def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int,
                 columns = [[col[j] for j in keep] for col in columns]
         if offset:
             steps = [step + offset for step in steps]
-        hits.append((m, parts[:-1:stride], steps, columns, kept))
+        hits.append((m, parts[:-1:stride], steps, columns, kept, parts[-1]))
     ctx.last_by_pattern.update(last_by)
+    if len(hits) == 1 and (newest := _newest_after(text, hits[0][5])) is not None:
+        # one pattern's records, and the last line is none of them: it is the newest line no pattern matched,
+        # and no match's line number is needed (a flood's second pass over the read, saved)
+        m, _, steps, columns, _, _ = hits[0]
+        block = Block(tuple(name for _, _, name in m.groups), steps, tuple(columns))
+        return [block] if block.steps else [], n - blank, newest
     matched: set[int] = set()
     wheres = []
-    for _, gaps, _, _, kept in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
+    for _, gaps, _, _, kept, _ in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
         where = list(accumulate(map(str.count, gaps, repeat("\n")), initial=1))[1:]
         matched.update(where)
         wheres.append(where if kept is None else [where[j] for j in kept])
     blocks: list[Block] = []
     if len(hits) == 1:
-        m, _, steps, columns, _ = hits[0]
+        m, _, steps, columns, _, _ = hits[0]
         blocks.append(Block(tuple(name for _, _, name in m.groups), steps, tuple(columns)))
     elif hits:  # a line's records: pattern by pattern, each pattern's matches in order; lines in order
         order = sorted((line, k, j) for k, where in enumerate(wheres) for j, line in enumerate(where))
@@ -364,7 +372,7 @@ def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int,
             end = run
             while end + 1 < len(order) and order[end + 1][1] == k:
                 end += 1
-            m, _, steps, columns, _ = hits[k]
+            m, _, steps, columns, _, _ = hits[k]
             stop = order[end][2] + 1
             blocks.append(Block(tuple(name for _, _, name in m.groups), steps[first:stop],
                                 tuple(col[first:stop] for col in columns)))
@@ -373,6 +381,27 @@ def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int,
     if len(matched) < n:
         unmatched = next((text for i, line in newest_first if i not in matched and (text := line.strip())), None)
     return [b for b in blocks if b.steps], n - blank, unmatched
+
+
+def _newest_after(text: str, tail: str) -> bytes | None:
+    """The last line of `text` (lines joined by `\n`), stripped, when it lies wholly in `tail` (the text after
+    the last match: no match is on that line) and is not blank; else None (the caller counts lines)."""
+    cut = tail.rfind("\n")
+    if cut < 0:
+        return None
+    line = tail[cut + 1:].encode("latin-1").strip()  # bytes' strip: the line loop's (str's also takes \x85, \xa0)
+    return line or None
+
+
+_CHARS: dict[bytes, tuple[str, ...]] = {}
+
+
+def _chars(literal: bytes) -> tuple[str, ...]:
+    """The distinct characters of a required literal, as the latin-1 text the twins run over holds them."""
+    got = _CHARS.get(literal)
+    if got is None:
+        got = _CHARS[literal] = tuple(dict.fromkeys(literal.decode("latin-1")))
+    return got
 
 
 def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
