@@ -24,13 +24,13 @@ from typing import Any
 
 import re2
 
-from babysit.core import expr, presets
+from babysit.core import expr, presets, source_kinds
 from babysit.core.errors import SpecError
 from babysit.core.tomlfile import Table
 
-KINDS = ("jsonl", "stdout", "tensorboard", "csv", "wandb", "mlflow")
-MLFLOW_STORE = "mlflow.db"  # kind = "mlflow": MLflow 3's default store (sqlite:///mlflow.db in the workdir)
-WANDB_DIR = "outputs/{name}/wandb"  # kind = "wandb": where babysit tells wandb to write ($WANDB_DIR)
+KINDS = source_kinds.KINDS  # the registry of kinds: name -> KindRules (core/source_kinds.py)
+MLFLOW_STORE = source_kinds.MLFLOW_STORE
+WANDB_DIR = source_kinds.WANDB_DIR
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
 STEP_GROUP = "step"
 # What RE2 cannot run that Python's `re` can, with the rewrite that works (the refusal says it).
@@ -119,7 +119,7 @@ class SourceSpec:
     @property
     def copies(self) -> bool:
         """Whether babysit writes a record log of its own (every kind but jsonl, which is read as is)."""
-        return self.kind != "jsonl"
+        return source_kinds.rules(self.kind).copies
 
     def rename(self, name: str) -> str:
         return self.metrics.get(name, name)
@@ -138,7 +138,8 @@ def needs_run_log(raw: object) -> bool:
     A malformed `[source]` says yes here and is refused by `parse_source` with its own message."""
     if not isinstance(raw, dict):
         return True
-    return raw.get("kind", "jsonl") == "jsonl" and "path" not in raw
+    rules = KINDS.get(raw.get("kind", "jsonl"))  # type: ignore[call-overload]
+    return rules is not None and rules.path == "log" and "path" not in raw
 
 
 def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None) -> SourceSpec:
@@ -149,16 +150,13 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
     """
     if t is None:
         return SourceSpec(kind="jsonl", path=log)
-    kind = t.choice("kind", KINDS, "jsonl")
+    kind = t.choice("kind", tuple(KINDS), "jsonl")
+    rules = KINDS[kind]
     path = None
-    if t.has("path") or kind in ("tensorboard", "csv"):
-        expected = {"tensorboard": "the directory the trainer writes TensorBoard event files to",
-                    "csv": "the CSV file the trainer writes (e.g. Lightning's metrics.csv)"}.get(kind, "a path")
-        path = workdir / _expand(t.str("path", check=bool, expected=expected), name, t)
-    elif kind == "wandb":
-        path = workdir / WANDB_DIR.format(name=name)
-    elif kind == "mlflow":
-        path = workdir / MLFLOW_STORE
+    if t.has("path") or rules.path == "required":
+        path = workdir / _expand(t.str("path", check=bool, expected=rules.expected), name, t)
+    elif rules.path == "default" and rules.default_path is not None:
+        path = workdir / rules.default_path.format(name=name)
     patterns = tuple(_pattern(p) for p in t.tables("patterns"))
     preset = t.str("preset", None, check=bool, expected="a preset name (" + ", ".join(presets.names()) + ', or "auto")')
     metrics = t.str_map("metrics", {})
@@ -166,15 +164,15 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
     step_column = t.str("step_column", "step", check=bool, expected="the name of the CSV's step column")
     t.finish()  # a misspelt key is named before what it leaves missing
 
-    if kind == "stdout" and path is not None:
-        raise SpecError(t.file, t.key("path"), 'no path for kind = "stdout"', str(t.data["path"]),
-                        hint="stdout reads the run's captured stdout and stderr; drop source.path")
-    if kind == "jsonl":
+    if rules.path == "none" and path is not None:
+        raise SpecError(t.file, t.key("path"), f'no path for kind = "{kind}"', str(t.data["path"]),
+                        hint=f"{kind} reads the run's captured stdout and stderr; drop source.path")
+    if rules.path == "log":
         if path is not None and log is not None and os.path.normpath(path) != os.path.normpath(log):
             raise SpecError(t.file, t.key("path"), f"the same file as run.log ({log})", str(t.data["path"]),
-                            hint='for kind = "jsonl" the trainer\'s log is the record log: write one of the two')
+                            hint=f'for kind = "{kind}" the trainer\'s log is the record log: write one of the two')
         path = path or log
-    if preset is not None and kind != "stdout":
+    if preset is not None and not rules.patterns:
         raise t.error("preset", f'no preset for kind = "{kind}" (presets read printed lines: kind = "stdout")', preset)
     candidates: tuple[tuple[str, tuple[SourcePattern, ...]], ...] = ()
     detect: dict[str, str] = {}
@@ -187,21 +185,21 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
         base = preset_patterns(preset, t)
         _check_steps(patterns, t, also=base)
         patterns = base + patterns  # the user's own patterns are read too, after the preset's
-    if kind == "stdout" and not patterns and preset is None:
-        raise t.error("patterns", 'at least one [[source.patterns]] table, or a preset, for kind = "stdout"',
+    if rules.patterns and not patterns and preset is None:
+        raise t.error("patterns", f'at least one [[source.patterns]] table, or a preset, for kind = "{kind}"',
                       "<none>", )
-    if kind != "stdout" and patterns:
+    if not rules.patterns and patterns:
         raise t.error("patterns", f'no patterns for kind = "{kind}" (they apply to kind = "stdout")',
                       "<a list of tables>")
     for source_name, metric in metrics.items():
         if not metric or metric in RESERVED:
             raise SpecError(t.file, f"{t.key('metrics')}.{source_name}",
                             "a metric name other than " + " and ".join(f'"{r}"' for r in RESERVED), metric)
-    if kind == "jsonl" and (metrics or step_offset):
+    if not rules.renames and (metrics or step_offset):
         key = "metrics" if metrics else "step_offset"
-        raise t.error(key, 'nothing for kind = "jsonl" (babysit reads that log as written)',
+        raise t.error(key, f'nothing for kind = "{kind}" (babysit reads that log as written)',
                       "<a table>" if metrics else step_offset)
-    if t.has("step_column") and kind != "csv":
+    if t.has("step_column") and not rules.step_column:
         raise t.error("step_column", f'nothing for kind = "{kind}" (it names a CSV column)', step_column)
     if preset is None:
         _check_steps(patterns, t)

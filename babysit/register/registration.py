@@ -26,7 +26,6 @@ from babysit.register import campaign_join as campaign_join
 from babysit.register import commandcheck, logcheck
 from babysit.runtime import registry, wake
 from babysit.runtime.atomic import write_private_json
-from babysit.sources import mlflowstore, wandbfile
 from babysit.verdict.prereg_record import keep_frozen_copy
 from babysit.verdict.reading import check_fixture
 
@@ -79,12 +78,7 @@ def register(spec_file: Path, registry_path: Path, *, shown: str | None = None, 
 def check(spec: RunSpec, shown: str, *, accelerated: bool) -> tuple[list[str], list[str]]:
     """Every check that needs no registry: (notes, warnings, each "SHOWN: FIELD: …"); raises on a refusal."""
     check_cadence(spec, accelerated)
-    if spec.source.kind == "tensorboard":
-        sources.require()  # exit 2 naming the extra, before anything is frozen
-    elif spec.source.kind == "wandb":
-        wandbfile.require()
-    elif spec.source.kind == "mlflow":
-        mlflowstore.require()
+    sources.adapter(spec.source.kind).require()  # exit 2 naming the extra it reads with, before anything is frozen
     warnings: list[str] = []
     program = commandcheck.check_program(spec, shown)
     if program is not None:

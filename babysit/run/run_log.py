@@ -328,10 +328,7 @@ class RunLog:
         pumped = self.pumped
         if pumped is None:
             return
-        if self.spec.source.copies:
-            evidence = pumped.evidence
-        else:
-            evidence = sources.jsonl_evidence(self.tail.records, self.tail.garbage, pumped.evidence.output_bytes)
+        evidence = self.pump.kind.evidence(pumped.evidence, self.tail.records, self.tail.garbage)
         if not self.spec.source.copies and not evidence.lines_seen:
             return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
         # A preamble (nanoGPT's ~55 lines, HF's config dumps) before the first record is normal: only

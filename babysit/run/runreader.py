@@ -124,7 +124,7 @@ class RunReader:
         """Sources of the attempt that were read from and no longer exist: they could not be read to
         their end (the exit's ended message says so)."""
         gone = []
-        if self.pump.source.kind == "stdout":
+        if self.pump.kind.reads_captured:
             cursors = self.pump.state.get("reader", {}).get("cursors", {})
             for name in captured.STREAMS:
                 key = f"attempt-{attempt}/{name}"

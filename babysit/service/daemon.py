@@ -59,7 +59,6 @@ from babysit.runtime.clock import SYSTEM, Clock
 from babysit.runtime.exitwatch import ExitWatcher
 from babysit.runtime.timers import SchedulerTimers, ThreadTimers, Timers
 from babysit.service.sampler import sampler_for
-from babysit.sources import mlflowstore, wandbfile
 
 JOB_WORKERS = 10  # threads the scheduler's jobs run on (APScheduler's default): the guard round, the timers
 if TYPE_CHECKING:  # types only: APScheduler loads when the daemon starts, psycopg only for a fleet
@@ -561,12 +560,7 @@ class Daemon:
         its source's reader installed (one check for a run picked up and a run relaunched)."""
         spec = load_spec(path)
         check_cadence(spec, self.accelerated)
-        if spec.source.kind == "tensorboard":
-            sources.require()
-        elif spec.source.kind == "wandb":
-            wandbfile.require()
-        elif spec.source.kind == "mlflow":
-            mlflowstore.require()
+        sources.adapter(spec.source.kind).require()
         if spec.host is not None and self.store.host is None:
             raise SpecError(str(path), "run.host", "no host on a box outside a fleet (it has no [store] url)",
                             spec.host, hint="remove [run] host, or set [store] url on every box (docs/fleet.md)")

@@ -6,7 +6,8 @@ tensorboard extra is imported only by a pump that reads TensorBoard.
 """
 
 from babysit.core.source_spec import KINDS, SourcePattern, SourceSpec, preset_line
-from babysit.sources.evidence import Evidence, jsonl_evidence, unreadable
+from babysit.sources.evidence import Evidence, unreadable
+from babysit.sources.kinds import adapter
 from babysit.sources.pump import PumpResult, SourcePump, records_path, run_dir
 from babysit.sources.tensorboard import TensorBoardMissing, require
 
@@ -18,7 +19,7 @@ __all__ = [
     "SourcePump",
     "SourceSpec",
     "TensorBoardMissing",
-    "jsonl_evidence",
+    "adapter",
     "preset_line",
     "records_path",
     "require",

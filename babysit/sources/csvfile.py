@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any
 
 from babysit.core.source_spec import RESERVED, SourceSpec
 from babysit.sources import lines as ln
+from babysit.sources import tailer
+from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Item
 from babysit.sources.stdout import number
 
@@ -44,14 +45,11 @@ class CsvRead:
 def read(source: SourceSpec, state: Mapping[str, Any]) -> CsvRead:
     assert source.path is not None
     path = source.path
-    ident = ln.identity(path)
-    if ident is None:
-        return CsvRead((), 0, (f"{path} does not exist (yet)",), None, dict(state), False)
-    file_id, size, head = ident
-    cursor = ln.Cursor.from_dict(state.get("cursor"))
     header = state.get("header")
-    if header is not None and not ln.replaced(cursor, file_id, size, head):
-        got = ln.read_lines(path, cursor)
+    if header is not None:  # appended rows, read on from the cursor (the one tailer: a rewrite is a reset)
+        got = ln.read_lines(path, tailer.Cursor.from_dict(state.get("cursor")))
+        if got.missing:
+            return CsvRead((), 0, (f"{path} does not exist (yet)",), None, dict(state), False)
         if not got.reset:
             st = dict(state, cursor=got.cursor.to_dict(), pending=False)
             return _rows(source, header, [_cells(raw) for raw in got.lines], st, got.more)
@@ -61,15 +59,10 @@ def read(source: SourceSpec, state: Mapping[str, Any]) -> CsvRead:
 def _reread(source: SourceSpec, path: Path, state: Mapping[str, Any]) -> CsvRead:
     """The whole file again (first read, or rewritten): skip the rows already read, if it still
     starts with them."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    whole = tailer.read(path, tailer.Cursor(), MAX_FILE_BYTES, gone=(*tailer.GONE, PermissionError))
+    if whole is None:
         return CsvRead((), 0, (f"{path} does not exist (yet)",), None, dict(state), False)
-    try:
-        st = os.fstat(fd)
-        data = os.pread(fd, min(st.st_size, MAX_FILE_BYTES), 0)
-    finally:
-        os.close(fd)
+    data = whole.data
     lines, consumed, _, _ = ln.split_lines(data, False, ln.MAX_LINE_BYTES)
     if not lines:
         return CsvRead((), 0, (), None, dict(state), False)
@@ -88,13 +81,11 @@ def _reread(source: SourceSpec, path: Path, state: Mapping[str, Any]) -> CsvRead
             # a rewrite caught half-written, or a new file that starts like the old one: a rewrite
             # takes milliseconds, so one still shorter at the next read is new
             return CsvRead((), 0, (), None, dict(state, pending=True), False)
-    head = data[: ln.HEAD_BYTES]
-    cursor = ln.Cursor(offset=consumed, size=st.st_size, file_id=(st.st_dev, st.st_ino),
-                       head=ln.head_digest(head), head_len=len(head))
+    cursor = whole.advance(consumed)
     fresh = {"cursor": cursor.to_dict(), "header": header, "pending": False,
              "rows": skip, "digest": state.get("digest") if skip else "",
              "first": state.get("first") if skip else None}
-    return _rows(source, header, rows[skip:], fresh, st.st_size > len(data))
+    return _rows(source, header, rows[skip:], fresh, whole.more)
 
 
 def _rows(source: SourceSpec, header: Sequence[str], rows: list[list[str]], state: dict[str, Any],
@@ -162,3 +153,29 @@ def _chain(digest: str, canon: Sequence[str]) -> str:
     for text in canon:
         digest = _digest(digest + text)
     return digest
+
+
+class CsvReader:
+    def __init__(self, source: SourceSpec) -> None:
+        self.source = source
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        assert self.source.path is not None
+        got = read(self.source, state)
+        return SourceRead(got.items, got.rows, got.problems, got.sample, got.state, got.more, files=(self.source.path,))
+
+
+class CsvKind(Kind):
+    name = "csv"
+    reads = "bytes"
+
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> CsvReader:
+        return CsvReader(source)
+
+    def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
+        return (f"{source.path}: {evidence.lines_seen or 0} rows read, 0 records parsed (step column "
+                f"\"{source.step_column}\")." + sample(evidence, "A row without a step")
+                + " Check source.path and source.step_column in run.toml.")
+
+
+KIND = CsvKind()

@@ -1,56 +1,28 @@
-"""Incremental reads of text files a trainer is still writing (its stdout, stderr, a CSV).
+"""Incremental reads of text files a trainer is still writing (its stdout, stderr, a CSV), over the one
+tailer (`sources/tailer.py`: the offset, a file truncated or replaced read again from the start).
 
 The same rules as logtail's JSONL reader, for lines that are not JSON: O(new bytes) per read from a
 remembered offset, a partial last line waits for its terminator, a line longer than the limit is
-dropped (counted) without being buffered, a file truncated or replaced in place is read again from the
-start. `\\r` ends a line as `\\n` does: progress bars (tqdm) redraw with `\\r` and may never print
-a newline. Once the writer has exited (`final`), the unterminated last bytes are its last line (a
-`print(..., end="")` before the exit), never while it may still be writing them. The cursor is plain
-data the caller persists.
+dropped (counted) without being buffered. `\\r` ends a line as `\\n` does: progress bars (tqdm) redraw
+with `\\r` and may never print a newline. Once the writer has exited (`final`), the unterminated last bytes
+are its last line (a `print(..., end="")` before the exit), never while it may still be writing them. The
+cursor is plain data the caller persists.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-HEAD_BYTES = 256  # the file's first bytes, hashed to notice a file rewritten in place
+from babysit.sources import tailer
+from babysit.sources.tailer import HEAD_BYTES, Cursor, head_digest, identity, replaced
+
+__all__ = ["HEAD_BYTES", "Cursor", "LinesRead", "head_digest", "identity", "read_lines", "replaced", "split_lines"]
+
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" is no metric line: dropped
 WINDOW_BYTES = 2**20  # read at most this much per call (~25,000 lines); the rest next call
 _TERMINATOR = re.compile(rb"[\r\n]")
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """Where a file was read up to. `size` is its size at the last read (output growth); `skipping`:
-    inside an over-long line, dropping bytes up to its end."""
-
-    offset: int = 0
-    size: int = 0
-    file_id: tuple[int, int] | None = None
-    head: str | None = None
-    head_len: int = 0
-    skipping: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"offset": self.offset, "size": self.size,
-                "file_id": list(self.file_id) if self.file_id else None,
-                "head": self.head, "head_len": self.head_len, "skipping": self.skipping}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Cursor:
-        if not data:
-            return cls()
-        file_id = data.get("file_id")
-        return cls(offset=int(data.get("offset", 0)), size=int(data.get("size", 0)),
-                   file_id=(int(file_id[0]), int(file_id[1])) if file_id else None,
-                   head=data.get("head"), head_len=int(data.get("head_len", 0)),
-                   skipping=bool(data.get("skipping", False)))
 
 
 @dataclass(frozen=True)
@@ -65,75 +37,27 @@ class LinesRead:
     whole: bytes | None = None  # (`read_lines(whole=...)`) the lines as one text instead: each ends in `\n`
 
 
-def identity(path: Path) -> tuple[tuple[int, int], int, bytes] | None:
-    """(file id, size, first HEAD_BYTES) of a file, or None when it does not exist."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return None
-    try:
-        st = os.fstat(fd)
-        return (st.st_dev, st.st_ino), st.st_size, os.pread(fd, HEAD_BYTES, 0)
-    finally:
-        os.close(fd)
-
-
-def replaced(cursor: Cursor, file_id: tuple[int, int], size: int, head: bytes) -> bool:
-    """Whether the file is not the one (or not the bytes) the cursor was read from."""
-    if cursor.file_id is not None and cursor.file_id != file_id:
-        return True
-    if size < cursor.offset:
-        return True
-    if cursor.head is not None:
-        if len(head) < cursor.head_len:
-            return True
-        if hashlib.sha256(head[: cursor.head_len]).hexdigest() != cursor.head:
-            return True
-    return False
-
-
-def head_digest(head: bytes) -> str | None:
-    return hashlib.sha256(head).hexdigest() if head else None
-
-
 def read_lines(path: Path, cursor: Cursor, *, window: int = WINDOW_BYTES,
                max_line_bytes: int = MAX_LINE_BYTES, final: bool = False, whole: int = 0) -> LinesRead:
     """The complete lines appended since `cursor`, at most `window` bytes of them. `final`: the writer
     has exited, so what follows the last terminator at the end of the file is a line too. `whole`: when
     no line is over that many bytes, the lines come as one text (`LinesRead.whole`: `\r` made `\n`, no
     empty line), never split (a flood of progress bars costs no object a line); else as `lines`."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    got = tailer.read(path, cursor, max(window, max_line_bytes + 1), gone=(*tailer.GONE, PermissionError))
+    if got is None:
         return LinesRead((), cursor, 0, False, True, 0, False)
-    try:
-        st = os.fstat(fd)
-        file_id = (st.st_dev, st.st_ino)
-        head = os.pread(fd, HEAD_BYTES, 0)
-        reset = replaced(cursor, file_id, st.st_size, head)
-        if reset:
-            cursor = Cursor()
-        want = max(0, st.st_size - cursor.offset)
-        data = os.pread(fd, min(want, max(window, max_line_bytes + 1)), cursor.offset)
-    finally:
-        os.close(fd)
-    if whole and not cursor.skipping:
-        got = _whole(data, final and len(data) == want, min(whole, max_line_bytes))
-        if got is not None:
-            text, consumed = got
-            new = replace(cursor, offset=cursor.offset + consumed, size=st.st_size, file_id=file_id,
-                          head=head_digest(head), head_len=len(head), skipping=False)
-            return LinesRead((), new, st.st_size if reset else max(0, st.st_size - cursor.size), reset, False, 0,
-                             len(data) < want, text)
-    lines, consumed, skipping, dropped = split_lines(data, cursor.skipping, max_line_bytes)
-    if final and consumed < len(data) == want:  # the file's unterminated end, and no writer left to end it
+    before, data, reset, grown = got.cursor, got.data, got.reset, got.grown(cursor)
+    if whole and not before.skipping:
+        whole_read = _whole(data, final and got.to_end, min(whole, max_line_bytes))
+        if whole_read is not None:
+            text, consumed = whole_read
+            return LinesRead((), got.advance(consumed), grown, reset, False, 0, got.more, text)
+    lines, consumed, skipping, dropped = split_lines(data, before.skipping, max_line_bytes)
+    if final and consumed < len(data) and got.to_end:  # the file's unterminated end, and no writer left to end it
         if not skipping:
             lines.append(data[consumed:])
         consumed, skipping = len(data), False
-    grown = st.st_size if reset else max(0, st.st_size - cursor.size)
-    new = replace(cursor, offset=cursor.offset + consumed, size=st.st_size, file_id=file_id,
-                  head=head_digest(head), head_len=len(head), skipping=skipping)
-    return LinesRead(tuple(lines), new, grown, reset, False, dropped, len(data) < want)
+    return LinesRead(tuple(lines), got.advance(consumed, skipping), grown, reset, False, dropped, got.more)
 
 
 def split_lines(data: bytes, skipping: bool, max_line_bytes: int) -> tuple[list[bytes], int, bool, int]:

@@ -3,13 +3,12 @@
 The daemon polls a log that a trainer is still writing, so the reader must be cheap (O(new bytes):
 seek to the remembered offset, parse only complete lines) and must never be killed by what it reads:
 partial lines wait for their newline, garbage is counted and skipped, a truncated or replaced file is
-read again from the start. The state lives in the caller's store (`TailState.to_dict`); this module
-only reads files.
+read again from the start (the one tailer's rule, `babysit/sources/tailer.py`, as for every file-reading
+kind). The state lives in the caller's store (`TailState.to_dict`); this module only reads files.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,8 +19,11 @@ from types import MappingProxyType
 from typing import Any
 
 from babysit.core.records import LogRecord
+from babysit.sources import tailer
+from babysit.sources.tailer import HEAD_BYTES
 
-HEAD_BYTES = 256  # how much of the file's start is hashed to detect a file rewritten in place
+__all__ = ["HEAD_BYTES", "TailRead", "TailState", "advance", "parse_line", "read_all", "read_new", "read_recent",
+           "scan", "tail_bytes"]
 MAX_STEP = 2**63 - 1  # a step beyond this (10**400) fits no SQLite integer and no float sum: garbage
 
 
@@ -43,6 +45,12 @@ class TailState:
     records: int = 0
     garbage: int = 0
     resets: int = 0
+
+    @property
+    def cursor(self) -> tailer.Cursor:
+        """Where the one tailer reads on from (`sources/tailer.py`)."""
+        return tailer.Cursor(offset=self.offset, file_id=self.file_id, head=self.head, head_len=self.head_len,
+                             skipping=self.skipping)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,60 +134,28 @@ def read_new(path: Path, state: TailState, *, max_bytes: int = 4 * 2**20,
     The window is never smaller than one maximal line, so a line that is allowed always fits once the
     offset reaches its start; a longer line is counted as garbage and dropped without being buffered.
     """
-    window = max(max_bytes, max_line_bytes + 1)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+    got = tailer.read(path, state.cursor, max(max_bytes, max_line_bytes + 1))
+    if got is None:
         return TailRead((), state, 0, False, True, 0)
-    try:
-        st = os.fstat(fd)
-        file_id = (st.st_dev, st.st_ino)
-        head = os.pread(fd, HEAD_BYTES, 0)
-        reset = _replaced(state, file_id, st.st_size, head)
-        if reset:
-            state = replace(state, offset=0, skipping=False, head=None, head_len=0, resets=state.resets + 1)
-        want = max(0, st.st_size - state.offset)
-        data = os.pread(fd, min(window, want), state.offset)
-    finally:
-        os.close(fd)
-    parsed = _parse(data, state.offset, state.skipping, max_line_bytes, final=False)
-    new_head = hashlib.sha256(head).hexdigest() if head else None
-    new_state = replace(
-        state,
-        offset=state.offset + parsed.consumed,
-        file_id=file_id,
-        head=new_head,
-        head_len=len(head),
-        skipping=parsed.skipping,
-        records=state.records + len(parsed.records),
-        garbage=state.garbage + parsed.garbage,
-    )
-    partial = len(data) - parsed.consumed
-    return TailRead(tuple(parsed.records), new_state, parsed.garbage, reset, False, partial, len(data) < want)
+    if got.reset:
+        state = replace(state, offset=0, skipping=False, head=None, head_len=0, resets=state.resets + 1)
+    parsed = _parse(got.data, state.offset, state.skipping, max_line_bytes, final=False)
+    moved = got.advance(parsed.consumed, parsed.skipping)
+    new_state = replace(state, offset=moved.offset, file_id=moved.file_id, head=moved.head, head_len=moved.head_len,
+                        skipping=moved.skipping, records=state.records + len(parsed.records),
+                        garbage=state.garbage + parsed.garbage)
+    partial = len(got.data) - parsed.consumed
+    return TailRead(tuple(parsed.records), new_state, parsed.garbage, got.reset, False, partial, got.more)
 
 
 def advance(path: Path, state: TailState, offset: int, records: int) -> TailState | None:
     """The state after `records` records up to `offset` that the caller wrote itself and holds parsed
     (babysit's own record log): what `read_new` would return, without reading them back. None when the
     file is not what `state` read (replaced, truncated) or not `offset` long: read it instead."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+    moved = tailer.at(path, state.cursor, offset)
+    if moved is None:
         return None
-    try:
-        st = os.fstat(fd)
-        file_id = (st.st_dev, st.st_ino)
-        if st.st_size != offset or (state.file_id is not None and state.file_id != file_id) or state.skipping:
-            return None
-        head_len, head_digest = state.head_len, state.head
-        if head_digest is None or head_len < HEAD_BYTES:  # the head is hashed until it is whole
-            head = os.pread(fd, HEAD_BYTES, 0)
-            if state.head is not None and hashlib.sha256(head[:state.head_len]).hexdigest() != state.head:
-                return None
-            head_len, head_digest = len(head), hashlib.sha256(head).hexdigest() if head else None
-    finally:
-        os.close(fd)
-    return replace(state, offset=offset, file_id=file_id, head=head_digest, head_len=head_len,
+    return replace(state, offset=offset, file_id=moved.file_id, head=moved.head, head_len=moved.head_len,
                    records=state.records + records)
 
 
@@ -233,20 +209,6 @@ def scan(path: Path, *, max_line_bytes: int = 2**20, chunk_bytes: int = CHUNK_BY
 
 
 # --- internals ---------------------------------------------------------------------------------
-
-
-def _replaced(state: TailState, file_id: tuple[int, int], size: int, head: bytes) -> bool:
-    """Whether the file is not the one (or not the bytes) the state was read from."""
-    if state.file_id is not None and state.file_id != file_id:
-        return True
-    if size < state.offset:
-        return True
-    if state.head is not None:
-        if len(head) < state.head_len:
-            return True
-        if hashlib.sha256(head[: state.head_len]).hexdigest() != state.head:
-            return True
-    return False
 
 
 @dataclass

@@ -35,13 +35,14 @@ import logging
 import math
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Item
 
 ENV = "MLFLOW_RUN_CONTEXT"  # mlflow.environment_variables.MLFLOW_RUN_CONTEXT: JSON tags for every run
@@ -216,3 +217,35 @@ def _quiet() -> None:
     """MLflow's store logs INFO lines (alembic's too) on the daemon's root logger: warnings only."""
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class MlflowAdapter:
+    """The pump's reader: one `MlflowReader` (the store kept open) a run."""
+
+    def __init__(self, source: SourceSpec, run: str) -> None:
+        self.reader = MlflowReader(source, run)
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        got = self.reader.read(state)
+        return SourceRead(got.items, got.points, got.problems, got.sample, got.state, got.more, files=got.files)
+
+
+class MlflowKind(Kind):
+    name = "mlflow"
+    reads = "rows"
+
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> MlflowAdapter:
+        return MlflowAdapter(source, run)
+
+    def require(self) -> None:
+        require()
+
+    def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
+        return (f"{source.path}: {evidence.lines_seen or 0} MLflow metric points read, 0 records."
+                + sample(evidence, "Skipped")
+                + " Check that source.path is the tracking store the trainer logs to (MLflow 3's default: mlflow.db "
+                "in its working directory; a file store: its mlruns folder) and that the trainer starts its runs "
+                "with mlflow.start_run() (babysit finds them by the tag babysit.run it sets in $MLFLOW_RUN_CONTEXT).")
+
+
+KIND = MlflowKind()

@@ -24,9 +24,8 @@ from typing import Any
 from babysit.core.records import LogRecord
 from babysit.core.source_spec import AUTO, SourceSpec
 from babysit.core.spec import RunSpec
-from babysit.sources import csvfile, lines, mlflowstore, records, stdout, wandbfile
-from babysit.sources.evidence import Evidence
-from babysit.sources.tensorboard import TensorBoardReader
+from babysit.sources import kinds, lines, records, stdout
+from babysit.sources.kind import Evidence
 
 STATE_VERSION = 1
 RECORDS_FILE = "records.jsonl"
@@ -75,9 +74,8 @@ class SourcePump:
         self.source: SourceSpec = spec.source
         self.run_dir = run_dir(state_dir, spec.name)
         self.records_path = records_path(spec, state_dir)
-        self._watched = [] if spec.log is None or self.source.copies else [spec.log]
-        self._tb = TensorBoardReader(self.source) if self.source.kind == "tensorboard" else None
-        self._mlflow = mlflowstore.MlflowReader(self.source, spec.name) if self.source.kind == "mlflow" else None
+        self.kind = kinds.adapter(self.source.kind)  # what the kind means is its module's (core/source_kinds.py)
+        self._reader = self.kind.reader(self.source, self.run_dir, spec.name)
         self._captured = stdout.CapturedFiles(self.run_dir)
         self._state = self._reconcile(dict(state or {}))
         self._unsynced = False  # appended with sync=False since the last sync()
@@ -100,43 +98,10 @@ class SourcePump:
         `final`: the attempt has exited (its exit's drain): a printed last line without its newline is read.
         `sync=False`: the append is not made durable here; call `sync()` before persisting `state`."""
         st = self._state
-        items: tuple[records.Item, ...] = ()
-        lines: int | None = None
-        problems: tuple[str, ...] = ()
-        notices: tuple[tuple[str, str], ...] = ()
-        sample = st.get("sample")
-        reader = st.get("reader", {})
-        watched = list(self._watched)
-        backlog = False
-        kind = self.source.kind
         captured = self._captured()
-        if kind == "stdout":
-            got = stdout.read(self.source, self.run_dir, reader, captured, budget, final=final)
-            items, lines, problems, backlog = got.pieces, got.lines, got.problems, got.more
-            reader, sample, notices = got.state, got.sample or sample, got.notices
-        elif kind == "csv":
-            read = csvfile.read(self.source, reader)
-            items, lines, problems, backlog = read.items, read.rows, read.problems, read.more
-            reader, sample = read.state, read.sample or sample
-            watched.append(self.source.path)
-        elif kind == "wandb":
-            wb = wandbfile.read(self.source, reader)
-            items, lines, problems, backlog = wb.items, wb.records, wb.problems, wb.more
-            reader, sample = wb.state, wb.sample or sample
-            watched.extend(wb.files)
-        elif kind == "mlflow":
-            assert self._mlflow is not None
-            ml = self._mlflow.read(reader)
-            items, lines, problems, backlog = ml.items, ml.points, ml.problems, ml.more
-            reader, sample = ml.state, ml.sample or sample
-            watched.extend(ml.files)
-        elif kind == "tensorboard":
-            assert self._tb is not None
-            tb = self._tb.read(reader)
-            items, lines, problems, backlog = tb.items, tb.values, tb.problems, tb.more
-            reader, sample = tb.state, tb.sample or sample
-            watched.extend(tb.files)
-
+        got = self._reader.read(st.get("reader", {}), captured, budget, final)  # whatever the kind: one call
+        items, lines, problems, backlog = got.items, got.lines, got.problems, got.more
+        reader, sample, notices, watched = got.state, got.sample or st.get("sample"), got.notices, list(got.files)
         anchor = st.get("anchor")
         start = st["records_bytes"]
         appended: records.RecordBatch | tuple[LogRecord, ...] | None
@@ -155,7 +120,7 @@ class SourcePump:
             with self._sync_lock:
                 self._unsynced = True
         sizes, grown = _grown(captured + watched, st.get("sizes", {}))
-        counted = kind != "jsonl"
+        counted = self.kind.counted
         self._state = {
             "v": STATE_VERSION,
             "fingerprint": st["fingerprint"],
@@ -199,17 +164,7 @@ class SourcePump:
     def unread_bytes(self) -> int:
         """Bytes the run's captured files hold beyond the cursors now (stdout; 0 for the other kinds):
         what a reader that fell behind has still to read. A stat per file."""
-        if self.source.kind != "stdout":
-            return 0
-        cursors = self._state.get("reader", {}).get("cursors", {})
-        behind = 0
-        for path in self._captured():
-            try:
-                size = os.stat(path).st_size
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            behind += max(0, size - int(cursors.get(f"{path.parent.name}/{path.name}", {}).get("offset", 0)))
-        return behind
+        return self.kind.unread_bytes(self._state.get("reader", {}), self._captured())
 
     def _reconcile(self, state: dict[str, Any]) -> dict[str, Any]:
         """The state to read on from, with the record log cut back to what it says was written."""

@@ -13,7 +13,8 @@ from babysit.core import presets
 from babysit.core.source_spec import parse_source
 from babysit.core.suggest import suggest
 from babysit.core.tomlfile import Table
-from babysit.sources import stdout
+from babysit.sources import kinds, stdout
+from babysit.sources.lines import WINDOW_BYTES
 
 AUTO = parse_source(Table({"kind": "stdout", "preset": "auto"}, "babysit", "source"), workdir=Path("."),
                     name="sniff", log=None)
@@ -21,7 +22,8 @@ AUTO = parse_source(Table({"kind": "stdout", "preset": "auto"}, "babysit", "sour
 
 def sniff(run_dir: Path) -> str | None:
     """What the run's printed lines say about reading them, or None when it printed nothing yet."""
-    got = stdout.read(AUTO, run_dir, {})
+    reader = kinds.adapter(AUTO.kind).reader(AUTO, run_dir, "sniff")  # as the registry's stdout kind reads them
+    got = reader.read({}, stdout.captured_files(run_dir), WINDOW_BYTES, False)
     chosen = [name for kind, name in got.notices if kind == "preset"]
     if chosen:
         name = chosen[-1]

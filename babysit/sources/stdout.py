@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from pathlib import Path
@@ -40,8 +40,10 @@ from babysit.core.source_spec import (
     compile_regex,
     required_literal,
 )
+from babysit.core.suggest import suggest
 from babysit.sources import fastmatch, records
 from babysit.sources import lines as ln
+from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Block, Item
 
 STREAMS = ("stdout.log", "stderr.log")
@@ -622,3 +624,55 @@ def _step(text: bytes | str | None) -> int | None:
 def _note(problems: list[str], text: str) -> None:
     if text not in problems:
         problems.append(text)
+
+
+class StdoutReader:
+    """The run's captured stdout and stderr read on, every attempt's from its own cursor (`read`)."""
+
+    def __init__(self, source: SourceSpec, run_dir: Path) -> None:
+        self.source, self.run_dir = source, run_dir
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        got = read(self.source, self.run_dir, state, list(captured), budget, final=final)
+        return SourceRead(got.pieces, got.lines, got.problems, got.sample, got.state or {}, got.more,
+                          notices=got.notices)
+
+
+class StdoutKind(Kind):
+    name = "stdout"
+    reads = "bytes"
+    reads_captured = True
+
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> StdoutReader:
+        return StdoutReader(source, run_dir)
+
+    def unread_bytes(self, state: Mapping[str, Any], captured: Sequence[Path]) -> int:
+        """The captured files' bytes beyond their cursors: a stat a file."""
+        cursors = state.get("cursors", {})
+        behind = 0
+        for path in captured:
+            try:
+                size = os.stat(path).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            behind += max(0, size - int(cursors.get(f"{path.parent.name}/{path.name}", {}).get("offset", 0)))
+        return behind
+
+    def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
+        lines = evidence.lines_seen or 0
+        if source.preset == AUTO and not source.patterns:
+            would = suggest(evidence.sample) if evidence.sample else None
+            return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed: no preset matched them (tried "
+                    + ", ".join(name for name, _ in source.candidates) + ")."
+                    + sample(evidence, "A line none matched")
+                    + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else "")
+                    + " Write [source] kind = \"stdout\" with [[source.patterns]] in run.toml (docs/your-trainer.md), "
+                    "or log with babysit.log(step, loss=…).")
+        tried = "; ".join(f"{i}) {p.regex}" for i, p in enumerate(source.patterns, start=1))
+        return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed. Patterns tried: {tried}."
+                + sample(evidence, "A line none matched")
+                + " Fix [[source.patterns]] in run.toml: each regex needs a named group (?P<step>\\d+) and one "
+                "named group per metric, matching the lines the trainer prints.")
+
+
+KIND = StdoutKind()

@@ -15,13 +15,14 @@ Consecutive scalars of one step in one file become one record (loss, lr and grad
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Item
 
 EXTRA_HINT = "pip install 'babysit[tensorboard]'  (the official tensorboard package reads the event files)"
@@ -234,3 +235,33 @@ def _import() -> _Tb:
     if _TB is None:
         _TB = _Tb()
     return _TB
+
+
+class TensorBoardAdapter:
+    """The pump's reader: one `TensorBoardReader` (its loaders kept open) a run."""
+
+    def __init__(self, source: SourceSpec) -> None:
+        self.reader = TensorBoardReader(source)
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        got = self.reader.read(state)
+        return SourceRead(got.items, got.values, got.problems, got.sample, got.state, got.more, files=got.files)
+
+
+class TensorBoardKind(Kind):
+    name = "tensorboard"
+    reads = "rows"
+
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> TensorBoardAdapter:
+        return TensorBoardAdapter(source)
+
+    def require(self) -> None:
+        require()
+
+    def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
+        return (f"{source.path}: {evidence.lines_seen or 0} summary values read, 0 scalar records."
+                + sample(evidence, "A non-scalar tag")
+                + " Check that source.path is the trainer's TensorBoard log directory and that it logs scalars.")
+
+
+KIND = TensorBoardKind()

@@ -12,7 +12,8 @@ Each record is a `wandb.proto.wandb_internal_pb2.Record`, parsed with wandb's ow
 Python reader of the framing any more (its reader is in Go), so the framing is read here.
 
 The `wandb` package is imported only by a run that reads this kind (`require()` checks it first).
-State: the byte offset after the last whole record of each file; a record written in part waits.
+State: each file's cursor (the one tailer's, `sources/tailer.py`) after its last whole record; a record
+written in part waits, a file replaced or truncated is read again from its header.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.sources import tailer
+from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Item
 
 HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
@@ -124,7 +127,9 @@ def read(source: SourceSpec, state: Mapping[str, Any]) -> WandbRead:
     from wandb.proto import wandb_internal_pb2 as pb
 
     assert source.path is not None
-    offsets: dict[str, int] = dict(state.get("offsets", {}))
+    cursors: dict[str, Any] = dict(state.get("cursors", {}))
+    for key, offset in state.get("offsets", {}).items():  # a state before the one tailer: offsets only
+        cursors.setdefault(key, {"offset": int(offset)})
     items: list[Item] = []
     problems: list[str] = []
     sample = None
@@ -133,16 +138,18 @@ def read(source: SourceSpec, state: Mapping[str, Any]) -> WandbRead:
     files = run_files(source.path)
     for path in files:
         key = str(path)
-        start = offsets.get(key, 0)
-        try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(MAX_BYTES)
+        try:  # the one tailer: a file replaced or truncated is read again from its header
+            got = tailer.read(path, tailer.Cursor.from_dict(cursors.get(key)), MAX_BYTES)
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror}")
             continue
-        more = more or len(data) == MAX_BYTES
-        bodies, offsets[key], problem = frames(data, start)
+        if got is None:
+            problems.append(f"{path}: No such file or directory")
+            continue
+        more = more or got.more
+        start = got.cursor.offset
+        bodies, end, problem = frames(got.data, start)
+        cursors[key] = got.advance(end - start).to_dict()
         if problem:
             problems.append(f"{path}: {problem}")
         for body in bodies:
@@ -160,7 +167,7 @@ def read(source: SourceSpec, state: Mapping[str, Any]) -> WandbRead:
                 sample = skipped or sample
                 continue
             items.append(item)
-    return WandbRead(tuple(items), seen, tuple(problems), sample, {"offsets": offsets}, tuple(files), more)
+    return WandbRead(tuple(items), seen, tuple(problems), sample, {"cursors": cursors}, tuple(files), more)
 
 
 def _item(source: SourceSpec, history: Any) -> tuple[Item | None, str | None]:
@@ -188,3 +195,32 @@ def _item(source: SourceSpec, history: Any) -> tuple[Item | None, str | None]:
     if ts is not None and not math.isfinite(ts):
         ts = None
     return Item(int(step) + source.step_offset, metrics, ts), None
+
+
+class WandbReader:
+    def __init__(self, source: SourceSpec) -> None:
+        self.source = source
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        got = read(self.source, state)
+        return SourceRead(got.items, got.records, got.problems, got.sample, got.state, got.more, files=got.files)
+
+
+class WandbKind(Kind):
+    name = "wandb"
+    reads = "bytes"
+
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> WandbReader:
+        return WandbReader(source)
+
+    def require(self) -> None:
+        require()
+
+    def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
+        return (f"{source.path}: {evidence.lines_seen or 0} wandb.log records read, 0 with a step and a number."
+                + sample(evidence, "The keys of one")
+                + " Check that the trainer calls wandb.init() without its own dir= (babysit sets $WANDB_DIR to "
+                "source.path) and logs numbers.")
+
+
+KIND = WandbKind()

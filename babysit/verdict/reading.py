@@ -357,8 +357,7 @@ def offline_records(spec: RunSpec, given: Path | None, scratch: Path) -> Path:
     if path is None or not path.exists() or (kind == "tensorboard") != path.is_dir():
         raise BadInput(f"--log {path}: expected {want} for [source] kind = \"{kind}\"",
                        hint=f"pass {want} (what the trainer writes), or a record log (.jsonl) with --log PATH")
-    if kind == "tensorboard":
-        sources.require()  # exit 2 naming the extra
+    sources.adapter(kind).require()  # exit 2 naming the extra it reads with (tensorboard's)
     local = replace(spec, source=replace(spec.source, path=Path(path).resolve()))
     pump = sources.SourcePump(local, scratch)
     for _ in range(_OFFLINE_PUMPS):
