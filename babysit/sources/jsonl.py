@@ -1,8 +1,8 @@
 """kind = "jsonl": the trainer's own JSONL log (`babysit.log`, `$BABYSIT_LOG`) is the record log.
 
 Nothing is copied: the run's reader tails that file as it tails babysit's record log for every other kind
-(`babysit/logtail.py`, over the one tailer), so this kind's read only names the file whose growth is the
-run's output, and its evidence is what that tail counted (records and garbage lines), not the pump's.
+(`babysit/sources/logtail.py`, over the one tailer), so this kind's read only names the file whose growth
+is the run's output, and its evidence is what that tail counted (records and garbage lines), not the pump's.
 """
 
 from __future__ import annotations

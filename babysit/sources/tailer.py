@@ -1,5 +1,5 @@
 """The one tailer of a file a trainer is still writing: every file-reading kind reads through it (the JSONL
-train log and babysit's record log in `babysit/logtail.py`, the captured stdout/stderr and CSVs in
+train log and babysit's record log in `babysit/sources/logtail.py`, the captured stdout/stderr and CSVs in
 `sources/lines.py`, wandb's transaction logs in `sources/wandbfile.py`).
 
 O(new bytes) a read: the bytes after a remembered offset, one `open`, `fstat` and `pread` or two. A file
