@@ -50,6 +50,7 @@ label = "CLIMB"
 
 
 def build(root: Path, runs: int, records: int) -> Path:
+    from babysit.core.snapshot import Snapshot
     from babysit.core.spec import load_spec
     from babysit.db.store import Store
     from babysit.runtime import registry
@@ -73,7 +74,8 @@ def build(root: Path, runs: int, records: int) -> Path:
     for i, name in enumerate(names):
         a = store.begin_attempt(name, 1, "default", ["python", "-m", "trainer"], "local", 1, "/tmp/a", t0)
         store.mark_running(a.id, started_at=t0)
-        store.record_poll(name, 1, t0 + 300, "poll", {"step": 300, "gpus": [{"util_pct": 90.0}]}, None, {"run": name})
+        polled = Snapshot.from_dict({"step": 300, "gpus": [{"index": 0, "util_pct": 90.0}]})
+        store.record_poll(name, 1, t0 + 300, "poll", polled, None, {"run": name})
         store.add_incident(name, 1, t0 + 400, "input-starvation", {"util_pct": 12})
         if i % 10 == 0:  # a live run
             store.set_run_state(name, "running", t0 + 500, step=records)

@@ -100,7 +100,7 @@ def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
             respond(**answer(unanswered(store, run, "poll", request, cfg.request_wait_s)))
             return
         polls = store.polls(run, 1)
-        respond(**answer(msg.poll_result(run, result, polls[0].body if polls else None)))
+        respond(**answer(msg.poll_result(run, result, polls[0].snapshot if polls else None)))
 
 
 def abort(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:

@@ -127,12 +127,12 @@ def poll_queued(run: str) -> Rendered:
     return reply(f"📊 Poll of `{run}` requested; waiting for the daemon…")
 
 
-def poll_result(run: str, result: str, snapshot: Mapping[str, Any] | None) -> Rendered:
+def poll_result(run: str, result: str, snapshot: Snapshot | None) -> Rendered:
     if result != "polled":
         return reply(f"`{run}`: the daemon answered the poll with “{result}”.")
     if snapshot is None:
         return reply(f"📊 `{run}` polled; the poll is in the run's thread.")
-    return reply(f"📊 `{run}` (poll on demand): {snapshot_line(Snapshot.from_dict(snapshot))}\n"
+    return reply(f"📊 `{run}` (poll on demand): {snapshot_line(snapshot)}\n"
                  "The full poll is in the run's thread.")
 
 

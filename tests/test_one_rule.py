@@ -35,7 +35,7 @@ def test_the_guards_and_the_poll_name_the_same_foreign_holders(procs):
     guard = {h.pid for h in guards.foreign_holders(reading(procs), (0,), run_pids | past)}
     snap = build_snapshot(run="r", attempt=1, at=0.0, kind="periodic", gpus=(0,), view=reading(procs),
                           run_pids=run_pids | past)
-    poll = {h["pid"] for h in snap.gpus[0]["held_by_foreign"]}
+    poll = {h.pid for h in snap.gpus[0].held_by_foreign or ()}
     assert guard == poll
     assert ("gpu-held" in snap.flags) == bool(guard)
 

@@ -67,6 +67,6 @@ def test_the_bots_poll_answer_and_the_live_header_say_one_line_from_the_stored_p
                           gpu_hours_used=0.5, gpu_hours_cap=2.0, gpus=(0,), host=host)
     stored = json.loads(json.dumps(snap.to_dict()))  # as the bot reads it from the polls table
     header = render("header", {"run": "r", "attempt": 1, "snapshot": stored}).text
-    answer = poll_result("r", "polled", stored).text
+    answer = poll_result("r", "polled", Snapshot.from_dict(stored)).text
     line = snapshot_line(snap)
     assert "step 100" in line and line in header and line in answer

@@ -9,8 +9,9 @@ import pytest
 
 from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord
+from babysit.core.snapshot import Snapshot
 from babysit.core.spec import RunSpec, load_spec
-from babysit.db.store import Attempt, Row, Store
+from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.view.runtable import change_line, status_table
 from babysit.view.runview import RegistryCache, RunRow, TailCache, build_row, collect, target_step
 
@@ -91,7 +92,7 @@ def test_the_previous_attempts_records_give_no_pace_and_no_step_to_a_fresh_attem
             facts={"step": 60})
     assert r.seconds_per_step is None and r.eta_seconds is None
     assert (r.step, r.progress_from) == (60, "daemon"), "the daemon's word, not a re-read of an old attempt's log"
-    poll = Row(id=1, run="r", at=T0 + 3, kind="first", attempt=2, body={"step": 60, "seconds_per_step": 1.0})
+    poll = Poll.of(1, "r", T0 + 3, "first", 2, Snapshot.from_dict({"step": 60, "seconds_per_step": 1.0}))
     assert row(spec, attempts=(second,), records=old, poll=poll).seconds_per_step is None, \
         "a poll's pace over both attempts is no pace of this one"
     r = row(spec, attempts=(second,), records=old + records(range(1, 4), t0=T0 + 1, dt=0.2))
@@ -99,12 +100,12 @@ def test_the_previous_attempts_records_give_no_pace_and_no_step_to_a_fresh_attem
 
 
 def test_a_log_out_of_reach_falls_back_to_the_attempts_last_poll(spec: RunSpec) -> None:
-    poll = Row(id=1, run="r", at=T0 + 300, kind="first", attempt=1,
-               body={"step": 400, "seconds_per_step": 0.7, "gpus": [{"util_pct": 91.0}, {"util_pct": 88.4}]})
+    poll = Poll.of(1, "r", T0 + 300, "first", 1, Snapshot.from_dict(
+        {"step": 400, "seconds_per_step": 0.7, "gpus": [{"index": 0, "util_pct": 91.0}, {"index": 1, "util_pct": 88.4}]}))
     r = row(spec, poll=poll, records=None)
     assert (r.step, r.seconds_per_step, r.progress_from) == (400, 0.7, "poll")
     assert r.gpu_util_pct == (91.0, 88.4) and r.last_poll_at == T0 + 300
-    stale = Row(id=1, run="r", at=T0 - 300, kind="first", attempt=0, body={"step": 9, "seconds_per_step": 3.0})
+    stale = Poll.of(1, "r", T0 - 300, "first", 0, Snapshot.from_dict({"step": 9, "seconds_per_step": 3.0}))
     r = row(spec, poll=stale)
     assert (r.step, r.seconds_per_step, r.gpu_util_pct) == (None, None, ()), "another attempt's poll says nothing"
 

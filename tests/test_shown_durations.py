@@ -55,13 +55,13 @@ def test_a_poll_says_the_real_seconds_since_launch_and_the_real_stall_limit(supe
     clock.advance(3.0)
     assert sup.poll("on-demand")
     (poll,) = sup.ctx.store.polls("r", 1)
-    assert poll.body["seconds_since_launch"] == pytest.approx(3.0)
-    assert poll.body["stall_seconds"] == pytest.approx(20 * minute)
-    text = render("poll", {"snapshot": poll.body}).text  # 3 s is under half of 20 declared minutes either way
+    assert poll.snapshot.seconds_since_launch == pytest.approx(3.0)
+    assert poll.snapshot.stall_seconds == pytest.approx(20 * minute)
+    text = render("poll", {"snapshot": poll.snapshot.to_dict()}).text  # 3 s is under half of 20 declared minutes either way
     assert "waiting for the first record" in text and "(3s since launch; start-up is normal)" in text
     clock.advance(9.0)  # 12 s: past half the accelerated stall limit, nowhere near the real one
     assert sup.poll("on-demand")
-    text = render("poll", {"snapshot": sup.ctx.store.polls("r", 1)[0].body}).text
+    text = render("poll", {"snapshot": sup.ctx.store.polls("r", 1)[0].snapshot.to_dict()}).text
     if minute == 1.0:
         assert "no record in" in text and "yet, 12s after launch" in text and "stops the run at 20s" in text
     else:

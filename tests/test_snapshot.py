@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from babysit.core.guards import Holder
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
 from babysit.core.records import ProgressPoint
-from babysit.core.snapshot import Snapshot, build_snapshot, project_gpu_hours, steps_from_argv
+from babysit.core.render import render
+from babysit.core.snapshot import GpuRow, Snapshot, build_snapshot, project_gpu_hours, steps_from_argv
 
 GIB = 2**30
 POINTS = tuple(ProgressPoint(s, 1000.0 + 30.0 * s) for s in range(0, 101, 10))  # 30 s/step, at step 100
@@ -35,7 +38,7 @@ def snap(**kw):
 def test_first_poll_reports_util_pace_and_free_ram():
     s = snap()
     assert (s.step, s.seconds_per_step, s.eta_seconds, s.target_step) == (100, 30.0, 900 * 30.0, 1000)
-    assert s.gpus[0]["util_pct"] == 97.0 and s.gpus[0]["held_by_foreign"] == []
+    assert s.gpus[0].util_pct == 97.0 and s.gpus[0].held_by_foreign == ()
     assert s.available_ram_bytes == 64 * GIB and s.run_rss_bytes == 20 * GIB and s.run_cpu_pct == 850.0
     assert s.gpu_hours_projected == pytest.approx(1.0 + 900 * 30 / 3600)
     assert s.flags == () and s.gpu_note is None
@@ -85,13 +88,13 @@ def test_low_util_without_data_wait_evidence_never_says_starvation():
 def test_zombie_holder_is_not_foreign_in_a_poll():
     exiting = GpuProcess(555, "python -m trainer", GIB, zombie=True)
     s = snap(view=GpuView(True, None, (reading(procs=(TRAINER, exiting)),)))
-    assert s.gpus[0]["held_by_foreign"] == [] and "gpu-held" not in s.flags
+    assert s.gpus[0].held_by_foreign == () and "gpu-held" not in s.flags
 
 
 def test_unavailable_gpu_view_is_a_note_never_zero():
     s = snap(view=GpuView(False, "no NVIDIA driver here — install the NVIDIA driver", ()))
     assert s.gpu_note == "no GPU visible: no NVIDIA driver here — install the NVIDIA driver"
-    assert s.gpus[0]["util_pct"] is None and s.gpus[0]["visible"] is False
+    assert s.gpus[0] == GpuRow.blank(0) and s.gpus[0].util_pct is None and s.gpus[0].visible is False
 
 
 def test_cpu_run_has_no_gpu_rows_or_note():
@@ -102,12 +105,14 @@ def test_cpu_run_has_no_gpu_rows_or_note():
 
 def test_foreign_holders_unknown_without_run_pids():
     s = snap(host=None, view=GpuView(True, None, (reading(procs=(POLICY,)),)))
-    assert s.gpus[0]["held_by_foreign"] is None and "gpu-held" not in s.flags
+    assert s.gpus[0].held_by_foreign is None and "gpu-held" not in s.flags
 
 
 def test_foreign_holder_is_listed_with_pid_name_memory():
     s = snap(view=GpuView(True, None, (reading(procs=(TRAINER, POLICY)),)))
-    assert s.gpus[0]["held_by_foreign"] == [{"pid": 4242, "name": "policy_server", "used_memory_bytes": 61 * GIB}]
+    assert s.gpus[0].held_by_foreign == (Holder(0, 4242, "policy_server", 61 * GIB),)
+    assert s.to_dict()["gpus"][0]["held_by_foreign"] == [
+        {"pid": 4242, "name": "policy_server", "used_memory_bytes": 61 * GIB}]  # as the store holds it
 
 
 @pytest.mark.parametrize(("read_step", "end_step", "target", "eta"), [
@@ -170,7 +175,7 @@ def test_a_stored_snapshot_reads_back_as_the_value_it_was():
     assert s.flags  # the figures behind flags travel too
     back = Snapshot.from_dict(json.loads(json.dumps(s.to_dict())))
     assert back == s
-    assert back.progress == s.progress and back.gpus[0]["held_by_foreign"][0]["pid"] == 4242
+    assert back.progress == s.progress and back.gpus[0].held_by_foreign == (Holder(0, 4242, "policy_server", 61 * GIB),)
 
 
 def test_a_snapshot_stored_before_a_field_existed_reads_it_as_unknown():
@@ -183,3 +188,41 @@ def test_a_snapshot_stored_before_a_field_existed_reads_it_as_unknown():
 def test_unknown_kind_is_rejected():
     with pytest.raises(ValueError, match="kind"):
         snap(kind="sometimes")
+
+
+STORED = Path(__file__).parent / "fixtures" / "store" / "snapshots_2026-12-02.json"  # make_snapshots.py made it
+
+
+def test_what_the_store_holds_today_reads_back_typed_and_writes_the_same_json():
+    """Snapshots a real Store recorded before the GPU rows were typed (every kind of row: holders with memory
+    known and not, processes not listed, a blank GPU, no GPU visible, a CPU run): each reads back as typed
+    values and is written again byte for byte, so old rows load and new rows are what readers expect."""
+    stored = json.loads(STORED.read_text())
+    assert len(stored) == 4
+    for d in stored:
+        s = Snapshot.from_dict(d)
+        assert all(isinstance(g, GpuRow) for g in s.gpus)
+        assert all(isinstance(h, Holder) for g in s.gpus for h in g.held_by_foreign or ())
+        assert s.to_dict() == d
+        assert json.dumps(s.to_dict(), sort_keys=True) == json.dumps(d, sort_keys=True)
+    first, unlisted, unseen, cpu = (Snapshot.from_dict(d) for d in stored)
+    assert first.gpus[0].held_by_foreign == (Holder(0, 4242, "policy_server", 61 * GIB), Holder(0, 4343, "viewer", None))
+    assert first.gpus[1].faults == ("xid 79",) and first.gpus[1].util_min_pct == 3.0
+    assert unlisted.gpus == (GpuRow(0, True, "NVIDIA H200", None, None, 12, 71 * GIB, 141 * GIB, None, ()),
+                             GpuRow.blank(3))
+    assert unseen.gpus == (GpuRow.blank(0),) and cpu.gpus == ()
+
+
+def test_the_renderers_say_of_a_typed_snapshot_what_they_said_of_its_dict():
+    """The poll post and the live header of each stored snapshot, word for word what the renderers said when
+    they read the dict (snapshots_2026-12-02.rendered.json, written by the code before)."""
+    said = json.loads(STORED.with_suffix(".rendered.json").read_text())
+    for d, before in zip(json.loads(STORED.read_text()), said, strict=True):
+        assert render("poll", {"snapshot": d}).text == before["poll"]
+        assert render("header", {"run": "r", "attempt": 2, "snapshot": d}).text == before["header"]
+
+
+def test_a_row_an_older_daemon_or_a_test_wrote_reads_with_unknowns_not_zeros():
+    (row,) = Snapshot.from_dict({"gpus": [{"util_pct": 90.0}]}).gpus
+    assert row == GpuRow(0, False, None, 90.0, None, 0, None, None, None, ())
+    assert Snapshot.from_dict({"gpus": [{"index": 5}, {"util_pct": 1.0}]}).gpus[1].index == 1  # its place

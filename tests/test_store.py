@@ -18,6 +18,7 @@ import pytest
 
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
+from babysit.core.snapshot import Snapshot
 from babysit.db.store import SCHEMA_VERSION, Store
 
 
@@ -185,17 +186,19 @@ def test_next_due_at_looks_only_at_each_runs_queue_head(store: Store) -> None:
 
 def test_a_poll_is_recorded_with_its_post_and_header_update_in_one_go(store: Store) -> None:
     launch = store.enqueue("r", "launch", {"run": "r"}, now=1.0)
-    store.record_poll("r", 1, 5.0, "first", {"step": 7}, thread_of=launch, payload={"run": "r"})
+    snap = Snapshot.from_dict({"run": "r", "attempt": 1, "at": 5.0, "kind": "first", "step": 7})
+    store.record_poll("r", 1, 5.0, "first", snap, thread_of=launch, payload={"run": "r"})
     (poll,) = store.polls("r")
-    assert (poll.kind, poll.body, poll.attempt) == ("first", {"step": 7}, 1)
-    post, header = store.messages("r")[1:]
-    assert (post.kind, post.thread_of, post.payload["snapshot"]) == ("poll", launch, {"step": 7})
-    assert (header.kind, header.payload["attempt"], header.payload["snapshot"]) == ("header", 1, {"step": 7})
-    assert store.message(post.id).payload["snapshot"] == {"step": 7}
+    assert (poll.kind, poll.snapshot, poll.attempt) == ("first", snap, 1)  # the value it was, read back
+    post, header = store.messages("r")[1:]  # the outbox's posts: its JSON, for the channels to render
+    assert (post.kind, post.thread_of, post.payload["snapshot"]) == ("poll", launch, snap.to_dict())
+    assert (header.kind, header.payload["attempt"], header.payload["snapshot"]) == ("header", 1, snap.to_dict())
+    assert store.message(post.id).payload["snapshot"] == snap.to_dict()
 
 
 def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(backend: Backend, store: Store) -> None:
-    store.record_poll("r", 1, 5.0, "first", {"step": 7, "pad": "x" * 5000}, thread_of=None, payload={"run": "r"})
+    store.record_poll("r", 1, 5.0, "first", Snapshot.from_dict({"step": 7, "log_path": "x" * 5000}), thread_of=None,
+                      payload={"run": "r"})
     reader = backend.reader()
     try:
         (poll_id,) = reader.execute("SELECT id FROM polls").fetchone()
@@ -239,11 +242,11 @@ def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(backend: Ba
 def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(backend: Backend, store: Store) -> None:
     reader = backend.reader()
     with store.batch():
-        store.add_poll("a", 1, 1.0, "first", {"step": 1})
+        store.add_poll("a", 1, 1.0, "first", Snapshot.from_dict({"step": 1}))
         with pytest.raises(ZeroDivisionError), store.tx() as db:  # one part fails: only it is undone
             db.execute("INSERT INTO run_state (run, status, facts, updated_at) VALUES ('a', 'x', '{}', 2.0)")
             raise ZeroDivisionError
-        store.add_poll("a", 1, 3.0, "periodic", {"step": 3})
+        store.add_poll("a", 1, 3.0, "periodic", Snapshot.from_dict({"step": 3}))
         assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 0  # not committed yet
     assert [p.kind for p in store.polls("a")] == ["periodic", "first"]
     assert reader.execute("SELECT COUNT(*) FROM polls").fetchone()[0] == 2
@@ -252,10 +255,10 @@ def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(backend: Ba
 
 def test_an_error_out_of_a_batch_undoes_all_of_it(store: Store) -> None:
     with pytest.raises(RuntimeError), store.batch():
-        store.add_poll("a", 1, 1.0, "first", {})
+        store.add_poll("a", 1, 1.0, "first", Snapshot.from_dict({}))
         raise RuntimeError("the round failed")
     assert store.polls("a") == []
-    store.add_poll("a", 1, 2.0, "first", {})  # and the store is usable after it
+    store.add_poll("a", 1, 2.0, "first", Snapshot.from_dict({}))  # and the store is usable after it
     assert len(store.polls("a")) == 1
 
 
@@ -282,7 +285,7 @@ def test_a_run_belongs_to_the_box_that_claimed_it_first(two_boxes: tuple[Store, 
 def test_a_boxs_delivery_sees_only_the_messages_it_wrote(two_boxes: tuple[Store, Store]) -> None:
     a, b = two_boxes
     ma = a.enqueue("r", "launch", {}, now=0.0)
-    a.record_poll("r", 1, 1.0, "first", {"step": 1}, thread_of=ma, payload={"run": "r"})
+    a.record_poll("r", 1, 1.0, "first", Snapshot.from_dict({"step": 1}), thread_of=ma, payload={"run": "r"})
     mb = b.enqueue("s", "launch", {}, now=0.0)
     assert [m.id for m in a.due_messages(now=5.0)] == [ma] and [m.id for m in b.due_messages(now=5.0)] == [mb]
     assert (a.pending_count(), b.pending_count()) == (3, 1)

@@ -99,9 +99,9 @@ def test_launch_then_the_first_poll_at_its_declared_minute_with_the_logs_pace(ri
     r.log(20, seconds_per_step=2.0)
     r.timers.advance(1)
     (poll,) = r.store.polls("r", 5)
-    assert poll.kind == "first" and poll.body["step"] == 20
-    assert poll.body["seconds_per_step"] == pytest.approx(2.0)
-    assert poll.body["eta_seconds"] == pytest.approx(980 * 2.0)
+    assert poll.kind == "first" and poll.snapshot.step == 20
+    assert poll.snapshot.seconds_per_step == pytest.approx(2.0)
+    assert poll.snapshot.eta_seconds == pytest.approx(980 * 2.0)
     assert r.sup.ctx.polls.when("r") == pytest.approx(poll.at + 30 * 60)
 
 
@@ -115,7 +115,7 @@ def test_a_starved_gpu_with_the_trainers_own_wait_share_is_an_input_starvation_i
                                 "data_wait_frac": 0.6}) + "\n")
     r.timers.advance(5 * 60)
     (poll,) = r.store.polls("r", 5)
-    assert "input-starvation" in poll.body["flags"] and poll.body["data_wait_frac"] == pytest.approx(0.6)
+    assert "input-starvation" in poll.snapshot.flags and poll.snapshot.data_wait_frac == pytest.approx(0.6)
     (incident,) = [i for i in r.store.incidents("r") if i.kind == "input-starvation"]
     assert incident.body["data_wait_frac"] == pytest.approx(0.6) and incident.body["gpus"][0]["util_pct"] == 12
     (post,) = [m for m in r.store.messages("r") if m.kind == "incident"]
@@ -133,7 +133,7 @@ def test_a_poll_that_fails_is_said_and_tried_again_a_minute_later(rig) -> None:
     r.host.failing = None
     r.timers.advance(60)
     (poll,) = r.store.polls("r", 5)
-    assert poll.kind == "first" and poll.body["step"] == 5
+    assert poll.kind == "first" and poll.snapshot.step == 5
 
 
 def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the_projection(rig) -> None:
@@ -148,8 +148,8 @@ def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the
     r.sup.poll()
     assert r.host.reads == reads + 2
     (poll,) = r.store.polls("r", 5)
-    assert "gpu-hours-projection" in poll.body["flags"]
-    assert round(poll.body["gpu_hours_projected"], 4) == warning.body["gpu_hours_projected"]
+    assert "gpu-hours-projection" in poll.snapshot.flags
+    assert round(poll.snapshot.gpu_hours_projected or 0.0, 4) == warning.body["gpu_hours_projected"]
 
 
 def test_the_cap_stops_the_run_now_and_sigkills_it_after_the_grace_period(rig) -> None:

@@ -9,7 +9,7 @@ blocks. Pure: no I/O, no Slack imports. A poll's snapshot is read back from its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -18,7 +18,7 @@ import babysit.core.campaign_render as campaign_words  # pure (tests/test_layeri
 from babysit.core import progress, tails
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise
-from babysit.core.snapshot import Snapshot
+from babysit.core.snapshot import GpuRow, Snapshot
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,9 @@ def snapshot_line(s: Snapshot) -> str:
         parts.append(f"ETA {progress.eta_text(p)}")
     if p.n_gpus:  # a CPU run costs no GPU-hours: say nothing
         parts.append(f"GPU-h {progress.gpu_hours_text(p)}")
-    measured = [g for g in s.gpus if g.get("util_pct") is not None]
+    measured = s.measured
     if measured:
-        parts.append("util " + "/".join(f"{g['util_pct']:.0f}%" for g in measured) + _util_window(measured))
+        parts.append("util " + "/".join(f"{g.util_pct:.0f}%" for g in measured) + _util_window(measured))
     if s.gpu_note:
         parts.append(s.gpu_note)
     if s.available_ram_bytes is not None:
@@ -67,10 +67,10 @@ def _num(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _util_window(gpus: list[Mapping[str, Any]]) -> str:
+def _util_window(gpus: Sequence[GpuRow]) -> str:
     """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window."""
-    lows = [g["util_min_pct"] for g in gpus if g.get("util_min_pct") is not None]
-    samples = min(int(g.get("util_samples") or 0) for g in gpus)
+    lows = [g.util_min_pct for g in gpus if g.util_min_pct is not None]
+    samples = min(g.util_samples for g in gpus)
     parts = ([f"min {'/'.join(f'{u:.0f}%' for u in lows)}"] if lows else []) + [f"{samples} samples"]
     return f" ({', '.join(parts)})"
 
@@ -145,8 +145,8 @@ def flag_line(flag: str, s: Snapshot) -> str:
 
 
 def _mean_util(s: Snapshot) -> str:
-    utils = [g["util_pct"] for g in s.gpus if g.get("util_pct") is not None]
-    return f"{sum(utils) / len(utils):.0f} %" if utils else MISSING
+    mean = s.mean_util_pct
+    return MISSING if mean is None else f"{mean:.0f} %"
 
 
 def _since(seconds: float | None) -> str:
@@ -170,10 +170,9 @@ _FLAG_TEXT: dict[str, Callable[[Snapshot], str]] = {
     "gpu-unseen": lambda s: "no GPU visible to babysit: GPU guards cannot see this run's GPUs"
                             + (f" ({s.gpu_note})" if s.gpu_note else ""),
     "gpu-held": lambda s: "another process holds the run's GPU: " + "; ".join(
-        f"GPU {g.get('index')}: pid {h.get('pid')} ({h.get('name')})"
-        for g in s.gpus for h in g.get("held_by_foreign") or ()),
+        f"GPU {g.index}: pid {h.pid} ({h.name})" for g in s.gpus for h in g.held_by_foreign or ()),
     "gpu-fault": lambda s: "GPU fault: " + "; ".join(
-        f"GPU {g.get('index')}: {', '.join(g.get('faults') or ())}" for g in s.gpus if g.get("faults")),
+        f"GPU {g.index}: {', '.join(g.faults)}" for g in s.gpus if g.faults),
     "stalled?": lambda s: f"no new log record for {_since(s.seconds_since_last_record)} — the stall guard "
                           f"stops the run at {_since(s.stall_seconds)}",
     "waiting-for-first-record": lambda s: (

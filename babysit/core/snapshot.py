@@ -12,17 +12,64 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from babysit.core.guards import below_ram_floor, is_foreign, low_util_flag
+from babysit.core.guards import Holder, below_ram_floor, foreign_holders, low_util_flag
 from babysit.core.observation import project_gpu_hours
 from babysit.core.progress import Progress, ProgressFields, derive, steps_from_argv
 from babysit.core.readings import GpuView, HostReading
 from babysit.core.records import seconds_per_step as _seconds_per_step
 
-__all__ = ["FLAGS", "KINDS", "Snapshot", "build_snapshot", "project_gpu_hours", "shown", "steps_from_argv"]
+__all__ = ["FLAGS", "KINDS", "GpuRow", "Snapshot", "build_snapshot", "project_gpu_hours", "shown", "steps_from_argv"]
 
 KINDS = ("first", "periodic", "on-demand", "final")
 FLAGS = ("input-starvation", "gpu-util-low", "host-memory-pressure", "stalled?", "waiting-for-first-record",
          "no-log-records-yet", "gpu-hours-projection", "gpu-held", "gpu-fault", "gpu-unseen")  # each said in words
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One of the run's GPUs as a poll saw it. A GPU the probe could not see is a blank row (`visible`
+    False, every reading None): unknown, never zero. `held_by_foreign` is None when its processes could
+    not be listed, () when none is foreign (core/guards.foreign_holders decides who is)."""
+
+    index: int
+    visible: bool
+    name: str | None
+    util_pct: float | None  # the mean over the poll window's samples
+    util_min_pct: float | None  # the window's lowest sample
+    util_samples: int
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    held_by_foreign: tuple[Holder, ...] | None
+    faults: tuple[str, ...]
+
+    @classmethod
+    def blank(cls, index: int) -> GpuRow:
+        return cls(index, False, None, None, None, 0, None, None, None, ())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a poll's JSON holds it (the store, the outbox, an incident's detail)."""
+        return {"index": self.index, "visible": self.visible, "name": self.name, "util_pct": self.util_pct,
+                "util_min_pct": self.util_min_pct, "util_samples": self.util_samples,
+                "memory_used_bytes": self.memory_used_bytes, "memory_total_bytes": self.memory_total_bytes,
+                "held_by_foreign": None if self.held_by_foreign is None else [
+                    {"pid": h.pid, "name": h.name, "used_memory_bytes": h.used_memory_bytes}
+                    for h in self.held_by_foreign],
+                "faults": list(self.faults)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], position: int = 0) -> GpuRow:
+        """A stored row back as the value it was (the JSON boundary); a field an older daemon did not store
+        reads as unknown, and a row without its index takes its place in the list."""
+        index = int(d["index"]) if d.get("index") is not None else position
+        held = d.get("held_by_foreign")
+        return cls(index=index, visible=bool(d.get("visible")), name=d.get("name"),
+                   util_pct=d.get("util_pct"), util_min_pct=d.get("util_min_pct"),
+                   util_samples=int(d.get("util_samples") or 0), memory_used_bytes=d.get("memory_used_bytes"),
+                   memory_total_bytes=d.get("memory_total_bytes"),
+                   held_by_foreign=None if held is None else tuple(
+                       Holder(index, int(h["pid"]), str(h.get("name") or ""), h.get("used_memory_bytes"))
+                       for h in held),
+                   faults=tuple(str(f) for f in d.get("faults") or ()))
 
 
 @dataclass(frozen=True)
@@ -32,7 +79,7 @@ class Snapshot(ProgressFields):
     at: float
     kind: str  # first | periodic | on-demand | final
     progress: Progress  # step, s/step, ETA and its step, end step, GPU-hours used/projected, the cap
-    gpus: tuple[dict, ...]
+    gpus: tuple[GpuRow, ...]
     gpu_note: str | None
     available_ram_bytes: int | None
     run_rss_bytes: int | None
@@ -51,11 +98,22 @@ class Snapshot(ProgressFields):
     shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
     reading: str | None = None  # how its printed lines are read (a preset), said in the first poll
 
+    @property
+    def measured(self) -> tuple[GpuRow, ...]:
+        """The run's GPUs whose utilization was measured (the poll's util, the status table's column)."""
+        return tuple(g for g in self.gpus if g.util_pct is not None)
+
+    @property
+    def mean_util_pct(self) -> float | None:
+        """The mean utilization over the measured GPUs (the starvation and low-util flags' figure)."""
+        return mean_util_pct(self.gpus)
+
     def to_dict(self) -> dict[str, Any]:
+        """The snapshot as a poll's JSON holds it (the store's polls table, the outbox, /babysit poll)."""
         return {
             "run": self.run, "attempt": self.attempt, "at": self.at, "kind": self.kind,
             **self.progress.to_dict(),
-            "gpus": [dict(g) for g in self.gpus], "gpu_note": self.gpu_note,
+            "gpus": [g.to_dict() for g in self.gpus], "gpu_note": self.gpu_note,
             "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes,
             "run_rss_bytes": self.run_rss_bytes, "run_cpu_pct": self.run_cpu_pct,
             "latest_eval": None if self.latest_eval is None else dict(self.latest_eval),
@@ -80,7 +138,7 @@ class Snapshot(ProgressFields):
         return cls(
             run=str(d.get("run") or ""), attempt=int(d.get("attempt") or 0), at=float(d.get("at") or 0.0),
             kind=str(d.get("kind") or "periodic"), progress=Progress.from_dict(d),
-            gpus=tuple(dict(g) for g in d.get("gpus") or ()), gpu_note=d.get("gpu_note"),
+            gpus=tuple(GpuRow.from_dict(g, i) for i, g in enumerate(d.get("gpus") or ())), gpu_note=d.get("gpu_note"),
             available_ram_bytes=d.get("available_ram_bytes"), run_rss_bytes=d.get("run_rss_bytes"),
             run_cpu_pct=d.get("run_cpu_pct"), latest_eval=mapping("latest_eval"),
             latest_eval_step=d.get("latest_eval_step"), provisional=mapping("provisional"),
@@ -138,8 +196,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
 
     flags: list[str] = []
     rows, gpu_note = _gpu_rows(gpus, view, run_pids, flags)
-    utils = [r["util_pct"] for r in rows if r.get("util_pct") is not None]
-    mean_util = sum(utils) / len(utils) if utils else None
+    mean_util = mean_util_pct(rows)
     advanced = progress.seconds_per_step is not None if steps_advanced is None else steps_advanced
     util_flag = low_util_flag(mean_util, advanced, starvation_util_pct, data_wait_frac)
     if util_flag:
@@ -170,43 +227,44 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
     )
 
 
+def mean_util_pct(rows: Sequence[GpuRow]) -> float | None:
+    """The mean utilization over the GPUs whose utilization was measured; None when none was."""
+    utils = [r.util_pct for r in rows if r.util_pct is not None]
+    return sum(utils) / len(utils) if utils else None
+
+
 def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int] | None,
-              flags: list[str]) -> tuple[list[dict], str | None]:
-    """One dict per run GPU, plus the note that explains what could not be seen."""
+              flags: list[str]) -> tuple[list[GpuRow], str | None]:
+    """One row per run GPU, plus the note that explains what could not be seen."""
     if not gpus:
         return [], None
     if view is None:
         flags.append("gpu-unseen")
-        return [_blank(i) for i in gpus], "GPUs not read for this snapshot"
+        return [GpuRow.blank(i) for i in gpus], "GPUs not read for this snapshot"
     if not view.available:
         flags.append("gpu-unseen")
-        return [_blank(i) for i in gpus], f"no GPU visible: {view.reason}"
-    rows, missing = [], []
+        return [GpuRow.blank(i) for i in gpus], f"no GPU visible: {view.reason}"
+    rows: list[GpuRow] = []
+    missing: list[int] = []
     for index in gpus:
         reading = view.gpu(index)
         if reading is None:
             missing.append(index)
-            rows.append(_blank(index))
+            rows.append(GpuRow.blank(index))
             continue
         foreign = None
         if run_pids is not None and reading.processes_known:
-            foreign = [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
-                       for p in reading.processes if is_foreign(p, run_pids)]
+            foreign = foreign_holders(view, (index,), run_pids)  # the guards' one rule of who is foreign
             if foreign:
                 flags.append("gpu-held")
         if reading.faults:
             flags.append("gpu-fault")
-        rows.append({"index": index, "visible": True, "name": reading.name, "util_pct": reading.util_pct,
-                     "util_min_pct": reading.util_min_pct, "util_samples": reading.util_samples,
-                     "memory_used_bytes": reading.memory_used_bytes,
-                     "memory_total_bytes": reading.memory_total_bytes, "held_by_foreign": foreign,
-                     "faults": list(reading.faults)})
+        rows.append(GpuRow(index=index, visible=True, name=reading.name, util_pct=reading.util_pct,
+                           util_min_pct=reading.util_min_pct, util_samples=reading.util_samples,
+                           memory_used_bytes=reading.memory_used_bytes,
+                           memory_total_bytes=reading.memory_total_bytes, held_by_foreign=foreign,
+                           faults=tuple(reading.faults)))
     if missing:
         flags.append("gpu-unseen")
         return rows, "no GPU visible: GPU " + ", ".join(map(str, missing)) + " not seen by the probe"
     return rows, None
-
-
-def _blank(index: int) -> dict:
-    return {"index": index, "visible": False, "name": None, "util_pct": None, "util_min_pct": None, "util_samples": 0,
-            "memory_used_bytes": None, "memory_total_bytes": None, "held_by_foreign": None, "faults": []}

@@ -19,13 +19,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
+from babysit.core.snapshot import Snapshot
 from babysit.runtime import wake
 
 SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
@@ -194,9 +196,32 @@ class PollRow:
     attempt: int
     at: float
     kind: str
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     thread_of: int | None
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # the posts' JSON (the outbox's), the poll's id added when recorded
+
+
+@dataclass(frozen=True)
+class Poll:
+    """A recorded poll: its row, and its snapshot read back as the value it was when first asked for. The
+    polls table's JSON text is kept as read (the SQL boundary) and parsed once, on first use: the web page
+    of 1,000 runs reads every run's latest poll, and parses only those whose figures a row shows."""
+
+    id: int
+    run: str
+    at: float
+    kind: str
+    attempt: int | None
+    stored: str = field(repr=False)  # the snapshot column, JSON
+
+    @classmethod
+    def of(cls, id: int, run: str, at: float, kind: str, attempt: int | None, snapshot: Snapshot) -> Poll:
+        """A poll as the store would read it back (a test's, a bench's)."""
+        return cls(id, run, at, kind, attempt, json.dumps(snapshot.to_dict()))
+
+    @cached_property
+    def snapshot(self) -> Snapshot:
+        return Snapshot.from_dict(json.loads(self.stored))
 
 
 @dataclass(frozen=True)
@@ -510,12 +535,12 @@ class Store:
         return {r["run"]: (r["status"], json.loads(r["facts"])) for r in self._query("SELECT * FROM run_state")}
 
     # -- polls and incidents ----------------------------------------------------------------------------
-    def add_poll(self, run: str, attempt: int | None, at: float, kind: str, snapshot: dict[str, Any]) -> int:
+    def add_poll(self, run: str, attempt: int | None, at: float, kind: str, snapshot: Snapshot) -> int:
         with self.tx() as db:
             return self._insert_id(db, "INSERT INTO polls (run, attempt, at, kind, snapshot) VALUES (?, ?, ?, ?, ?)",
-                                   (run, attempt, at, kind, json.dumps(snapshot)))
+                                   (run, attempt, at, kind, json.dumps(snapshot.to_dict())))
 
-    def record_poll(self, run: str, attempt: int, at: float, kind: str, snapshot: dict[str, Any],
+    def record_poll(self, run: str, attempt: int, at: float, kind: str, snapshot: Snapshot,
                     thread_of: int | None, payload: dict[str, Any]) -> None:
         """One poll: `record_polls` of one."""
         self.record_polls([PollRow(run, attempt, at, kind, snapshot, thread_of, payload)])
@@ -532,7 +557,7 @@ class Store:
             for p in polls:
                 poll_id = self._insert_id(db, "INSERT INTO polls (run, attempt, at, kind, snapshot)"
                                           " VALUES (?, ?, ?, ?, ?)",
-                                          (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot)))
+                                          (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot.to_dict())))
                 for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
                     outbox_rows.append((p.run, message_kind, json.dumps({**head, "poll_id": poll_id}), p.thread_of,
                                         p.at, p.at, self.host))
@@ -546,9 +571,9 @@ class Store:
             return self._insert_id(db, "INSERT INTO incidents (run, attempt, at, kind, detail)"
                                    " VALUES (?, ?, ?, ?, ?)", (run, attempt, at, kind, json.dumps(detail)))
 
-    def polls(self, run: str, limit: int = 50) -> list[Row]:
+    def polls(self, run: str, limit: int = 50) -> list[Poll]:
         rows = self._query("SELECT * FROM polls WHERE run=? ORDER BY id DESC LIMIT ?", (run, limit))
-        return [Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["snapshot"]), r["attempt"]) for r in rows]
+        return [_poll(r) for r in rows]
 
     def incidents(self, run: str | None = None, limit: int = 50) -> list[Row]:
         sql, args = "SELECT * FROM incidents ORDER BY id DESC LIMIT ?", (limit,)
@@ -740,10 +765,9 @@ class Store:
         return rows[0]["result"] if rows else None
 
     # -- every run at once (the web page and /metrics: one query each, not one a run) ---------------------
-    def latest_polls(self) -> dict[str, Row]:
+    def latest_polls(self) -> dict[str, Poll]:
         rows = self._query("SELECT * FROM polls WHERE id IN (SELECT MAX(id) FROM polls GROUP BY run)")
-        return {r["run"]: Row(r["id"], r["run"], r["at"], r["kind"], json.loads(r["snapshot"]), r["attempt"])
-                for r in rows}
+        return {r["run"]: _poll(r) for r in rows}
 
     def latest_incidents(self) -> dict[str, Row]:
         rows = self._query("SELECT * FROM incidents WHERE id IN (SELECT MAX(id) FROM incidents GROUP BY run)")
@@ -915,6 +939,10 @@ def _message(r: sqlite3.Row) -> OutboxMessage:
 
 def _verdict(r: sqlite3.Row) -> Row:
     return Row(r["id"], r["run"], r["computed_at"], r["status"], json.loads(r["body"]), r["at_step"])
+
+
+def _poll(r: sqlite3.Row) -> Poll:
+    return Poll(r["id"], r["run"], r["at"], r["kind"], r["attempt"], r["snapshot"])
 
 
 def _campaign_run(r: sqlite3.Row) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class RunPolls:
             return None
         kind = kind or ("first" if self._newest_at(attempt.n) is None else "periodic")
         snap = self.host.observer.snapshot(kind)
-        return PollRow(self.run, attempt.n, snap.at, kind, snap.to_dict(), thread_of=self.host.launch_msg,
+        return PollRow(self.run, attempt.n, snap.at, kind, snap, thread_of=self.host.launch_msg,
                        payload={"run": self.run})
 
     def still_polled(self, poll: PollRow) -> bool:
@@ -94,13 +94,13 @@ class RunPolls:
             return
         self.host.runlog.check_readable(attempt)
         snap = poll.snapshot
-        if "input-starvation" in snap["flags"]:
-            wait = snap["data_wait_frac"] or 0.0
+        if "input-starvation" in snap.flags:
+            wait = snap.data_wait_frac or 0.0
             util = self.host.spec.poll.starvation_util_pct
             self.host.incident("input-starvation", f"GPU util under {util:g} % while the trainer waits on its input "
                                f"{wait:.0%} of each step: fix the input pipeline (--num-workers, prefetch, faster "
                                "storage) before letting it ride",
-                               {"gpus": snap["gpus"], "data_wait_frac": snap["data_wait_frac"]},
+                               {"gpus": [g.to_dict() for g in snap.gpus], "data_wait_frac": snap.data_wait_frac},
                                key=f"{self.run}:{attempt.n}:input-starvation")
         if poll.kind != "on-demand":
             self.schedule_next()

@@ -35,7 +35,7 @@ from babysit.view.readstore import ReadStore
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]
-from babysit.db.store import Attempt, Row, Store
+from babysit.db.store import Attempt, Poll, Row, Store
 
 ENDED = ENDED_STATUSES  # run states no daemon acts on again
 CLOCK_SLACK_S = 2.0  # a record stamped this much before its attempt's start still counts as the attempt's
@@ -125,7 +125,7 @@ class RunRow(ProgressFields):
 
 
 def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Sequence[Attempt],
-              poll: Row | None, incident: Row | None, verdict: Row | None, now: float,
+              poll: Poll | None, incident: Row | None, verdict: Row | None, now: float,
               spec: RunSpec | None, records: Sequence[LogRecord] | None, note: str | None = None) -> RunRow:
     """One run's row at `now`. `records` are the newest records of its log (None: the log could not be
     read); `poll` is its latest poll, `incident` its latest incident, `verdict` its latest read. Its
@@ -146,9 +146,9 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
         sps = seconds_per_step(mine) if len(mine) >= 2 else None
     this_poll = poll if poll is not None and last is not None and poll.attempt == last.n else None
     if this_poll is not None and records is None:  # the log is out of reach here (a Slurm job's filesystem)
-        sps = this_poll.body.get("seconds_per_step")
-        if step is None and this_poll.body.get("step") is not None:
-            step, source = this_poll.body["step"], "poll"
+        sps = this_poll.snapshot.seconds_per_step
+        if step is None and this_poll.snapshot.step is not None:
+            step, source = this_poll.snapshot.step, "poll"
 
     read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
     end_step = progress.end_step(spec.total_steps if spec is not None else None, declared_end(records or ()),
@@ -160,7 +160,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     progressed = progress.derive(step=step, seconds_per_step=sps, read_step=read_step, end_step=end_step,
                                  gpu_hours_used=progress.gpu_hours_used(attempts, now), gpu_hours_cap=cap,
                                  n_gpus=n_gpus, running=live)
-    utils = tuple(g["util_pct"] for g in (this_poll.body.get("gpus") or ()) if g.get("util_pct") is not None) \
+    utils = tuple(g.util_pct for g in this_poll.snapshot.measured if g.util_pct is not None) \
         if this_poll is not None else ()
     v = verdict.body if verdict is not None else None
     return RunRow(
@@ -190,7 +190,7 @@ class _Bulk:
 
     states: Mapping[str, tuple[str, dict[str, Any]]]
     attempts: Mapping[str, list[Attempt]]
-    polls: Mapping[str, Row]
+    polls: Mapping[str, Poll]
     incidents: Mapping[str, Row]
     verdicts: Mapping[str, Row]
 

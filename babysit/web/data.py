@@ -26,7 +26,7 @@ from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.core.verdict import evaluate
-from babysit.db.store import Attempt, Row, Store
+from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.run.gpufault import quarantine_lines
 from babysit.runtime import registry
 from babysit.sources import logtail
@@ -322,7 +322,7 @@ class _Facts:
 
     states: Mapping[str, tuple[str, Mapping[str, Any]]]
     attempts: Mapping[str, tuple[Attempt, ...]]
-    polls: Mapping[str, Row]
+    polls: Mapping[str, Poll]
     incidents: Mapping[str, Row]
     verdicts: Mapping[str, Row]
 

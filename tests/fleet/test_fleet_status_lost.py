@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from babysit.core.snapshot import Snapshot
 from babysit.view import runview
 from babysit.view.runtable import cells
 
@@ -30,8 +31,8 @@ def _box_b(pg_url: str, *, lost: bool) -> Any:
                                   "/srv/box-b/rb", now - 3600)
     store.mark_running(attempt.id, started_at=now - 3600, pid=4242)
     store.set_run_state("rb", "running", now - 120, step=400, last_record_at=now - 121)
-    store.add_poll("rb", 1, now - 300, "scheduled", {"step": 380, "seconds_per_step": 1.0,
-                                                     "gpus": [{"index": 0, "util_pct": 97.0}]})
+    store.add_poll("rb", 1, now - 300, "scheduled", Snapshot.from_dict({"step": 380, "seconds_per_step": 1.0,
+                                                                        "gpus": [{"index": 0, "util_pct": 97.0}]}))
     return store
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from babysit.core.snapshot import Snapshot
 from babysit.db import journal
 from babysit.db.postgres import PgConnection, PostgresStore
 from babysit.db.store import PollRow
@@ -67,7 +68,7 @@ def test_writes_while_postgres_is_down_are_babysat_locally_and_replayed_once_wit
         assert [a.status for a in store.attempts("r1")] == ["ended"]  # read back from the mirror
         second = store.begin_attempt("r1", 2, "base", ["python", "train.py"], "local", 1, "a2", 21.0)
         assert second.id > first.id  # ids of this box's reserve: in order, and the database's own
-        store.record_polls([PollRow("r1", 2, 30.0, "periodic", {"step": 9}, launch, {"text": "poll"})])
+        store.record_polls([PollRow("r1", 2, 30.0, "periodic", Snapshot.from_dict({"step": 9}), launch, {"text": "poll"})])
         verdict = store.save_verdict("r1", {"status": "CONFIRMED", "at_step": 9}, 40.0, final=True)
         posted = store.enqueue("r1", "verdict", {"text": "FINAL"}, 40.0, thread_of=launch,
                                dedupe_key="r1:verdict-final")
@@ -100,7 +101,7 @@ def test_writes_while_postgres_is_down_are_babysat_locally_and_replayed_once_wit
         assert [(m.kind, m.status) for m in messages] == [("text", "sent"), ("poll", "sent"), ("header", "sent"),
                                                           ("verdict", "sent")]
         assert next(m for m in messages if m.kind == "verdict").id == posted
-        assert next(m for m in messages if m.kind == "poll").payload["snapshot"] == {"step": 9}
+        assert next(m for m in messages if m.kind == "poll").payload["snapshot"]["step"] == 9
 
         before = {t: other._query(f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("attempts", "polls", "outbox", "verdicts")}
         conn = PgConnection(pg_url, "test")
@@ -231,9 +232,9 @@ def test_an_outage_in_the_middle_of_a_transaction_journals_all_of_it(
     other = PostgresStore(pg_url, host="box-b")
     try:
         with store.batch():  # one transaction: its first write reached PostgreSQL, which then went away
-            store.add_poll("r1", 1, 1.0, "first", {"step": 1})
+            store.add_poll("r1", 1, 1.0, "first", Snapshot.from_dict({"step": 1}))
             outage()
-            store.add_poll("r1", 1, 2.0, "second", {"step": 2})
+            store.add_poll("r1", 1, 2.0, "second", Snapshot.from_dict({"step": 2}))
         assert store.down and store.journal_pending() == 1
         assert [p.kind for p in store.polls("r1")] == ["second", "first"]
         postgres.start()

@@ -13,6 +13,7 @@ import pytest
 
 from babysit.channels.notify import deliver_due
 from babysit.commands.up import open_channel
+from babysit.core.snapshot import Snapshot
 from babysit.db import journal
 from babysit.db.store import PollRow
 from babysit.probes.gpu import FileGpuProbe
@@ -86,7 +87,7 @@ def test_a_poll_header_update_goes_out_while_postgres_is_down(
                                1.0, dedupe_key="r1:1:launch")
         assert deliver_due(store, channel, time.time) == 1
         outage()
-        store.record_polls([PollRow("r1", 1, 2.0, "periodic", {"step": 9}, launch, {"run": "r1", "text": "poll"})])
+        store.record_polls([PollRow("r1", 1, 2.0, "periodic", Snapshot.from_dict({"step": 9}), launch, {"run": "r1", "text": "poll"})])
         assert store.down
         assert deliver_due(store, channel, time.time) == 1  # the poll, threaded under the launch post
         assert deliver_due(store, channel, time.time) == 1  # then the header, edited in place

@@ -98,7 +98,7 @@ every_minutes = 2
     assert attempt.outcome == "completed", attempt.detail
     assert not [i for i in store.incidents("gpu_ddp") if i.kind == "gpu-held"]
     polls = store.polls("gpu_ddp", 50)
-    utils = [g.get("util_pct") for p in polls for g in p.body.get("gpus", []) if g.get("util_pct") is not None]
+    utils = [g.util_pct for p in polls for g in p.snapshot.measured]
     print(f"\nH200: {ranks} torchrun worker(s) on GPUs {list(range(ranks))} counted as the run's own; "
           f"{len(polls)} polls, util readings {utils}")
 

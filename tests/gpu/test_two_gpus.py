@@ -104,8 +104,8 @@ every_minutes = 10
     holder = None
     try:
         wait_for(lambda: step_of(tmp_path, name) >= 30, 400, "GPU progress")
-        wait_for(lambda: [p for p in store.polls(name) if (p.body.get("step") or 0) >= 30], 60, "a poll in training")
-        polls = [p.body for p in store.polls(name) if (p.body.get("step") or 0) >= 30]
+        wait_for(lambda: [p for p in store.polls(name) if (p.snapshot.step or 0) >= 30], 60, "a poll in training")
+        polls = [p.snapshot for p in store.polls(name) if (p.snapshot.step or 0) >= 30]
         (running,) = store.attempts(name)
         before = tree(running.pid)
         holder = foreign(2, 300, gpu=last)
@@ -116,7 +116,7 @@ every_minutes = 10
         if holder is not None:
             holder.kill()
         kill_all(tmp_path, name)
-    util = {g["index"]: g["util_pct"] for g in polls[0]["gpus"]}
+    util = {g.index: g.util_pct for g in polls[0].gpus}
     assert sorted(util) == list(range(ngpus)) and all(u is not None and u >= 90 for u in util.values()), polls
     assert any(i.kind == "gpu-held" and str(holder.pid) in json.dumps(i.body) for i in store.incidents(name))
     (attempt,) = store.attempts(name)

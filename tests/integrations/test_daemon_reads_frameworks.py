@@ -112,15 +112,15 @@ def assert_verdict(root: Path, name: str, baseline: float, read: float, precisio
 def assert_pace_and_bursts(root: Path, store: Store, name: str, attempt: int, framework_sps: float) -> None:
     """babysit's s/step — every poll that had one, and `babysit status` — within 20 % of the framework's;
     and the premise: babysit saw the run quiet for more than half the stall limit, and did not stop it."""
-    polls = [p.body for p in store.polls(name, 500) if p.attempt == attempt]
-    paced = [p["seconds_per_step"] for p in polls if p.get("seconds_per_step")]
-    assert paced, [p.get("step") for p in polls]
+    polls = [p.snapshot for p in store.polls(name, 500) if p.attempt == attempt]
+    paced = [p.seconds_per_step for p in polls if p.seconds_per_step]
+    assert paced, [p.step for p in polls]
     status = babysit("status", name, "--json", "--registry", str(root / "babysit.toml"), cwd=root, env=ENV)
     assert status.returncode == 0, status.stderr
     for sps in [*paced, json.loads(status.stdout)["seconds_per_step"]]:
         assert abs(sps / framework_sps - 1) <= 0.2, (sps, framework_sps, paced)
-    assert any(p.get("eta_seconds") is not None and p.get("target_step") == STEPS for p in polls)
-    quiet = [p["seconds_since_last_record"] for p in polls if p.get("seconds_since_last_record") is not None]
+    assert any(p.eta_seconds is not None and p.target_step == STEPS for p in polls)
+    quiet = [p.seconds_since_last_record for p in polls if p.seconds_since_last_record is not None]
     assert max(quiet) > STALL_MINUTES / 2, quiet  # real seconds (1 s a declared minute): babysit's view of the gaps
     times = read_times(root / "outputs" / name / f"times-{attempt}.txt")
     gaps = [times[s + EVERY] - times[s] for s in range(EVERY, STEPS, EVERY)]

@@ -59,12 +59,12 @@ def test_a_nanogpt_stdout_trainer_gets_polls_with_pace_eta_and_its_metrics(works
     store = store_of(workspace)
     (attempt,) = store.attempts("nano")
     assert attempt.outcome == "completed"
-    polls = [p.body for p in store.polls("nano", 50)]
+    polls = [p.snapshot for p in store.polls("nano", 50)]
     assert polls, "polled"
-    paced = [p for p in polls if p.get("seconds_per_step")]
-    assert paced and all(0.02 < p["seconds_per_step"] < 0.5 for p in paced), [p["seconds_per_step"] for p in paced]
-    assert any(p.get("eta_seconds") is not None and p.get("target_step") == 60 for p in paced)
-    shown = polls[0].get("shown_metrics") or {}
+    paced = [p for p in polls if p.seconds_per_step]
+    assert paced and all(0.02 < (p.seconds_per_step or 0) < 0.5 for p in paced), [p.seconds_per_step for p in paced]
+    assert any(p.eta_seconds is not None and p.target_step == 60 for p in paced)
+    shown = polls[0].shown_metrics or {}
     assert "train_loss" in shown and "val_loss" in shown, shown
     records = [json.loads(line) for line in (workspace / ".babysit" / "runs" / "nano" / "records.jsonl")
                .read_text().splitlines()]

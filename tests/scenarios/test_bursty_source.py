@@ -63,8 +63,8 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'
     # before the fix: log-unreadable at half the stall limit after launch, with the banner as the only output
     alarms = [(i.kind, i.body) for i in store.incidents("bursty") if i.kind in ("stalled", "log-unreadable")]
     assert not alarms, alarms
-    polls = [p.body for p in store.polls("bursty", 200)]
-    quiet = [p["seconds_since_last_record"] for p in polls if p.get("seconds_since_last_record") is not None]
+    polls = [p.snapshot for p in store.polls("bursty", 200)]
+    quiet = [p.seconds_since_last_record for p in polls if p.seconds_since_last_record is not None]
     assert max(quiet) > STALL_MINUTES / 2, quiet  # the premise: babysit saw it quiet that long (real seconds)
-    paced = [p["seconds_per_step"] for p in polls if p.get("seconds_per_step")]
+    paced = [p.seconds_per_step for p in polls if p.seconds_per_step]
     assert paced and all(abs(sps / (GAP / PER_BURST) - 1) <= 0.2 for sps in paced), paced

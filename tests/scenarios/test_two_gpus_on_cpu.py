@@ -107,7 +107,7 @@ def test_ddp_on_two_gpus_polls_both_stops_on_a_foreign_process_on_gpu_1_and_resu
         intruder.wait()
         for attempt in store.attempts(name):
             LocalExecutor().kill(attempt)
-    polled = [[(g["index"], g["util_pct"]) for g in p.body["gpus"]] for p in store.polls(name)]
+    polled = [[(g.index, g.util_pct) for g in p.snapshot.gpus] for p in store.polls(name)]
     assert polled and all(seen == [(0, 95.0), (1, 94.0)] for seen in polled), polled
     (held,) = [i for i in store.incidents(name) if i.kind == "gpu-held"]
     assert str(intruder.pid) in json.dumps(held.body), held.body

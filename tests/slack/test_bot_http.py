@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from babysit.core.snapshot import Snapshot
 from babysit.core.spec import load_spec
 from babysit.db.store import Store
 from babysit.runtime import registry
@@ -242,7 +243,8 @@ def test_poll_queues_poll_now_and_answers_with_the_daemons_result(bot: Bot) -> N
     try:
         (request,) = [r for r in store.pending_requests() if r.kind == "poll-now"]  # acting as the daemon
         assert request.run == DONE and request.body["requested_by"] == "slack:U0CASUAL1"
-        store.add_poll(DONE, 1, time.time(), "on-demand", {"run": DONE, "step": 777, "seconds_per_step": 1.5})
+        store.add_poll(DONE, 1, time.time(), "on-demand",
+                       Snapshot.from_dict({"run": DONE, "step": 777, "seconds_per_step": 1.5}))
         store.finish_request(request.id, "polled", time.time())
     finally:
         store.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from babysit.channels.delivery import DeliveryWorker
 from babysit.channels.notify import Delivery, deliver_due
+from babysit.core.snapshot import Snapshot
 from babysit.db.store import PollRow, Store
 from babysit.slack.channel import SlackChannel
 from babysit.slack.client import web_client
@@ -203,7 +204,7 @@ def test_a_poll_round_reaches_slack_through_the_delivery_thread_each_post_once_u
     worker.start()
     try:
         slack_env.wait_for("chat.postMessage", n=len(runs), timeout=60)
-        store.record_polls([PollRow(run, 1, 1_000_100.0, "first", {"run": run, "kind": "first", "step": 40 + i},
+        store.record_polls([PollRow(run, 1, 1_000_100.0, "first", Snapshot.from_dict({"run": run, "kind": "first", "step": 40 + i}),
                                     thread_of=roots[run], payload={"run": run}) for i, run in enumerate(runs)])
         slack_env.wait_for("chat.update", n=len(runs), timeout=60)
         deadline = time.monotonic() + 60

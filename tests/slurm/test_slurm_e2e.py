@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from babysit.core.snapshot import Snapshot
 from babysit.db.store import Attempt
 from babysit.executors.slurm_state import parse_time
 from tests.slurm.conftest import REPO, Bench, jobs_named, jobscript, slurm_job
@@ -111,15 +112,14 @@ def test_a_pending_job_is_shown_pending_with_its_reason_and_costs_nothing(bench:
                    slurm={"gpus_per_node": 0, "sbatch_options": ["--begin=now+1hour"]})
     daemon = bench.start_up()
     try:
-        def pending_poll() -> dict | None:
+        def pending_poll() -> Snapshot | None:
             for poll in bench.store().polls(name):
-                note = poll.body.get("note") or ""
-                if "PENDING" in note:
-                    return poll.body
+                if "PENDING" in (poll.snapshot.note or ""):
+                    return poll.snapshot
             return None
 
         snap = bench.until("a poll saying PENDING", pending_poll, timeout=60)
-        assert "BeginTime" in snap["note"], snap["note"]
+        assert "BeginTime" in (snap.note or ""), snap.note
         bench.babysit("abort", name)
         assert daemon.wait(timeout=60) == 0, bench.daemon_logs()
     finally:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from babysit.cli import main
+from babysit.core.snapshot import Snapshot
 from babysit.db.store import Store
 
 RUN = "drift_web"
@@ -99,7 +100,7 @@ def build(root: Path, *, final: bool = True) -> Path:
         second = store.begin_attempt(RUN, 2, "stable-lr", ["python", "-m", "trainer", "--lr-scale", "0.5"],
                                      "local", 1, str(root / ".babysit" / "a2"), t0 + 32)
         store.mark_running(second.id, started_at=t0 + 32, pid=None)
-        store.add_poll(RUN, 2, t0 + 100, "poll", {"step": 100, "gpus": [{"util_pct": 87.0}]})
+        store.add_poll(RUN, 2, t0 + 100, "poll", Snapshot.from_dict({"step": 100, "gpus": [{"index": 0, "util_pct": 87.0}]}))
         if final:
             store.mark_ended(second.id, ended_at=t0 + 110, outcome="completed", exit_code=0)
             store.set_run_state(RUN, "finished", t0 + 110)
