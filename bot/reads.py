@@ -30,7 +30,7 @@ from babysit.db.store import Store
 from babysit.db.url import store_url
 from babysit.runtime.registry import Registry, RunEntry
 from babysit.verdict.chart import render_chart
-from babysit.verdict.reading import read_registered_verdict, read_series, records_log, require_prereg
+from babysit.verdict.reading import final_chart, read_registered_verdict, read_series, records_log, require_prereg
 from babysit.view import runview
 from babysit.view.runview import RunRow, box_staleness, host_states
 
@@ -82,8 +82,8 @@ def chart_file(reg: Registry, entry: RunEntry, store: Store) -> tuple[Path, dict
     """The FINAL verdict's chart when it exists, else one drawn now from the log as it stands."""
 
     final = store.final_verdict(entry.name)
-    stored = reg.state_dir / "verdicts" / f"{entry.name}.png"  # where the daemon draws the FINAL chart
-    if final is not None and stored.is_file():
+    stored = final_chart(store, entry.name)  # where the daemon drew it, as its verdict row says
+    if final is not None and stored is not None:
         return stored, final.body
     spec = load_spec(reg.spec_path(entry))
     prereg = require_prereg(spec)

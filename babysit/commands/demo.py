@@ -17,6 +17,7 @@ from babysit.demo import fleet, runner
 from babysit.probes.gpu import open_gpu_probe
 from babysit.runtime import logs, registry
 from babysit.service.daemon import Daemon
+from babysit.verdict import reading
 from babysit.view.watch import Watcher, open_view
 
 # Banked deltas over steps 500 -> 1000 of the bundled recipes on CPU (seed 0), and the read of the
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                          "--registry", str(reg), "--", *command]))
         print()
     status.run(parse(["status", "--registry", str(reg)]))
-    verdict_json = state_dir / "verdicts" / f"{runner.DRIFT_RUN}.json"
+    verdict_json = reading.verdict_json_path(reading.final_dir(state_dir), runner.DRIFT_RUN)
     print("\nwhere things are:")
     print(f"  registry        {reg}")
     print(f"  state           {state_dir}  (state.db, channel.jsonl, daemon.log)")

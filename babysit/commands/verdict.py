@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, scratch: Path) -> int:
     offline = Path(args.target).is_file() or args.target.endswith(".toml")
     final_dir: Path | None = None  # where the daemon keeps the FINAL verdict's files (registered runs)
-    final_recorded = False
+    final_chart: Path | None = None  # the FINAL verdict's chart as the daemon drew it (its verdict row's path)
     shown_log: Path | None = None  # what the card names as the log, when not the record log read
     chart_dir: Path | None = None  # an offline chart's folder, when not the record log's
     progress: str | None = None  # a registered run's state, when its read is not FINAL
@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         try:
             reading.check_frozen(spec, entry.prereg_sha256)
             recorded = reading.stored_amendments(store, spec.name)
-            final_recorded = store.final_verdict(spec.name) is not None
+            final_chart = reading.final_chart(store, spec.name)
         except PreregTampered as exc:
             reading.record_tamper_incident(store, spec.name, exc, time.time())
             raise
@@ -70,7 +70,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         prereg = reading.require_prereg(spec)
         log = sources.records_path(spec, reg.state_dir)
         frozen_sha = entry.prereg_sha256
-        final_dir = reg.state_dir / "verdicts"
+        final_dir = reading.final_dir(reg.state_dir)
         registry_path = resolve_registry_path(args.registry)
 
     if args.fixture:
@@ -102,8 +102,8 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         print(card(body, verdict, prereg, log=shown_log or log, garbage=garbage, matches=True, offline=offline,
                    comparators={n: _comparator_delta(s, prereg) for n, s in comparators.items()},
                    progress=progress), flush=True)
-    if of_record and final_recorded and not args.chart and chart.is_file():
-        print(f"chart: {chart} (the FINAL verdict's, as the daemon drew it)", file=out)
+    if of_record and final_chart is not None and not args.chart:
+        print(f"chart: {final_chart} (the FINAL verdict's, as the daemon drew it)", file=out)
         return 0
     drawn, error = reading.draw_chart(spec, body, None, chart, verdict=verdict, comparators=comparators,
                                       log=log)
@@ -142,7 +142,8 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
     if args.chart:
         chart = Path(args.chart)
         if final_dir is not None:
-            record = [final_dir / f"{run}.json"] + ([] if of_record else [final_dir / f"{run}.png"])
+            record = [reading.verdict_json_path(final_dir, run)] + (
+                [] if of_record else [reading.verdict_chart_path(final_dir, run)])
             if chart.resolve() in {p.resolve() for p in record}:
                 raise BadInput(f"--chart {args.chart}: that is one of the FINAL verdict's files, which only the "
                                "FINAL read of record may draw (no --at-step, --amendment or --compare)",
@@ -152,7 +153,7 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
     if final_dir is None:
         return (chart_dir or log.parent) / f"{run}.verdict.png"
     if of_record:
-        return final_dir / f"{run}.png"
+        return reading.verdict_chart_path(final_dir, run)
     suffix = (f"-at-{args.at_step}" if args.at_step is not None else "") + ("-whatif" if args.amendment else "") \
         + ("-compare" if args.compare else "")
     return final_dir.parent / "whatif" / f"{run}{suffix}.png"

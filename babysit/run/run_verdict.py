@@ -146,10 +146,10 @@ class RunVerdicts:
         """The FINAL verdict's JSON written, then the verdict saved (a stored one: its JSON rewritten if
         lost). The chart is drawn next, best effort, before the post (so Slack can attach it)."""
         self.unposted = body  # until its post is queued: a refused write here or there is retried
-        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
+        json_path = reading.verdict_json_path(reading.final_dir(self.ctx.state_dir), self.run)
         if not stored:
             reading.write_json_atomic(json_path, body)
-            chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
+            chart_path = reading.verdict_chart_path(reading.final_dir(self.ctx.state_dir), self.run)
             self.ctx.store.save_verdict(self.run, body, self.ctx.now(), final=True, chart_path=str(chart_path))
             log.info("final verdict", run=self.run, label=body.get("label"), delta=body.get("delta"))
         elif not json_path.is_file():
@@ -157,7 +157,7 @@ class RunVerdicts:
 
     def draw_chart(self, body: dict[str, Any]) -> None:
         """The verdict's chart; its failure is an incident, never the verdict's (the post says it)."""
-        chart_path = reading.verdict_chart_path(self.ctx.state_dir / "verdicts", self.run)
+        chart_path = reading.verdict_chart_path(reading.final_dir(self.ctx.state_dir), self.run)
         cache, log_path = self.series_cache, reading.records_log(self.spec, self.ctx.store)
         whole = None
         if cache is not None and self.spec.prereg is not None and self.spec.prereg.train_metric is None \
@@ -172,7 +172,7 @@ class RunVerdicts:
         """The FINAL verdict queued once (with its chart, or why there is none), then its campaign's actions.
         A store that refuses the message leaves it to the next guard round (`retry`); never raises."""
         drawn, error = self.chart
-        json_path = reading.verdict_json_path(self.ctx.state_dir / "verdicts", self.run)
+        json_path = reading.verdict_json_path(reading.final_dir(self.ctx.state_dir), self.run)
         self.unposted = body
         try:
             self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,

@@ -267,12 +267,31 @@ class VerdictFiles(NamedTuple):
     chart_error: Exception | None = None
 
 
+def final_dir(state_dir: Path) -> Path:
+    """Where the daemon writes a FINAL verdict's files (docs/verdicts.md): `<state_dir>/verdicts/`."""
+    return Path(state_dir) / "verdicts"
+
+
 def verdict_json_path(out_dir: Path, run: str) -> Path:
     return Path(out_dir) / f"{run}.json"
 
 
 def verdict_chart_path(out_dir: Path, run: str) -> Path:
     return Path(out_dir) / f"{run}.png"
+
+
+def final_chart(store: Store, run: str) -> Path | None:
+    """The FINAL verdict's chart as the daemon drew it: the path its verdict row keeps (`chart_path`, set by
+    every daemon when it saves a FINAL verdict), read here, never rebuilt from the run's name, so the web
+    page, the bot and `babysit verdict` show the one chart of record. A relative path is the store's state
+    directory's. None: no FINAL verdict, or its chart is not a file here (not drawn, or on another box)."""
+    stored = store.final_chart_path(run)
+    if not stored:
+        return None
+    path = Path(stored)
+    if not path.is_absolute() and store.state_dir is not None:
+        path = store.state_dir / path
+    return path if path.is_file() else None
 
 
 def draw_chart(spec: RunSpec, verdict_json: Mapping[str, Any], store: Store | None, path: Path, *,

@@ -225,12 +225,9 @@ class Site:
 
     @_falls_back
     def chart_png(self, name: str) -> Path | None:
-        """The FINAL verdict's PNG the daemon drew (state/verdicts/RUN.png), for a run the store knows."""
+        """The FINAL verdict's PNG the daemon drew, where its verdict row says (`reading.final_chart`)."""
         store = self._store()
-        if store is None or "/" in name or name.startswith(".") or store.final_verdict(name) is None:
-            return None
-        path = self.state_dir / "verdicts" / f"{name}.png"
-        return path if path.is_file() else None
+        return reading.final_chart(store, name) if store is not None else None
 
     def _chart(self, store: Store, reg: registry.Registry, name: str) -> tuple[svg.CurveChart | None, str | None]:
         entry = reg.get(name)

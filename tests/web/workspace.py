@@ -74,9 +74,10 @@ def write_log(path: Path, evals: dict[int, float], *, last_step: int, t0: float)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def build(root: Path, *, final: bool = True) -> Path:
+def build(root: Path, *, final: bool = True, chart: Path | None = None) -> Path:
     """A registered run with two attempts (a diverged one, an incident, a retry), an amendment, a verdict
-    read, polls; and a run the registry does not list whose name is HTML. Returns the registry path."""
+    read, polls; and a run the registry does not list whose name is HTML. Returns the registry path. The
+    FINAL verdict's row names its chart where a daemon draws it (`chart`: where another drew it)."""
     registry = root / "babysit.toml"
     spec = root / f"{RUN}.toml"
     spec.write_text(RUN_TOML.format(name=RUN, profile=HOSTILE_PROFILE))
@@ -105,7 +106,8 @@ def build(root: Path, *, final: bool = True) -> Path:
             store.mark_ended(second.id, ended_at=t0 + 110, outcome="completed", exit_code=0)
             store.set_run_state(RUN, "finished", t0 + 110)
             store.save_verdict(RUN, {"run": RUN, "status": "FINAL", "at_step": 150, "label": "SAME-DRIFT",
-                                     "delta": 0.06, "interpretation": "the <climb> reproduces"}, t0 + 110, final=True)
+                                     "delta": 0.06, "interpretation": "the <climb> reproduces"}, t0 + 110, final=True,
+                               chart_path=str(chart or root / ".babysit" / "verdicts" / f"{RUN}.png"))
         else:
             store.set_run_state(RUN, "running", t0 + 40, step=120)
             store.save_verdict(RUN, {"run": RUN, "status": "PROVISIONAL", "at_step": 100, "label": "AMBIGUOUS",
