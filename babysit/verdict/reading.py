@@ -207,7 +207,15 @@ def read_registered_verdict(spec: RunSpec, entry_prereg_sha256: str | None, stor
         series, train = cache.update(log)
     else:
         series, train, _ = read_series(log, prereg)
-    return evaluate(prereg, (*stored_amendments(store, spec.name), *extra), series,
+    return verdict_of(spec, store, series, train, at_step=at_step, extra=extra)
+
+
+def verdict_of(spec: RunSpec, store: Store, series: Series, train: Series, *, at_step: int | None = None,
+               extra: Sequence[AmendmentRecord] = ()) -> Verdict:
+    """A registered run's verdict from its read series: the store's amendments, then `extra`, evaluated by
+    core/verdict. The one evaluation the daemon's reads and the web page's chart share (the page reads its
+    series through a cache of its own, and draws them)."""
+    return evaluate(require_prereg(spec), (*stored_amendments(store, spec.name), *extra), series,
                     train_series=train, at_step=at_step)
 
 

@@ -25,7 +25,6 @@ from babysit.core.errors import BabysitError
 from babysit.core.records import LogRecord, metric_series
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
-from babysit.core.verdict import evaluate
 from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.run.gpufault import quarantine_lines
 from babysit.runtime import registry
@@ -247,7 +246,7 @@ class Site:
         if tampered is not None:  # the curve, but no bands: they are not what was registered
             return svg.CurveChart(metric=spec.prereg.metric, series=series, marks=marks), tampered
         try:
-            verdict = evaluate(spec.prereg, reading.stored_amendments(store, name), series, train_series=train)
+            verdict = reading.verdict_of(spec, store, series, train)  # as the daemon reads it
         except BabysitError as exc:
             return svg.CurveChart(metric=spec.prereg.metric, series=series, marks=marks), exc.message
         return svg.chart_of(spec.prereg, verdict, series, train, marks), None
