@@ -110,3 +110,60 @@ def test_no_missing_folder_warning_for_a_trainer_that_writes_babysits_log(tmp_pa
     code, _, err = register(tmp_path, write(tmp_path, f'["{sys.executable}", "train.py"]'))
     assert code == 0
     assert ("does not exist yet" in err) is warned, err
+
+
+def test_every_door_in_checks_and_records_a_run_the_same_way(tmp_path: Path) -> None:
+    """`babysit register`, a campaign's launch of a proposal (campaign/actions.launch_file) and a relaunch (the
+    CLI's and the bot's: relaunch.prepare) all go through registration.register: the same run.toml is refused
+    by each with the same words, and accepted by each into the same entry and the same frozen prereg."""
+    from babysit import relaunch
+    from babysit.campaign.actions import launch_file
+    from babysit.core.errors import BabysitError
+    from babysit.store import Store
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "python").write_text("#!/bin/sh\n")
+    (folder / "python").chmod(0o755)
+    good = f'["python", "train.py"]\nenv = {{PATH = "{folder}"}}'
+    bad = f'["pythn", "train.py"]\nenv = {{PATH = "{folder}"}}'
+    prereg = PREREG.format(read=100)
+
+    def refusal(door) -> str:
+        try:
+            door()
+        except BabysitError as exc:
+            return exc.message
+        raise AssertionError("registered a run whose program is not there")
+
+    # a run registered once and ended, for the relaunch's door
+    spec = write(tmp_path, good, prereg)
+    assert register(tmp_path, spec)[0] == 0
+    store = Store.in_dir(registry.load(tmp_path / "babysit.toml").state_dir)
+    try:
+        a = store.begin_attempt("r", 1, "default", ["python", "train.py"], "local", 0, str(tmp_path / "a1"), 1.0)
+        store.mark_ended(a.id, ended_at=2.0, outcome="crashed", exit_code=1)
+        store.set_run_state("r", "failed", 2.0)
+    finally:
+        store.close()
+    before = registry.load(tmp_path / "babysit.toml").get("r")
+
+    spec = write(tmp_path, bad, prereg)
+    cli = register(tmp_path, spec)
+    assert cli[0] == 2
+    said = {"cli": cli[2].splitlines()[0].removeprefix("ERROR: "),
+            "campaign": refusal(lambda: launch_file(tmp_path / "babysit.toml", spec)),
+            "relaunch": refusal(lambda: relaunch.prepare(tmp_path / "babysit.toml", "r", accelerated=True,
+                                                         shown=str(spec)))}
+    assert len(set(said.values())) == 1 and "run.command: expected a program that exists" in said["cli"], said
+    assert registry.load(tmp_path / "babysit.toml").get("r") == before, "a refusal writes nothing"
+
+    spec = write(tmp_path, good, prereg)
+    entries = {}
+    for door, call in (("campaign", lambda: launch_file(tmp_path / "babysit.toml", spec)),
+                       ("relaunch", lambda: relaunch.prepare(tmp_path / "babysit.toml", "r", accelerated=True)),
+                       ("cli", lambda: register(tmp_path, spec))):
+        call()
+        entry = registry.load(tmp_path / "babysit.toml").get("r")
+        entries[door] = (entry.name, entry.spec, entry.prereg_sha256)
+    assert set(entries.values()) == {(before.name, before.spec, before.prereg_sha256)}, entries
