@@ -258,7 +258,7 @@ def main() -> int:
                     and m.status == "sent"]
 
         sent = wait_for(alert, 180, 0.2)
-        renewed = next(h for h in gateway.hosts() if h["name"] == "box-c")["renewed_at"]
+        renewed = next(h for h in gateway.hosts() if h.name == "box-c").renewed_at
         out["dead_box_alert_s_after_kill"] = round(sent[0].sent_at - killed, 1)
         out["dead_box_alert_s_after_last_lease"] = round(sent[0].sent_at - renewed, 1)
         out["dead_box_alerts"] = len([m for m in gateway.messages("") if "box box-c lost" in m.payload.get("text", "")])

@@ -68,11 +68,10 @@ def box_away(store: Store, run: str) -> tuple[str, str] | None:
     if store.host is None:
         return None
     owner = store.run_hosts().get(run)
-    host = next((h for h in store.hosts() if h["name"] == owner), None) if owner is not None else None
+    host = next((h for h in store.hosts() if h.name == owner), None) if owner is not None else None
     if host is None:
         return None
-    state = runview.host_states([host])[host["name"]]
-    return None if state == "up" else (host["name"], runview.box_staleness(host, state, store.now()))
+    return None if host.state == "up" else (host.name, runview.box_staleness(host, host.state, store.now()))
 
 
 def unanswered(store: Store, run: str, action: str, request_id: int, wait_s: float,

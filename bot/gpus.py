@@ -16,7 +16,7 @@ from typing import Any
 from babysit.core import gpureport
 from babysit.core.fmt import fmt_gib
 from babysit.core.readings import GpuView
-from babysit.db.store import Store
+from babysit.db.store import HostLease, Store
 from babysit.probes.gpu import open_gpu_probe
 from babysit.probes.host import process_tree
 
@@ -78,13 +78,13 @@ def run_owners(store: Store) -> dict[int, str]:
     return owners
 
 
-def box_lines(host: Mapping[str, Any], staleness: str, now: float,
+def box_lines(host: HostLease, staleness: str, now: float,
               quarantined: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Another box's GPUs as it published them (`hosts.info`'s `gpus`): a heading with the reading's age
     and the box's staleness, then its lines; pure."""
-    report = (host.get("info") or {}).get("gpus")
+    report = host.info.get("gpus")
     if not isinstance(report, Mapping):
-        why = ((host.get("info") or {}).get("report_error")
+        why = (host.info.get("report_error")
                or "none published yet (a daemon publishes its first a renewal after it starts; an older babysit none)")
         return [f"{staleness} — no GPU reading: {why}"]
     view, owners, at = gpureport.from_json(report)

@@ -192,8 +192,8 @@ def gpus(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
         if store.host is not None:
             hosts, now = store.hosts(), store.now()
             states = runview.host_states(hosts)
-            others = [box_lines(h, runview.box_staleness(h, states[h["name"]], now), now,
-                                store.quarantined_gpus(h["name"])) for h in hosts if h["name"] != store.host]
+            others = [box_lines(h, runview.box_staleness(h, states[h.name], now), now,
+                                store.quarantined_gpus(h.name)) for h in hosts if h.name != store.host]
     lines, reason = read_gpus(owners, cfg.gpu_probe, quarantined)
     respond(**answer(msg.gpus_message(lines, reason, here=store.host, others=others)))
 

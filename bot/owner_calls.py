@@ -117,7 +117,7 @@ def _away_note(row: Mapping[str, Any], registered: bool, store: Any) -> str:
     """Where the campaign's file is and how fresh what the database says of its box(es) is."""
     owners = store.run_hosts()
     boxes = sorted({owners[r["run"]] for r in store.campaign_runs(row["name"]) if r["run"] in owners})
-    hosts = {h["name"]: h for h in store.hosts()}
+    hosts = {h.name: h for h in store.hosts()}
     states, now = runview.host_states(list(hosts.values())), store.now()
     fresh = "; ".join(runview.box_staleness(hosts[b], states[b], now) for b in boxes if b in hosts)
     where = f"box {', '.join(boxes)}" if boxes else "the box that registered it"

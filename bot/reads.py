@@ -55,7 +55,7 @@ class Stored:
 def stored_verdict(store: Store, run: str, host: str) -> Stored:
     """The verdict of `run`, owned by box `host`, from the database alone; raises when none is stored."""
     row = store.latest_verdict(run)
-    hosts = {h["name"]: h for h in store.hosts()}
+    hosts = {h.name: h for h in store.hosts()}
     now = store.now()
     box = (box_staleness(hosts[host], host_states([hosts[host]])[host], now) if host in hosts
            else f"box {host}: no lease row")

@@ -116,10 +116,10 @@ def test_every_door_in_checks_and_records_a_run_the_same_way(tmp_path: Path) -> 
     """`babysit register`, a campaign's launch of a proposal (campaign/actions.launch_file) and a relaunch (the
     CLI's and the bot's: relaunch.prepare) all go through registration.register: the same run.toml is refused
     by each with the same words, and accepted by each into the same entry and the same frozen prereg."""
-    from babysit import relaunch
     from babysit.campaign.actions import launch_file
     from babysit.core.errors import BabysitError
-    from babysit.store import Store
+    from babysit.db.store import Store
+    from babysit.register import relaunch
 
     folder = tmp_path / "bin"
     folder.mkdir()

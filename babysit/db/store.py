@@ -17,7 +17,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -222,6 +222,38 @@ class Poll:
     @cached_property
     def snapshot(self) -> Snapshot:
         return Snapshot.from_dict(json.loads(self.stored))
+
+
+@dataclass(frozen=True)
+class HostLease:
+    """A box of the fleet as the hosts table has it: its lease (the database's clock) and what it published
+    (`info`: its GPU report and its word that it stopped, JSON as the box wrote it)."""
+
+    name: str
+    started_at: float
+    renewed_at: float
+    lease_until: float
+    pid: int | None
+    version: str | None
+    lost_at: float | None  # another box noticed its lease lapse
+    info: Mapping[str, Any]
+
+    @property
+    def state(self) -> str:
+        """"up" | "lost" (its lease lapsed: another box noticed) | "down" (its daemon was stopped)."""
+        if self.lost_at is not None:
+            return "lost"
+        return "down" if self.info.get("stopped") else "up"
+
+
+@dataclass(frozen=True)
+class OutboxSummary:
+    """The outbox at a glance (/metrics): messages by status, the oldest pending one, the newest error."""
+
+    counts: Mapping[str, int]
+    oldest_pending_at: float | None
+    last_error: str | None
+    last_error_run: str | None
 
 
 @dataclass(frozen=True)
@@ -679,9 +711,10 @@ class Store:
         """run -> the box that owns it."""
         return {r["run"]: r["host"] for r in self._query("SELECT run, host FROM runs")}
 
-    def hosts(self) -> list[dict[str, Any]]:
+    def hosts(self) -> list[HostLease]:
         """Every box of the fleet with its lease (the database's clock: `now`), lost or stopped."""
-        return [{**dict(r), "info": json.loads(r["info"])} for r in self._query(
+        return [HostLease(r["name"], r["started_at"], r["renewed_at"], r["lease_until"], r["pid"], r["version"],
+                          r["lost_at"], json.loads(r["info"]) or {}) for r in self._query(
             "SELECT name, started_at, renewed_at, lease_until, pid, version, lost_at, info FROM hosts ORDER BY name")]
 
     # -- verdicts ---------------------------------------------------------------------------------------
@@ -787,13 +820,12 @@ class Store:
             out.setdefault(r["run"], {})[r["kind"]] = r["n"]
         return out
 
-    def outbox_summary(self) -> dict[str, Any]:
+    def outbox_summary(self) -> OutboxSummary:
         """Messages by status, the oldest pending one's creation time, and the newest delivery error."""
         counts = {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")}
         oldest = self._query("SELECT MIN(created_at) AS t FROM outbox WHERE status='pending'")[0]["t"]
         last = self._query("SELECT id, run, error FROM outbox WHERE error IS NOT NULL ORDER BY id DESC LIMIT 1")
-        return {"counts": counts, "oldest_pending_at": oldest,
-                "last_error": last[0]["error"] if last else None, "last_error_run": last[0]["run"] if last else None}
+        return OutboxSummary(counts, oldest, last[0]["error"] if last else None, last[0]["run"] if last else None)
 
     # -- campaigns (docs/campaigns.md) ------------------------------------------------------------------
     def save_campaign(self, name: str, file: str, sha256: str, now: float) -> None:

@@ -35,7 +35,7 @@ from babysit.view.readstore import ReadStore
 
 __all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
            "eta_seconds", "target_step"]
-from babysit.db.store import Attempt, Poll, Row, Store
+from babysit.db.store import Attempt, HostLease, Poll, Row, Store
 
 ENDED = ENDED_STATUSES  # run states no daemon acts on again
 CLOCK_SLACK_S = 2.0  # a record stamped this much before its attempt's start still counts as the attempt's
@@ -215,17 +215,9 @@ def out_of_sight(row: RunRow, box_state: str) -> RunRow:
                    gpu_util_pct=(), note=note)
 
 
-def host_states(hosts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def host_states(hosts: Sequence[HostLease]) -> dict[str, str]:
     """box -> "up" | "lost" (its lease lapsed: another box noticed) | "down" (its daemon was stopped)."""
-    out = {}
-    for h in hosts:
-        if h["lost_at"] is not None:
-            out[h["name"]] = "lost"
-        elif (h["info"] or {}).get("stopped"):
-            out[h["name"]] = "down"
-        else:
-            out[h["name"]] = "up"
-    return out
+    return {h.name: h.state for h in hosts}
 
 
 class Reader:
@@ -336,16 +328,16 @@ def fleet_boxes(reg: registry.Registry, store: Store | None = None) -> list[str]
     states = host_states(hosts)
     lines = []
     for h in hosts:
-        runs = sorted(r for r, box in owners.items() if box == h["name"])
-        lines.append(box_staleness(h, states[h["name"]], now) + f", {len(runs)} run(s)"
+        runs = sorted(r for r, box in owners.items() if box == h.name)
+        lines.append(box_staleness(h, states[h.name], now) + f", {len(runs)} run(s)"
                      + (f": {', '.join(runs)}" if runs else ""))
     return lines
 
 
-def box_staleness(host: Mapping[str, Any], state: str, now: float) -> str:
+def box_staleness(host: HostLease, state: str, now: float) -> str:
     """'box box-b: up, lease renewed 4 s ago': how fresh what the database says of that box is."""
     shown = {"up": "up", "lost": "LOST", "down": "down (daemon stopped)"}[state]
-    return f"box {host['name']}: {shown}, lease renewed {max(0.0, now - host['renewed_at']):.0f} s ago"
+    return f"box {host.name}: {shown}, lease renewed {max(0.0, now - host.renewed_at):.0f} s ago"
 
 
 def collect(registry_path: Path, names: Sequence[str] | None = None, now: float | None = None) -> list[RunRow]:

@@ -307,9 +307,9 @@ class Site:
         if store is None:
             return DaemonFacts(0, 0, None, None, None)
         s = store.outbox_summary()
-        return DaemonFacts(outbox_pending=s["counts"].get("pending", 0), outbox_failed=s["counts"].get("failed", 0),
-                           oldest_pending_at=s["oldest_pending_at"], last_error=s["last_error"],
-                           last_error_run=s["last_error_run"])
+        return DaemonFacts(outbox_pending=s.counts.get("pending", 0), outbox_failed=s.counts.get("failed", 0),
+                           oldest_pending_at=s.oldest_pending_at, last_error=s.last_error,
+                           last_error_run=s.last_error_run)
 
 
 @dataclass(frozen=True)

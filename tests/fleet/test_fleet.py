@@ -210,7 +210,7 @@ def test_three_boxes_share_one_postgres_abort_by_notify_host_lost_once_and_a_dat
         wait_for("box-c back", lambda: [m for m in store.messages("") if "box box-c is back" in
                                         m.payload.get("text", "") and m.status == "sent"], timeout=60)
         assert store.attempt("run-c", 1).status == "running" and store.attempt("run-c", 1).pid == first["run-c"].pid
-        assert next(h for h in store.hosts() if h["name"] == "box-c")["lost_at"] is None
+        assert next(h for h in store.hosts() if h.name == "box-c").lost_at is None
         shown = babysit(fleet.box("box-a"), "status")
         assert "box box-c: up" in shown.stdout and "host-lost" not in shown.stdout, shown.stdout
     finally:
@@ -256,6 +256,6 @@ def test_a_database_outage_longer_than_a_lease_stops_no_run_and_declares_no_box_
         assert time.monotonic() - asked < 15
         time.sleep(LEASE_S * 2)  # more look-outs, now that both may judge again
         assert [m for m in store.messages("") if " lost" in m.payload.get("text", "")] == []
-        assert all(h["lost_at"] is None for h in store.hosts())
+        assert all(h.lost_at is None for h in store.hosts())
     finally:
         store.close()

@@ -37,18 +37,18 @@ d = Daemon(root / "babysit.toml", gpu_probe=NullGpuProbe(), channel=ConsoleChann
 d.start()
 store = PostgresStore(url, host="watcher")
 def host():
-    return next(h for h in store.hosts() if h["name"] == "box-h")
+    return next(h for h in store.hosts() if h.name == "box-h")
 try:
     time.sleep(0.5)
-    first = host()["renewed_at"]
+    first = host().renewed_at
     time.sleep(3.0)  # six renewals due, the probe stuck throughout
     stuck = host()
     release.set()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not host()["info"].get("gpus"):
+    while time.monotonic() < deadline and not host().info.get("gpus"):
         time.sleep(0.1)
-    print("RESULT " + json.dumps({"renewed_for_s": stuck["renewed_at"] - first, "lost": stuck["lost_at"],
-                      "info_while_stuck": stuck["info"], "info_after": host()["info"]}))
+    print("RESULT " + json.dumps({"renewed_for_s": stuck.renewed_at - first, "lost": stuck.lost_at,
+                      "info_while_stuck": stuck.info, "info_after": host().info}))
 finally:
     release.set()
     store.close()

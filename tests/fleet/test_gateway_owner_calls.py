@@ -64,7 +64,7 @@ def two_boxes(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> I
         monkeypatch.delenv(key, raising=False)
     store = PostgresStore(pg_url, host="test")
     try:
-        wait_for("box-b's lease", lambda: any(h["name"] == "box-b" for h in store.hosts()), timeout=60)
+        wait_for("box-b's lease", lambda: any(h.name == "box-b" for h in store.hosts()), timeout=60)
         app = build_app(BotConfig(boxes["box-a"] / "babysit.toml"))  # box-a's gateway bot
         yield {"app": app, "fake": fake, "boxes": boxes, "call": call.id, "store": store}
     finally:
@@ -115,7 +115,7 @@ def test_a_click_on_another_box_s_owner_call_is_carried_out_by_that_box(two_boxe
     assert (call.decision, call.decided_by) == ("launch", f"slack:{OWNER}")
     # box-b's daemon publishes its GPUs with its lease (for the gateway's /babysit gpus), read by a probe of its own
     info = wait_for("box-b's GPU report", lambda: next(
-        (h["info"] for h in store.hosts() if h["name"] == "box-b" and h["info"].get("gpus")), None), timeout=20)
+        (h.info for h in store.hosts() if h.name == "box-b" and h.info.get("gpus")), None), timeout=20)
     assert [g["uuid"] for g in info["gpus"]["gpus"]] == ["GPU-sim-0", "GPU-sim-1"], info
         # box-b's daemon picks the registered proposal up and launches it (its own run, on its own box)
     wait_for("saga-next running on box-b", lambda: store.run_hosts().get("saga-next") == "box-b", timeout=30)

@@ -111,7 +111,7 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
                 own.close()
         # box-b's GPUs, as its daemon published them with its lease (the gateway's /babysit gpus reads them)
         info = wait_for("box-b's GPU report", lambda: next(
-            (h["info"].get("gpus") for h in store.hosts() if h["name"] == "box-b" and h["info"].get("gpus")), None))
+            (h.info.get("gpus") for h in store.hosts() if h.name == "box-b" and h.info.get("gpus")), None))
         assert [g["name"] for g in info["gpus"]] == ["Simulated H200 #0", "Simulated H200 #1"], info
 
         drawn: dict[str, list[tuple[str, int]]] = {"verdict": [], "click": []}  # (the run's box, the link)

@@ -201,7 +201,7 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
         sent = {m.id for m in store.messages() if m.status == "sent" and m.kind != "header"}
         assert set(posted) == sent, (sorted(posted), sorted(sent))
         host = wait_for("the lease taken once the database is back", lambda: [
-            h for h in store.hosts() if h["name"] == "box-a" and h["pid"] == second.pid])
+            h for h in store.hosts() if h.name == "box-a" and h.pid == second.pid])
         assert host
     finally:
         for proc in (first, second):

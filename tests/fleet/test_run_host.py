@@ -84,7 +84,7 @@ def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path
     try:
         procs.append(_up(boxes["box-a"]))
         wait_for("box-a recording the run as box-b's", lambda: store.run_hosts().get("for-b") == "box-b")
-        wait_for("box-a's lease", lambda: any(h["name"] == "box-a" for h in store.hosts()))
+        wait_for("box-a's lease", lambda: any(h.name == "box-a" for h in store.hosts()))
         assert store.attempts("for-b") == []  # box-a never launches it
         shown = babysit(boxes["box-a"], "status")
         assert "for-b: on box box-b" in shown.stdout, shown.stdout  # before: box-a's own, registered
