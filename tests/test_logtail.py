@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -303,6 +304,30 @@ def test_seconds_per_step_counts_each_step_from_its_first_record(tmp_path: Path)
     records = read_all(log)[0]
     assert seconds_per_step(records[-9:]) == pytest.approx(2.5)  # steps 38..40: between the evals
     assert seconds_per_step(records) == pytest.approx((19 * 2.5 + 5.0) / 19)  # steps 21..40, the eval at 30
+
+
+class CountingPoints(Sequence):
+    """A run's points that count which of them were looked at."""
+
+    def __init__(self, points: list[ProgressPoint]) -> None:
+        self.points, self.looked = points, set()
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, i: int) -> ProgressPoint:  # type: ignore[override]
+        assert isinstance(i, int), "only single points are read"
+        self.looked.add(i % len(self.points))
+        return self.points[i]
+
+
+def test_seconds_per_step_looks_only_as_far_back_as_its_window() -> None:
+    """A guard round derives every run's pace from its 256 newest points: only the window's newest
+    steps are looked at (all 256 were, at every round, for 1,000 runs: bench/scale.py)."""
+    points = CountingPoints([ProgressPoint(i // 2, 100.0 + i) for i in range(256)])  # two records a step
+    assert seconds_per_step(points, window=20) == pytest.approx(2.0)
+    assert len(points.looked) <= 2 * 20 + 2
+    assert max(points.looked) == 255 and min(points.looked) >= 256 - 2 * 20 - 2
 
 
 def test_seconds_per_step_accepts_records(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ selection read them here, without importing the file reader.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -75,27 +75,32 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
     total_dt = 0.0
     total_steps = 0
     pairs = 0
-    firsts = _first_of_each_step(points)
-    for i in range(len(firsts) - 1, 0, -1):
-        newer, older = firsts[i], firsts[i - 1]
-        dt = newer.ts - older.ts
-        dstep = newer.step - older.step
-        if dt > 0 and dstep > 0 and math.isfinite(dt):
-            total_dt += dt
-            total_steps += dstep
-            pairs += 1
-            if pairs >= window - 1:
-                break
+    newer = None
+    # only as far back as the window needs: a guard round looks at every run's points (256 of them)
+    for older in _firsts_newest_first(points):
+        if newer is not None:
+            dt = newer.ts - older.ts
+            dstep = newer.step - older.step
+            if dt > 0 and dstep > 0 and math.isfinite(dt):
+                total_dt += dt
+                total_steps += dstep
+                pairs += 1
+                if pairs >= window - 1:
+                    break
+        newer = older
     return total_dt / total_steps if pairs else None
 
 
-def _first_of_each_step(points: Sequence[_HasStepTs]) -> list[_HasStepTs]:
-    """The points that open a step: each run of consecutive points at one step kept as its first."""
-    out: list[_HasStepTs] = []
-    for point in points:
-        if not out or point.step != out[-1].step:
-            out.append(point)
-    return out
+def _firsts_newest_first(points: Sequence[_HasStepTs]) -> Iterator[_HasStepTs]:
+    """The points that open a step, newest first: each run of consecutive points at one step yields its
+    first (oldest) point."""
+    i = len(points) - 1
+    while i >= 0:
+        step = points[i].step
+        while i > 0 and points[i - 1].step == step:
+            i -= 1
+        yield points[i]
+        i -= 1
 
 
 def progress_points(records: Iterable[LogRecord]) -> tuple[ProgressPoint, ...]:
