@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,33 @@ def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the
     (poll,) = r.store.polls("r", 5)
     assert "gpu-hours-projection" in poll.snapshot.flags
     assert round(poll.snapshot.gpu_hours_projected or 0.0, 4) == warning.body["gpu_hours_projected"]
+
+
+class CountedArgv(tuple):
+    """An attempt's command that counts the times it is read through."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[str]:
+        type(self).reads += 1
+        return super().__iter__()
+
+
+def test_the_commands_steps_are_read_from_it_once_an_attempt_not_at_every_check(rig) -> None:
+    """Every check derives the run's end step; the attempt's command is read for its --steps once (a
+    1,000-run guard round read every run's command again at every round: bench/scale.py)."""
+    r = rig()
+    r.sup.start()
+    r.timers.advance(60)
+    r.log(10, seconds_per_step=2.0)
+    CountedArgv.reads = 0
+    r.sup.attempt = dataclasses.replace(r.sup.attempt, argv=CountedArgv(r.sup.attempt.argv))
+    for _ in range(5):
+        r.sup.guard()
+    r.sup.poll()
+    (poll,) = r.store.polls("r", 5)
+    assert poll.snapshot.end_step == 1000 and poll.snapshot.eta_seconds == pytest.approx(990 * 2.0)
+    assert CountedArgv.reads == 1
 
 
 def test_the_cap_stops_the_run_now_and_sigkills_it_after_the_grace_period(rig) -> None:

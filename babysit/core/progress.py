@@ -162,9 +162,10 @@ def gpu_hours_used(attempts: Iterable[_CountsGpuSeconds], now: float) -> float:
     return sum(a.gpu_seconds(now) for a in attempts) / 3600
 
 
-def end_step(total_steps: int | None, declared: int | None, argv: Sequence[str] | None) -> int | None:
-    """The run's last step: [run].total_steps, else a record's declaration, else the command's --steps."""
-    return total_steps or declared or (steps_from_argv(argv) if argv else None)
+def end_step(total_steps: int | None, declared: int | None, argv_steps: int | None) -> int | None:
+    """The run's last step: [run].total_steps, else a record's declaration, else the command's --steps
+    (`argv_steps`: `steps_from_argv` of the attempt's command, which a run parses once an attempt)."""
+    return total_steps or declared or argv_steps
 
 
 def declared_by(metrics: Mapping[str, float]) -> int | None:

@@ -69,6 +69,7 @@ class RunLog:
         self._shows: dict[str, bool] = {}  # metric -> whether polls show it (snapshot.shown, per name)
         self._shows_for: tuple[object, str | None] | None = None  # the ([poll].show, prereg metric) it is for
         self.declared_end: int | None = None  # the newest record's total_steps / max_steps
+        self._argv_steps: tuple[tuple[str, ...], int | None] | None = None  # (an attempt's argv, its --steps)
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
         self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
         self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
@@ -346,8 +347,11 @@ class RunLog:
                                key=f"{self.run}:{attempt.n}:log-unreadable")
 
     def end_step(self, attempt: Attempt) -> int | None:
-        """The run's last step, by the rule status and the web page apply (`progress.end_step`)."""
-        return progress.end_step(self.spec.total_steps, self.declared_end, attempt.argv)
+        """The run's last step, by the rule status and the web page apply (`progress.end_step`); the
+        command's --steps parsed once an attempt, not at each of its guard rounds and polls."""
+        if self._argv_steps is None or self._argv_steps[0] != attempt.argv:
+            self._argv_steps = (attempt.argv, progress.steps_from_argv(attempt.argv) if attempt.argv else None)
+        return progress.end_step(self.spec.total_steps, self.declared_end, self._argv_steps[1])
 
     def quiet_seconds(self, now: float) -> float | None:
         """Since the last record AND the last byte of output (stdout, stderr, the source files): bursty

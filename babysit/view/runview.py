@@ -152,7 +152,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
 
     read_step = spec.prereg.read_step if spec is not None and spec.prereg is not None else None
     end_step = progress.end_step(spec.total_steps if spec is not None else None, declared_end(records or ()),
-                                 last.argv if last is not None else None)
+                                 progress.steps_from_argv(last.argv) if last is not None and last.argv else None)
     file_cap = spec.guards.gpu_hours_cap if spec is not None else None
     enforced = facts.get("enforced")
     cap = enforced.get("gpu_hours_cap") if isinstance(enforced, Mapping) else file_cap
