@@ -108,10 +108,17 @@ LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_st
               "tests/slack/", "tests/campaign/", "tests/fleet/")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` deselected: only the tests this session runs count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
+    """Longest first: the files holding a slow test this session runs (.ci/run's one session of the fast
+    and the slow ones), whole, so a module fixture is still built once; then LONG_FIRST's files, then the
+    rest."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
         path = item.nodeid.split("::")[0]
-        return next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST))
+        return (path not in slow,
+                next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST)))
 
     items.sort(key=rank)  # stable: a file's own order (and its module fixtures' reuse) is kept
 
