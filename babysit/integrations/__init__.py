@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -87,12 +88,18 @@ class DeferredWriter:
     their own, all that came in one `write` (same lines, same file, same order, as `JsonlWriter` writes).
 
     Why: a hook that logs every step of a small model pays its record on the training thread — the float
-    reprs, an open, a write and a close, ~10 µs, more than 0.1 % of a ~10 ms step (bench/logger_cost.py).
-    Here the training thread only queues (step, time, values); the time is taken then, so s/step is as
-    exact. What it costs: a record reaches the file up to `delay` later (babysit reads a source every
-    0.25–5 s), and a process killed with SIGKILL loses the records of its last `delay`. `flush()` writes
-    what is queued now (before a `diverged` record, at the end of training); a normal interpreter exit
-    flushes too; a forked child (a DataLoader worker) never writes its parent's queue.
+    reprs and the write, ~10 µs, more than 0.1 % of a ~10 ms step (bench/logger_cost.py). Here the training
+    thread only queues (step, time, values); the time is taken then, so s/step is as exact. What it
+    costs: a record reaches the file up to `delay` later (babysit reads a source every 0.25–5 s), and a
+    process killed with SIGKILL loses the records of its last `delay`. `flush()` writes what is queued now
+    (before a `diverged` record, at the end of training); a normal interpreter exit flushes too; a forked
+    child (a DataLoader worker) never writes its parent's queue.
+
+    The thread wakes as little as it can (each wake-up of a sleeping thread is ~50 µs of CPU on a busy
+    box, more than encoding a record): while records come it sleeps `delay` (`time.sleep`, half the CPU of
+    an `Event.wait` with a timeout) and writes the batch; when a sleep brought none it blocks until the
+    first record of the next batch rings it (a `queue.SimpleQueue`, rung only by a record that finds the
+    queue empty), so a run that logs every 500 steps, or evaluates for an hour, wakes it once a record.
     """
 
     def __init__(self, writer: JsonlWriter, delay: float = 0.1) -> None:
@@ -100,6 +107,7 @@ class DeferredWriter:
         self.delay = delay
         self._queue: collections.deque[tuple[Any, float, Mapping[str, Any]]] = collections.deque()
         self._lock = threading.Lock()  # one flush at a time: lines in queue order
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by a record that found the queue empty
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -107,34 +115,33 @@ class DeferredWriter:
 
     def put(self, step: Any, fields: Mapping[str, Any]) -> None:
         """Queue one record at this moment's time (the fields are not copied: hand over a dict of your own)."""
-        self._queue.append((step, time.time(), fields))
-        if self._thread is None:
-            self._start()
+        q = self._queue
+        q.append((step, time.time(), fields))
+        if len(q) == 1:  # appended, then counted: a flush draining the queue meanwhile misses no ring
+            if self._thread is None:
+                self._start()
+            self._bell.put(None)
 
     def flush(self) -> None:
         """Write every queued record now, in one write."""
         if os.getpid() != self._pid:
             return  # a forked child's copy of the parent's queue: the parent writes it
         with self._lock:
-            queue = self._queue
-            lines = []
-            while queue:
-                step, ts, fields = queue.popleft()
-                try:
-                    lines.append(self.writer.encode(step, fields, ts))
-                except Exception as exc:  # the client's promise: a record dropped, said once, training goes on
-                    what = type(exc).__name__
-                    self.writer._warn(f"error:{what}", f"babysit: record dropped ({what}: {exc}); later records "
-                                                        "are still tried")
-            if lines:
-                self.writer.append(b"".join(lines))
+            q = self._queue
+            batch = [q.popleft() for _ in range(len(q))]  # only a flush pops, under the lock
+            if batch:
+                lines = self.writer.encode_many(batch)
+                if lines:
+                    self.writer.append(lines)
 
     def close(self) -> None:
-        """Stop the thread and write what is left (the end of training; an interpreter exit)."""
+        """Write what is queued and let the thread go (the end of training; an interpreter exit). It is not
+        waited for: it ends at its next wake-up, at most `delay` later, with nothing left to write; a record
+        put after this starts another."""
         thread, self._thread = self._thread, None
         if thread is not None and os.getpid() == self._pid:
             self._stop.set()
-            thread.join(timeout=10)
+            self._bell.put(None)
         self.flush()
 
     def _start(self) -> None:
@@ -143,7 +150,12 @@ class DeferredWriter:
         self._thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.delay):
+        q, bell, sleep = self._queue, self._bell, time.sleep
+        while not stop.is_set():
+            if not q:
+                bell.get()  # until a record finds the queue empty (or close); a stale ring just loops
+                continue
+            sleep(self.delay)  # the rest of the batch comes meanwhile
             try:
                 self.flush()
             except Exception:  # never into training; the next flush tries again

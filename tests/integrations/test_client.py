@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -352,3 +353,156 @@ def test_without_its_audit_hook_the_client_reads_the_environment_at_every_record
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "-1"]  # no hook: nothing cached
     assert [r["step"] for r in lines(first)] == [1] and [r["step"] for r in lines(second)] == [2]
+
+
+# -- the descriptor kept open a path (client._Sinks): what opening the file at each record gave, kept --------
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_log_replaced_by_another_file_is_followed_and_a_deleted_one_created_again(tmp_path: Path) -> None:
+    log = tmp_path / "train_log.jsonl"
+    w = JsonlWriter(log)
+    assert w.log(1, loss=1.0) and w.log(2, loss=1.0)
+    log.rename(tmp_path / "old.jsonl")
+    log.write_text('{"step": 0, "ts": 1.0, "note": "another writer made this file"}\n')  # a new inode at the path
+    assert w.log(3, loss=1.0)
+    assert [r["step"] for r in lines(tmp_path / "old.jsonl")] == [1, 2]
+    assert [r["step"] for r in lines(log)] == [0, 3]
+    log.unlink()
+    assert w.log(4, loss=1.0)
+    assert [r["step"] for r in lines(log)] == [4]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_one_descriptor_is_kept_a_path_close_on_exec_and_bounded(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    monkeypatch.setattr(client, "_SINKS", {})  # this process's earlier tests hold their paths' slots
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    assert w.log(0, loss=1.0)
+    before = _fds()
+    for i in range(1, 200):
+        assert w.log(i, loss=1.0 / i)
+    assert _fds() == before  # no descriptor opened (or left) per record
+    fd, _dev, _ino = client._SINKS[str(log)]
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC  # a program the trainer spawns does not hold it
+    assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
+    log.rename(tmp_path / "moved.jsonl")
+    assert w.log(200, loss=1.0)
+    assert client._SINKS[str(log)][0] == fd  # the path's new file under the same number (dup2)
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    assert len(lines(log)) == 1 and len(lines(tmp_path / "moved.jsonl")) == 200
+    many = _fds()
+    for k in range(3 * client._MAX_SINKS):  # a process writing ever new logs holds at most _MAX_SINKS open
+        assert JsonlWriter(tmp_path / f"run{k}.jsonl").log(1, loss=1.0)
+    assert len(_fds() - many) <= client._MAX_SINKS
+    assert all(len(lines(tmp_path / f"run{k}.jsonl")) == 1 for k in range(3 * client._MAX_SINKS))
+
+
+def test_a_descriptor_closed_under_the_writer_is_opened_again(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client, "_SINKS", {})
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    assert w.log(1, loss=1.0)
+    os.close(client._SINKS[str(log)][0])  # a library closing every descriptor it did not open
+    assert w.log(2, loss=1.0)
+    assert w.log(3, loss=1.0)
+    assert [r["step"] for r in lines(log)] == [1, 2, 3]
+
+
+def test_threads_writing_while_the_log_is_replaced_lose_and_tear_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    w = JsonlWriter(log)
+    done = threading.Event()
+    moved: list[Path] = []
+
+    def rotate() -> None:
+        k = 0
+        while not done.is_set():
+            if log.exists():
+                k += 1
+                target = tmp_path / f"rotated-{k}.jsonl"
+                log.rename(target)
+                moved.append(target)
+            done.wait(0.002)
+
+    def writer(t: int) -> None:
+        for i in range(400):
+            assert w.log(i, writer=t, loss=1.0 / (i + 1))
+            if i % 40 == 0:
+                time.sleep(0.005)  # the rotator's turn, however fast the box
+
+    rotator = threading.Thread(target=rotate)
+    rotator.start()
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    rotator.join()
+    got = [r for path in [*moved, log] if path.exists() for r in lines(path)]  # json.loads: no torn line
+    assert sorted((r["writer"], r["step"]) for r in got) == [(t, i) for t in range(4) for i in range(400)]
+    assert len(moved) >= 3  # the files did change under the writers
+
+
+_FORK_AFTER_MOVE = """
+import os, sys
+from babysit.client import JsonlWriter
+log = sys.argv[1]
+w = JsonlWriter(log)
+assert w.log(1, side="parent")
+os.rename(log, log + ".old")
+pid = os.fork()
+if pid == 0:
+    ok = w.log(2, side="child")  # the child's own descriptor, on the path's new file
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert w.log(3, side="parent")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_opens_its_own_descriptor_on_the_paths_file(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _FORK_AFTER_MOVE, str(log)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [(r["step"], r["side"]) for r in lines(tmp_path / "log.jsonl.old")] == [(1, "parent")]
+    assert [(r["step"], r["side"]) for r in lines(log)] == [(2, "child"), (3, "parent")]
+
+
+def test_encode_many_is_byte_for_byte_what_encode_and_json_write(tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """A hook's batch (`encode_many`: the common record in one pass) against `encode`, record by record, and
+    json: ints, bools, huge and tiny floats, -0.0, NaN/Infinity as json writes them, unicode and `%` keys,
+    nested values, None, a string, a float subclass; a record with a bad step is dropped, the rest kept."""
+    import random
+
+    random.seed(2)
+
+    class Sub(float):
+        pass
+
+    values = [0.1, 1e-320, 5e-324, 1.7976931348623157e308, -0.0, 0.0, math.nan, math.inf, -math.inf, 3, -7, 0,
+              2**70, -2**63, 1 / 3, True, False, None, "text", [1, 2.5], {"a": [float("inf")]}, Sub(0.25)]
+    keys = ["loss", "eval/loss", "ü", "日本", 'a"b', "100%", "%r", "tab\tkey", "total_steps"]
+    w = JsonlWriter(tmp_path / "log.jsonl")
+    batch = []
+    for _n in range(3000):
+        fields = {random.choice(keys): random.choice(values) for _ in range(random.randint(1, 4))}
+        batch.append((random.randint(-2**63, 2**63 - 1), random.random() * 2e9, fields))
+    batch.insert(7, ("ten", 1.0, {"loss": 1.0}))  # not a step: dropped, said once
+    got = w.encode_many(batch)
+    kept = [b for b in batch if b[0] != "ten"]
+    assert got == b"".join(w.encode(step, fields, ts) for step, ts, fields in kept)
+    expected = b"".join((json.dumps({"step": step, "ts": ts, **fields}, allow_nan=True, default=str) + "\n").encode()
+                        for step, ts, fields in kept)
+    assert got == expected
+    assert "step must be an integer" in capfd.readouterr().err

@@ -75,3 +75,47 @@ def test_flush_writes_now_and_a_bad_record_is_dropped_not_raised(tmp_path: Path,
     assert steps(log) == [1, 3]
     assert "step must be an integer" in capfd.readouterr().err
     deferred.close()
+
+
+def test_an_idle_writer_thread_sleeps_until_a_record_rings_it(tmp_path: Path) -> None:
+    """No record, no wake-up (each costs the process ~50 µs of CPU on a busy box): the thread blocks until the
+    first record of a batch, writes the batch `delay` later, and blocks again."""
+    log = tmp_path / "log.jsonl"
+    deferred = DeferredWriter(JsonlWriter(log), delay=0.05)
+    flushes = []
+    flush = deferred.flush
+
+    def counted() -> None:
+        flushes.append(time.monotonic())
+        flush()
+
+    deferred.flush = counted  # type: ignore[method-assign]  # what its thread calls
+    deferred.put(1, {"loss": 1.0})
+    deadline = time.time() + 30
+    while steps(log) != [1] and time.time() < deadline:
+        time.sleep(0.02)
+    assert steps(log) == [1]
+    time.sleep(0.15)  # the thread's one more look (a sleep that brought nothing), then it blocks
+    idle_from = len(flushes)
+    time.sleep(0.6)  # twelve delays: a thread polling every delay would have flushed ~12 times
+    assert len(flushes) == idle_from
+    deferred.put(2, {"loss": 0.5})  # a record rings it again
+    while steps(log) != [1, 2] and time.time() < deadline:
+        time.sleep(0.02)
+    assert steps(log) == [1, 2]
+    deferred.close()
+
+
+def test_records_put_after_close_start_the_thread_again(tmp_path: Path) -> None:
+    """HF calls on_train_end (close) and then maybe evaluate(), which logs: those records are written too."""
+    log = tmp_path / "log.jsonl"
+    deferred = DeferredWriter(JsonlWriter(log), delay=0.05)
+    deferred.put(1, {"loss": 1.0})
+    deferred.close()
+    assert steps(log) == [1]  # close wrote it, without waiting for the thread
+    deferred.put(2, {"eval_loss": 0.5})
+    deadline = time.time() + 30
+    while steps(log) != [1, 2] and time.time() < deadline:
+        time.sleep(0.02)
+    assert steps(log) == [1, 2]
+    deferred.close()
