@@ -2,13 +2,26 @@
 records, the same machine, in one run; and the HF `BabysitCallback`'s cost per step against a tiny real
 model's step.
 
-  python bench/logger_cost.py              # ~1 min here (wandb's start-up is most of it)
+  python bench/logger_cost.py              # ~1.5 min here (wandb's start-up, HF's imports)
   python bench/logger_cost.py --calls 20000 --json out.json
+  python bench/logger_cost.py --before DIR # DIR from bench/export_before.sh: its client and its HF
+                                           # callback measured in the same run, round for round
   python3 bench/logger_cost.py --babysit-only   # no wandb/transformers there (e.g. a bare GPU box)
 
 Targets (issue 28): `babysit.log` ≤ 10 µs a call and ≥ 10× cheaper than `wandb.log`; the callback's
 cost per step ≤ 0.1 % of the tiny model's step. wandb's call is measured as the loop sees it (its
 record handed to wandb-core, which writes the file on its own process); `run.finish()` is timed apart.
+
+The callback is measured two ways, each in a process of its own (`--hf-worker`, this tree's or
+`--before`'s babysit, alternated `--hf-pairs` times): HF's dispatch of the hooks in a tight loop (CPU of
+the training thread, and of the process with what is queued written inside the window), and a paced
+run — `--paced-steps` steps of `--pace-ms` (10 ms: the tiny model's step on a quiet box; the same for
+both codes, as the cost a step depends on how many records a batch holds), each the four every-step hooks, an
+`on_log` of a record with the values a real run logs (a loss rounded as HF rounds it, a full-precision
+grad norm, a decaying learning rate, the epoch) and a sleep for the rest of the step, as a model step
+on the GPU or in torch's kernels leaves the interpreter — whose `time.process_time` counts everything
+the callback costs the process: the training thread, its records' thread waking once a batch and
+writing it, at the batch sizes a real run makes. Less an empty handler's run, in interleaved chunks.
 """
 
 from __future__ import annotations
@@ -92,12 +105,14 @@ def time_wandb(tmp: Path, recs: list[dict[str, float]]) -> tuple[list[float], fl
     return out, init_s, time.perf_counter() - t0
 
 
-def hf_callback(steps: int, rounds: int = 7, n: int = 2000) -> dict[str, float]:
+def hf_callback(steps: int, rounds: int = 7, n: int = 2000, paced_steps: int = 400,
+                pace_s: float = 0.01) -> dict[str, Any]:
     """A tiny real HF training's median step, and what BabysitCallback adds to a step: HF's own dispatch
     (`CallbackHandler`, with the trainer's model, optimizer and scheduler as kwargs, as in training) of
     every hook it calls each step — on_step_begin, on_pre_optimizer_step, on_optimizer_step, on_step_end —
     and of on_log with a record, to a handler holding only the callback, less the same calls on an empty
-    handler (HF's loop costs that without any callback). CPU time (`time.process_time`), median of rounds."""
+    handler (HF's loop costs that without any callback). CPU time (`time.process_time`), median of rounds;
+    then the paced run (module doc)."""
     import torch
     from transformers import TrainerCallback
     from transformers.trainer_callback import CallbackHandler
@@ -156,9 +171,49 @@ def hf_callback(steps: int, rounds: int = 7, n: int = 2000) -> dict[str, float]:
             for key, call, clock in (("hooks", hooks, time.thread_time), ("log", logged, time.thread_time),
                                      ("log_total", logged, time.process_time)):
                 got[key].append(cpu_per(call, handlers["ours"], clock) - cpu_per(call, handlers["empty"], clock))
+
+        def paced_chunk(handler: Any, first: int, count: int) -> tuple[float, float]:
+            """(process CPU, training-thread CPU) of `count` paced steps through `handler`."""
+            c0, t0 = time.process_time(), time.thread_time()
+            sleep, clock = time.sleep, time.perf_counter
+            for i in range(first, first + count):
+                start = clock()
+                hooks(handler)
+                state.global_step = i
+                handler.on_log(args, state, control, logs={
+                    "loss": round(3.9 / (1 + i / 400), 4), "grad_norm": 0.8731 + i * 1.37e-7,
+                    "learning_rate": 1e-3 * (1 - i / (4 * paced_steps)), "epoch": i / 48})
+                rest = pace_s - (clock() - start)
+                if rest > 0:
+                    sleep(rest)
+            if handler is handlers["ours"]:
+                callback.records.flush()  # what its thread has not written yet, inside the window
+            return time.process_time() - c0, time.thread_time() - t0
+
+        chunks = 4
+        per = max(1, paced_steps // chunks)
+        paced: dict[str, list[tuple[float, float]]] = {"ours": [], "empty": []}
+        for c in range(chunks):
+            for name in ("empty", "ours") if c % 2 else ("ours", "empty"):
+                paced[name].append(paced_chunk(handlers[name], c * per, per))
+        ours_cpu = sum(x[0] for x in paced["ours"]) - sum(x[0] for x in paced["empty"])
+        ours_thread = sum(x[1] for x in paced["ours"]) - sum(x[1] for x in paced["empty"])
     med = {k: sorted(v)[len(v) // 2] for k, v in got.items()}
     return {"step_s": step_s, "per_step_s": med["hooks"], "log_s": med["log"], "log_total_s": med["log_total"],
-            "steps": steps}
+            "steps": steps, "paced_steps": per * chunks, "paced_total_s": ours_cpu / (per * chunks),
+            "paced_thread_s": ours_thread / (per * chunks), "pace_s": pace_s}
+
+
+def hf_in_process(tree: str | None, hf_steps: int, paced_steps: int, pace_ms: float) -> dict[str, Any]:
+    """`hf_callback` in a process of its own, on this tree's babysit or (tree) DIR's (bench/export_before.sh;
+    DIR has no tests/: the tiny trainer is this tree's)."""
+    import json
+    import subprocess
+
+    argv = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", tree or "",
+            "--hf-steps", str(hf_steps), "--paced-steps", str(paced_steps), "--pace-ms", str(pace_ms)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=str(REPO))
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -168,8 +223,23 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--babysit-only", action="store_true", help="time babysit.log alone (stdlib only)")
     p.add_argument("--before", metavar="DIR", help="also time DIR/babysit/client.py (bench/export_before.sh), "
-                                                   "in the same rounds")
+                                                   "in the same rounds, and DIR's HF callback")
+    p.add_argument("--paced-steps", type=int, default=400, help="steps of the callback's paced run")
+    p.add_argument("--pace-ms", type=float, default=10.0,
+                   help="the paced run's step (the same for both codes: a tiny model's step on a quiet box)")
+    p.add_argument("--hf-pairs", type=int, default=2, help="callback measurements (a process each) per code")
+    p.add_argument("--hf-worker", metavar="TREE", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.hf_worker is not None:  # one callback measurement, as JSON on stdout (hf_in_process)
+        if a.hf_worker:
+            sys.path.insert(0, str(Path(a.hf_worker).resolve()))
+        import json
+
+        import babysit
+
+        got = hf_callback(a.hf_steps, paced_steps=a.paced_steps, pace_s=a.pace_ms / 1000)
+        print(json.dumps({**got, "babysit": str(Path(babysit.__file__).resolve().parent)}))
+        return 0
     recs = records(a.calls)
     clients = {"now": client_at(None)}
     if a.before:
@@ -189,30 +259,47 @@ def main() -> int:
             return 0
         theirs_samples, init_s, finish_s = time_wandb(Path(d), recs)
         theirs = summary(theirs_samples)
-    hf = hf_callback(a.hf_steps)
+    codes = {"now": None, **({"before": a.before} if a.before else {})}
+    hfs: dict[str, list[dict[str, Any]]] = {code: [] for code in codes}
+    for _ in range(a.hf_pairs):
+        for code, tree in codes.items():
+            hfs[code].append(hf_in_process(tree, a.hf_steps, a.paced_steps, a.pace_ms))
     ratio = theirs["median_us"] / ours["median_us"]
     rows.append(["`wandb.log` per call (offline)", fmt_us(theirs["median_us"]), fmt_us(theirs["p90_us"]), "—",
                  f"ours {ratio:,.1f}× cheaper: " + ("met" if ratio >= 10 else "missed") + " (≥ 10×)"])
-    for every in (1, 10, 500):  # logging_steps: every step, a busy setting, HF's default
-        cost = hf["per_step_s"] + hf["log_s"] / every
-        total = hf["per_step_s"] + hf["log_total_s"] / every
-        pct = cost / hf["step_s"] * 100
-        rows.append([f"`BabysitCallback` per step, logging_steps={every}", "—", "—",
-                     f"{fmt_us(cost * 1e6)} (all threads: {fmt_us(total * 1e6)})",
-                     f"{pct:.3f} % of the tiny model's {hf['step_s'] * 1e3:.1f} ms step on its thread: "
-                     + ("met" if pct <= 0.1 else "missed")
-                     + f" (≤ 0.1 %); all threads {total / hf['step_s'] * 100:.3f} %"])
+    for code, runs in hfs.items():
+        tag = " (before)" if code == "before" else ""
+        for hf in runs:
+            step = hf["step_s"]
+            for every in (1, 10, 500):  # logging_steps: every step, a busy setting, HF's default
+                cost = hf["per_step_s"] + hf["log_s"] / every
+                total = hf["per_step_s"] + hf["log_total_s"] / every
+                pct = cost / step * 100
+                rows.append([f"`BabysitCallback`{tag} per step, logging_steps={every}", "—", "—",
+                             f"{fmt_us(cost * 1e6)} (all threads: {fmt_us(total * 1e6)})",
+                             f"{pct:.3f} % of the tiny model's {step * 1e3:.1f} ms step on its thread: "
+                             + ("met" if pct <= 0.1 else "missed")
+                             + f" (≤ 0.1 %); all threads {total / step * 100:.3f} %"])
+            pace = hf["pace_s"]
+            paced = hf["paced_total_s"] / pace * 100
+            rows.append([f"`BabysitCallback`{tag} paced, logging_steps=1 ({hf['paced_steps']} steps of "
+                         f"{pace * 1e3:.0f} ms)", "—", "—",
+                         f"{fmt_us(hf['paced_thread_s'] * 1e6)} (all threads: {fmt_us(hf['paced_total_s'] * 1e6)})",
+                         f"all threads {paced:.3f} % of the {pace * 1e3:.0f} ms step: "
+                         + ("met" if paced <= 0.1 else "missed") + " (≤ 0.1 %)"])
+    hf = hfs["now"][0]
     emit("Logger cost per call (bench/logger_cost.py)", headers, rows,
-         {"babysit": timed, "wandb": theirs, "wandb_init_s": init_s, "wandb_finish_s": finish_s, "hf": hf,
+         {"babysit": timed, "wandb": theirs, "wandb_init_s": init_s, "wandb_finish_s": finish_s, "hf": hfs,
           "calls": a.calls}, a.json,
          notes=[f"{a.calls} calls each, the same records (3 floats), babysit's in 10 rounds interleaved with "
                 f"--before's; wandb.init {init_s:.2f} s and run.finish {finish_s:.2f} s not counted in its "
                 "per-call figure",
-                f"HF: a tiny GPT-2 (tests/integrations/hf_tiny.py), {a.hf_steps} steps, logging every step; the "
-                f"callback's share of a step: HF's dispatch of its every-step hooks "
-                f"({hf['per_step_s'] * 1e6:.1f} µs) and of on_log with one record ({hf['log_s'] * 1e6:.1f} µs on the "
-                f"training thread, {hf['log_total_s'] * 1e6:.1f} µs with the records' thread writing it), on the "
-                "trainer's real state, less an empty handler's"])
+                f"HF: a tiny GPT-2 (tests/integrations/hf_tiny.py), {a.hf_steps} steps, logging every step, in a "
+                f"process of its own for each code, alternated {a.hf_pairs} times; the callback's share of a "
+                f"step: HF's dispatch of its every-step hooks ({hf['per_step_s'] * 1e6:.1f} µs) and of on_log with "
+                f"one record ({hf['log_s'] * 1e6:.1f} µs on the training thread, {hf['log_total_s'] * 1e6:.1f} µs "
+                "with the records' thread writing it), on the trainer's real state, less an empty handler's; "
+                "the paced run: the module doc"])
     return 0
 
 
