@@ -48,12 +48,16 @@ def records(n: int) -> list[dict[str, float]]:
 
 
 def client_at(before: str | None) -> Any:
-    """This tree's `babysit.integrations.client`, or (before) DIR/babysit/client.py loaded on its own (stdlib only)."""
+    """This tree's `babysit.integrations.client`, or (before) DIR's loaded on its own (stdlib only):
+    DIR/babysit/integrations/client.py, or DIR/babysit/client.py for code from before the package move."""
     if before is None:
         from babysit.integrations import client
 
         return client
-    spec = importlib.util.spec_from_file_location("babysit_client_before", Path(before) / "babysit" / "client.py")
+    where = Path(before) / "babysit" / "integrations" / "client.py"
+    if not where.exists():
+        where = Path(before) / "babysit" / "client.py"
+    spec = importlib.util.spec_from_file_location("babysit_client_before", where)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -335,7 +335,7 @@ def refuse(event, args):
         raise RuntimeError("no more hooks")
 sys.addaudithook(refuse)
 import babysit
-from babysit import client
+from babysit.integrations import client
 assert babysit.log(1, loss=1.0)
 os.environ["BABYSIT_LOG"] = sys.argv[1]
 assert babysit.log(2, loss=1.0)
@@ -453,7 +453,7 @@ def test_threads_writing_while_the_log_is_replaced_lose_and_tear_nothing(tmp_pat
 
 _FORK_AFTER_MOVE = """
 import os, sys
-from babysit.client import JsonlWriter
+from babysit.integrations.client import JsonlWriter
 log = sys.argv[1]
 w = JsonlWriter(log)
 assert w.log(1, side="parent")
