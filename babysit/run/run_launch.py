@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from babysit import sources
 from babysit.core import guards, nonfinite, retry, smoke
 from babysit.core import run_events as ev
 from babysit.core.run_machine import RunState
@@ -24,7 +25,6 @@ from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_part import RunPartHost
 from babysit.runtime.faults import crash_point
-from babysit.sources import mlflowstore
 
 log = structlog.get_logger("babysit.run.supervisor")
 
@@ -44,11 +44,7 @@ def attempt_env(spec: RunSpec, attempt: Attempt, records_log: Path, executor_env
                 "BABYSIT_CHECKPOINTS": str(spec.checkpoints),
                 "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
                 "BABYSIT_SPEC_FILE": str(spec.spec_file)})  # the Slurm executor reads [slurm] from it
-    if spec.source.kind == "wandb" and "WANDB_DIR" not in spec.env:
-        assert spec.source.path is not None  # wandb writes its run folders under $WANDB_DIR/wandb
-        env["WANDB_DIR"] = str(spec.source.path)
-    if spec.source.kind == "mlflow":  # MLflow tags every run the attempt starts: the reader finds them
-        env[mlflowstore.ENV] = mlflowstore.run_context(spec.name, attempt.n, env.get(mlflowstore.ENV))
+    env.update(sources.adapter(spec.source.kind).attempt_env(spec.source, spec.name, attempt.n, env, spec.env))
     watched = nonfinite.to_env(spec.guards.nonfinite_metrics)  # the hooks watch what the guard does
     if watched is not None:
         env[nonfinite.ENV] = watched
@@ -174,8 +170,7 @@ class RunLauncher:
         """The process of a recorded attempt started, marked running, its reading begun afresh; `Launched`."""
         host, ctx, spec = self.host, self.ctx, self.host.spec
         env = attempt_env(spec, attempt, host.runlog.records_log, self.executor.launch_env(spec.gpus), os.environ)
-        if spec.source.kind == "wandb" and "WANDB_DIR" not in spec.env:
-            Path(env["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)  # wandb writes its run folders under it
+        sources.adapter(spec.source.kind).before_launch(env, spec.env)  # wandb's $WANDB_DIR made
         if spec.log is not None:
             spec.log.parent.mkdir(parents=True, exist_ok=True)
         launched = self.executor.launch(attempt, list(attempt.argv), env, str(spec.workdir))

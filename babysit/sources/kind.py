@@ -67,6 +67,9 @@ class SourceKind(Protocol):
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str: ...
     def evidence(self, pumped: Evidence, records: int, garbage: int) -> Evidence: ...
     def unread_bytes(self, state: Mapping[str, Any], captured: Sequence[Path]) -> int: ...
+    def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
+                    user_env: Mapping[str, str]) -> dict[str, str]: ...
+    def before_launch(self, env: Mapping[str, str], user_env: Mapping[str, str]) -> None: ...
 
 
 class Kind:
@@ -88,6 +91,15 @@ class Kind:
     def unread_bytes(self, state: Mapping[str, Any], captured: Sequence[Path]) -> int:
         """Bytes written and not read yet (a reader that fell behind); 0: not known for this kind."""
         return 0
+
+    def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
+                    user_env: Mapping[str, str]) -> dict[str, str]:
+        """The variables this kind sets for an attempt (where the trainer's library should write, how its
+        runs are tagged), given the attempt's `env` so far and the run's own `[run.env]`."""
+        return {}
+
+    def before_launch(self, env: Mapping[str, str], user_env: Mapping[str, str]) -> None:
+        """What must exist before the attempt starts (a directory the library writes under)."""
 
 
 def sample(evidence: Evidence, label: str) -> str:

@@ -240,6 +240,11 @@ class MlflowKind(Kind):
     def require(self) -> None:
         require()
 
+    def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
+                    user_env: Mapping[str, str]) -> dict[str, str]:
+        """MLflow tags every run the attempt starts (`run_context`): the reader finds them by it."""
+        return {ENV: run_context(run, attempt, env.get(ENV))}
+
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
         return (f"{source.path}: {evidence.lines_seen or 0} MLflow metric points read, 0 records."
                 + sample(evidence, "Skipped")

@@ -216,6 +216,17 @@ class WandbKind(Kind):
     def require(self) -> None:
         require()
 
+    def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
+                    user_env: Mapping[str, str]) -> dict[str, str]:
+        if "WANDB_DIR" in user_env:
+            return {}
+        assert source.path is not None  # wandb writes its run folders under $WANDB_DIR/wandb
+        return {"WANDB_DIR": str(source.path)}
+
+    def before_launch(self, env: Mapping[str, str], user_env: Mapping[str, str]) -> None:
+        if "WANDB_DIR" not in user_env:
+            Path(env["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)  # wandb writes its run folders under it
+
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
         return (f"{source.path}: {evidence.lines_seen or 0} wandb.log records read, 0 with a step and a number."
                 + sample(evidence, "The keys of one")
