@@ -83,7 +83,7 @@ def write_run(tmp_path: Path, source: str) -> Path:
 def test_a_kind_registered_by_one_line_is_validated_by_its_rules(tmp_path: Path, tally: TallyKind) -> None:
     spec = load_spec(write_run(tmp_path, '[source]\nkind = "tally"\npath = "t.txt"\n'))
     assert spec.source.kind == "tally" and spec.source.path == tmp_path / "t.txt" and spec.source.copies
-    with pytest.raises(SpecError, match="source.path: expected a value"):  # a "required" path
+    with pytest.raises(SpecError, match=r"source\.path: expected a value"):  # a "required" path
         load_spec(write_run(tmp_path, '[source]\nkind = "tally"\n'))
     with pytest.raises(SpecError, match="the tally file"):  # in its own words
         load_spec(write_run(tmp_path, '[source]\nkind = "tally"\npath = ""\n'))
@@ -238,3 +238,28 @@ def test_the_tailer_keeps_the_cursor_of_a_missing_file_and_reads_a_rewritten_hea
         f.write(b"XYZdef\nmore\n")
     again = tailer.read(path, cursor, 100)
     assert again is not None and again.reset and again.data == b"XYZdef\nmore\n" and again.grown(cursor) == 12
+
+
+def test_babysit_runs_pass_through_follows_a_captured_file_replaced_or_truncated(tmp_path: Path) -> None:
+    """The foreground of `babysit run` tails the captured files through the one tailer too: a file put in
+    the old one's place (or cut short) is shown from its start, not from the old offset (where it showed
+    nothing until the new file grew past it)."""
+    import io
+
+    from babysit.view.follow import _Stream
+
+    path, out = tmp_path / "stdout.log", io.StringIO()
+    stream = _Stream(path, out)
+    path.write_text("step 1\nstep 2\nhalf")
+    stream.pump(0.0)
+    assert out.getvalue() == "step 1\nstep 2\n"
+    new = tmp_path / "new.log"
+    new.write_text("again 1\n")
+    os.replace(new, path)
+    stream.pump(1.0)
+    assert out.getvalue() == "step 1\nstep 2\nagain 1\n"  # the old file's partial line is not glued on
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(b"x\n")
+    stream.pump(2.0)
+    assert out.getvalue().endswith("again 1\nx\n")

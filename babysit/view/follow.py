@@ -19,6 +19,7 @@ from typing import TextIO
 from babysit.core.render import render
 from babysit.db.store import Store
 from babysit.sources import stdout as captured
+from babysit.sources import tailer
 from babysit.sources.pump import run_dir
 
 CHUNK = 1 << 20
@@ -31,20 +32,21 @@ class _Stream:
     def __init__(self, path: Path, out: TextIO) -> None:
         self.path = path
         self.out = out
-        self.offset = 0
+        self.cursor = tailer.Cursor()  # the one tailer's: a file replaced or truncated is shown again from its start
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.partial = ""
         self.frame_at = 0.0
         self.shown_frame = ""
 
     def pump(self, now: float, final: bool = False) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(CHUNK)
-        except FileNotFoundError:
+        got = tailer.read(self.path, self.cursor, CHUNK)
+        if got is None:
             return
-        self.offset += len(data)
+        if got.reset:  # another file in its place: its text from the start, nothing of the old one's last line
+            self.decoder.reset()
+            self.partial = ""
+        data = got.data
+        self.cursor = got.advance(len(data))
         text = self.partial + self.decoder.decode(data, final=final)
         *whole, self.partial = text.split("\n")
         lines = [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in whole]
