@@ -26,7 +26,9 @@ class KindRules:
     written; `expected` says what it names), "default" (`default_path` under the run's workdir unless
     written). `patterns`: it takes `[[source.patterns]]` and `preset`; `step_column`: it names a CSV
     column; `renames`: `metrics` and `step_offset` apply; `copies`: babysit writes a record log of its own
-    from what the adapter reads (every kind but the one whose file already is babysit's JSONL)."""
+    from what the adapter reads (every kind but the one whose file already is babysit's JSONL). `offline`:
+    what `babysit verdict run.toml --log PATH` may name for this kind (read through the adapter into a record
+    log of its own; None: PATH is a record log); `directory`: that path is a directory."""
 
     name: str
     adapter: str  # the module whose `KIND` reads it, e.g. "babysit.sources.csvfile"
@@ -37,6 +39,8 @@ class KindRules:
     step_column: bool = False
     renames: bool = True
     copies: bool = True
+    offline: str | None = None
+    directory: bool = False
 
 
 TB_DIR = "the directory the trainer writes TensorBoard event files to"
@@ -45,8 +49,9 @@ CSV_FILE = "the CSV file the trainer writes (e.g. Lightning's metrics.csv)"
 KINDS: dict[str, KindRules] = {rules.name: rules for rules in (
     KindRules("jsonl", "babysit.sources.jsonl", path="log", renames=False, copies=False),
     KindRules("stdout", "babysit.sources.stdout", path="none", patterns=True),
-    KindRules("tensorboard", "babysit.sources.tensorboard", expected=TB_DIR),
-    KindRules("csv", "babysit.sources.csvfile", expected=CSV_FILE, step_column=True),
+    KindRules("tensorboard", "babysit.sources.tensorboard", expected=TB_DIR, offline="an event directory",
+              directory=True),
+    KindRules("csv", "babysit.sources.csvfile", expected=CSV_FILE, step_column=True, offline="a CSV file"),
     KindRules("wandb", "babysit.sources.wandbfile", path="default", default_path=WANDB_DIR),
     KindRules("mlflow", "babysit.sources.mlflowstore", path="default", default_path=MLFLOW_STORE),
 )}

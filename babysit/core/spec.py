@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core import expr
+from babysit.core import expr, source_kinds
 from babysit.core.campaign_spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
 from babysit.core.errors import SpecError
 from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
@@ -209,7 +209,7 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
                    expected="a box's host name (letters, digits, '.', '_' or '-', at most 63; docs/fleet.md)")
     run.finish()
     source = parse_source(top.table("source"), workdir=workdir, name=name, log=log)
-    log = source.path if source.kind == "jsonl" else log  # jsonl: [source].path may name the log instead
+    log = source.path if source_kinds.rules(source.kind).path == "log" else log  # jsonl: [source].path may name it
     link, campaign = _campaign(top.table("campaign"), base)
 
     spec = RunSpec(

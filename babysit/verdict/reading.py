@@ -18,6 +18,7 @@ from babysit.core.amendment import AmendmentRecord, parse_amendment
 from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
 from babysit.core.records import LogRecord
+from babysit.core.source_kinds import KINDS
 from babysit.core.spec import Prereg, RunSpec, load_spec
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
 from babysit.db.store import Amendment, Store
@@ -364,7 +365,7 @@ def from_store(stored: Amendment) -> AmendmentRecord:
                            data_seen_through_step=stored.data_seen_through_step, sha256=stored.sha256)
 
 
-OFFLINE_READS = ("tensorboard", "csv")  # [source] kinds an offline read pumps into a record log of its own
+OFFLINE_READS = tuple(k for k, rules in KINDS.items() if rules.offline)  # pumped into a record log of their own
 _OFFLINE_PUMPS = 10_000  # pump budgets at most (each reads a bounded batch): a huge source still ends
 
 
@@ -374,14 +375,15 @@ def offline_records(spec: RunSpec, given: Path | None, scratch: Path) -> Path:
     through the same adapter as the daemon's into a record log under `scratch`; a `.jsonl` PATH is read as
     a record log (a registered run's `records.jsonl`). Every other kind reads PATH (else `[run].log`)."""
     kind = spec.source.kind
-    if kind not in OFFLINE_READS or (given is not None and given.suffix == ".jsonl"):
+    rules = KINDS[kind]
+    if rules.offline is None or (given is not None and given.suffix == ".jsonl"):
         log = given if given is not None else records_log(spec, None)
         if not log.is_file():
             raise BadInput(f"log {log} does not exist", hint="pass the train log with --log PATH")
         return log
     path = given if given is not None else spec.source.path
-    want = "an event directory" if kind == "tensorboard" else "a CSV file"
-    if path is None or not path.exists() or (kind == "tensorboard") != path.is_dir():
+    want = rules.offline
+    if path is None or not path.exists() or rules.directory != path.is_dir():
         raise BadInput(f"--log {path}: expected {want} for [source] kind = \"{kind}\"",
                        hint=f"pass {want} (what the trainer writes), or a record log (.jsonl) with --log PATH")
     sources.adapter(kind).require()  # exit 2 naming the extra it reads with (tensorboard's)
