@@ -341,7 +341,7 @@ def test_concurrent_writers_in_real_processes_lose_nothing(here: Path) -> None:
 KILLED_BEFORE_REPLACE = """
 import sys, time
 from pathlib import Path
-from babysit import registry
+from babysit.runtime import registry
 
 def stop(tmp):
     print("READY", tmp, flush=True)
@@ -377,7 +377,7 @@ def test_a_writer_killed_between_write_and_replace_leaves_the_old_file_and_its_t
 LOOPING_WRITER = """
 import sys
 from pathlib import Path
-from babysit import registry
+from babysit.runtime import registry
 
 path, version = Path(sys.argv[1]), 0
 while True:

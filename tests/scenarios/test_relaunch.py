@@ -18,7 +18,7 @@ from pathlib import Path
 from babysit.service.daemon import Daemon
 from babysit.channels.notify import ConsoleChannel
 from babysit.probes.gpu import open_gpu_probe
-from babysit import registry
+from babysit.runtime import registry
 reg = Path(sys.argv[1])
 state = registry.load(reg).state_dir
 d = Daemon(reg, gpu_probe=open_gpu_probe("none"), channel=ConsoleChannel(state, sys.stdout), accelerated=True,
