@@ -206,8 +206,14 @@ class PostgresStore(Store):
                 left = journal.replay(pg, local)
                 journal.seed(pg, local, self.host)
                 pool = journal.IdPool.fresh(local)
-                for table in journal.ID_TABLES:
-                    pool.refill(pg.execute, table)
+                local.execute("BEGIN IMMEDIATE")  # one commit for the reserve, not one an id (~30,000: seconds)
+                try:
+                    for table in journal.ID_TABLES:
+                        pool.refill(pg.execute, table)
+                    local.execute("COMMIT")
+                except BaseException:
+                    local.execute("ROLLBACK")
+                    raise
         except psycopg.Error as exc:
             local.close()
             raise StateError(f"{self.where}: cannot open the state database: {exc}".strip(),
