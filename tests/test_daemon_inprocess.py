@@ -1,13 +1,13 @@
 """The daemon driven in process: its registry, store and GPU file are real; its clock, executor, host probe
 and timers are the tests' (tests/fakes.py). A control request is acted on when it arrives, not by a tick;
-a guard round observes each run once."""
+a guard round observes each run once. The requests a store error left are looked at again on both backends
+(`any_daemon`: SQLite, and a real PostgreSQL refusing the box's role, tests/backends.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import signal
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,15 +16,15 @@ from babysit.channels.notify import ConsoleChannel
 from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.service.daemon import Daemon
+from tests.backends import BACKENDS, Backend, backend
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 RUNS = ("a", "b", "c")
 
 
-@pytest.fixture
-def daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def _daemon(tmp_path: Path, store: Backend):
     (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
-    lines = ["[daemon]", 'state_dir = ".babysit"', ""]
+    lines = [store.registry_head() + "[daemon]", 'state_dir = ".babysit"', ""]
     for name in RUNS:
         (tmp_path / f"{name}.toml").write_text(f'[run]\nname = "{name}"\ncommand = ["train"]\nlog = "{name}.jsonl"\n'
                                                "gpus = [0]\n[guards]\nmin_free_host_ram_gib = 1\n")
@@ -38,11 +38,30 @@ def daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
                channel=ConsoleChannel(state, None), clock=clock, host_probe=host, executors={"local": executor},
                timers=timers)
+    store.started(d)
     d.reconcile_registry()
     d.handle_requests()  # the first look, as start() takes it
-    yield d, clock, executor, host, timers
-    d.exits.close()
-    d.store.close()
+    try:
+        yield d, clock, executor, host, timers
+    finally:
+        d.exits.close()
+        d.store.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    yield from _daemon(tmp_path, Backend())
+
+
+@pytest.fixture(params=BACKENDS)
+def any_daemon(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The daemon on SQLite, then on PostgreSQL (its store journaled, as `babysit up` makes it), with the
+    backend that refuses its writes for real."""
+    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    with backend(request.param, request) as store:
+        for parts in _daemon(tmp_path, store):
+            yield (*parts, store)
 
 
 def test_every_registered_run_is_launched_through_the_injected_executor(daemon) -> None:
@@ -133,22 +152,21 @@ def test_a_round_the_store_refuses_records_nothing_and_comes_again_a_minute_late
     assert [p.kind for run in RUNS for p in d.store.polls(run)] == ["first"] * len(RUNS)
 
 
-def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(daemon) -> None:
+def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(any_daemon) -> None:
     """The store refuses the answer to one request (a's): the requests after it in the same look are carried
     out and answered all the same, and a's is answered at the next round, though nobody queued anything
     since (before: the look had noted the store's version first, so b's abort and a's answer waited for some
     other request or message to be queued, however long that took)."""
-    d, _, executor, _, _ = daemon
-    asker = Store.in_dir(d.state_dir)
-    d.store._db.execute("CREATE TEMP TRIGGER refuse_a BEFORE UPDATE ON control WHEN NEW.run = 'a'"
-                        " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+    d, _, executor, _, _, store = any_daemon
+    asker = store.asker(d.state_dir)
+    store.refuse_answers(d, "a")
     try:
         first, second = asker.request("a", "abort", "test", 0.0), asker.request("b", "abort", "test", 0.0)
         with contextlib.suppress(Exception):
             d.handle_requests()
         assert executor.process("b", 1).signals == [signal.SIGTERM]  # the one after it, carried out
         assert asker.request_result(second) == "stopping" and asker.request_result(first) is None
-        d.store._db.execute("DROP TRIGGER refuse_a")
+        store.allow(d)
         d.guards()  # the round's backstop: nothing new was queued, the answer is still owed
         assert asker.request_result(first) == "stopping"
         assert executor.process("a", 1).signals == [signal.SIGTERM]  # stopped once: a's stop is not sent twice
@@ -156,22 +174,43 @@ def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(da
         asker.close()
 
 
-def test_requests_the_store_could_not_list_are_listed_again_by_the_next_round(daemon) -> None:
+def test_requests_the_store_could_not_list_are_listed_again_by_the_next_round(any_daemon) -> None:
     """The look's read of the requests failed (a real SQLite error: a temp view shadows the table, over a
-    table since dropped): the next round reads them again, though nothing new was queued (before: the
-    store's version was noted first, and the abort waited for some other request or message)."""
-    d, _, executor, _, _ = daemon
-    asker = Store.in_dir(d.state_dir)
+    table since dropped; on PostgreSQL the box's role may no longer claim them: its UPDATE on the table
+    revoked): the next round reads them again, though nothing new was queued (before: the store's version
+    was noted first, and the abort waited for some other request or message)."""
+    d, _, executor, _, _, store = any_daemon
+    asker = store.asker(d.state_dir)
     try:
         request = asker.request("b", "abort", "test", 0.0)
-        for sql in ("CREATE TEMP TABLE gone (x)", "CREATE TEMP VIEW control AS SELECT * FROM gone",
-                    "DROP TABLE gone"):
-            d.store._db.execute(sql)
-        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        store.refuse_listing(d)
+        with pytest.raises(store.refused):
             d.handle_requests()
-        d.store._db.execute("DROP VIEW temp.control")
+        store.allow(d)
         d.guards()
         assert asker.request_result(request) == "stopping"
         assert executor.process("b", 1).signals == [signal.SIGTERM]
+    finally:
+        asker.close()
+
+
+def test_an_answer_refused_in_a_look_that_queued_nothing_is_written_at_the_next_round(any_daemon) -> None:
+    """The same owed answer, from a look that queued no message (a poll asked of a run that has ended): on
+    PostgreSQL the store's version counts the outbox's newest id, so a look whose abort queued its
+    `stopping` post is looked at again whatever; a look that queued nothing is brought back by the owed
+    answer alone (before the fix: never, until someone queued something)."""
+    d, _, executor, _, _, store = any_daemon
+    executor.end("c", 1, exit_code=0)
+    d.guards()  # c is over: a poll of it is answered, and queues nothing
+    asker = store.asker(d.state_dir)
+    store.refuse_answers(d, "c")
+    try:
+        request = asker.request("c", "poll-now", "test", 0.0)
+        with contextlib.suppress(Exception):
+            d.handle_requests()
+        assert asker.request_result(request) is None
+        store.allow(d)
+        d.guards()
+        assert asker.request_result(request) == "not running"
     finally:
         asker.close()

@@ -1,7 +1,9 @@
 """A FINAL verdict whose post the store refused (its enqueue raised) is queued again by the same daemon at
 its next guard round, once: before, only a restarted daemon (whose start reads the stored verdict as not
 posted) queued it. The daemon is driven in process (tests/fakes.py); the store is a real SQLite whose
-connection refuses the verdict's outbox row through a TEMP trigger, as a failing disk would refuse it."""
+connection refuses the verdict's outbox row through a TEMP trigger, as a failing disk would refuse it; on a real
+PostgreSQL (the daemon's store journaled, as `babysit up` makes it) PostgreSQL refuses the box's role that row,
+under its live connection, then takes it again (tests/backends.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +18,25 @@ from babysit.channels.notify import ConsoleChannel, deliver_due
 from babysit.probes.gpu import FileGpuProbe
 from babysit.register import registration
 from babysit.service.daemon import Daemon
+from tests.backends import BACKENDS, backend
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 RUN = "grasp_sft_v2_demosonly_1gpu_disc"
-REFUSE = ("CREATE TEMP TRIGGER refuse_verdict BEFORE INSERT ON outbox WHEN NEW.kind = 'verdict'"
-          " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+
+
+@pytest.fixture(params=BACKENDS)
+def store_backend(request: pytest.FixtureRequest):
+    with backend(request.param, request) as chosen:
+        yield chosen
 
 
 @pytest.fixture
-def daemon(tmp_path: Path):
+def daemon(tmp_path: Path, store_backend, monkeypatch: pytest.MonkeyPatch):
+    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        monkeypatch.delenv(name, raising=False)
     (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
-    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n')
+    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n' + store_backend.registry_head())
     for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
         shutil.copy(FIXTURES / log, tmp_path / log)
     spec = (FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
@@ -40,6 +49,7 @@ def daemon(tmp_path: Path):
     d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
                channel=ConsoleChannel(state, None), clock=clock, host_probe=host, executors={"local": executor},
                timers=ManualTimers(clock), accelerated=True)
+    store_backend.started(d)
     d.reconcile_registry()
     d.handle_requests()
     yield d, executor, clock
@@ -51,16 +61,16 @@ def verdict_posts(d: Daemon) -> list:
     return [m for m in d.store.messages(RUN) if m.kind == "verdict"]
 
 
-def test_a_final_verdict_whose_enqueue_raised_is_queued_at_the_next_round_once(daemon) -> None:
+def test_a_final_verdict_whose_enqueue_raised_is_queued_at_the_next_round_once(daemon, store_backend) -> None:
     d, executor, clock = daemon
-    d.store._db.execute(REFUSE)  # the daemon's own connection: this one insert fails, nothing else
+    store_backend.refuse_verdict_posts(d)  # the store refuses the verdict's post, for real
     executor.end(RUN, 1, exit_code=0)
     d.guards()  # the exit: the FINAL verdict read, saved, charted; its post refused by the store
     assert d.store.run_state(RUN)[0] == "finished"
     assert d.store.final_verdict(RUN) is not None and verdict_posts(d) == []
     d.guards()  # still refused: nothing queued, nothing raised into the round
     assert verdict_posts(d) == []
-    d.store._db.execute("DROP TRIGGER refuse_verdict")
+    store_backend.allow(d)
     d.guards()  # the store takes writes again: the same daemon queues it
     posts = verdict_posts(d)
     assert len(posts) == 1 and posts[0].payload["verdict"]["status"] == "FINAL"
