@@ -98,8 +98,8 @@ class JsonlWriter:
                 return self.append(line)  # replaced: the new file is followed
             try:
                 written = os.write(sink[0], line)
-            except OSError:  # nothing written: a full disk (said there), or the descriptor closed under us
-                return self.append(line, sink)
+            except OSError as exc:  # nothing written: a full disk (said there), or the descriptor closed under us
+                return self.append(line, sink if exc.errno == errno.EBADF else None)
             if written != len(line):  # a signal or a full disk mid-line: the rest, rather than a torn line
                 try:
                     _write_all(sink[0], memoryview(line)[max(written, 0):])
@@ -183,26 +183,31 @@ class JsonlWriter:
 
     def append(self, lines: bytes, failed: tuple[int, int, int] | None = None) -> bool:
         """Append whole encoded lines (one or many) in one write: the caller has checked the rank.
-        `failed`: the cached descriptor a write just failed on (`write`'s one pass), to check before a retry."""
+        `failed`: the cached descriptor a write just found closed (EBADF), not to be used again."""
         path = self.path
         if path is None:
             return False
-        try:
-            fd, cached = _sinks.descriptor(path, failed)
-        except OSError as exc:
-            self._warn(f"open:{path}", f"babysit.log: cannot open {path} (${ENV}): {exc}; records are dropped "
-                                       "(training goes on; babysit will see no progress)")
-            return False
-        try:
-            _write_all(fd, lines)
-        except OSError as exc:
-            self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
-                                        "until a write succeeds (training goes on)")
-            return False
-        finally:
-            if not cached:
-                os.close(fd)
-        return True
+        for retry in (False, True):
+            try:
+                fd, cached = _sinks.descriptor(path, failed)
+            except OSError as exc:
+                self._warn(f"open:{path}", f"babysit.log: cannot open {path} (${ENV}): {exc}; records are dropped "
+                                           "(training goes on; babysit will see no progress)")
+                return False
+            try:
+                _write_all(fd, lines)
+            except OSError as exc:
+                if cached and exc.errno == errno.EBADF and not retry:  # closed by code that does not own it
+                    failed = _SINKS.get(path)
+                    continue
+                self._warn(f"write:{path}", f"babysit.log: cannot write {path}: {exc}; records are dropped "
+                                            "until a write succeeds (training goes on)")
+                return False
+            finally:
+                if not cached:
+                    os.close(fd)
+            return True
+        return False
 
     def _warn(self, key: str, message: str) -> None:
         """Once per kind of trouble, on stderr directly: `warnings` can be made errors (-W error)."""
@@ -434,8 +439,8 @@ class _Sinks:
                     return entry[0], True
         with self.lock:
             entry = _SINKS.get(path)
-            if entry is not None and entry is failed and not _is_open(entry[0]):
-                del _SINKS[path]  # closed by someone else (before the open below may take its number)
+            if entry is not None and entry is failed:
+                del _SINKS[path]  # closed by someone else: its number is not ours any more
                 entry = None
             fd = _open(path)
             try:
@@ -462,14 +467,6 @@ class _Sinks:
             except OSError:
                 pass
         _SINKS.clear()
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError as exc:
-        return exc.errno != errno.EBADF
-    return True
 
 
 _SINKS: dict[str, tuple[int, int, int]] = {}

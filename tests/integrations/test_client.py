@@ -412,7 +412,9 @@ def test_a_descriptor_closed_under_the_writer_is_opened_again(tmp_path: Path,
     os.close(client._SINKS[str(log)][0])  # a library closing every descriptor it did not open
     assert w.log(2, loss=1.0)
     assert w.log(3, loss=1.0)
-    assert [r["step"] for r in lines(log)] == [1, 2, 3]
+    os.close(client._SINKS[str(log)][0])
+    assert w.append(w.encode(4, {"loss": 1.0}) + w.encode(5, {"loss": 1.0}))  # a hook's batch (DeferredWriter)
+    assert [r["step"] for r in lines(log)] == [1, 2, 3, 4, 5]
 
 
 def test_threads_writing_while_the_log_is_replaced_lose_and_tear_nothing(tmp_path: Path) -> None:
