@@ -2,10 +2,10 @@
 records, the same machine, in one run; and the HF `BabysitCallback`'s cost per step against a tiny real
 model's step.
 
-  python bench/logger_cost.py              # ~1.5 min here (wandb's start-up, HF's imports)
+  python bench/logger_cost.py              # ~2.5 min here (wandb's start-up, HF's imports, the paced runs)
   python bench/logger_cost.py --calls 20000 --json out.json
   python bench/logger_cost.py --before DIR # DIR from bench/export_before.sh: its client and its HF
-                                           # callback measured in the same run, round for round
+                                           # callback measured in the same run, round for round (~5 min)
   python3 bench/logger_cost.py --babysit-only   # no wandb/transformers there (e.g. a bare GPU box)
 
 Targets (issue 28): `babysit.log` ≤ 10 µs a call and ≥ 10× cheaper than `wandb.log`; the callback's
