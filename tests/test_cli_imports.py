@@ -64,3 +64,14 @@ def test_the_demo_command_imports_no_database_library() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_shim_imports_nothing_heavy_and_not_the_store() -> None:
+    """A shim is one process a run: 1,000 runs start 1,000 of them, so what it imports is paid 1,000 times
+    (structlog and rich through the GPU probe cost ~1.5 s of CPU a start on a loaded box: bench/scale.py)."""
+    code = ("import sys, babysit.executors.shim; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r} "
+            "or m.startswith(('babysit.db', 'babysit.probes.gpu', 'sqlite3'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]"]

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from babysit.db.store import Attempt
-from babysit.probes.gpu import GpuProbe
+if TYPE_CHECKING:
+    # annotations only: the shim (one process a run) imports this package and so never loads the store
+    # or the GPU probe (its structlog and rich: ~1.5 s of a loaded box's CPU at each start, bench/scale.py)
+    from babysit.db.store import Attempt
+    from babysit.probes.gpu import GpuProbe
 
 
 @dataclass(frozen=True)
