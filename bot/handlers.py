@@ -83,8 +83,7 @@ def status(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, resp
 
 def runs(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:
     reg = registry_mod.load(cfg.registry_path)
-    rows = [row.to_dict() for row in fleet_rows(reg)[0]]  # the `status --json` shape, every box's
-    ack(**answer(msg.runs_message(rows)))
+    ack(**answer(msg.runs_message(fleet_rows(reg)[0])))  # every box's
 
 
 def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respond: Respond, client: Any) -> None:

@@ -6,7 +6,7 @@ is rendered by babysit/core/render.py, which these replies reuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from babysit.core.blocks import actions, code, confirm_button, context, section
@@ -146,15 +146,15 @@ def status_message(rows: Sequence[RunRow], now: float, boxes: Sequence[str] = ()
     return Rendered(table, [section(code(table))])
 
 
-def runs_message(rows: list[Mapping[str, Any]]) -> Rendered:
+def runs_message(rows: Sequence[RunRow]) -> Rendered:
     if not rows:
         return reply("No runs are registered. `babysit register RUN.toml` on the babysat host adds one.")
     lines = []
     for r in rows:
-        verdict = r.get("verdict") or {}
-        tail = f" · {verdict.get('label')} ({verdict.get('status')})" if verdict.get("label") else ""
-        attempt = f" · attempt {r['attempt']}" if r.get("attempt") else ""
-        lines.append(f"• `{r['run']}` — {r['status']}{attempt}{tail}")
+        v = r.verdict
+        tail = f" · {v.label} ({v.status})" if v is not None and v.label else ""
+        attempt = f" · attempt {r.attempt}" if r.attempt else ""
+        lines.append(f"• `{r.run}` — {r.status}{attempt}{tail}")
     return reply(f"*{len(rows)} registered run{'s' if len(rows) != 1 else ''}:*\n" + "\n".join(lines))
 
 

@@ -70,3 +70,14 @@ def test_the_bots_poll_answer_and_the_live_header_say_one_line_from_the_stored_p
     answer = poll_result("r", "polled", Snapshot.from_dict(stored)).text
     line = snapshot_line(snap)
     assert "step 100" in line and line in header and line in answer
+
+
+def test_the_bots_runs_list_reads_the_rows_themselves():
+    """`/babysit runs` renders the frozen rows `status` renders, not their `--json` dicts."""
+    from babysit.view.runview import Read, RunRow
+    from bot.messages import runs_message
+
+    rows = [RunRow(run="r", status="running", attempt=2, verdict=Read("PROVISIONAL", "HEALTHY", 0.01, 100)),
+            RunRow(run="s", status="registered")]
+    assert runs_message(rows).text == ("*2 registered runs:*\n• `r` — running · attempt 2 · HEALTHY (PROVISIONAL)\n"
+                                       "• `s` — registered")
