@@ -13,7 +13,7 @@ from babysit.core.snapshot import Snapshot
 from babysit.core.spec import RunSpec, load_spec
 from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.view.runtable import change_line, status_table
-from babysit.view.runview import RegistryCache, RunRow, TailCache, build_row, collect, target_step
+from babysit.view.runview import RegistryCache, RunRow, ShownFacts, TailCache, build_row, collect, target_step
 
 T0 = 1_800_000_000.0
 
@@ -59,6 +59,7 @@ def row(spec: RunSpec | None, **kw: object) -> RunRow:
     args: dict = {"status": "running", "facts": {}, "attempts": (attempt(),), "poll": None, "incident": None,
                   "verdict": None, "now": T0, "spec": spec, "records": None}
     args.update(kw)
+    args["facts"] = ShownFacts.from_dict(args["facts"])  # the run_state row's JSON, read as the Reader reads it
     return build_row("r", **args)
 
 

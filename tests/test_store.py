@@ -262,6 +262,21 @@ def test_an_error_out_of_a_batch_undoes_all_of_it(store: Store) -> None:
     assert len(store.polls("a")) == 1
 
 
+def test_a_poll_read_again_is_parsed_once_and_a_row_written_since_is_read_anew(store: Store) -> None:
+    """Each poll's snapshot is parsed once however often it is read (a page refreshed every few seconds);
+    a new poll, and a row that reused a rolled-back one's id (SQLite reuses the largest id), are read anew."""
+    store.add_poll("a", 1, 1.0, "first", Snapshot.from_dict({"step": 1}))
+    first = store.polls("a", 1)[0]
+    assert store.latest_polls()["a"].snapshot is first.snapshot  # the same parsed value, not a second parse
+    with pytest.raises(RuntimeError), store.batch():
+        store.add_poll("a", 1, 2.0, "periodic", Snapshot.from_dict({"step": 2}))
+        assert store.polls("a", 1)[0].snapshot.step == 2  # read inside the batch, then rolled back
+        raise RuntimeError("the round failed")
+    store.add_poll("a", 1, 3.0, "periodic", Snapshot.from_dict({"step": 3}))
+    assert [p.snapshot.step for p in store.polls("a")] == [3, 1]
+    assert store.latest_polls()["a"].snapshot.step == 3
+
+
 # -- the fleet's parts of the store: two boxes' handles on one PostgreSQL (SQLite has one box) -----------
 @pytest.fixture
 def two_boxes(pg_url: str) -> Iterator[tuple[Store, Store]]:

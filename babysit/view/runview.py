@@ -26,6 +26,7 @@ from babysit.core import progress
 from babysit.core.errors import BabysitError
 from babysit.core.progress import Progress, ProgressFields, declared_end, eta_seconds, target_step
 from babysit.core.records import LogRecord, seconds_per_step
+from babysit.core.run_events import Relaunch
 from babysit.core.spec import RunSpec, load_spec
 from babysit.core.status import ENDED_STATUSES, RunStatus
 from babysit.db.url import open_existing
@@ -33,8 +34,8 @@ from babysit.runtime import registry
 from babysit.sources import logtail
 from babysit.view.readstore import ReadStore
 
-__all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "build_row", "collect", "declared_end",
-           "eta_seconds", "target_step"]
+__all__ = ["ENDED", "Ended", "Incident", "Read", "Reader", "RunRow", "ShownFacts", "build_row", "collect",
+           "declared_end", "eta_seconds", "target_step"]
 from babysit.db.store import Attempt, HostLease, Poll, Row, Store
 
 ENDED = ENDED_STATUSES  # run states no daemon acts on again
@@ -124,7 +125,32 @@ class RunRow(ProgressFields):
         }
 
 
-def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Sequence[Attempt],
+@dataclass(frozen=True)
+class ShownFacts:
+    """What the surfaces show of a run's facts (its run_state row's JSON, as its daemon wrote it), read
+    once from that JSON (`from_dict`, the SQL boundary) into the values `build_row` needs."""
+
+    step: int | None = None  # the daemon's last reading of the log
+    enforced: bool = False  # the daemon stored the spec it enforces (then `enforced_cap` is its cap)
+    enforced_cap: float | None = None
+    relaunch: Relaunch | None = None  # `babysit relaunch`: attempts after `relaunch.after` are a new sequence
+    ended: str | None = None  # how the run ended, in the daemon's word
+    end_reason: str | None = None
+    hardware_profile: Mapping[str, Any] | None = field(default=None, compare=False)  # `babysit smoke`'s record
+    preset: str | None = None  # the printed-log preset `auto` chose
+    log_hint: str | None = None  # an empty JSONL log while it prints: what its first poll found in its lines
+
+    @classmethod
+    def from_dict(cls, facts: Mapping[str, Any]) -> ShownFacts:
+        enforced = facts.get("enforced")
+        return cls(step=facts.get("step"), enforced=isinstance(enforced, Mapping),
+                   enforced_cap=enforced.get("gpu_hours_cap") if isinstance(enforced, Mapping) else None,
+                   relaunch=Relaunch.from_dict(facts.get("relaunched")), ended=facts.get("ended"),
+                   end_reason=facts.get("end_reason"), hardware_profile=facts.get("hardware_profile"),
+                   preset=facts.get("preset"), log_hint=facts.get("log_hint"))
+
+
+def build_row(name: str, *, status: str, facts: ShownFacts, attempts: Sequence[Attempt],
               poll: Poll | None, incident: Row | None, verdict: Row | None, now: float,
               spec: RunSpec | None, records: Sequence[LogRecord] | None, note: str | None = None) -> RunRow:
     """One run's row at `now`. `records` are the newest records of its log (None: the log could not be
@@ -134,7 +160,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     live = status in (RunStatus.RUNNING, RunStatus.STOPPING)
     shown_status = status if attempts or status != RunStatus.PENDING else "registered"
 
-    step: int | None = facts.get("step")  # the daemon's last reading of the log
+    step = facts.step  # the daemon's last reading of the log
     source: str | None = "daemon" if step is not None else None
     sps: float | None = None
     last_ts: float | None = None
@@ -154,8 +180,7 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     end_step = progress.end_step(spec.total_steps if spec is not None else None, declared_end(records or ()),
                                  progress.steps_from_argv(last.argv) if last is not None and last.argv else None)
     file_cap = spec.guards.gpu_hours_cap if spec is not None else None
-    enforced = facts.get("enforced")
-    cap = enforced.get("gpu_hours_cap") if isinstance(enforced, Mapping) else file_cap
+    cap = facts.enforced_cap if facts.enforced else file_cap  # the one the daemon enforces
     n_gpus = len(spec.gpus) if spec is not None else (last.gpus if last else 0)
     progressed = progress.derive(step=step, seconds_per_step=sps, read_step=read_step, end_step=end_step,
                                  gpu_hours_used=progress.gpu_hours_used(attempts, now), gpu_hours_cap=cap,
@@ -165,22 +190,22 @@ def build_row(name: str, *, status: str, facts: Mapping[str, Any], attempts: Seq
     v = verdict.body if verdict is not None else None
     return RunRow(
         run=name, status=shown_status, attempt=last.n if last else None,
-        max_attempts=(int((facts.get("relaunched") or {}).get("after", 0)) + spec.retry.max_attempts
+        max_attempts=((facts.relaunch.after if facts.relaunch else 0) + spec.retry.max_attempts
                       if spec is not None else None),  # a relaunched run's sequence goes on from its last attempt
         profile=last.profile if last else None, outcome=last.outcome if last else None,
         progress=progressed, progress_from=source, last_record_ts=last_ts, gpus=n_gpus, gpu_util_pct=utils,
         gpu_hours_cap_file=file_cap if spec is not None and file_cap != cap else None,
         last_poll_at=poll.at if poll is not None else None,
         last_incident=Incident(incident.kind, incident.at) if incident is not None else None,
-        ended=Ended(facts.get("ended") or last.outcome, last.ended_at, facts.get("end_reason"))
+        ended=Ended(facts.ended or last.outcome, last.ended_at, facts.end_reason)
         if status in ENDED and last is not None else None,
         verdict=None if v is None else Read(v.get("status"), v.get("label"), v.get("delta"), v.get("at_step")),
-        hardware_profile=facts.get("hardware_profile"),  # set by `babysit smoke`
+        hardware_profile=facts.hardware_profile,  # set by `babysit smoke`
         note=note,
-        preset=facts.get("preset") or (spec.source.preset if spec is not None and spec.source.preset != "auto"
+        preset=facts.preset or (spec.source.preset if spec is not None and spec.source.preset != "auto"
                                        else None),
-        preset_pending=spec is not None and spec.source.preset == "auto" and not facts.get("preset"),
-        log_hint=facts.get("log_hint") if not records else None,
+        preset_pending=spec is not None and spec.source.preset == "auto" and not facts.preset,
+        log_hint=facts.log_hint if not records else None,
     )
 
 
@@ -271,7 +296,7 @@ class Reader:
                 entry = reg.get(name)  # unknown here and in the fleet: UnknownRun, the registered runs listed
             spec, note = self._specs.get(reg.spec_path(entry)) if entry is not None else (None, None)
             if store is None:
-                out.append(build_row(name, status="pending", facts={}, attempts=(), poll=None, incident=None,
+                out.append(build_row(name, status="pending", facts=ShownFacts(), attempts=(), poll=None, incident=None,
                                      verdict=None, now=now, spec=spec, records=None, note=note))
                 continue
             if bulk is not None:
@@ -289,7 +314,8 @@ class Reader:
             if entry is None or (store.host is not None and owner not in (None, store.host)):
                 note = f"on box {owner or '?'}"  # another box's run ([run] host): its files are there
             row = build_row(
-                name, status=status, facts=facts, attempts=attempts, poll=poll, incident=incident, verdict=verdict,
+                name, status=status, facts=ShownFacts.from_dict(facts), attempts=attempts, poll=poll, incident=incident,
+                verdict=verdict,
                 now=now, spec=spec, records=records, note=note)
             box_state = away.get(owners.get(name, ""))
             if box_state in ("lost", "down") and row.status in LIVE_STATUSES:

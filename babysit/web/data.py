@@ -188,7 +188,8 @@ class Site:
             if hit is not None and hit[0] == key:
                 return hit[1]
         row = runview.build_row(
-            name, status=status, facts=known, attempts=attempts, poll=poll, incident=incident, verdict=verdict,
+            name, status=status, facts=runview.ShownFacts.from_dict(known), attempts=attempts, poll=poll,
+            incident=incident, verdict=verdict,
             now=now, spec=spec,
             records=self.tail(log) if log is not None else None, note=note)
         if key is not None:
