@@ -21,7 +21,6 @@ from babysit.core import nonfinite, progress, readable, snapshot
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
-from babysit.core.suggest import suggest
 from babysit.db.store import Attempt
 from babysit.run.context import DaemonContext
 from babysit.run.run_verdict import RunVerdicts
@@ -367,19 +366,13 @@ class RunLog:
     def reading_line(self) -> str | None:
         """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
         and what pattern would read the newest line."""
-        source = self.spec.source
-        if source.kind == "jsonl" and not self.points and self.first_output_wall is not None:
-            hint = sniff(self.pump.run_dir)  # it prints, its log stays empty: would a preset read it?
+        kind = self.pump.kind
+        if kind.sniffs:  # a log the trainer writes itself (jsonl): it prints, its log stays empty?
+            if self.points or self.first_output_wall is None:
+                return None
+            hint = sniff(self.pump.run_dir)  # would a preset read what it prints?
             if hint is not None:
                 self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
             return hint
-        if source.kind != "stdout" or source.preset is None:
-            return None
-        chosen = self.pump.preset
-        if chosen is not None:
-            return "📄 " + sources.preset_line(chosen)
         sample = self.pumped.evidence.sample if self.pumped is not None else None
-        would = suggest(sample) if sample else None
-        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
-                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
-                   if would else "") + " (docs/your-trainer.md)")
+        return kind.reading_line(self.spec.source, self.pump.preset, sample)

@@ -28,6 +28,7 @@ class JsonlKind(Kind):
     name = "jsonl"
     reads = "bytes"
     counted = False
+    sniffs = True  # an empty log while the run prints: sources/sniff.py says whether a preset reads the prints
 
     def reader(self, source: SourceSpec, run_dir: Path, run: str) -> JsonlReader:
         return JsonlReader(source.path)

@@ -61,11 +61,13 @@ class SourceKind(Protocol):
     reads: Literal["bytes", "rows"]
     counted: bool  # its reads count lines (evidence); False: its evidence is the record log's tail (jsonl)
     reads_captured: bool  # it reads the run's captured stdout/stderr (their unread bytes are its backlog)
+    sniffs: bool  # while its log stays empty and the run prints, the first poll asks whether a preset reads it
 
     def reader(self, source: SourceSpec, run_dir: Path, run: str) -> Reader: ...
     def require(self) -> None: ...
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str: ...
     def evidence(self, pumped: Evidence, records: int, garbage: int) -> Evidence: ...
+    def reading_line(self, source: SourceSpec, chosen: str | None, sample: str | None) -> str | None: ...
     def unread_bytes(self, state: Mapping[str, Any], captured: Sequence[Path]) -> int: ...
     def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
                     user_env: Mapping[str, str]) -> dict[str, str]: ...
@@ -79,6 +81,7 @@ class Kind:
     reads: ClassVar[Literal["bytes", "rows"]]
     counted: ClassVar[bool] = True
     reads_captured: ClassVar[bool] = False
+    sniffs: ClassVar[bool] = False
 
     def require(self) -> None:
         """Raise `BadInput` (exit 2, naming the extra) when the package this kind reads with is missing."""
@@ -91,6 +94,11 @@ class Kind:
     def unread_bytes(self, state: Mapping[str, Any], captured: Sequence[Path]) -> int:
         """Bytes written and not read yet (a reader that fell behind); 0: not known for this kind."""
         return 0
+
+    def reading_line(self, source: SourceSpec, chosen: str | None, sample: str | None) -> str | None:
+        """What the first poll says of how the run's output is read (`chosen`: the preset `auto` chose;
+        `sample`: the newest line that gave nothing); None: nothing to say."""
+        return None
 
     def attempt_env(self, source: SourceSpec, run: str, attempt: int, env: Mapping[str, str],
                     user_env: Mapping[str, str]) -> dict[str, str]:

@@ -38,6 +38,7 @@ from babysit.core.source_spec import (
     SourcePattern,
     SourceSpec,
     compile_regex,
+    preset_line,
     required_literal,
 )
 from babysit.core.suggest import suggest
@@ -657,6 +658,17 @@ class StdoutKind(Kind):
                 continue
             behind += max(0, size - int(cursors.get(f"{path.parent.name}/{path.name}", {}).get("offset", 0)))
         return behind
+
+    def reading_line(self, source: SourceSpec, chosen: str | None, sample: str | None) -> str | None:
+        """The preset reading the run's printed lines, or that none matched yet and a pattern that would."""
+        if source.preset is None:
+            return None
+        if chosen is not None:
+            return "📄 " + preset_line(chosen)
+        would = suggest(sample) if sample else None
+        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
+                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
+                   if would else "") + " (docs/your-trainer.md)")
 
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
         lines = evidence.lines_seen or 0
