@@ -19,8 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from babysit.db.postgres import PostgresStore
 from babysit.web.server import Settings, WebServer
-from tests.fleet.helpers import wait_for
-from tests.fleet.outage_runs import write_spec
+from tests.fleet.helpers import outage_spec, wait_for
 from tests.web.conftest import fetch
 
 BANNER = "the database cannot be reached"
@@ -49,7 +48,7 @@ def box(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     root = tmp_path / "box-a"
     root.mkdir()
-    write_spec(root, "r1", ["python", "train.py"])
+    outage_spec(root, "r1", ["python", "train.py"])
     (root / "babysit.toml").write_text(
         f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n\n[[runs]]\nname = "r1"\nspec = "r1.toml"\n'
         'registered_at = "2026-01-01T00:00:00Z"\n')
@@ -113,3 +112,33 @@ def test_the_page_serves_this_box_from_its_mirror_while_postgres_is_down_and_the
             if not postgres.running():
                 postgres.start()
             daemon.close()
+
+
+def test_the_live_view_s_reader_falls_back_when_postgres_goes_away_under_it_and_comes_back(
+        box: Path, pg_url: str, outage: Callable[[], None], postgres: Any) -> None:
+    """`status --watch` and `babysit up`'s live view keep one reader across refreshes: a PostgreSQL stopped
+    under its open connection gives the mirror's rows and banner at the next refresh (before: the read's
+    error), and the refresh after the server is back the fleet again."""
+    from babysit.view.runview import Reader
+
+    other = PostgresStore(pg_url, host="box-b")
+    other.claim_run("rb", 1.0)
+    other.close()
+    daemon = PostgresStore(pg_url, host="box-a", state_dir=box / ".babysit", may_start_down=True)
+    daemon.claim_run("r1", 1.0)
+    daemon.start_journal()
+    daemon.set_run_state("r1", "running", time.time(), step=7)
+    reader = Reader(box / "babysit.toml")
+    try:
+        assert [r.run for r in reader.rows()] == ["r1", "rb"] and reader.banner() is None
+        outage()
+        daemon.add_incident("r1", None, time.time(), "while-down", {})  # the daemon notices, journals
+        assert [(r.run, r.status) for r in reader.rows()] == [("r1", "running")]
+        assert BANNER in (reader.banner() or "")
+        postgres.start()
+        assert [r.run for r in reader.rows()] == ["r1", "rb"] and reader.banner() is None
+    finally:
+        reader.close()
+        if not postgres.running():
+            postgres.start()
+        daemon.close()
