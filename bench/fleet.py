@@ -56,46 +56,21 @@ sys.path.insert(0, str(ROOT))
 from babysit.db.localserver import LocalPostgres  # noqa: E402
 from babysit.db.migrate import upgrade_postgres  # noqa: E402
 from babysit.runtime import registry  # noqa: E402
+from tests.fleet import helpers  # noqa: E402  (the fleet tests' helpers: a box's run.toml, env, waits)
 
 PY = sys.executable
 BOXES = ("box-a", "box-b", "box-c")
 TRAINER = ROOT / "bench" / "_term_trainer.py"
-GATED = ROOT / "bench" / "_gated_trainer.py"
+GATED = helpers.GATED
 CHANNEL = "C0RUNS"
 SLACK_TOKEN = "xoxb-bench-token"
-PREREG = """
-[prereg]
-question = "Does val_loss fall between steps 50 and 100?"
-metric = "val_loss"
-baseline_step = 50
-read_step = 100
-[[prereg.bands]]
-label = "IMPROVED"
-max = 0.0
-[prereg.otherwise]
-label = "NOT-IMPROVED"
-"""
+PREREG = helpers.PREREG
 
 
 def spec(box: Path, run: str, cmd: list[str] | None = None, body: str = "") -> Path:
-    path = box / f"{run}.toml"  # the command runs in its spec's directory: outputs/ is under the box
-    cmd = cmd or [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"]
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.01
-stop_grace_seconds = 30
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 600
-every_minutes = 600
-{body}""")
-    return path
+    """A CPU run (the trainer records every 5 s until SIGTERM), no poll due for ten hours."""
+    return helpers.run_toml(box, run, cmd or [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"], gpus="[]",
+                            min_free_gib=0.01, grace_s=30, poll_min=(600, 600), body=body)
 
 
 def make_box(root: Path, name: str, url: str, runs: int, head: str = "") -> Path:
@@ -116,36 +91,19 @@ def make_box(root: Path, name: str, url: str, runs: int, head: str = "") -> Path
 
 
 def env() -> dict[str, str]:
-    out = {**os.environ, "PYTHONPATH": str(ROOT), "BABYSIT_GPU_PROBE": "none"}
-    for key in ("SLACK_BOT_TOKEN", "BABYSIT_STORE_URL", "BABYSIT_HOST"):
-        out.pop(key, None)
-    return out
+    return helpers.box_env(gpu_probe="none")
 
 
 def wait_for(check, timeout: float, every: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout}s")
+    try:
+        return helpers.wait_for("the bench's condition", check, timeout, every)
+    except AssertionError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def kill_trainers(url: str) -> None:
     """Every attempt this bench's daemons left running (SIGTERM did not stop the runs: it never does)."""
-    from babysit.db.postgres import PostgresStore
-
-    store = PostgresStore(url, host="bench")
-    try:
-        for a in store.live_attempts():
-            if a.pid:
-                try:
-                    os.killpg(a.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-    finally:
-        store.close()
+    helpers.kill_trainers(url, "bench")
 
 
 def statements(log: Path, since: int, texts: Counter[str] | None = None) -> tuple[Counter[str], int]:

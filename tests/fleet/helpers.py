@@ -1,13 +1,38 @@
-"""Helpers the fleet tests share (their fixtures are in tests/fleet/conftest.py)."""
+"""Helpers the fleet tests and bench/fleet.py share: a box's run.toml, its environment, `babysit` on it, a
+daemon started and stopped, waiting, the posts Slack got (the fixtures are in tests/fleet/conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+FAKE = ROOT / "tests" / "reliability" / "fake_trainer.py"  # a record every --sleep s, --steps of them
+GATED = ROOT / "bench" / "_gated_trainer.py"  # evals to its read step, then ends when its gate file appears
+PREREG = """
+[prereg]
+question = "Does val_loss fall between steps 50 and 100?"
+metric = "val_loss"
+baseline_step = 50
+read_step = 100
+[[prereg.bands]]
+label = "IMPROVED"
+max = 0.0
+[prereg.otherwise]
+label = "NOT-IMPROVED"
+"""  # what a gated run's FINAL verdict is read with
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, every: float = 0.1) -> Any:
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.1) -> Any:
     """`check()`'s first truthy answer, asked every `every` s; an AssertionError naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -16,3 +41,103 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, every: 
             return found
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def fake_trainer(run: str) -> list[str]:
+    """The command of a run that trains on until stopped (a record every 0.5 s)."""
+    return [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
+
+
+def run_toml(box: Path, run: str, cmd: list[str] | None = None, *, gpus: str = "[0]", host: str | None = None,
+             log: str = "outputs/{name}/train_log.jsonl", file: str | None = None, min_free_gib: float = 0.1,
+             grace_s: int = 20, stall_min: int | None = 120, poll_min: tuple[int, int] = (30, 60),
+             body: str = "") -> Path:
+    """`box/RUN.toml` (or `file`): a run with the guards and polls a fleet test needs out of its way; `body`
+    appended ([prereg], [retry], …). The command runs in its spec's directory: outputs/ is under the box."""
+    path = box / (file or f"{run}.toml")
+    guards = f"min_free_host_ram_gib = {min_free_gib}\nstop_grace_seconds = {grace_s}\n"
+    if stall_min is not None:
+        guards += f"stall_minutes = {stall_min}\n"
+    head = f"gpus = {gpus}\n" if gpus else ""
+    head += f'host = "{host}"\n' if host is not None else ""
+    path.write_text(f"""[run]
+name = "{run}"
+command = {json.dumps(cmd or fake_trainer(run))}
+log = "{log}"
+{head}
+[guards]
+{guards}
+[poll]
+first_after_minutes = {poll_min[0]}
+every_minutes = {poll_min[1]}
+{body}""")
+    return path
+
+
+def outage_spec(box: Path, run: str, cmd: list[str], body: str = "") -> Path:
+    """What the outage tests register: no poll due for ten hours (nothing posted but what the test causes)."""
+    return run_toml(box, run, cmd, poll_min=(600, 600), body=body)
+
+
+def box_env(box: Path | None = None, gpu_probe: str | None = None) -> dict[str, str]:
+    """The environment of a box's `babysit`: this tree's code, the box's GPU file (or `gpu_probe`), nothing of
+    the caller's store, host or Slack."""
+    probe = gpu_probe or f"file:{box / 'gpus.json'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BABYSIT_GPU_PROBE": probe}
+    for key in ("SLACK_BOT_TOKEN", "BABYSIT_STORE_URL", "BABYSIT_HOST", "BABYSIT_CRASH_AT"):
+        env.pop(key, None)
+    return env
+
+
+def babysit(box: Path, *args: str, timeout: float = 60, env: Mapping[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """`babysit ARGS --registry box/babysit.toml`, run in the box."""
+    return subprocess.run([PY, "-m", "babysit", *args, "--registry", str(box / "babysit.toml")], cwd=box,
+                          env=dict(env) if env is not None else box_env(box), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def up(box: Path, env: Mapping[str, str] | None = None, out: str = "daemon-out.txt") -> subprocess.Popen[bytes]:
+    """`babysit up --accelerated` on the box, its output appended to box/OUT, in a session of its own."""
+    with open(box / out, "ab") as log:
+        return subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")],
+                                cwd=box, env=dict(env) if env is not None else box_env(box), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (Ctrl-C's way out), then SIGKILL to its session after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def pg_store(url: str, host: str = "test") -> Any:
+    """A PostgreSQL store of the test's own (a CLI's: no journal)."""
+    from babysit.db.postgres import PostgresStore
+
+    return PostgresStore(url, host=host)
+
+
+def kill_trainers(url: str, host: str = "test") -> None:
+    """Every trainer the boxes' daemons left running (a daemon stopped leaves its runs: it always does)."""
+    store = pg_store(url, host)
+    try:
+        for a in store.live_attempts():
+            if a.pid:
+                try:
+                    os.killpg(a.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    finally:
+        store.close()
+
+
+def posted_ids(fake: Any) -> Counter[int]:
+    """How many times each outbox row reached the local Slack server (by the id in its message metadata)."""
+    return Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
+                   if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")

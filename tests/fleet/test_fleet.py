@@ -11,19 +11,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fleet.helpers import PY, babysit, box_env, kill_trainers, pg_store, run_toml, up, wait_for
 from tests.reliability.harness import gpu_file
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-FAKE = ROOT / "tests" / "reliability" / "fake_trainer.py"
 BOXES = ("box-a", "box-b", "box-c")
 LEASE_S = 3.0
 
@@ -32,39 +29,6 @@ def _registry(box: Path, name: str, url: str | None) -> None:
     store = f'[store]\nurl = "{url}"\n' if url else ""
     (box / "babysit.toml").write_text(f"[daemon]\nguard_interval_seconds = 3600\n{store}"
                                       f'[host]\nname = "{name}"\nlease_seconds = {LEASE_S}\n')
-
-
-def _spec(box: Path, run: str) -> Path:
-    cmd = [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
-    path = box / f"{run}.toml"
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 30
-every_minutes = 60
-""")
-    return path
-
-
-def _env(box: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BABYSIT_GPU_PROBE": f"file:{box / 'gpus.json'}"}
-    for key in ("SLACK_BOT_TOKEN", "BABYSIT_STORE_URL", "BABYSIT_HOST", "BABYSIT_CRASH_AT"):
-        env.pop(key, None)
-    return env
-
-
-def babysit(box: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "babysit", *args, "--registry", str(box / "babysit.toml")], cwd=box,
-                          env=_env(box), capture_output=True, text=True, timeout=timeout)
 
 
 class Fleet:
@@ -76,19 +40,14 @@ class Fleet:
             box.mkdir(parents=True)
             gpu_file(box / "gpus.json")
             _registry(box, name, url)
-            out = babysit(box, "register", str(_spec(box, f"run-{name[-1]}")), "--accelerated")
+            out = babysit(box, "register", str(run_toml(box, f"run-{name[-1]}")), "--accelerated")
             assert out.returncode == 0, out.stderr
 
     def box(self, name: str) -> Path:
         return self.root / name
 
     def up(self, name: str) -> None:
-        box = self.box(name)
-        log = open(box / "daemon-out.txt", "ab")  # noqa: SIM115 - closed with the process
-        self.procs[name] = subprocess.Popen(
-            [PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")], cwd=box,
-            env=_env(box), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        self.procs[name] = up(self.box(name))
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -96,9 +55,7 @@ class Fleet:
         proc.wait(10)
 
     def store(self) -> Any:
-        from babysit.db.postgres import PostgresStore
-
-        return PostgresStore(self.url, host="test")
+        return pg_store(self.url)
 
     def close(self) -> None:
         for name in list(self.procs):
@@ -109,26 +66,7 @@ class Fleet:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-        store = self.store()
-        try:
-            for a in store.live_attempts():
-                if a.pid:
-                    try:
-                        os.killpg(a.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-        finally:
-            store.close()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        kill_trainers(self.url)
 
 
 @pytest.fixture
@@ -220,7 +158,7 @@ def test_three_boxes_share_one_postgres_abort_by_notify_host_lost_once_and_a_dat
 def test_a_host_name_without_a_postgres_url_is_refused_saying_why(tmp_path: Path) -> None:
     _registry(tmp_path, "box-a", None)
     out = subprocess.run([PY, "-m", "babysit", "up", "--accelerated", "--exit-when-idle", "--registry",
-                          str(tmp_path / "babysit.toml")], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          str(tmp_path / "babysit.toml")], cwd=tmp_path, env=box_env(tmp_path), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "a fleet of boxes needs a PostgreSQL" in out.stderr and "[store] url" in out.stderr

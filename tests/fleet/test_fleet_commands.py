@@ -5,16 +5,12 @@ real trainer against the real PostgreSQL the tests start."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from babysit.runtime.wake import daemon_pid
-from tests.fleet.test_fleet import PY, _env, babysit, wait_for
+from tests.fleet.helpers import FAKE, PY, babysit, box_env, pg_store, run_toml, wait_for
 from tests.reliability.harness import gpu_file
-
-FAKE = Path(__file__).resolve().parents[1] / "reliability" / "fake_trainer.py"
 
 
 def _box(root: Path, url: str, name: str = "box-a") -> Path:
@@ -24,28 +20,9 @@ def _box(root: Path, url: str, name: str = "box-a") -> Path:
     return root
 
 
-def _pg(url: str) -> Any:
-    from babysit.db.postgres import PostgresStore
-
-    return PostgresStore(url, host="test")
-
-
-def _spec(box: Path, command: list[str]) -> Path:
-    path = box / "again.toml"
-    path.write_text(f"""[run]
-name = "again"
-command = {json.dumps(command)}
-log = "outputs/{{name}}/log.jsonl"
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-
-[poll]
-first_after_minutes = 60
-every_minutes = 60
-""")
-    return path
+def _again(box: Path, command: list[str]) -> Path:
+    return run_toml(box, "again", command, gpus="", log="outputs/{name}/log.jsonl", grace_s=5, stall_min=None,
+                    poll_min=(60, 60))
 
 
 def _up_until_idle(box: Path) -> subprocess.CompletedProcess[str]:
@@ -56,14 +33,14 @@ def test_relaunch_on_a_postgres_box_checks_and_asks_through_postgres_not_a_state
         tmp_path: Path, pg_url: str) -> None:
     box = _box(tmp_path / "box-a", pg_url)
     fixed = [PY, str(FAKE), "outputs/again/log.jsonl", "--steps", "4", "--sleep", "0.05"]
-    spec = _spec(box, [*fixed[:3], "--stpes", *fixed[4:]])  # a typo'd flag: the trainer's argparse exits 2
+    spec = _again(box, [*fixed[:3], "--stpes", *fixed[4:]])  # a typo'd flag: the trainer's argparse exits 2
     assert babysit(box, "register", str(spec), "--accelerated").returncode == 0
     first = _up_until_idle(box)
     assert first.returncode == 0, first.stdout + first.stderr
-    store = _pg(pg_url)
+    store = pg_store(pg_url)
     try:
         assert store.run_state("again")[0] == "failed" and len(store.attempts("again")) == 1
-        _spec(box, fixed)
+        _again(box, fixed)
         asked = babysit(box, "relaunch", "again", "--accelerated", "--wait", "0")
         # before: "again has not been launched yet" (it looked for .babysit/state.db, which a fleet has not)
         assert asked.returncode == 0, asked.stdout + asked.stderr
@@ -85,7 +62,7 @@ def test_babysit_run_on_a_postgres_box_babysits_and_follows_through_postgres(tmp
     cmd = [PY, str(FAKE), "outputs/solo/log.jsonl", "--steps", "4", "--sleep", "0.05"]
     # no `babysit up`: babysat in this process; how it ended is read back from the PostgreSQL
     here = subprocess.run([PY, "-m", "babysit", "run", "--name", "solo", "--accelerated", "--no-view",
-                           "--registry", str(box / "babysit.toml"), "--", *cmd], cwd=box, env=_env(box),
+                           "--registry", str(box / "babysit.toml"), "--", *cmd], cwd=box, env=box_env(box),
                           capture_output=True, text=True, timeout=120)
     # before: "solo is pending (the daemon stopped before it ended)", exit 6, read from a fresh state.db
     assert here.returncode == 0, here.stdout + here.stderr
@@ -93,13 +70,13 @@ def test_babysit_run_on_a_postgres_box_babysits_and_follows_through_postgres(tmp
 
     # with a `babysit up` holding the box: `babysit run` follows it (its messages from the PostgreSQL)
     up = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--no-view", "--registry",
-                           str(box / "babysit.toml")], cwd=box, env=_env(box),
+                           str(box / "babysit.toml")], cwd=box, env=box_env(box),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for("the daemon up", lambda: daemon_pid(box / ".babysit") == up.pid, timeout=60)
         cmd = [PY, str(FAKE), "outputs/followed/log.jsonl", "--steps", "6", "--sleep", "0.2"]
         followed = subprocess.run([PY, "-m", "babysit", "run", "--name", "followed", "--accelerated", "--no-view",
-                                   "--registry", str(box / "babysit.toml"), "--", *cmd], cwd=box, env=_env(box),
+                                   "--registry", str(box / "babysit.toml"), "--", *cmd], cwd=box, env=box_env(box),
                                   capture_output=True, text=True, timeout=120)
         assert followed.returncode == 0, followed.stdout + followed.stderr
         assert "babysits followed; following it here" in followed.stdout, followed.stdout
@@ -108,7 +85,7 @@ def test_babysit_run_on_a_postgres_box_babysits_and_follows_through_postgres(tmp
     finally:
         up.terminate()
         up.wait(30)
-    store = _pg(pg_url)
+    store = pg_store(pg_url)
     try:
         assert store.run_hosts() == {"solo": "box-a", "followed": "box-a"}
         assert store.attempts("followed")[0].outcome == "completed"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fleet.test_fleet import ROOT
+from tests.fleet.helpers import ROOT
 
 SCRIPT = r'''
 import json, sys, threading, time

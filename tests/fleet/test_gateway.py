@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.test_fleet import PY, _env, wait_for
+from tests.fleet.helpers import PY, box_env, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
@@ -48,7 +48,7 @@ def test_only_the_gateway_box_opens_socket_mode_and_another_takes_over_when_it_d
             gpu_file(box / "gpus.json")
             (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\n[store]\nurl = "{pg_url}"\n'
                                               f'[host]\nname = "{name}"\nlease_seconds = {LEASE_S}\n')
-            env: dict[str, Any] = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
+            env: dict[str, Any] = {**box_env(box), "SLACK_BOT_TOKEN": TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
                                    "BABYSIT_SLACK_API_URL": fake.api_url}
             env.pop("BABYSIT_SLACK_CHANNEL", None)
             with open(box / "daemon-out.txt", "wb") as out:

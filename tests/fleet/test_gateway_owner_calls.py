@@ -18,7 +18,7 @@ import pytest
 
 from babysit.runtime import registry
 from tests.campaign.test_owner_calls import answered, dispatch
-from tests.fleet.test_fleet import PY, _env, _spec, wait_for
+from tests.fleet.helpers import PY, box_env, run_toml, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
@@ -44,7 +44,7 @@ def two_boxes(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> I
     box_b = boxes["box-b"]
     (box_b / "campaign.toml").write_text(f'[campaign]\nname = "saga"\nquestion = "why?"\nowners = ["{OWNER}"]\n'
                                          '[[suspects]]\nname = "lr"\n')
-    proposal = _spec(box_b, "saga-next")  # what box-b's campaign proposed (written there, not launched)
+    proposal = run_toml(box_b, "saga-next")  # what box-b's campaign proposed (written there, not launched)
     store_b = PostgresStore(pg_url, host="box-b")
     now = store_b.now()
     store_b.claim_run("run-b", now)  # the call's run is box-b's
@@ -54,7 +54,7 @@ def two_boxes(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> I
     store_b.close()
     with open(box_b / "daemon-out.txt", "wb") as out:
         daemon = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry",
-                                   str(box_b / "babysit.toml")], cwd=box_b, env=_env(box_b), stdout=out,
+                                   str(box_b / "babysit.toml")], cwd=box_b, env=box_env(box_b), stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     fake = FakeSlack(TOKEN).start()
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.test_fleet import FAKE, PY, _env, wait_for
+from tests.fleet.helpers import PY, box_env, run_toml, wait_for
 from tests.fleet.test_fleet_reads import _body
 from tests.reliability.harness import PREREG_BODY, gpu_file
 from tests.slack.conftest import TOKEN
@@ -31,24 +31,7 @@ RUNS = {"box-a": ("ra1", "ra2", "ra3"), "box-b": ("rb1", "rb2", "rb3")}
 
 
 def _spec(box: Path, run: str, gpu: int) -> Path:
-    cmd = [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
-    path = box / f"{run}.toml"
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [{gpu}]
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 30
-every_minutes = 60
-{PREREG_BODY}""")
-    return path
+    return run_toml(box, run, gpus=f"[{gpu}]", body=PREREG_BODY)
 
 
 def _responses(fake: FakeSlack, path: str, n: int, timeout: float = 30.0) -> list[dict[str, Any]]:
@@ -83,11 +66,11 @@ def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_bo
                 f'[store]\nurl = "{pg_url}"\n[host]\nname = "{name}"\nlease_seconds = 3\n')
             for i, run in enumerate(runs):
                 out = subprocess.run([PY, "-m", "babysit", "register", str(_spec(box, run, i % 2)), "--accelerated",
-                                      "--registry", str(box / "babysit.toml")], cwd=box, env=_env(box),
+                                      "--registry", str(box / "babysit.toml")], cwd=box, env=box_env(box),
                                      capture_output=True, text=True, timeout=60)
                 assert out.returncode == 0, out.stderr
         for box in boxes.values():
-            env = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
+            env = {**box_env(box), "SLACK_BOT_TOKEN": TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
                    "BABYSIT_SLACK_API_URL": fake.api_url}
             for argv, log in ((["up", "--accelerated", "--no-view"], "daemon-out.txt"),
                               (["bot", "--socket"], "bot-out.txt")):

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from babysit.runtime import registry
-from tests.fleet.test_fleet import FAKE, PY, _env, wait_for
+from tests.fleet.helpers import FAKE, PY, box_env, wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
@@ -61,11 +61,11 @@ def test_relaunch_of_another_box_s_run_is_checked_and_carried_out_by_that_box(
                                       'log = "outputs/{name}/train_log.jsonl"\ngpus = []\n'
                                       '[guards]\nmin_free_host_ram_gib = 0.01\n[retry]\nmax_attempts = 1\n')
     out = subprocess.run([PY, "-m", "babysit", "register", "run-b.toml", "--accelerated", "--registry",
-                          str(box_b / "babysit.toml")], cwd=box_b, env=_env(box_b), capture_output=True, text=True)
+                          str(box_b / "babysit.toml")], cwd=box_b, env=box_env(box_b), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     with open(box_b / "daemon-out.txt", "wb") as log:
         daemon = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry",
-                                   str(box_b / "babysit.toml")], cwd=box_b, env=_env(box_b), stdout=log,
+                                   str(box_b / "babysit.toml")], cwd=box_b, env=box_env(box_b), stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     fake = FakeSlack(TOKEN).start()
     for key, value in (("SLACK_BOT_TOKEN", TOKEN), ("SLACK_SIGNING_SECRET", SECRET),

@@ -9,38 +9,33 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fleet.outage_runs import PREREG, write_spec
-from tests.fleet.test_fleet import FAKE, _env, babysit, wait_for
+from tests.fleet.helpers import (
+    FAKE,
+    GATED,
+    PREREG,
+    PY,
+    babysit,
+    box_env,
+    kill_trainers,
+    outage_spec,
+    pg_store,
+    posted_ids,
+    stop,
+    wait_for,
+)
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-GATED = ROOT / "bench" / "_gated_trainer.py"
 OUTAGE_S = 30.0
 
-
-
-def _pg(url: str) -> Any:
-    from babysit.db.postgres import PostgresStore
-
-    return PostgresStore(url, host="test")
-
-
-def _posted_ids(fake: FakeSlack) -> Counter[int]:
-    return Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
-                   if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")
 
 
 @pytest.mark.slow  # ~60 s: a 30-s outage and a daemon's start (CI runs it with -m slow)
@@ -52,24 +47,24 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
     (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\nguard_interval_seconds = 60\n'
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     gate = box / "gate"
-    ends = write_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
-    trains = write_spec(box, "trains", [PY, str(FAKE), "outputs/trains/train_log.jsonl", "--steps", "100000",
+    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    trains = outage_spec(box, "trains", [PY, str(FAKE), "outputs/trains/train_log.jsonl", "--steps", "100000",
                                    "--sleep", "0.5"])
     for spec in (ends, trains):
         out = babysit(box, "register", str(spec), "--accelerated")
         assert out.returncode == 0, out.stderr
     fake = FakeSlack(TOKEN).start()
-    env = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
+    env = {**box_env(box), "SLACK_BOT_TOKEN": TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
     env.pop("BABYSIT_SLACK_CHANNEL", None)
     with open(box / "daemon-out.txt", "wb") as out:
         proc = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")],
                                 cwd=box, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    store = _pg(pg_url)
+    store = pg_store(pg_url)
     trainer_pid = None
     try:
         running = wait_for("both runs running and announced", lambda: len(
             [a for a in store.live_attempts() if a.status == "running"]) == 2 and store.pending_count() == 0
-            and len(_posted_ids(fake)) >= 2, timeout=90)
+            and len(posted_ids(fake)) >= 2, timeout=90)
         assert running
         trainer_pid = next(a.pid for a in store.live_attempts() if a.run == "trains")
         store.close()
@@ -88,7 +83,7 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
         finally:
             postgres.start()
 
-        store = _pg(pg_url)
+        store = pg_store(pg_url)
         final = wait_for("the verdict replayed into PostgreSQL", lambda: store.final_verdict("ends"), timeout=30)
         assert final.kind == "FINAL"
         (attempt,) = store.attempts("ends")
@@ -96,7 +91,7 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
         assert store.run_state("trains")[0] == "running"
         wait_for("every post delivered", lambda: store.pending_count() == 0, timeout=30)
         sent = {m.id for m in store.messages() if m.status == "sent" and m.kind != "header"}
-        posted = _posted_ids(fake)
+        posted = posted_ids(fake)
         assert [i for i, n in posted.items() if n > 1] == [], "a post was delivered twice"
         assert set(posted) == sent, (sorted(posted), sorted(sent))  # none lost, none unrecorded
         assert all(m.status == "sent" for m in store.messages()), [(m.id, m.kind, m.status) for m in store.messages()]
@@ -107,22 +102,8 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
             float(x) for x in re.findall(r'"replay_s": ([0-9.]+)', daemon_log.read_text())], timeout=30)
         assert max(replays) <= 10, replays
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
         if not postgres.running():
             postgres.start()
-        check = _pg(pg_url)
-        try:
-            for a in check.live_attempts():
-                if a.pid:
-                    try:
-                        os.killpg(a.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-        finally:
-            check.close()
+        kill_trainers(pg_url)
         fake.stop()

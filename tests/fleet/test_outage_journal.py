@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +17,7 @@ from babysit.core.snapshot import Snapshot
 from babysit.db import journal
 from babysit.db.postgres import PgConnection, PostgresStore
 from babysit.db.store import PollRow
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-@pytest.fixture
-def outage(postgres: Any) -> Iterator[Callable[[], None]]:
-    """Stops this worker's server on call; it is always started again (other tests share it)."""
-    def stop() -> None:
-        postgres.stop("fast")
-
-    try:
-        yield stop
-    finally:
-        if not postgres.running():
-            postgres.start()
+from tests.fleet.helpers import wait_for
 
 
 def _daemon_store(url: str, state: Path) -> PostgresStore:

@@ -18,29 +18,10 @@ from babysit.db import journal
 from babysit.db.store import PollRow
 from babysit.probes.gpu import FileGpuProbe
 from babysit.service.daemon import Daemon
+from tests.fleet.helpers import wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-@pytest.fixture
-def outage(postgres: Any) -> Iterator[Callable[[], None]]:
-    """Stops this worker's server on call; it is always started again (other tests share it)."""
-    try:
-        yield lambda: postgres.stop("fast")
-    finally:
-        if not postgres.running():
-            postgres.start()
 
 
 @pytest.fixture

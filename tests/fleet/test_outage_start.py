@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,35 +16,22 @@ import pytest
 
 from babysit.core.errors import StateError
 from babysit.db.postgres import PostgresStore
-from tests.fleet.outage_runs import PREREG, write_spec
-from tests.fleet.test_fleet import _env, babysit
+from tests.fleet.helpers import (
+    GATED,
+    PREREG,
+    PY,
+    babysit,
+    box_env,
+    kill_trainers,
+    outage_spec,
+    posted_ids,
+    stop,
+    up,
+    wait_for,
+)
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
-
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-GATED = ROOT / "bench" / "_gated_trainer.py"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-@pytest.fixture
-def outage(postgres: Any) -> Iterator[Callable[[], None]]:
-    """Stops this worker's server on call; it is always started again (other tests share it)."""
-    try:
-        yield lambda: postgres.stop("fast")
-    finally:
-        if not postgres.running():
-            postgres.start()
 
 
 def test_a_store_restarted_while_down_numbers_rows_from_its_saved_reserve_and_catches_up(
@@ -119,27 +102,6 @@ with open(log, "a") as f:
 
 
 
-def _posted_ids(fake: FakeSlack) -> Counter[int]:
-    return Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
-                   if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")
-
-
-def _up(box: Path, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
-    with open(box / name, "wb") as out:
-        return subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")],
-                                cwd=box, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.mark.slow  # ~50 s: two daemons' starts, runs launched, a retry and a verdict while down
 def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mirror(
         tmp_path: Path, pg_url: str, postgres: Any) -> None:
@@ -150,30 +112,30 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     (box / "crasher.py").write_text(CRASHER)
     gate, crash = box / "gate", box / "crash"
-    ends = write_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
-    retries = write_spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
+    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    retries = outage_spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
                     '[retry]\non = ["crashed"]\n[[attempts]]\nprofile = "first"\nargs = ["--crash"]\n'
                     '[[attempts]]\nprofile = "second"\nargs = []\n')
     for spec in (ends, retries):
         out = babysit(box, "register", str(spec), "--accelerated")
         assert out.returncode == 0, out.stderr
     fake = FakeSlack(TOKEN).start()
-    env = {**_env(box), "SLACK_BOT_TOKEN": TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
+    env = {**box_env(box), "SLACK_BOT_TOKEN": TOKEN, "BABYSIT_SLACK_API_URL": fake.api_url}
     env.pop("BABYSIT_SLACK_CHANNEL", None)
-    first = _up(box, env, "daemon-1.txt")
+    first = up(box, env, "daemon-1.txt")
     second = None
     store = PostgresStore(pg_url, host="test")
     try:
         wait_for("both runs running and announced", lambda: len(
             [a for a in store.live_attempts() if a.status == "running"]) == 2 and store.pending_count() == 0
-            and len(_posted_ids(fake)) >= 2, timeout=90)
+            and len(posted_ids(fake)) >= 2, timeout=90)
         trainers = {a.run: a.pid for a in store.live_attempts()}
         store.close()
         first.kill()  # SIGKILL: the daemon alone, its trainers run on
         first.wait(10)
         postgres.stop("fast")
         try:
-            second = _up(box, env, "daemon-2.txt")
+            second = up(box, env, "daemon-2.txt")
             daemon_log = box / ".babysit" / "daemon.log"
             wait_for("the start from the mirror said", lambda: "babysits its runs from its local mirror"
                      in daemon_log.read_text(), timeout=60)
@@ -196,7 +158,7 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
         assert attempts[0].pid == trainers["retries"]
         assert store.attempts("ends")[0].pid == trainers["ends"]  # the same trainer, seen to its end
         wait_for("every post delivered", lambda: store.pending_count() == 0, timeout=30)
-        posted = _posted_ids(fake)
+        posted = posted_ids(fake)
         assert [i for i, n in posted.items() if n > 1] == [], "a post was delivered twice"
         sent = {m.id for m in store.messages() if m.status == "sent" and m.kind != "header"}
         assert set(posted) == sent, (sorted(posted), sorted(sent))
@@ -206,19 +168,10 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
     finally:
         for proc in (first, second):
             if proc is not None:
-                _stop(proc)
+                stop(proc)
         if not postgres.running():
             postgres.start()
-        check = PostgresStore(pg_url, host="test")
-        try:
-            for a in check.live_attempts():
-                if a.pid:
-                    try:
-                        os.killpg(a.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-        finally:
-            check.close()
+        kill_trainers(pg_url)
         store.close()
         fake.stop()
 
@@ -229,7 +182,7 @@ def test_status_on_a_box_whose_postgres_is_down_shows_its_runs_from_the_mirror_s
     box.mkdir()
     gpu_file(box / "gpus.json")
     (box / "babysit.toml").write_text(f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n')
-    spec = write_spec(box, "r1", [PY, "-c", "pass"])
+    spec = outage_spec(box, "r1", [PY, "-c", "pass"])
     assert babysit(box, "register", str(spec)).returncode == 0
     outage()
     refused = babysit(box, "status")  # no daemon ever ran here: no mirror, the database's error as before

@@ -15,57 +15,21 @@ import pytest
 
 from babysit.core.errors import SpecError
 from babysit.core.spec import load_spec
-from tests.fleet.test_fleet import FAKE, LEASE_S, PY, _env, _registry, babysit, wait_for
+from tests.fleet.helpers import babysit, run_toml, stop, up, wait_for
+from tests.fleet.test_fleet import LEASE_S, _registry
 from tests.reliability.harness import gpu_file
 
 
-def _spec(box: Path, run: str, host: str | None) -> Path:
-    cmd = [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
-    line = f'host = "{host}"\n' if host is not None else ""
-    path = box / f"{run}.toml"
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-{line}
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 30
-every_minutes = 60
-""")
-    return path
-
-
 def test_run_host_is_read_and_a_malformed_one_names_file_field_and_expected(tmp_path: Path) -> None:
-    assert load_spec(_spec(tmp_path, "r", "box-b.lab")).host == "box-b.lab"
-    assert load_spec(_spec(tmp_path, "r", None)).host is None
-    bad = _spec(tmp_path, "r", "box b!")
+    assert load_spec(run_toml(tmp_path, "r", host="box-b.lab")).host == "box-b.lab"
+    assert load_spec(run_toml(tmp_path, "r", host=None)).host is None
+    bad = run_toml(tmp_path, "r", host="box b!")
     with pytest.raises(SpecError) as err:
         load_spec(bad)
     assert "run.host: expected a box's host name" in err.value.message and "r.toml" in err.value.message
     (tmp_path / "babysit.toml").write_text("")
     out = babysit(tmp_path, "register", str(bad))
     assert out.returncode == 2 and "run.host: expected a box's host name" in out.stderr, out.stderr
-
-
-def _up(box: Path) -> subprocess.Popen[bytes]:
-    with open(box / "daemon-out.txt", "ab") as log:
-        return subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry", str(box / "babysit.toml")],
-                                cwd=box, env=_env(box), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path: Path, pg_url: str) -> None:
@@ -77,12 +41,12 @@ def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path
         box.mkdir()
         gpu_file(box / "gpus.json")
         _registry(box, name, pg_url)
-        out = babysit(box, "register", str(_spec(box, "for-b", "box-b")), "--accelerated")
+        out = babysit(box, "register", str(run_toml(box, "for-b", host="box-b")), "--accelerated")
         assert out.returncode == 0, out.stderr
     store = PostgresStore(pg_url, host="test")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(_up(boxes["box-a"]))
+        procs.append(up(boxes["box-a"]))
         wait_for("box-a recording the run as box-b's", lambda: store.run_hosts().get("for-b") == "box-b")
         wait_for("box-a's lease", lambda: any(h.name == "box-a" for h in store.hosts()))
         assert store.attempts("for-b") == []  # box-a never launches it
@@ -90,7 +54,7 @@ def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path
         assert "for-b: on box box-b" in shown.stdout, shown.stdout  # before: box-a's own, registered
         assert "run registered for another box; its daemon babysits it" in (boxes["box-a"] / ".babysit" / "daemon.log").read_text()
 
-        procs.append(_up(boxes["box-b"]))
+        procs.append(up(boxes["box-b"]))
         running = wait_for("box-b running it", lambda: [a for a in store.live_attempts()
                                                         if a.run == "for-b" and a.status == "running"])
         assert running[0].attempt_dir.startswith(str(boxes["box-b"]))  # launched on box-b, from its files
@@ -98,7 +62,7 @@ def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path
         assert len(store.attempts("for-b")) == 1
     finally:
         for proc in procs:
-            _stop(proc)
+            stop(proc)
         for a in store.live_attempts():
             if a.pid:
                 try:
@@ -111,9 +75,9 @@ def test_a_run_registered_on_box_a_for_box_b_is_taken_up_by_box_b_alone(tmp_path
 def test_a_run_host_on_a_box_outside_a_fleet_is_refused_saying_why(tmp_path: Path) -> None:
     gpu_file(tmp_path / "gpus.json")
     (tmp_path / "babysit.toml").write_text("[daemon]\nguard_interval_seconds = 3600\n")
-    out = babysit(tmp_path, "register", str(_spec(tmp_path, "lonely", "box-b")), "--accelerated")
+    out = babysit(tmp_path, "register", str(run_toml(tmp_path, "lonely", host="box-b")), "--accelerated")
     assert out.returncode == 0, out.stderr
-    proc = _up(tmp_path)
+    proc = up(tmp_path)
     try:
         channel = tmp_path / ".babysit" / "channel.jsonl"
         texts: Any = wait_for("the refusal posted", lambda: channel.exists() and [
@@ -121,5 +85,5 @@ def test_a_run_host_on_a_box_outside_a_fleet_is_refused_saying_why(tmp_path: Pat
         assert "run.host: expected no host on a box outside a fleet" in texts[0], texts
         assert not list((tmp_path / ".babysit").glob("runs/lonely/attempt-*"))
     finally:
-        _stop(proc)
+        stop(proc)
     assert LEASE_S > 0
