@@ -80,7 +80,8 @@ _JOURNAL_DDL = ("CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUT
                 # PostgreSQL is down numbers its rows from them
                 "CREATE TABLE IF NOT EXISTS id_reserve (tbl TEXT NOT NULL, id INTEGER NOT NULL,"
                 " PRIMARY KEY (tbl, id)) WITHOUT ROWID",
-                # synced_at: when the mirror was last a copy of PostgreSQL (a seed, the last write connected)
+                # synced_at: when the mirror was last a copy of PostgreSQL (a seed, the daemon's last write
+                # committed there, the moment it found PostgreSQL gone)
                 "CREATE TABLE IF NOT EXISTS mirror_info (key TEXT PRIMARY KEY, value REAL NOT NULL)")
 
 
@@ -277,6 +278,8 @@ class JournaledConnection:
             try:
                 if self._pg_tx and self._on_pg(lambda: self.pg.execute("COMMIT"), sql) is not None:
                     self._pg_tx = False
+                    if self._statements:  # in step as of this commit: what a reader's banner says while down
+                        synced(self.local, time.time())
                 elif self._statements:  # PostgreSQL never saw it, or may not have: the journal replays it
                     self.local.execute("INSERT INTO journal (at, statements) VALUES (?, ?)",
                                        (time.time(), json.dumps(self._statements)))

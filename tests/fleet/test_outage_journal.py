@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,18 @@ def test_an_outage_in_the_middle_of_a_transaction_journals_all_of_it(
     finally:
         store.close()
         other.close()
+
+
+def test_the_mirror_says_it_was_in_step_as_of_the_daemon_s_last_connected_write(pg_url: str, tmp_path: Path) -> None:
+    """What the readers' banner says while PostgreSQL is down (`in step with the database until …`): the
+    daemon's last write committed there, not its start (a box whose daemon had not yet met the outage said
+    its mirror was hours old)."""
+    store = _daemon_store(pg_url, tmp_path)
+    try:
+        seeded = journal.synced_at(store._db.local)
+        time.sleep(1.1)
+        before = time.time()
+        store.add_incident("r1", None, 2.0, "later", {})
+        assert seeded is not None and journal.synced_at(store._db.local) >= before > seeded
+    finally:
+        store.close()
