@@ -4,9 +4,10 @@
 
 Every `Trainer.log` (train loss, grad_norm, learning_rate, eval_* metrics, the final train_* summary)
 becomes one record at `state.global_step`, values exactly as HF logged them (its `state.log_history`),
-plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes, off
-the training thread (`babysit.integrations.DeferredWriter`: within a tenth of a second, all on disk when
-training ends).
+plus `total_steps` (`state.max_steps`) so babysit's ETA knows the end. Only the main process writes. A
+record with an `eval_*` value (what a verdict reads) is on disk when `on_log` returns; the step records
+between evals are written off the training thread (`babysit.integrations.DeferredWriter`), within a
+second, in one write a batch; all are on disk when training ends.
 
 A non-finite watched value (by default any logged key containing `loss` or `grad_norm`; the run's
 `[guards] nonfinite_metrics` when it declares them: the one rule babysit's guard applies, see
@@ -32,6 +33,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       ) from exc
 
 
+STEP_RECORDS_DELAY = 1.0  # seconds a step record may wait: babysit reads a source every 0.25-5 s anyway
+
+
+def _is_eval(logs: dict[str, Any]) -> bool:
+    """A record HF logs after an evaluation (`eval_loss`, `eval_accuracy`, …; `test_*` from predict)."""
+    return any(key.startswith(("eval_", "test_")) for key in logs)
+
+
 class BabysitCallback(TrainerCallback):
     """Writes HF Trainer logs to `$BABYSIT_LOG` (or `path`) and ends a diverged run with exit code 11.
 
@@ -44,7 +53,10 @@ class BabysitCallback(TrainerCallback):
     def __init__(self, path: str | None = None, *, watch: Sequence[str] | None = None,
                  exit_code: int | None = EXIT_DIVERGED) -> None:
         self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
-        self.records = DeferredWriter(self.writer)  # written off the training thread, a tenth of a second later
+        # step records written off the training thread, a second later, one write a batch: a batch costs
+        # ~0.3 ms of CPU (a thread's wake-up, the encoding, the write), a tenth of a second's batches 0.3 %
+        # of a busy box's CPU, a second's 0.03 % (bench/README.md §10); evals go at once (on_log)
+        self.records = DeferredWriter(self.writer, delay=STEP_RECORDS_DELAY)
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
@@ -89,6 +101,8 @@ class BabysitCallback(TrainerCallback):
             total = state.max_steps
             record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else dict(logs)
             self.records.put(step, record)
+            if _is_eval(logs):
+                self.records.flush()  # a verdict's evidence never waits in a queue: on disk when on_log returns
         bad = self.nonfinite.check(logs)
         if bad and self.diverged is None:
             self.diverged = f"non-finite {', '.join(bad)} ({describe(bad)}) at step {step}"

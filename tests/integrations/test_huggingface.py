@@ -121,3 +121,26 @@ def test_the_diverged_record_is_on_disk_after_the_records_before_it_when_on_log_
     assert got[0]["loss"] == 3.5 and got[0]["total_steps"] == 100 and math.isnan(got[2]["loss"])
     assert control.should_training_stop
     callback.on_train_end(None, state, control)
+
+
+def test_an_eval_record_is_on_disk_when_on_log_returns_and_step_records_wait_for_their_batch(tmp_path: Path) -> None:
+    """What a verdict reads never waits in the queue: an `eval_*` record (and the step records queued before
+    it, in order) is in the file when on_log returns; a step record alone waits for the writer's batch."""
+    from transformers import TrainerControl, TrainerState
+
+    log = tmp_path / "log.jsonl"
+    callback = hf.BabysitCallback(str(log), exit_code=None)
+    assert callback.records.delay == hf.STEP_RECORDS_DELAY == 1.0
+    state, control = TrainerState(max_steps=100, is_world_process_zero=True), TrainerControl()
+    callback.records.delay = 3600  # its thread would not write them in this test's time
+    state.global_step = 10
+    callback.on_log(None, state, control, logs={"loss": 3.5, "learning_rate": 1e-3})
+    assert not log.exists() or raw(log) == [], "a step record waits for its batch"
+    state.global_step = 20
+    callback.on_log(None, state, control, logs={"eval_loss": 3.25, "eval_runtime": 0.5})
+    assert [(r["step"], r.get("loss"), r.get("eval_loss")) for r in raw(log)] == [(10, 3.5, None), (20, None, 3.25)]
+    state.global_step = 30
+    callback.on_log(None, state, control, logs={"loss": 3.0})
+    assert len(raw(log)) == 2
+    callback.on_train_end(None, state, control)
+    assert [r["step"] for r in raw(log)] == [10, 20, 30]
