@@ -20,6 +20,9 @@ Ids: a journaled row must keep its id on PostgreSQL (payloads name polls and thr
 daemon's store never lets the database pick one: it takes ids from blocks it reserved on each table's
 sequence while connected (`IdPool`), connected or not. This box's ids therefore only grow, and no other box
 is ever handed one of them.
+
+Long on purpose: the three states (connected, down, back) and the id pool are one protocol; apart,
+a replay could run against ids or a mirror the other half no longer agrees with.
 """
 
 from __future__ import annotations

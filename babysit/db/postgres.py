@@ -10,6 +10,9 @@ The schema is never changed here: a database at another version is refused, nami
 
 The daemon's store also keeps a local journal (`start_journal`, `babysit.db.journal`): while PostgreSQL is
 down it babysits on a local mirror of this box's rows and replays what it wrote once PostgreSQL is back.
+
+Long on purpose: it is the PostgreSQL twin of babysit/db/store.py, statement for statement where the
+dialects differ, so the two backends are reviewed side by side.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ sets it for every attempt). What it promises, because it runs inside someone's t
 - numpy and torch scalars become plain numbers by duck typing (`.item()`, `float()`): importing this
   module imports neither;
 - under torchrun/Slurm only rank 0 writes (`RANK`, else `SLURM_PROCID`), so N ranks make one log.
+
+Long on purpose: it is imported inside the trainer, so it is one stdlib-only file (no package of
+babysit's to load beside it), and its hot path (the line formatter, the descriptor cache, the write)
+is kept where one profile reads it whole (bench/logger_cost.py).
 """
 
 from __future__ import annotations
