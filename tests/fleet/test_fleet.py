@@ -88,7 +88,7 @@ def _channel_texts(box: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.slow  # ~60 s of three daemons (CI runs it with -m slow)
+@pytest.mark.slow  # ~60 s of three daemons (CI runs it with the slow tests)
 def test_three_boxes_share_one_postgres_abort_by_notify_host_lost_once_and_a_database_restart(
         fleet: Fleet, postgres: Any) -> None:
     for name in BOXES:

@@ -34,7 +34,7 @@ def _holders(url: str) -> list[str]:
         store.close()
 
 
-@pytest.mark.slow  # ~16 s: two daemons, a lease to lapse (CI runs it with -m slow)
+@pytest.mark.slow  # ~16 s: two daemons, a lease to lapse (CI runs it with the slow tests)
 def test_only_the_gateway_box_opens_socket_mode_and_another_takes_over_when_it_dies(
         tmp_path: Path, pg_url: str) -> None:
     fake = FakeSlack(TOKEN, APP_TOKEN).start()

@@ -45,7 +45,7 @@ def _responses(fake: FakeSlack, path: str, n: int, timeout: float = 30.0) -> lis
     return got
 
 
-@pytest.mark.slow  # ~40 s: two daemons, two bots, six trainers, 26 envelopes (CI runs it with -m slow)
+@pytest.mark.slow  # ~40 s: two daemons, two bots, six trainers, 26 envelopes (CI runs it with the slow tests)
 def test_commands_drawn_at_random_between_two_connections_reach_the_run_s_own_box(
         tmp_path: Path, pg_url: str) -> None:
     from babysit.db.postgres import PostgresStore

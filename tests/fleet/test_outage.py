@@ -38,7 +38,7 @@ OUTAGE_S = 30.0
 
 
 
-@pytest.mark.slow  # ~60 s: a 30-s outage and a daemon's start (CI runs it with -m slow)
+@pytest.mark.slow  # ~60 s: a 30-s outage and a daemon's start (CI runs it with the slow tests)
 def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_replayed(
         tmp_path: Path, pg_url: str, postgres: Any) -> None:
     box = tmp_path / "box-a"

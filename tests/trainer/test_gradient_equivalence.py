@@ -47,7 +47,7 @@ def _torchrun(flags: list[str], data_cache: Path) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(data_cache), capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.parametrize("chunk_flags", [  # the second in .ci/run's slow pass: each is 4 torch processes
+@pytest.mark.parametrize("chunk_flags", [  # the second only where slow tests run (.ci/run): each is 4 torch processes
     pytest.param([], id="allreduce-every-chunk"),
     pytest.param(["--backward-chunks", "2", "--chunk-grad-allreduce"], id="chunk-grad-allreduce",
                  marks=pytest.mark.slow)])
