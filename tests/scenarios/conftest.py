@@ -51,11 +51,16 @@ every_minutes = 3
     return path
 
 
+STARTED_DAEMONS: list[Daemon] = []  # every daemon a scenario started: the workspace fixture kills what is left
+
+
 class Daemon:
-    """`babysit up --accelerated` as a real subprocess."""
+    """`babysit up --accelerated` as a real subprocess (killed by the workspace fixture if a test that
+    fails leaves it running)."""
 
     def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.root = root
+        STARTED_DAEMONS.append(self)
         self.proc = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry",
                                       str(root / "babysit.toml"), *args], cwd=root,
                                      env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
@@ -115,5 +120,11 @@ def kill_runs(root: Path) -> None:
 @pytest.fixture
 def workspace(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    # no orphans, ever: whatever a test left running is killed (and the test that left it fails elsewhere)
+    # no orphans, ever: whatever a test left running is killed (and the test that left it fails elsewhere):
+    # its daemons first, so none launches a run again, then the runs they leave behind by design
+    for daemon in [d for d in STARTED_DAEMONS if d.root == tmp_path]:
+        STARTED_DAEMONS.remove(daemon)
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait(timeout=10)
     kill_runs(tmp_path)
