@@ -16,6 +16,7 @@ from babysit.core.source_spec import preset_patterns
 from babysit.core.spec import load_spec
 from babysit.sources import SourcePump, fastmatch, records, stdout
 from babysit.sources import lines as ln
+from tests.supervised import supervised_run
 
 NANOGPT = ['iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+), time (?P<ms>[\\d.]+)ms',
            'step (?P<step>\\d+): train loss [-+.\\w]+, val loss (?P<val_loss>[-+.\\w]+)']
@@ -223,26 +224,8 @@ label = "FLAT-OR-WORSE"
 
 
 def _runlog_state(tmp_path: Path, text: str, twins: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
-    from babysit.db.store import Store
-    from babysit.probes.gpu import FileGpuProbe
-    from babysit.run.context import DaemonContext
-    from babysit.run.supervisor import RunSupervisor
-    from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
-
     tmp_path.mkdir()
-    (tmp_path / "r.toml").write_text(RUN_TOML)
-    (tmp_path / "gpus.json").write_text('{"gpus": []}')
-    clock, host = FakeClock(), FakeHostProbe()
-    store = Store.in_dir(tmp_path / ".babysit")
-    ctx = DaemonContext(store=store, state_dir=tmp_path / ".babysit", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
-                        executors={"local": FakeExecutor(clock, host)}, scale=60.0, clock=clock, host_probe=host,
-                        timers=ManualTimers(clock))
-    try:
-        sup = RunSupervisor(ctx, load_spec(tmp_path / "r.toml"), None)
-        sup.start()
-        attempt = tmp_path / ".babysit" / "runs" / "r" / "attempt-1"
-        attempt.mkdir(parents=True, exist_ok=True)
-        (attempt / "stdout.log").write_text(text)
+    with supervised_run(tmp_path, RUN_TOML, text) as (sup, clock):
         with monkeypatch.context() as mp:
             if not twins:
                 mp.setattr(stdout, "_twins", lambda compiled: None)
@@ -259,8 +242,6 @@ def _runlog_state(tmp_path: Path, text: str, twins: bool, monkeypatch: pytest.Mo
                 "series": sup.verdicts.series_cache.series() if sup.verdicts.series_cache else None,
                 "provisional": sup.verdicts.provisional,
                 "records": (tmp_path / ".babysit" / "runs" / "r" / "records.jsonl").read_bytes()}
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("tail", ["", "iter 9000: loss 1.0, grad_norm inf\n", "iter 9000: loss nan, grad_norm 1.0\n"])

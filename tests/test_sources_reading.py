@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.spec import load_spec
 from babysit.run.runreader import CHUNK_BYTES
+from tests.supervised import supervised_run
 
 RUN_TOML = """[run]
 name = "r"
@@ -35,30 +35,8 @@ FLOOD = "".join(f" {i % 100:3d}%|###   | {i}/200000 [00:01<00:02, 100000.00it/s]
 
 @contextmanager
 def supervised(tmp_path: Path) -> Iterator[object]:
-    from babysit.db.store import Store
-    from babysit.probes.gpu import FileGpuProbe
-    from babysit.run.context import DaemonContext
-    from babysit.run.supervisor import RunSupervisor
-    from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
-
-    (tmp_path / "r.toml").write_text(RUN_TOML)
-    (tmp_path / "gpus.json").write_text('{"gpus": []}')
-    clock, host = FakeClock(), FakeHostProbe()
-    store = Store.in_dir(tmp_path / ".babysit")
-    ctx = DaemonContext(store=store, state_dir=tmp_path / ".babysit", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
-                        executors={"local": FakeExecutor(clock, host)}, scale=60.0, clock=clock, host_probe=host,
-                        timers=ManualTimers(clock))
-    try:
-        sup = RunSupervisor(ctx, load_spec(tmp_path / "r.toml"), None)
-        sup.start()
-        attempt = tmp_path / ".babysit" / "runs" / "r" / "attempt-1"
-        attempt.mkdir(parents=True, exist_ok=True)
-        (attempt / "stdout.log").write_text(FLOOD)
-        (attempt / "stderr.log").write_text("")
+    with supervised_run(tmp_path, RUN_TOML, FLOOD) as (sup, _):
         yield sup
-    finally:
-        ctx.reads.close()
-        store.close()
 
 
 def saved_source(tmp_path: Path) -> dict:
