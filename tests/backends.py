@@ -11,8 +11,7 @@ as `babysit up` makes it. A stopped server is not how these refusals happen in a
 then babysits on its local mirror and its writes succeed there (tests/fleet/test_outage*.py); what makes a
 fleet daemon's write raise is PostgreSQL refusing the statement on a live connection. Where the SQLite test
 refuses one kind of row, the role's refusal is scoped to that row by a restrictive row-level security
-policy (a table-wide REVOKE on the outbox refuses the exit's own posts as well, and the run is then ended
-as failed by an internal error: another scenario).
+policy; `refuse_posts` refuses every outbox row (tests/test_outbox_refused.py).
 """
 
 from __future__ import annotations
@@ -54,6 +53,11 @@ class Backend:
             "CREATE TEMP TRIGGER refuse_verdict BEFORE INSERT ON outbox WHEN NEW.kind = 'verdict'"
             " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
 
+    def refuse_posts(self, daemon: Any) -> None:
+        """Every outbox row refused (the outbox alone: every other write taken)."""
+        daemon.store._db.execute("CREATE TEMP TRIGGER refuse_post BEFORE INSERT ON outbox"
+                                 " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+
     def refuse_answers(self, daemon: Any, run: str) -> None:
         """The answer to `run`'s requests refused, the other runs' answered."""
         daemon.store._db.execute(f"CREATE TEMP TRIGGER refuse_answer BEFORE UPDATE ON control WHEN NEW.run = '{run}'"
@@ -65,7 +69,7 @@ class Backend:
             daemon.store._db.execute(sql)
 
     def allow(self, daemon: Any) -> None:
-        for trigger in ("refuse_verdict", "refuse_answer"):
+        for trigger in ("refuse_verdict", "refuse_post", "refuse_answer"):
             daemon.store._db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         daemon.store._db.execute("DROP VIEW IF EXISTS temp.control")
 
@@ -122,6 +126,9 @@ class PostgresBackend(Backend):
 
     def refuse_verdict_posts(self, daemon: Any) -> None:
         self._restrict("outbox", "INSERT", "kind <> 'verdict'")
+
+    def refuse_posts(self, daemon: Any) -> None:
+        self._restrict("outbox", "INSERT", "false")
 
     def refuse_answers(self, daemon: Any, run: str) -> None:
         # claimed as ever (claimed_by, claimed_at), but no answer (handled_at) written for `run`'s requests

@@ -34,6 +34,7 @@ SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.
 POLLS_REMEMBERED = 4096  # parsed polls a store keeps (`_poll`): every run's latest of a 4,000-run fleet
 MERGE_CHUNK = 200  # runs a merge statement carries (4 parameters each: under SQLite's old 999 limit)
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
+HELD_POSTS_FACT = "held_posts"  # a run's facts: its posts the outbox refused, held (babysit/run/run_posts.py)
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -249,12 +250,14 @@ class HostLease:
 
 @dataclass(frozen=True)
 class OutboxSummary:
-    """The outbox at a glance (/metrics): messages by status, the oldest pending one, the newest error."""
+    """The outbox at a glance (/metrics): messages by status, the oldest pending one, the newest error, and
+    the posts it refused that their runs hold (queued once it takes rows again)."""
 
     counts: Mapping[str, int]
     oldest_pending_at: float | None
     last_error: str | None
     last_error_run: str | None
+    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -835,11 +838,15 @@ class Store:
         return out
 
     def outbox_summary(self) -> OutboxSummary:
-        """Messages by status, the oldest pending one's creation time, and the newest delivery error."""
+        """Messages by status, the oldest pending one's creation time, the newest delivery error, and the
+        posts the runs hold that the outbox refused."""
         counts = {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")}
         oldest = self._query("SELECT MIN(created_at) AS t FROM outbox WHERE status='pending'")[0]["t"]
         last = self._query("SELECT id, run, error FROM outbox WHERE error IS NOT NULL ORDER BY id DESC LIMIT 1")
-        return OutboxSummary(counts, oldest, last[0]["error"] if last else None, last[0]["run"] if last else None)
+        held = sum(len(json.loads(r["facts"]).get(HELD_POSTS_FACT) or ()) for r in self._query(
+            "SELECT facts FROM run_state WHERE facts LIKE ?", (f'%"{HELD_POSTS_FACT}"%',)))
+        return OutboxSummary(counts, oldest, last[0]["error"] if last else None, last[0]["run"] if last else None,
+                             held)
 
     # -- campaigns (docs/campaigns.md) ------------------------------------------------------------------
     def save_campaign(self, name: str, file: str, sha256: str, now: float) -> None:

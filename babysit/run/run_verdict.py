@@ -32,19 +32,22 @@ class RunVerdicts:
     state directory, clock), a message queue, the internal-error sink, the machine's feed, the log read."""
 
     def __init__(self, spec: RunSpec, frozen_sha: str | None, ctx: Any, *,
-                 message: Callable[..., int], internal_error: Callable[[str, BaseException], None],
+                 message: Callable[..., int | None], posted: Callable[[str], bool],
+                 internal_error: Callable[[str, BaseException], None],
                  feed: Callable[[ev.Event], Any], read_log: Callable[[], int],
                  attempt_n: Callable[[], int | None]) -> None:
         self.spec, self.run, self.frozen_sha, self.ctx = spec, spec.name, frozen_sha, ctx
-        self.message, self.internal_error, self.feed, self.read_log = message, internal_error, feed, read_log
+        self.message, self.posted, self.internal_error = message, posted, internal_error
+        self.feed, self.read_log = feed, read_log
         self.attempt_n = attempt_n
         self.provisional: dict[str, Any] | None = None  # the latest read, for polls and the live view
         self.last_provisional_post = 0.0
         self.series_cache: reading.SeriesCache | None = None  # made on the first read
         self.chart: tuple[Path | None, BaseException | None] = (None, None)  # the FINAL verdict's, drawn
-        # the FINAL verdict the machine decided to post that the store refused to save or queue (a full
-        # disk, a database error), or a FINAL read that failed: done again at the daemon's next guard
-        # round (`retry`), not only by a restarted daemon; the outbox's key queues its post once
+        # the FINAL verdict the machine decided to post that the store refused to save (a full disk, a
+        # database error), or a FINAL read that failed: done again at the daemon's next guard round
+        # (`retry`), not only by a restarted daemon; the outbox's key queues its post once (a refused
+        # post is held by the run's posts: babysit/run/run_posts.py)
         self.unposted: dict[str, Any] | None = None
         self.final_failed = False
 
@@ -57,7 +60,7 @@ class RunVerdicts:
             reading.check_frozen(self.spec, self.frozen_sha)
         except reading.PreregChanged as exc:
             key = f"{self.run}:tampered:{exc.current_sha256}"
-            if self.ctx.store.has_message(key):
+            if self.posted(key):
                 return
             reading.record_tamper_incident(self.ctx.store, self.run, exc, self.ctx.now())
             detail = {"registered_sha256": exc.registered_sha256, "current_sha256": exc.current_sha256}
@@ -170,29 +173,23 @@ class RunVerdicts:
 
     def post(self, body: dict[str, Any]) -> None:
         """The FINAL verdict queued once (with its chart, or why there is none), then its campaign's actions.
-        A store that refuses the message leaves it to the next guard round (`retry`); never raises."""
+        An outbox that refuses the message holds it for the next guard round (babysit/run/run_posts.py)."""
         drawn, error = self.chart
         json_path = reading.verdict_json_path(reading.final_dir(self.ctx.state_dir), self.run)
-        self.unposted = body
-        try:
-            self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
-                                     "chart_error": None if error is None else short_error(error),
-                                     "json_path": str(json_path),
-                                     "precision": self.spec.prereg.precision if self.spec.prereg else 4,
-                                     "channel": self.spec.notify.channel or self.ctx.default_channel},
-                         key=verdict_key(self.run), thread=False)
-        except Exception as exc:  # the store's write (or its commit) failed: queued again next round
-            log.error("final verdict not queued; queued again at the next guard round", run=self.run,
-                      error=short_error(exc))
-            return
+        self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
+                                 "chart_error": None if error is None else short_error(error),
+                                 "json_path": str(json_path),
+                                 "precision": self.spec.prereg.precision if self.spec.prereg else 4,
+                                 "channel": self.spec.notify.channel or self.ctx.default_channel},
+                     key=verdict_key(self.run), thread=False)
         self.unposted = None
         after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
 
     def retry(self) -> None:
-        """The daemon's guard round: a FINAL verdict decided but not saved or queued (the store refused
-        it), saved, charted if it was not and queued now; a FINAL read that failed, read again. Its post
-        is queued once whatever the tries (the outbox's key: a write that was committed before its error
-        is found, not queued again). Never raises: the store still refusing waits for the next round."""
+        """The daemon's guard round: a FINAL verdict decided but not saved (the store refused it), saved,
+        charted if it was not and queued now; a FINAL read that failed, read again. Its post is queued
+        once whatever the tries (the outbox's key). Never raises: the store still refusing waits for the
+        next round."""
         try:
             if self.final_failed:
                 self.final()

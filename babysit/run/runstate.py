@@ -10,6 +10,7 @@ from babysit.core.run_machine import AttemptState, RunState
 from babysit.core.spec import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, Store
+from babysit.run.run_posts import held_keys
 
 
 def attempt_state(a: Attempt) -> AttemptState:
@@ -30,6 +31,7 @@ def verdict_key(run: str) -> str:
 def restore(store: Store, spec: RunSpec, now: float) -> RunState:
     """The run's state as the store has it now."""
     status, facts = store.run_state(spec.name)
+    key = verdict_key(spec.name)  # posted: queued, or held while the outbox refused it (run_posts)
     return RunState.restore(spec, status=status, attempts=tuple(attempt_state(a) for a in store.attempts(spec.name)),
-                            stop=facts.get("stop"), verdict_posted=store.has_message(verdict_key(spec.name)), now=now,
-                            relaunched=facts.get("relaunched"))
+                            stop=facts.get("stop"), verdict_posted=key in held_keys(facts) or store.has_message(key),
+                            now=now, relaunched=facts.get("relaunched"))

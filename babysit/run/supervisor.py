@@ -32,6 +32,7 @@ from babysit.run.run_launch import RunLauncher
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_polls import RunPolls
+from babysit.run.run_posts import RunPosts
 from babysit.run.run_stop import RunStop
 from babysit.run.run_verdict import RunVerdicts
 from babysit.run.stackdump import stack_dump
@@ -54,13 +55,15 @@ class RunSupervisor:
         self.attempt: Attempt | None = None
         self.launch_msg: int | None = None
         self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
+        facts = ctx.store.run_state(self.run)[1]
+        self.posts = RunPosts(self.run, ctx.store, ctx.now, facts)  # its outbox writes, held while refused
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
         self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run/run_polls.py)
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
-                                    internal_error=self.internal_error, feed=self.feed,
+                                    posted=self.posts.posted, internal_error=self.internal_error, feed=self.feed,
                                     read_log=lambda: self.runlog.read_log(drain=True),  # the FINAL one reads all
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
-        self.runlog = RunLog(self, ctx.store.run_state(self.run)[1])  # the reader and what its records tell
+        self.runlog = RunLog(self, facts)  # the reader and what its records tell
         self.observer = RunObserver(self)  # one look at the attempt: what guards and polls decide on
         self.guarding = RunGuard(self)  # the live check
         self.exits = RunExits(self)  # an attempt's end: watched, drained, classified, decided
@@ -82,14 +85,17 @@ class RunSupervisor:
     def set_status(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
 
-    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int:
-        return self.ctx.store.enqueue(self.run, kind, {"run": self.run, **payload}, self.ctx.now(),
-                                      thread_of=self.launch_msg if thread else None, dedupe_key=key)
+    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int | None:
+        """Queue a post (in the launch post's thread unless not `thread`); its outbox id, None while the
+        outbox refuses it (held: babysit/run/run_posts.py). Never raises: a post never turns a run's outcome."""
+        thread_of = self.launch_msg if thread else None
+        thread_key = self.posts.held_key("launch") if thread and thread_of is None else None
+        return self.posts.post(kind, {"run": self.run, **payload}, key, thread_of=thread_of, thread_key=thread_key)
 
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None:
         """Record an incident on this run's current attempt and post it, once per `key`."""
         n = self.attempt.n if self.attempt else None
-        if self.ctx.store.has_message(key):  # a restarted daemon redoing this step: already recorded
+        if self.posts.posted(key):  # a restarted daemon redoing this step: already recorded
             return
         self.ctx.store.add_incident(self.run, n, self.ctx.now(), kind, detail)
         self.message("incident", {"attempt": n, "incident": kind, "message": message, "detail": detail,
@@ -176,7 +182,7 @@ class RunSupervisor:
         return attempt if attempt is not None and attempt.n == n else self.ctx.store.attempt(self.run, n)
 
     def _raise(self, e: ev.Incident) -> None:
-        if e.unless_raised is not None and self.ctx.store.has_message(e.unless_raised):
+        if e.unless_raised is not None and self.posts.posted(e.unless_raised):
             # a guard that stopped it for this very reason (stalled, diverged) has said it already: the
             # attempt's end is said on its own
             if e.ends is not None:
@@ -252,6 +258,13 @@ class RunSupervisor:
     def failed(self, where: str, exc: BaseException) -> None:
         """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
         self.errors.failed(where, exc)
+
+    def retry_posts(self) -> None:
+        """The posts the outbox refused, queued now if it takes rows again (the guard round's backstop)."""
+        queued = self.posts.retry()
+        attempt = self.attempt
+        if self.launch_msg is None and attempt is not None:  # its launch post queued: the thread's parent
+            self.launch_msg = queued.get(f"{self.run}:{attempt.n}:launch", self.launch_msg)
 
     def retry_verdict(self) -> None:
         """A FINAL verdict the store refused to save or queue, done again (the guard round's backstop)."""

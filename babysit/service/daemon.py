@@ -470,7 +470,8 @@ class Daemon:
                             supervisor.exits.check_exit_later()  # no descriptor watched (Slurm), or its handling failed
                         if running:
                             supervisor.guard()
-                        supervisor.retry_verdict()  # a FINAL post the store refused: queued now, once
+                        supervisor.retry_posts()  # posts the outbox refused: queued now, in order, once
+                        supervisor.retry_verdict()  # a FINAL verdict the store refused to save: saved now
                     except Exception as exc:
                         supervisor.failed("checking its guards", exc)
         except BabysitError as exc:  # the offsets' commit: the next round writes them again, whole

@@ -75,6 +75,7 @@ class DaemonFacts:
     oldest_pending_at: float | None
     last_error: str | None
     last_error_run: str | None
+    outbox_held: int = 0  # posts the outbox refused, held by their runs (babysit/run/run_posts.py)
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ class Site:
         s = store.outbox_summary()
         return DaemonFacts(outbox_pending=s.counts.get("pending", 0), outbox_failed=s.counts.get("failed", 0),
                            oldest_pending_at=s.oldest_pending_at, last_error=s.last_error,
-                           last_error_run=s.last_error_run)
+                           last_error_run=s.last_error_run, outbox_held=s.held)
 
 
 @dataclass(frozen=True)

@@ -69,12 +69,14 @@ def families(rows: Sequence[RunRow], incidents: Mapping[str, Mapping[str, int]],
                                 value=float(daemon.outbox_pending))
     failed = GaugeMetricFamily("babysit_outbox_failed_messages", "messages given up on after their retries",
                                value=float(daemon.outbox_failed))
+    held = GaugeMetricFamily("babysit_outbox_held_messages", "posts the outbox refused, held by their runs and "
+                             "queued once it takes rows again", value=float(daemon.outbox_held))
     last = GaugeMetricFamily("babysit_outbox_last_error_info", "1 with the newest delivery error and its run as "
                              "labels (no sample when no delivery has failed)", labels=["run", "error"])
     if daemon.last_error is not None:
         last.add_metric([daemon.last_error_run or "", daemon.last_error[:200]], 1.0)
     out = [state, attempt, step, target, sps, eta, util, used, cap, verdict, delta, poll_age, count, pending, failed,
-           last]
+           held, last]
     if daemon.oldest_pending_at is not None:
         out.append(GaugeMetricFamily("babysit_outbox_oldest_pending_age_seconds",
                                      "how long the oldest undelivered message has waited",

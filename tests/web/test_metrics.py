@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from babysit.db.store import HELD_POSTS_FACT, Store
 from babysit.web import metrics
 from babysit.web.data import Site
 from tests.web.workspace import HOSTILE, RUN
@@ -52,3 +53,13 @@ def test_the_outbox_depth_and_last_delivery_error(site_root: Path) -> None:
     assert value(got["babysit_outbox_pending_messages"]) == 3
     assert value(got["babysit_outbox_last_error_info"], run=RUN, error="slack said: ratelimited") == 1.0
     assert value(got["babysit_outbox_oldest_pending_age_seconds"]) > 0
+
+
+def test_the_posts_the_outbox_refused_are_counted_while_their_runs_hold_them(site_root: Path) -> None:
+    assert value(scrape(Site(site_root / "babysit.toml"))["babysit_outbox_held_messages"]) == 0
+    store = Store.in_dir(site_root / ".babysit")
+    held = [{"kind": "ended", "payload": {"run": RUN}, "key": f"{RUN}:1:ended", "thread_of": None}] * 2
+    store.merge_run_facts(RUN, time.time(), **{HELD_POSTS_FACT: held})
+    store.merge_run_facts(HOSTILE, time.time(), **{HELD_POSTS_FACT: held[:1]})
+    store.close()
+    assert value(scrape(Site(site_root / "babysit.toml"))["babysit_outbox_held_messages"]) == 3

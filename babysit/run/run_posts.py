@@ -1,0 +1,116 @@
+"""A run's posts, the one way a run queues a message: into the outbox, or — when the store refuses the row
+(a privilege revoked, a trigger, a full disk) — held, in the run's order, and queued at the daemon's next
+guard round once the outbox takes rows again, each once (its dedupe key).
+
+A refused post never turns a run's outcome: the attempt's end is what the process did, whatever became of
+the message saying so. Nothing is lost either: the held posts are kept in the run's facts (`held_posts`)
+when the store takes that write, so a daemon restarted meanwhile queues them; in memory when it takes
+nothing. The refusal is logged once a spell (until the held posts are queued) and counted: the run's facts
+say how many are held (/metrics: `babysit_outbox_held_messages`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from babysit.db.store import HELD_POSTS_FACT as HELD_FACT
+from babysit.db.store import Store
+from babysit.run.run_errors import short_error
+
+log = structlog.get_logger("babysit.run.supervisor")
+
+
+def held_keys(facts: Mapping[str, Any]) -> set[str]:
+    """The dedupe keys of the posts a run's facts hold (a restarted daemon: said, though not yet queued)."""
+    return {h["key"] for h in facts.get(HELD_FACT) or () if h.get("key") is not None}
+
+
+class RunPosts:
+    """One run's outbox writes. A held post is a dict (kind, payload, key, thread_of: the outbox id of the
+    post it threads under, or thread_key: the key of a held post it threads under, resolved when that is
+    queued). While any is held, a new post is held behind it: a run's messages go out in order."""
+
+    def __init__(self, run: str, store: Store, now: Callable[[], float], facts: Mapping[str, Any]) -> None:
+        self.run, self.store, self.now = run, store, now
+        self.held: list[dict[str, Any]] = [dict(h) for h in facts.get(HELD_FACT) or ()]
+        self.said = False  # this spell's refusal logged
+        self.lock = threading.Lock()
+
+    def post(self, kind: str, payload: dict[str, Any], key: str | None, *, thread_of: int | None = None,
+             thread_key: str | None = None) -> int | None:
+        """Queue the message; its outbox id, or None when it is held (or a held one has its key). Never raises."""
+        entry = {"kind": kind, "payload": payload, "key": key, "thread_of": thread_of, "thread_key": thread_key}
+        with self.lock:
+            if self.held:
+                if key is None or all(h["key"] != key for h in self.held):
+                    self._hold(entry, None)
+                return None
+            try:
+                return self._enqueue(entry)
+            except Exception as exc:
+                self._hold(entry, exc)
+                return None
+
+    def posted(self, key: str) -> bool:
+        """Is the message of `key` queued or held: said, by this daemon or an earlier one."""
+        return any(h["key"] == key for h in self.held) or self.store.has_message(key)
+
+    def held_key(self, kind: str) -> str | None:
+        """The key of the newest held post of `kind` (a launch post its thread waits for), if any."""
+        return next((h["key"] for h in reversed(self.held) if h["kind"] == kind), None)
+
+    def retry(self) -> dict[str, int]:
+        """The guard round: the held posts queued, oldest first, up to the first the store still refuses;
+        the keys of those queued, with their outbox ids. Never raises."""
+        if not self.held:  # the common case: no query
+            return {}
+        with self.lock:
+            queued: dict[str, int] = {}
+            while self.held:
+                entry = self.held[0]
+                if entry.get("thread_key") in queued:
+                    entry = {**entry, "thread_of": queued[entry["thread_key"]], "thread_key": None}
+                try:
+                    new_id = self._enqueue(entry)
+                except Exception as exc:
+                    log.debug("outbox still refuses a held post", run=self.run, error=short_error(exc))
+                    break
+                self.held.pop(0)
+                if entry["key"] is not None:
+                    queued[entry["key"]] = new_id
+            if not queued and self.held:
+                return {}
+            for i, h in enumerate(self.held):  # threaded under a post queued now: its id, kept so
+                if h.get("thread_key") in queued:
+                    self.held[i] = {**h, "thread_of": queued[h["thread_key"]], "thread_key": None}
+            self._save()
+            if not self.held:
+                self.said = False
+                log.info("outbox took the held posts", run=self.run, queued=len(queued))
+            return queued
+
+    def _enqueue(self, entry: Mapping[str, Any]) -> int:
+        return self.store.enqueue(self.run, entry["kind"], entry["payload"], self.now(),
+                                  thread_of=entry.get("thread_of"), dedupe_key=entry["key"])
+
+    def _hold(self, entry: dict[str, Any], exc: Exception | None) -> None:
+        self.held.append(entry)
+        if not self.said:
+            self.said = True
+            log.error("outbox refused a post; held until it takes rows again", run=self.run, kind=entry["kind"],
+                      error=short_error(exc) if exc is not None else "a post before it is held",
+                      exc_info=exc)
+        self._save()
+
+    def _save(self) -> None:
+        """The held posts into the run's facts (at once: a restarted daemon finds them); a store that takes
+        nothing keeps them in memory, tried again at the next change."""
+        try:
+            self.store.merge_run_facts(self.run, self.now(), at_once=True, **{HELD_FACT: list(self.held)})
+        except Exception as exc:
+            log.warning("held posts not saved; kept in memory", run=self.run, held=len(self.held),
+                        error=short_error(exc))

@@ -1,0 +1,158 @@
+"""An outbox that refuses every post while a run exits: the attempt's outcome is what the process did (it
+exited 0: completed, the run finished), never an internal error's `failed`; the posts the outbox refused are
+held in the run's order and queued when it takes rows again — by the same daemon at its next guard round,
+or by a daemon restarted meanwhile — each once. The store is real: SQLite refusing the rows through a TEMP
+trigger on the daemon's connection, PostgreSQL refusing the box's role every outbox row by row-level
+security under its live connection (tests/backends.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from babysit.channels.notify import ConsoleChannel, deliver_due
+from babysit.db.store import Store
+from babysit.probes.gpu import FileGpuProbe
+from babysit.register import registration
+from babysit.run.run_posts import RunPosts
+from babysit.service.daemon import Daemon
+from tests.backends import BACKENDS, Backend, backend
+from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
+RUN = "grasp_sft_v2_demosonly_1gpu_disc"
+
+
+@pytest.fixture(params=BACKENDS)
+def store_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    with backend(request.param, request) as chosen:
+        yield chosen
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path, store_backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable]:
+    """A daemon on the registered run (one live process of the fake executor, shared across restarts)."""
+    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
+    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n' + store_backend.registry_head())
+    for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
+        shutil.copy(FIXTURES / log, tmp_path / log)
+    spec = (FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
+    (tmp_path / "run.toml").write_text(spec)
+    registration.register(tmp_path / "run.toml", tmp_path / "babysit.toml", accelerated=True, wake_daemon=False)
+    clock = FakeClock()
+    host = FakeHostProbe()
+    executor = FakeExecutor(clock, host)
+    made: list[Daemon] = []
+
+    def make() -> tuple[Daemon, FakeExecutor, FakeClock]:
+        d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
+                   channel=ConsoleChannel(tmp_path / ".babysit", None), clock=clock, host_probe=host,
+                   executors={"local": executor}, timers=ManualTimers(clock), accelerated=True)
+        store_backend.started(d)
+        made.append(d)
+        d.reconcile_registry()
+        d.handle_requests()
+        return d, executor, clock
+
+    yield make
+    for d in made:
+        d.exits.close()
+        d.store.close()
+
+
+def posts(d: Daemon) -> list[tuple[str, int | None]]:
+    return [(m.kind, m.payload.get("attempt")) for m in d.store.messages(RUN)]
+
+
+def deliver_all(d: Daemon, clock: FakeClock) -> None:
+    while deliver_due(d.store, d.channel, lambda: clock.now + 1, 50):  # a run's posts one a pass, in order
+        pass
+
+
+def test_a_run_that_exited_0_while_the_outbox_refused_every_post_is_completed_and_its_posts_follow(
+        make_daemon, store_backend) -> None:
+    d, executor, clock = make_daemon()
+    before = posts(d)
+    assert before == [("launch", 1)]
+    store_backend.refuse_posts(d)  # every outbox row refused, for real; every other write taken
+    with structlog.testing.capture_logs() as logged:
+        executor.end(RUN, 1, exit_code=0)
+        d.guards()  # the exit: recorded, decided; its posts (the end, the FINAL verdict) refused
+        d.guards()  # still refused: nothing queued, nothing raised, nothing said again
+    assert d.store.run_state(RUN)[0] == "finished"
+    attempt = d.store.attempt(RUN, 1)
+    assert (attempt.status, attempt.outcome, attempt.exit_code) == ("ended", "completed", 0)
+    assert [i.kind for i in d.store.incidents(RUN)] == []  # no internal error
+    assert d.store.final_verdict(RUN) is not None
+    assert posts(d) == before
+    refusals = [e for e in logged if e["event"] == "outbox refused a post; held until it takes rows again"]
+    assert len(refusals) == 1 and refusals[0]["run"] == RUN  # said once, however many posts and rounds
+    assert d.store.outbox_summary().held == 2  # counted: what /metrics says (babysit_outbox_held_messages)
+
+    store_backend.allow(d)
+    d.guards()  # the outbox takes rows again: the held posts queued, in the run's order
+    assert posts(d) == [*before, ("verdict", None), ("ended", 1)]  # as an outbox that took them queues them
+    assert d.store.outbox_summary().held == 0
+    d.guards()
+    deliver_all(d, clock)
+    assert [m.status for m in d.store.messages(RUN)] == ["sent"] * 3  # each once, whatever the rounds after
+
+
+def test_posts_held_by_a_daemon_that_stopped_are_queued_by_the_next_one(make_daemon, store_backend) -> None:
+    d, executor, clock = make_daemon()
+    store_backend.refuse_posts(d)
+    executor.end(RUN, 1, exit_code=0)
+    d.guards()
+    assert d.store.run_state(RUN)[0] == "finished" and posts(d) == [("launch", 1)]
+    store_backend.allow(d)
+    d.exits.close()
+    d.store.close()  # stopped before any round saw the outbox take rows again
+    again, _, _ = make_daemon()
+    again.guards()
+    assert posts(again) == [("launch", 1), ("verdict", None), ("ended", 1)]
+    again.guards()
+    deliver_all(again, clock)
+    assert [m.status for m in again.store.messages(RUN)] == ["sent"] * 3
+
+
+def refuse(store: Store) -> None:
+    store._db.execute("CREATE TEMP TRIGGER refuse_post BEFORE INSERT ON outbox"
+                      " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+
+
+def test_posts_held_behind_a_refused_launch_post_are_threaded_under_it_once_it_is_queued(tmp_path: Path) -> None:
+    """A post that threads under a launch post the outbox refused gets the launch's id when both are queued,
+    also when the first daemon queued only the launch and a restarted one the rest."""
+    store = Store.in_dir(tmp_path)
+    posts = RunPosts("r", store, lambda: 1.0, {})
+    refuse(store)
+    assert posts.post("launch", {"run": "r"}, "r:1:launch") is None
+    launch_key = posts.held_key("launch")
+    assert launch_key == "r:1:launch"
+    assert posts.post("text", {"run": "r", "text": "a"}, "r:a", thread_key=launch_key) is None
+    assert posts.post("text", {"run": "r", "text": "b"}, "r:b", thread_key=launch_key) is None
+    assert posts.post("text", {"run": "r", "text": "a"}, "r:a", thread_key=launch_key) is None  # its key: held once
+    assert posts.posted("r:a") and not posts.posted("r:c")
+    assert store.messages() == [] and store.outbox_summary().held == 3
+    assert posts.retry() == {}  # still refused
+    store._db.execute("DROP TRIGGER refuse_post")
+    # the outbox takes the launch post, then refuses again: what is held stays threaded under its id
+    store._db.execute("CREATE TEMP TRIGGER refuse_text BEFORE INSERT ON outbox WHEN NEW.kind = 'text'"
+                      " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+    queued = posts.retry()
+    assert list(queued) == ["r:1:launch"]
+    store._db.execute("DROP TRIGGER refuse_text")
+    again = RunPosts("r", store, lambda: 2.0, store.run_state("r")[1])  # a restarted daemon
+    assert again.retry().keys() == {"r:a", "r:b"}
+    launch, a, b = store.messages()
+    assert (launch.kind, a.payload["text"], b.payload["text"]) == ("launch", "a", "b")
+    assert a.thread_of == b.thread_of == launch.id == queued["r:1:launch"]
+    assert store.outbox_summary().held == 0 and again.post("text", {"run": "r"}, "r:c") is not None
+    store.close()
