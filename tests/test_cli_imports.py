@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from babysit.cli import build_parser
+from babysit.executors.shim import shim_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "matplotlib", "slack_bolt", "slack_sdk", "apscheduler", "rich", "transformers", "lightning",
@@ -66,12 +68,17 @@ def test_the_demo_command_imports_no_database_library() -> None:
     assert out.stdout.splitlines()[-1] == "[]"
 
 
-def test_the_shim_imports_nothing_heavy_and_not_the_store() -> None:
+def test_the_shim_imports_nothing_heavy_not_its_package_and_not_the_store(tmp_path: Path) -> None:
     """A shim is one process a run: 1,000 runs start 1,000 of them, so what it imports is paid 1,000 times
-    (structlog and rich through the GPU probe cost ~1.5 s of CPU a start on a loaded box: bench/scale.py)."""
-    code = ("import sys, babysit.executors.shim; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r} "
-            "or m.startswith(('babysit.db', 'babysit.probes.gpu', 'sqlite3'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (structlog and rich through the GPU probe cost ~1.5 s of CPU a start on a loaded box: bench/scale.py).
+    It is started as the local executor starts it, and `-X importtime` lists every module it loaded: not the
+    `babysit.executors` package (which names the store and the GPU probe), none of those, nothing heavy."""
+    argv = shim_argv(tmp_path, [sys.executable, "-c", "pass"])
+    out = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["[]"]
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
+    loaded = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert {"babysit.core.spec", "babysit.probes.host", "babysit.runtime.atomic"} <= loaded  # the list is whole
+    assert sorted(m for m in loaded if m == "babysit.executors" or m.split(".")[0] in HEAVY
+                  or m.startswith(("babysit.db", "babysit.probes.gpu", "sqlite3"))) == []

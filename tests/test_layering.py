@@ -82,10 +82,6 @@ LOCAL_IMPORTS_ALLOWED = {
     ("babysit/commands/db.py", "babysit.db.postgres"): "psycopg only for a PostgreSQL url (`db version` on SQLite)",
     ("babysit/commands/db.py", "babysit.db.copy"): "psycopg only for `db copy`",
     ("babysit/service/daemon.py", "babysit.db.fleet"): "psycopg only for a daemon of a fleet (a PostgreSQL url)",
-    ("babysit/executors/__init__.py", "babysit.db.store"):
-        "annotations only (TYPE_CHECKING): the shim, one process a run, imports this package; not the store",
-    ("babysit/executors/__init__.py", "babysit.probes.gpu"):
-        "annotations only (TYPE_CHECKING): the GPU probe loads structlog and rich, ~1.5 s a shim's start loaded",
     ("babysit/demo/fleet.py", "babysit.db.migrate"):
         "SQLAlchemy + Alembic only for `demo --fleet`: `babysit demo` runs on README command 1's install, without them",
 }

@@ -14,6 +14,7 @@ import pytest
 
 from babysit.db.store import Store
 from babysit.executors.local import LocalExecutor
+from babysit.executors.shim import shim_argv
 
 WORKER = """
 import os, signal, sys, time
@@ -156,19 +157,22 @@ def test_a_command_that_cannot_start_is_an_exit_not_a_crash_of_babysit(tmp_path:
     assert "cannot start '/no/such/program'" in info.stderr_tail
 
 
-def test_a_shim_that_has_not_written_its_record_yet_is_found_not_relaunched(tmp_path: Path) -> None:
-    """A daemon killed right after starting a shim: the restarted one must wait for it, not launch twice."""
+@pytest.mark.parametrize("named", ["path", "module"])
+def test_a_shim_that_has_not_written_its_record_yet_is_found_not_relaunched(tmp_path: Path, named: str) -> None:
+    """A daemon killed right after starting a shim: the restarted one must wait for it, not launch twice —
+    this babysit's shim (its file's path in its argv) or one an older babysit started (`-m` and its module)."""
     import subprocess
 
     store = Store.in_dir(tmp_path / "state")
     adir = tmp_path / "attempt-1"
     adir.mkdir()
     attempt = store.begin_attempt("r", 1, "p", ["sleep", "30"], "local", 0, str(adir), time.time())
-    # a stand-in for a shim still importing Python: its argv names the attempt dir, shim.json comes late
+    # a stand-in for a shim still importing Python: its argv names the shim (its file as shim_argv does, or
+    # an older babysit's module) and the attempt dir as a real shim's does, and shim.json comes late
+    shim = shim_argv(adir, [])[1] if named == "path" else "babysit.executors.shim"
     slow = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
                              "from babysit.executors.shim import main; sys.exit(main(sys.argv[2:]))",
-                             "babysit.executors.shim", str(adir), "--", "sleep", "30"], start_new_session=True)
-    # the stand-in's argv has the module name where a real shim's has `-m babysit.executors.shim`
+                             shim, str(adir), "--", "sleep", "30"], start_new_session=True)
     try:
         found = LocalExecutor().find(attempt)
         assert found is not None and found.pid == slow.pid

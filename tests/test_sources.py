@@ -20,6 +20,7 @@ from babysit import cli
 from babysit.core.errors import SpecError
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
+from babysit.executors.shim import shim_argv
 from babysit.sources import SourcePump, records_path, stdout, unreadable
 from babysit.sources.lines import Cursor, read_lines
 from babysit.sources.logtail import read_all
@@ -85,8 +86,7 @@ def write(path: Path, text: str, mode: str = "a") -> None:
 
 def shim(adir: Path, program: str) -> None:
     """Run `program` under the local executor's own shim, which captures stdout.log and stderr.log."""
-    subprocess.run([sys.executable, "-m", "babysit.executors.shim", str(adir), "--",
-                    sys.executable, "-c", program], check=True, timeout=60)
+    subprocess.run(shim_argv(adir, [sys.executable, "-c", program]), check=True, timeout=60)
 
 
 # -- the spec --------------------------------------------------------------------------------------

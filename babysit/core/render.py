@@ -238,7 +238,8 @@ def _stall_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     if not isinstance(stacks, Mapping):
         return out
     dumps = [(pid, text) for pid, text in stacks.items() if pid != "note" and isinstance(text, str)]
-    dumps.sort(key=lambda d: "babysit.executors.shim" in d[1])  # the trainer's stack, not babysit's shim's
+    # the trainer's stack, not babysit's shim's (run by its path; `-m babysit.executors.shim` before)
+    dumps.sort(key=lambda d: "babysit/executors/shim.py" in d[1] or "babysit.executors.shim" in d[1])
     if dumps:
         pid, text = dumps[0]
         shown = [line for line in text.strip().splitlines() if line.strip()][:STACK_LINES]

@@ -1,20 +1,19 @@
 """Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`.
 
 This package's own module holds what they share (the protocol, `Launched`, `ExitInfo`); the daemon
-picks one by name (`babysit.service.daemon.open_executor`), so this module imports neither back.
+picks one by name (`babysit.service.daemon.open_executor`), so this module imports neither back. The shim
+(one process a run) is run by its file's path, not as this package's module, so it never loads this one
+(nor the store and GPU probe it names): babysit/executors/shim.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    # annotations only: the shim (one process a run) imports this package and so never loads the store
-    # or the GPU probe (its structlog and rich: ~1.5 s of a loaded box's CPU at each start, bench/scale.py)
-    from babysit.db.store import Attempt
-    from babysit.probes.gpu import GpuProbe
+from babysit.db.store import Attempt
+from babysit.probes.gpu import GpuProbe
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import json
 import os
 import signal as signals
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from babysit.core import tails
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
+from babysit.executors.shim import is_shim, shim_argv
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import CREATE_TIME_TOLERANCE_S, descendants, process_create_time, sigkill
 from babysit.runtime import exitwatch
@@ -54,7 +54,7 @@ class LocalExecutor:
             with contextlib.suppress(FileNotFoundError):
                 (adir / stale).unlink()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "babysit.executors.shim", str(adir), "--", *argv],
+            shim_argv(adir, argv),
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=os.fdopen(os.open(adir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"),
             start_new_session=True, close_fds=True,
@@ -230,14 +230,14 @@ class LocalExecutor:
 
 
 def _shim_processes(attempt_dir: Path) -> list[int]:
-    """Pids of live shims started for this attempt directory (argv: … babysit.executors.shim DIR -- …)."""
+    """Pids of live shims started for this attempt directory (argv: … …/executors/shim.py DIR -- …)."""
     import psutil
 
     wanted = str(attempt_dir)
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmd = proc.info.get("cmdline") or []
-        if proc.info.get("status") != psutil.STATUS_ZOMBIE and "babysit.executors.shim" in cmd and wanted in cmd:
+        if proc.info.get("status") != psutil.STATUS_ZOMBIE and is_shim(cmd) and wanted in cmd:
             found.append(proc.pid)
     return found
 

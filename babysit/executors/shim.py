@@ -1,6 +1,6 @@
 """The process babysit actually starts: it starts the trainer and outlives nothing.
 
-`python -m babysit.executors.shim ATTEMPT_DIR -- ARGV…` runs as the leader of its own session and
+`python …/babysit/executors/shim.py ATTEMPT_DIR -- ARGV…` (`shim_argv`) runs as the leader of its own session and
 process group. It holds an exclusive lock on `ATTEMPT_DIR/alive.lock` for as long as it lives: a
 daemon — this one or a restarted one — learns of the exit the instant the lock is released, without
 being the parent. The exit status is written to `exit.json` atomically before the shim exits, so a
@@ -16,6 +16,10 @@ ours, until the shim's own wait returns.
 Nothing outlives the trainer. The shim is a child subreaper (Linux), so a process whose parent died
 (a torchrun rank whose agent was killed) is re-parented to it rather than to init and stays in its
 tree; when the child exits, whatever is left of the tree is SIGKILLed before `exit.json` is written.
+
+Light on purpose, one process a run: it is run by its file's path, not `-m babysit.executors.shim`
+(which would import the `babysit.executors` package first, and with it the store and the GPU probe), so
+it loads only the three modules it uses (`python -X importtime`: bench/README.md).
 """
 
 from __future__ import annotations
@@ -29,16 +33,31 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # run by its path: babysit from this file's tree, and the
+    sys.path[0] = str(Path(__file__).resolve().parents[2])  # executors/ folder no top-level name
+
 from babysit.core.spec import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
 from babysit.runtime.atomic import write_json_atomic
 
 _PR_SET_CHILD_SUBREAPER = 36
+SHIM = str(Path(__file__).resolve())  # what the launch runs, and what finds a live shim by its argv
+OLD_SHIM = "babysit.executors.shim"  # the module name a shim launched by an older babysit has in its argv
+
+
+def shim_argv(attempt_dir: Path, argv: list[str]) -> list[str]:
+    """The shim's command line for one attempt (this Python, this file)."""
+    return [sys.executable, SHIM, str(attempt_dir), "--", *argv]
+
+
+def is_shim(cmdline: list[str]) -> bool:
+    """Does this argv name a shim (this babysit's by its path, an older one's by its module)?"""
+    return any(arg == OLD_SHIM or arg.endswith("/babysit/executors/shim.py") for arg in cmdline)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m babysit.executors.shim ATTEMPT_DIR -- ARGV...", file=sys.stderr)
+        print(f"usage: python {SHIM} ATTEMPT_DIR -- ARGV...", file=sys.stderr)
         return 2
     attempt_dir, command = Path(argv[0]), argv[2:]
     user_umask = os.umask(0o077)  # the shim's files (logs, exit.json) owner-only; the trainer gets the user's

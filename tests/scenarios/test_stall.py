@@ -61,7 +61,8 @@ def test_the_dump_says_why_where_py_spy_cannot_read_a_process() -> None:
 
 
 def test_a_dump_that_was_taken_is_shown_in_the_channel_message_trainer_first() -> None:
-    shim = "Process 10: python -m babysit.executors.shim /a -- python -m trainer\nThread 10 (idle)\n    wait (shim.py:5)"
+    shim = ("Process 10: python /x/babysit/executors/shim.py /a -- python -m trainer\nThread 10 (idle)\n"
+            "    wait (shim.py:5)")
     trainer = "Process 11: python -m trainer\nThread 11 (active)\n    step (train.py:90)\n    main (train.py:200)"
     payload = {"run": "r", "attempt": 1, "incident": "stalled", "message": "no new log record",
                "detail": {"stacks": {"10": shim, "11": trainer}}}
