@@ -26,7 +26,7 @@ from babysit.core.source_kinds import KindRules
 from babysit.core.source_spec import SourcePattern, SourceSpec
 from babysit.core.spec import load_spec
 from babysit.sources import kinds, lines, logtail, records, tailer
-from babysit.sources.kind import Evidence, Kind, SourceRead, sample
+from babysit.sources.kind import Evidence, Kind, RowsAdapter, SourceRead, sample
 
 # -- a kind of the test's own: "tally" lines `STEP VALUE` in a file, read through the one tailer -----------
 
@@ -130,6 +130,22 @@ def test_every_registered_kind_has_an_adapter_module_with_its_kind() -> None:
         kind = kinds.adapter(name)
         assert kind.name == name and rules.adapter.startswith("babysit.sources.")
         assert kind.reads in ("bytes", "rows")
+
+
+def test_every_rows_kind_is_read_through_the_one_rows_adapter(tmp_path: Path) -> None:
+    """TensorBoard's and MLflow's readers return one type (`RowsRead`), made the pump's read by one adapter:
+    a read of a source not written yet passes its problem and its count through it."""
+    rows = [name for name in source_kinds.KINDS if kinds.adapter(name).reads == "rows"]
+    assert sorted(rows) == ["mlflow", "tensorboard"]
+    said = {}
+    for name in rows:
+        spec = load_spec(write_run(tmp_path, f'[source]\nkind = "{name}"\npath = "not-yet"\n'))
+        reader = kinds.adapter(name).reader(spec.source, tmp_path, "r")
+        assert isinstance(reader, RowsAdapter)
+        got = reader.read({}, (), 1 << 20, False)
+        assert isinstance(got, SourceRead) and got.items == () and got.lines == 0 and not got.more
+        said[name] = got.problems
+    assert said == {"tensorboard": (f"{tmp_path / 'not-yet'} does not exist (yet)",), "mlflow": ()}
 
 
 # -- the one tailer, under every file-reading kind -------------------------------------------------------

@@ -3,8 +3,9 @@
 A kind reads either a tailed file's bytes (`reads = "bytes"`: jsonl, stdout, csv, wandb; every such file is
 read through the one tailer, `babysit/sources/tailer.py`: offsets, a file replaced or truncated read again,
 a partial last record left for later) or a library reader's rows (`reads = "rows"`: TensorBoard's loader,
-MLflow's store), and turns them into records (`Item`s, or `Block`s of columns) plus what it saw — the
-evidence a `log-unreadable` message is made of. `SourcePump` appends the records to babysit's record log
+MLflow's store: each returns a `RowsRead`, and one `RowsAdapter` makes it the pump's `Reader`), and turns
+them into records (`Item`s, or `Block`s of columns) plus what it saw — the evidence a `log-unreadable`
+message is made of. `SourcePump` appends the records to babysit's record log
 and keeps the reader's state; it never asks which kind it pumps. `babysit.sources.kinds.adapter(name)`
 finds a kind's `KIND` through the registry (`core/source_kinds.py`).
 """
@@ -54,6 +55,37 @@ class Reader(Protocol):
         stdout/stderr files in attempt order; `budget`: about this many bytes at most (a kind that bounds its
         reads itself may ignore it); `final`: the writer has exited (an unterminated last line is a line)."""
         ...
+
+
+@dataclass(frozen=True)
+class RowsRead:
+    """One read of a library reader (`reads = "rows"`): its records and what it counted as lines."""
+
+    items: tuple[Item, ...]
+    lines: int  # what it counts as lines: summary values (TensorBoard), metric points (MLflow)
+    problems: tuple[str, ...]
+    sample: str | None  # what gave no record: a non-scalar tag, a metric under babysit's own key
+    state: dict[str, Any]
+    files: tuple[Path, ...]  # what grows as the trainer logs (output growth for the stall guard)
+    more: bool
+
+
+class RowsReader(Protocol):
+    """A library reader of one run (TensorBoard's loaders, MLflow's store, kept open between reads)."""
+
+    def read(self, state: Mapping[str, Any]) -> RowsRead: ...
+
+
+class RowsAdapter:
+    """The pump's reader for a rows kind: its library reader's read as a `SourceRead` (no bytes budget:
+    such a reader bounds its reads itself, nor captured output)."""
+
+    def __init__(self, reader: RowsReader) -> None:
+        self.reader = reader
+
+    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
+        got = self.reader.read(state)
+        return SourceRead(got.items, got.lines, got.problems, got.sample, got.state, got.more, files=got.files)
 
 
 class SourceKind(Protocol):

@@ -35,14 +35,13 @@ import logging
 import math
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import RESERVED, SourceSpec
-from babysit.sources.kind import Evidence, Kind, SourceRead, sample
+from babysit.sources.kind import Evidence, Kind, RowsAdapter, RowsRead, sample
 from babysit.sources.records import Item
 
 ENV = "MLFLOW_RUN_CONTEXT"  # mlflow.environment_variables.MLFLOW_RUN_CONTEXT: JSON tags for every run
@@ -87,17 +86,6 @@ def run_context(run: str, attempt: int, user: str | None) -> str:
     return json.dumps(tags)
 
 
-@dataclass(frozen=True)
-class MlflowRead:
-    items: tuple[Item, ...]
-    points: int  # metric points read: the "lines" of this source
-    problems: tuple[str, ...]
-    sample: str | None
-    state: dict[str, Any]
-    files: tuple[Path, ...]  # what grows as the trainer logs (output growth for the stall guard)
-    more: bool
-
-
 class MlflowReader:
     """One run's view of its store; the store object is made once the store exists and kept."""
 
@@ -125,8 +113,9 @@ class MlflowReader:
             self._store = SqlAlchemyStore(f"sqlite:///file:{quoted}?mode=ro&uri=true", str(self.path.parent))
         return self._store
 
-    def read(self, state: Mapping[str, Any]) -> MlflowRead:
-        """Every point logged since the last read, of every run tagged with this babysit run."""
+    def read(self, state: Mapping[str, Any]) -> RowsRead:
+        """Every point logged since the last read, of every run tagged with this babysit run (its lines: the
+        metric points read)."""
         offsets: dict[str, dict[str, int]] = {rid: dict(keys) for rid, keys in state.get("offsets", {}).items()}
         files = self._files()
         sig = _signature(files)
@@ -134,11 +123,11 @@ class MlflowReader:
         if sig is not None and state.get("sig") == list(sig) and not state.get("more"):
             # the SQLite file and its journal as they were at the last read, last written over a second
             # before it: nothing was committed since (an idle read costs two stats, not ~15 ms of queries)
-            return MlflowRead((), 0, (), None, dict(state), files, False)
+            return RowsRead((), 0, (), None, dict(state), files, False)
         try:
             store = self._open()
             if store is None:
-                return MlflowRead((), 0, (), None, {"offsets": offsets}, files, False)
+                return RowsRead((), 0, (), None, {"offsets": offsets}, files, False)
             got = self._read(store, offsets, files)
             settled = sig is not None and stat_at - sig[-1] > SETTLED
             return dataclasses.replace(got, state={**got.state, "sig": list(sig) if settled else None,
@@ -146,10 +135,10 @@ class MlflowReader:
         except Exception as exc:  # MlflowException, sqlalchemy's errors: said, read again at the next pump
             self._store = None
             text = " ".join(str(exc).split())[:700]  # MLflow says its way out last (e.g. MLFLOW_ALLOW_FILE_STORE)
-            return MlflowRead((), 0, (f"{self.path}: {type(exc).__name__}: {text}",), None, {"offsets": offsets},
-                              files, False)
+            return RowsRead((), 0, (f"{self.path}: {type(exc).__name__}: {text}",), None, {"offsets": offsets},
+                            files, False)
 
-    def _read(self, store: Any, offsets: dict[str, dict[str, int]], files: tuple[Path, ...]) -> MlflowRead:
+    def _read(self, store: Any, offsets: dict[str, dict[str, int]], files: tuple[Path, ...]) -> RowsRead:
         from mlflow.entities import ViewType
         from mlflow.utils.search_utils import SearchUtils
 
@@ -184,7 +173,7 @@ class MlflowReader:
                     if math.isfinite(ts):
                         stamps[step] = max(stamps.get(step, ts), ts)
             items += [Item(step, at_step[step], stamps.get(step)) for step in sorted(at_step)]
-        return MlflowRead(tuple(items), points, (), sample, {"offsets": offsets}, files, more)
+        return RowsRead(tuple(items), points, (), sample, {"offsets": offsets}, files, more)
 
     def _files(self) -> tuple[Path, ...]:
         """The files that grow as the trainer logs: the SQLite file and its journal, or (file store) none
@@ -219,23 +208,12 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-class MlflowAdapter:
-    """The pump's reader: one `MlflowReader` (the store kept open) a run."""
-
-    def __init__(self, source: SourceSpec, run: str) -> None:
-        self.reader = MlflowReader(source, run)
-
-    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
-        got = self.reader.read(state)
-        return SourceRead(got.items, got.points, got.problems, got.sample, got.state, got.more, files=got.files)
-
-
 class MlflowKind(Kind):
     name = "mlflow"
     reads = "rows"
 
-    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> MlflowAdapter:
-        return MlflowAdapter(source, run)
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> RowsAdapter:
+        return RowsAdapter(MlflowReader(source, run))  # one a run: the store kept open
 
     def require(self) -> None:
         require()

@@ -15,14 +15,14 @@ Consecutive scalars of one step in one file become one record (loss, lr and grad
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
 from babysit.core.source_spec import RESERVED, SourceSpec
-from babysit.sources.kind import Evidence, Kind, SourceRead, sample
+from babysit.sources.kind import Evidence, Kind, RowsAdapter, RowsRead, sample
 from babysit.sources.records import Item
 
 EXTRA_HINT = "pip install 'babysit[tensorboard]'  (the official tensorboard package reads the event files)"
@@ -49,17 +49,6 @@ def require() -> None:
         raise TensorBoardMissing()
 
 
-@dataclass(frozen=True)
-class TbRead:
-    items: tuple[Item, ...]
-    values: int  # summary values seen (scalars or not): the "lines" of this source
-    problems: tuple[str, ...]
-    sample: str | None  # a tag that was not a scalar
-    state: dict[str, Any]
-    files: tuple[Path, ...]  # the event files found (output growth is measured on them)
-    more: bool
-
-
 @dataclass
 class _Open:
     file_id: tuple[int, int]
@@ -78,18 +67,20 @@ class TensorBoardReader:
     _open: dict[str, _Open] = field(default_factory=dict)
     _plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin (named on a tag's first value)
 
-    def read(self, state: Mapping[str, Any]) -> TbRead:
+    def read(self, state: Mapping[str, Any]) -> RowsRead:
+        """The events written since the last read (its lines: the summary values seen, scalars or not; its
+        files: the event files found, whose growth is the run's output)."""
         assert self.source.path is not None
         root = self.source.path
         files = event_files(root)
         if not files:
             what = "does not exist (yet)" if not root.exists() else "holds no TensorBoard event files (yet)"
-            return TbRead((), 0, (f"{root} {what}",), None, dict(state), (), False)
+            return RowsRead((), 0, (f"{root} {what}",), None, dict(state), (), False)
         try:
             tb = _import()
         except ImportError:
-            return TbRead((), 0, (str(TensorBoardMissing()) + ": " + EXTRA_HINT,), None, dict(state), tuple(files),
-                          False)
+            return RowsRead((), 0, (str(TensorBoardMissing()) + ": " + EXTRA_HINT,), None, dict(state), tuple(files),
+                            False)
         known: Mapping[str, Any] = state.get("files", {})
         new_files: dict[str, Any] = {}
         items: list[Item] = []
@@ -129,7 +120,7 @@ class TensorBoardReader:
             new_files[key] = {"events": entry.taken, "file_id": list(file_id)}
         for gone in set(self._open) - set(new_files):
             del self._open[gone]
-        return TbRead(tuple(items), seen, (), sample, {"files": new_files}, tuple(files), more)
+        return RowsRead(tuple(items), seen, (), sample, {"files": new_files}, tuple(files), more)
 
     def _drain(self, tb: _Tb, entry: _Open, budget: int) -> tuple[list[Item], int, str | None, int]:
         """(items, values seen, a non-scalar tag, records parsed) from one file, up to `budget` records."""
@@ -237,23 +228,12 @@ def _import() -> _Tb:
     return _TB
 
 
-class TensorBoardAdapter:
-    """The pump's reader: one `TensorBoardReader` (its loaders kept open) a run."""
-
-    def __init__(self, source: SourceSpec) -> None:
-        self.reader = TensorBoardReader(source)
-
-    def read(self, state: Mapping[str, Any], captured: Sequence[Path], budget: int, final: bool) -> SourceRead:
-        got = self.reader.read(state)
-        return SourceRead(got.items, got.values, got.problems, got.sample, got.state, got.more, files=got.files)
-
-
 class TensorBoardKind(Kind):
     name = "tensorboard"
     reads = "rows"
 
-    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> TensorBoardAdapter:
-        return TensorBoardAdapter(source)
+    def reader(self, source: SourceSpec, run_dir: Path, run: str) -> RowsAdapter:
+        return RowsAdapter(TensorBoardReader(source))  # one a run: its loaders kept open
 
     def require(self) -> None:
         require()

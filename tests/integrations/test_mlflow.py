@@ -85,9 +85,9 @@ def test_mlflow_metrics_are_read_bit_equal_from_its_store_and_only_this_runs(sto
         assert ("eval_loss" in item.metrics) == (step % 20 == 0)
         assert started <= item.ts <= time.time()  # MLflow's own timestamp, the trainer's clock
     assert by_step[20].metrics["eval_loss"] == expected(20)["eval_loss"]  # one step's calls are one record
-    assert got.points == 8 * 2 + 2
+    assert got.lines == 8 * 2 + 2
     again = mlflowstore.MlflowReader(src, "r").read(got.state)
-    assert again.items == () and again.points == 0  # read on from where it stopped: nothing twice
+    assert again.items == () and again.lines == 0  # read on from where it stopped: nothing twice
     assert src.path.read_bytes() == db and sorted(p.name for p in workdir.iterdir()) == before  # never a write
 
 
