@@ -279,3 +279,27 @@ def test_babysit_runs_pass_through_follows_a_captured_file_replaced_or_truncated
         f.write(b"x\n")
     stream.pump(2.0)
     assert out.getvalue().endswith("again 1\nx\n")
+
+
+def test_the_tailers_looks_close_their_descriptor_whatever_happens_and_say_none_for_a_missing_file(
+        tmp_path: Path) -> None:
+    """read, at and identity each open the file once and close it, also when the look raises (a directory
+    where the file was: pread says EISDIR), and say None for a file that is not there."""
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b'{"step": 1}\n')
+    fds = len(os.listdir("/proc/self/fd"))
+    window = tailer.read(path, tailer.Cursor(), 1 << 20)
+    assert window is not None and window.data == b'{"step": 1}\n'
+    moved = tailer.at(path, window.advance(len(window.data)), path.stat().st_size)
+    assert moved is not None and moved.offset == 12 and moved.file_id == window.file_id
+    assert tailer.identity(path) == (window.file_id, 12, b'{"step": 1}\n')
+    gone = tmp_path / "none"
+    assert tailer.read(gone, tailer.Cursor(), 10) is None and tailer.at(gone, tailer.Cursor(), 0) is None
+    assert tailer.identity(gone) is None
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError):
+        tailer.read(folder, tailer.Cursor(), 10)
+    with pytest.raises(IsADirectoryError):
+        tailer.identity(folder)
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HEAD_BYTES = 256  # the file's first bytes, hashed to notice a file rewritten in place
 GONE = (FileNotFoundError, NotADirectoryError)  # no such file (yet): the cursor is kept
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,56 +85,58 @@ class Window:
 
 def read(path: Path, cursor: Cursor, limit: int, *, gone: tuple[type[OSError], ...] = GONE) -> Window | None:
     """The bytes of `path` after `cursor`, at most `limit` of them; None when it does not exist (`gone`)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except gone:
-        return None
-    try:
-        st = os.fstat(fd)
-        file_id = (st.st_dev, st.st_ino)
-        head = os.pread(fd, HEAD_BYTES, 0)
-        reset = replaced(cursor, file_id, st.st_size, head)
-        if reset:
-            cursor = Cursor()
-        want = max(0, st.st_size - cursor.offset)
-        data = os.pread(fd, min(want, limit), cursor.offset) if want else b""
-    finally:
-        os.close(fd)
+    return _looking(path, gone, _window, cursor, limit)
+
+
+def _window(fd: int, st: os.stat_result, cursor: Cursor, limit: int) -> Window:
+    file_id = (st.st_dev, st.st_ino)
+    head = os.pread(fd, HEAD_BYTES, 0)
+    reset = replaced(cursor, file_id, st.st_size, head)
+    if reset:
+        cursor = Cursor()
+    want = max(0, st.st_size - cursor.offset)
+    data = os.pread(fd, min(want, limit), cursor.offset) if want else b""
     return Window(data, cursor, st.st_size, file_id, head, reset, want)
 
 
 def at(path: Path, cursor: Cursor, offset: int) -> Cursor | None:
     """The cursor moved to `offset` without reading (what the caller wrote itself and holds: babysit's own
     record log), when the file is still the one `cursor` read and exactly `offset` long; else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except GONE:
+    return _looking(path, GONE, _moved, cursor, offset)
+
+
+def _moved(fd: int, st: os.stat_result, cursor: Cursor, offset: int) -> Cursor | None:
+    file_id = (st.st_dev, st.st_ino)
+    if st.st_size != offset or (cursor.file_id is not None and cursor.file_id != file_id) or cursor.skipping:
         return None
-    try:
-        st = os.fstat(fd)
-        file_id = (st.st_dev, st.st_ino)
-        if st.st_size != offset or (cursor.file_id is not None and cursor.file_id != file_id) or cursor.skipping:
+    head_len, digest = cursor.head_len, cursor.head
+    if digest is None or head_len < HEAD_BYTES:  # the head is hashed until it is whole
+        head = os.pread(fd, HEAD_BYTES, 0)
+        if cursor.head is not None and hashlib.sha256(head[:cursor.head_len]).hexdigest() != cursor.head:
             return None
-        head_len, digest = cursor.head_len, cursor.head
-        if digest is None or head_len < HEAD_BYTES:  # the head is hashed until it is whole
-            head = os.pread(fd, HEAD_BYTES, 0)
-            if cursor.head is not None and hashlib.sha256(head[:cursor.head_len]).hexdigest() != cursor.head:
-                return None
-            head_len, digest = len(head), head_digest(head)
-    finally:
-        os.close(fd)
+        head_len, digest = len(head), head_digest(head)
     return Cursor(offset=offset, size=st.st_size, file_id=file_id, head=digest, head_len=head_len)
 
 
 def identity(path: Path) -> tuple[tuple[int, int], int, bytes] | None:
     """(file id, size, first HEAD_BYTES) of a file, or None when it does not exist."""
+    return _looking(path, (*GONE, PermissionError), _identity)
+
+
+def _identity(fd: int, st: os.stat_result) -> tuple[tuple[int, int], int, bytes]:
+    return (st.st_dev, st.st_ino), st.st_size, os.pread(fd, HEAD_BYTES, 0)
+
+
+def _looking(path: Path, gone: tuple[type[OSError], ...], look: Callable[..., T], *args: Any) -> T | None:
+    """`look(fd, fstat, *args)` on `path` opened read-only, closed after whatever `look` does: one open and
+    one fstat a look (the file's identity and size are the descriptor's, never a second lookup of the path's,
+    which a replacement in between would make another file's). None when it does not exist (`gone`)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except (*GONE, PermissionError):
+    except gone:
         return None
     try:
-        st = os.fstat(fd)
-        return (st.st_dev, st.st_ino), st.st_size, os.pread(fd, HEAD_BYTES, 0)
+        return look(fd, os.fstat(fd), *args)
     finally:
         os.close(fd)
 
