@@ -50,6 +50,9 @@ class RunVerdicts:
         # post is held by the run's posts: babysit/run/run_posts.py)
         self.unposted: dict[str, Any] | None = None
         self.final_failed = False
+        # a FINAL verdict whose post the outbox refused (held): its campaign's steps wait until it is queued,
+        # so their posts follow it and are not refused in turn (`retry`)
+        self.campaign_waits: dict[str, Any] | None = None
 
     def check_prereg(self) -> None:
         """Frozen or not by the one definition the verdict commands use (reading.check_frozen); the
@@ -173,16 +176,19 @@ class RunVerdicts:
 
     def post(self, body: dict[str, Any]) -> None:
         """The FINAL verdict queued once (with its chart, or why there is none), then its campaign's actions.
-        An outbox that refuses the message holds it for the next guard round (babysit/run/run_posts.py)."""
+        An outbox that refuses the message holds it for the next guard round (babysit/run/run_posts.py), and
+        the campaign's actions wait for it there."""
         drawn, error = self.chart
         json_path = reading.verdict_json_path(reading.final_dir(self.ctx.state_dir), self.run)
-        self.message("verdict", {"verdict": body, "chart_path": str(drawn) if drawn else None,
-                                 "chart_error": None if error is None else short_error(error),
-                                 "json_path": str(json_path),
-                                 "precision": self.spec.prereg.precision if self.spec.prereg else 4,
-                                 "channel": self.spec.notify.channel or self.ctx.default_channel},
-                     key=verdict_key(self.run), thread=False)
+        payload = {"verdict": body, "chart_path": str(drawn) if drawn else None,
+                   "chart_error": None if error is None else short_error(error), "json_path": str(json_path),
+                   "precision": self.spec.prereg.precision if self.spec.prereg else 4,
+                   "channel": self.spec.notify.channel or self.ctx.default_channel}
+        queued = self.message("verdict", payload, key=verdict_key(self.run), thread=False)
         self.unposted = None
+        if queued is None:  # held: the campaign's posts follow it once the outbox takes it
+            self.campaign_waits = body
+            return
         after_final_verdict(self, body)  # a campaign run: its frozen grid's actions (docs/campaigns.md)
 
     def retry(self) -> None:
@@ -193,6 +199,10 @@ class RunVerdicts:
         try:
             if self.final_failed:
                 self.final()
+            waiting = self.campaign_waits
+            if waiting is not None and self.ctx.store.has_message(verdict_key(self.run)):  # its post queued now
+                self.campaign_waits = None
+                after_final_verdict(self, waiting)
             body = self.unposted
             if body is None:
                 return

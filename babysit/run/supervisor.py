@@ -268,7 +268,7 @@ class RunSupervisor:
 
     def retry_verdict(self) -> None:
         """A FINAL verdict the store refused to save or queue, done again (the guard round's backstop)."""
-        if self.verdicts.unposted is not None or self.verdicts.final_failed:
+        if self.verdicts.unposted is not None or self.verdicts.final_failed or self.verdicts.campaign_waits:
             with self.lock:
                 self.verdicts.retry()
 

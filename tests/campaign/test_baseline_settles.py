@@ -324,3 +324,37 @@ def test_register_warns_when_a_child_copies_its_parents_prereg_words(tmp_path: P
         assert "drift_aug_copied" in registry.load(d.reg).names
     finally:
         d.close()
+
+
+def test_a_verdict_post_the_outbox_refused_holds_its_campaigns_steps_which_follow_it(tmp_path: Path) -> None:
+    """The outbox refuses every post as the child's FINAL verdict lands: the verdict's post is held, and the
+    campaign's steps wait for it rather than running into the same refusal (an internal error, their post
+    lost); once the outbox takes rows again the verdict is queued, then the campaign's step and its post."""
+    demo = Demo(tmp_path / "demo")
+    try:
+        assert cli_main(["register", str(demo.root / "runs" / f"{CHILD_RUN}.toml"), "--accelerated",
+                         "--registry", str(demo.reg)]) == 0
+        demo.checkpoints(CHILD_RUN)
+        amend_parent(demo)
+        demo.log(PARENT_RUN, PARENT, through=600)
+        assert demo.read(PARENT_RUN)["status"] == "PROVISIONAL"
+        demo.store._db.execute("CREATE TEMP TRIGGER refuse_post BEFORE INSERT ON outbox"
+                               " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+        demo.log(CHILD_RUN, CHILD, through=1000)
+        assert demo.read(CHILD_RUN)["status"] == "FINAL"
+        child = demo.supervisors[CHILD_RUN]
+        child.retry_posts()
+        child.retry_verdict()  # still refused: the campaign's steps still wait
+        assert [m.kind for m in demo.store.messages(CHILD_RUN)] == []
+        assert demo.events("pending") == [] and demo.store.incidents(CHILD_RUN) == []
+        demo.store._db.execute("DROP TRIGGER refuse_post")
+        child.retry_posts()  # the guard round: the verdict's post queued, then its campaign's steps
+        child.retry_verdict()
+        assert [m.kind for m in demo.store.messages(CHILD_RUN)] == ["verdict", "campaign"]
+        (pending,) = demo.events("pending")
+        assert pending["parent"] == PARENT_RUN and demo.store.incidents(CHILD_RUN) == []
+        child.retry_posts()
+        child.retry_verdict()
+        assert len(demo.store.messages(CHILD_RUN)) == 2  # once
+    finally:
+        demo.close()
