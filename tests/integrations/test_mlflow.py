@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from babysit.core.source_spec import parse_source
 from babysit.core.tomlfile import Table
 from babysit.sources import mlflowstore
+from tests.conftest import once_per_session, shared_dir
 from tests.integrations.mlflow_plain import expected
 from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
 
@@ -46,13 +48,21 @@ def finish(*procs: subprocess.Popen) -> None:
         assert proc.returncode == 0, err
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def store(tmp_path_factory):
     """One store (mlflow.db, MLflow's default) that five real MLflow scripts logged to: babysit run "r"
     (NaN from step 30), the user's own run, another babysit run's, and run "p"'s two attempts; and run "fs"
     to a file store (fs/mlruns/, MLflow 2's default; MLflow 3 writes one when told to). The first
-    creates the store (its tables: the slow part, ~15 s of a quiet box), the others then log at once."""
-    workdir = tmp_path_factory.mktemp("mlflow")
+    creates the store (its tables: the slow part, ~15 s of a quiet box), the others then log at once.
+    Built once a session, whichever xdist worker asks first (the tests only read it): as a module fixture
+    it was built again each time a worker came back to this file after another's tests (`--dist
+    worksteal`), ~25 CPU-s each time."""
+    workdir, started = once_per_session(tmp_path_factory, "mlflow-store", lambda: _logged_store(tmp_path_factory))
+    return Path(workdir), started
+
+
+def _logged_store(tmp_path_factory) -> tuple[str, float]:
+    workdir = Path(tempfile.mkdtemp(prefix="store-", dir=shared_dir(tmp_path_factory, "mlflow")))  # fresh on a retry
     fs = workdir / "fs"  # its own folder: MLflow 3 falls back to the file store where ./mlruns exists
     fs.mkdir()
     started = time.time()
@@ -64,7 +74,7 @@ def store(tmp_path_factory):
            mlflow_script(workdir, "--steps", "10", "--every", "1", tags=mlflowstore.run_context("p", 2, None)),
            mlflow_script(fs, "--steps", "20", tags=mlflowstore.run_context("fs", 1, None),  # a file store
                          MLFLOW_TRACKING_URI="file:mlruns", MLFLOW_ALLOW_FILE_STORE="true"))
-    return workdir, started
+    return str(workdir), started
 
 
 def test_mlflow_metrics_are_read_bit_equal_from_its_store_and_only_this_runs(store):
