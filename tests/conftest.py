@@ -174,3 +174,22 @@ def pg_url(postgres: Any) -> str:
     from tests import postgres as pg
 
     return pg.fresh_database(postgres)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`babysit demo` run to its end once per session, whichever xdist worker asks first, for the tests that
+    only read what it leaves: the demo's own (tests/scenarios/test_cli.py) and the drift recipe's curve,
+    which is its drift_disc run's (tests/trainer/test_recipe_curves.py; a second 1,000-step drift run of
+    its own cost ~60 CPU-s and 4½ minutes of a worker). {"ws", "returncode", "stdout", "stderr"}."""
+    from tests.scenarios.conftest import babysit, kill_runs
+
+    def run() -> dict[str, Any]:
+        root = shared_dir(tmp_path_factory, "demo")
+        try:
+            res = babysit("demo", "--dir", str(root / "ws"), cwd=root, timeout=800)
+        finally:  # a demo cut short leaves its trainers running (runs outlive daemons): not in a test
+            kill_runs(root / "ws")
+        return {"ws": str(root / "ws"), "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+
+    return once_per_session(tmp_path_factory, "demo-run", run)

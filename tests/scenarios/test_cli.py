@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from babysit.cli import build_parser, main
-from tests.scenarios.conftest import Daemon, babysit, kill_runs, pid_alive, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
 
 PREREG_FIXTURE = """
 [prereg]
@@ -279,28 +279,26 @@ def test_a_value_not_known_is_spelt_the_same_in_the_cli_card_and_the_slack_card(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_demo_babysits_to_a_final_verdict(tmp_path: Path) -> None:
-    try:
-        res = babysit("demo", "--dir", str(tmp_path / "ws"), cwd=tmp_path, timeout=800)
-    finally:  # a demo cut short leaves its trainers running (runs outlive daemons): not in a test
-        kill_runs(tmp_path / "ws")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    verdict = json.loads((tmp_path / "ws" / ".babysit" / "verdicts" / "drift_disc.json").read_text())
+def test_the_demo_babysits_to_a_final_verdict(demo_run: dict) -> None:
+    ws = Path(demo_run["ws"])  # tests/conftest.py: run once a session, also read by the drift-curve tests
+    assert demo_run["returncode"] == 0, demo_run["stdout"][-3000:] + demo_run["stderr"][-3000:]
+    out = demo_run["stdout"]
+    verdict = json.loads((ws / ".babysit" / "verdicts" / "drift_disc.json").read_text())
     assert verdict["status"] == "FINAL" and verdict["read_step"] == 1000
     assert verdict["label"] == "AMBIGUOUS-BY-INSTRUMENT"  # the raw rule says SAME-DRIFT, the ×2.5 one AMBIGUOUS
     assert [r["label"] for r in verdict["rules"]] == ["SAME-DRIFT", "AMBIGUOUS"]
     (amendment,) = verdict["amendments"]
     assert 250 <= amendment["data_seen_through_step"] < 500, "declared before the data it touches"
-    assert (tmp_path / "ws" / ".babysit" / "verdicts" / "drift_disc.png").stat().st_size > 10_000
+    assert (ws / ".babysit" / "verdicts" / "drift_disc.png").stat().st_size > 10_000
     for text in ("diverged", "retrying", "FINAL", "amendment 1 recorded"):
-        assert text in res.stdout
+        assert text in out
     # `babysit run -- CMD` once, with no run.toml written by hand: its preset said, exit 0
-    assert 'nanogpt_run: its printed lines match preset "nanogpt"' in res.stdout
-    assert "babysit run: nanogpt_run finished: completed after 1 attempt(s) (exit 0" in res.stdout
+    assert 'nanogpt_run: its printed lines match preset "nanogpt"' in out
+    assert "babysit run: nanogpt_run finished: completed after 1 attempt(s) (exit 0" in out
     # the campaign's ending tells the truth: drift_aug's HEALTHY is read against drift_disc, whose
     # instrument disagrees with itself, so nothing is convicted, banked or proposed on it (issue 25)
-    show = res.stdout[res.stdout.index("$ babysit campaign show drift_saga"):]
+    show = out[out.index("$ babysit campaign show drift_saga"):]
     assert "⏸ outcome SUSPENDED: parent drift_disc read FINAL AMBIGUOUS-BY-INSTRUMENT" in show
     assert "🔴 no-augment   live" in show and "convicted  " not in show
-    assert "conclusion SUSPENDED" in res.stdout and "CONVICTED.” does not stand" in res.stdout
-    assert not (tmp_path / "ws" / "runs" / "banked").exists() and not (tmp_path / "ws" / "runs" / "proposals").exists()
+    assert "conclusion SUSPENDED" in out and "CONVICTED.” does not stand" in out
+    assert not (ws / "runs" / "banked").exists() and not (ws / "runs" / "proposals").exists()
