@@ -58,6 +58,11 @@ class Backend:
         daemon.store._db.execute("CREATE TEMP TRIGGER refuse_post BEFORE INSERT ON outbox"
                                  " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
 
+    def refuse_posts_of(self, daemon: Any, kind: str) -> None:
+        """The outbox rows of one kind refused, every other row taken."""
+        daemon.store._db.execute(f"CREATE TEMP TRIGGER refuse_post BEFORE INSERT ON outbox WHEN NEW.kind = '{kind}'"
+                                 " BEGIN SELECT RAISE(ABORT, 'disk I/O error (the test''s)'); END")
+
     def refuse_answers(self, daemon: Any, run: str) -> None:
         """The answer to `run`'s requests refused, the other runs' answered."""
         daemon.store._db.execute(f"CREATE TEMP TRIGGER refuse_answer BEFORE UPDATE ON control WHEN NEW.run = '{run}'"
@@ -129,6 +134,9 @@ class PostgresBackend(Backend):
 
     def refuse_posts(self, daemon: Any) -> None:
         self._restrict("outbox", "INSERT", "false")
+
+    def refuse_posts_of(self, daemon: Any, kind: str) -> None:
+        self._restrict("outbox", "INSERT", f"kind <> '{kind}'")
 
     def refuse_answers(self, daemon: Any, run: str) -> None:
         # claimed as ever (claimed_by, claimed_at), but no answer (handled_at) written for `run`'s requests

@@ -51,12 +51,15 @@ def make_daemon(tmp_path: Path, store_backend: Backend, monkeypatch: pytest.Monk
     executor = FakeExecutor(clock, host)
     made: list[Daemon] = []
 
-    def make() -> tuple[Daemon, FakeExecutor, FakeClock]:
+    def make(before: Callable[[Daemon], None] | None = None) -> tuple[Daemon, FakeExecutor, FakeClock]:
+        """The daemon, up and its run launched (`before`: done to it first, a refusal the launch meets)."""
         d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
                    channel=ConsoleChannel(tmp_path / ".babysit", None), clock=clock, host_probe=host,
                    executors={"local": executor}, timers=ManualTimers(clock), accelerated=True)
         store_backend.started(d)
         made.append(d)
+        if before is not None:
+            before(d)
         d.reconcile_registry()
         d.handle_requests()
         return d, executor, clock
@@ -120,6 +123,59 @@ def test_posts_held_by_a_daemon_that_stopped_are_queued_by_the_next_one(make_dae
     again.guards()
     deliver_all(again, clock)
     assert [m.status for m in again.store.messages(RUN)] == ["sent"] * 3
+
+
+def poll(d: Daemon, clock: FakeClock) -> None:
+    """The run's next poll, as its timer fires it (a poll round)."""
+    clock.advance(d.ctx.polls.when(RUN) - clock.now)
+    assert "polls" in d.ctx.timers.run_due()
+
+
+def thread(d: Daemon) -> list[tuple[str, int | None, int | None]]:
+    """The run's posts (the fake trainer writes nothing while the clock goes from poll to poll: it stalls,
+    and its stall's posts follow the polls'): kind, the poll they carry, the post they thread under."""
+    return [(m.kind, m.payload.get("poll_id"), m.thread_of) for m in d.store.messages(RUN)]
+
+
+def test_a_poll_of_a_run_whose_launch_post_is_held_follows_it_in_its_thread(make_daemon, store_backend) -> None:
+    d, _, clock = make_daemon(before=lambda d: store_backend.refuse_posts_of(d, "launch"))
+    assert posts(d) == []  # the launch post held
+    poll(d, clock)  # the outbox takes polls (and the FINAL verdict the poll's read of the log finds), but the
+    first = d.store.polls(RUN)[0].id  # run holds its launch post: the poll's posts wait behind it
+    assert posts(d) == [] and d.store.outbox_summary().held == 4
+    store_backend.allow(d)
+    d.guards()
+    launch = d.store.messages(RUN)[0].id
+    assert thread(d)[:4] == [("launch", None, None), ("verdict", None, None), ("poll", first, launch),
+                             ("header", first, launch)]
+    poll(d, clock)  # nothing held now: queued at once, as ever
+    second = d.store.polls(RUN)[0].id
+    assert thread(d)[-2:] == [("poll", second, launch), ("header", second, launch)]
+    d.guards()
+    deliver_all(d, clock)
+    assert {m.status for m in d.store.messages(RUN)} == {"sent"}
+    assert "internal-error" not in {i.kind for i in d.store.incidents(RUN)}
+
+
+def test_a_poll_taken_while_the_outbox_refuses_posts_is_recorded_and_its_posts_queued_in_order_once(
+        make_daemon, store_backend) -> None:
+    d, _, clock = make_daemon()
+    store_backend.refuse_posts(d)
+    poll(d, clock)  # its row recorded; its post and header refused: held, never an internal error
+    first = d.store.polls(RUN)[0].id
+    assert posts(d) == [("launch", 1)] and [i.kind for i in d.store.incidents(RUN)] == []
+    store_backend.allow(d)
+    poll(d, clock)  # the outbox takes rows again, but the first poll's posts are held still: the second's wait
+    second = d.store.polls(RUN)[0].id
+    assert posts(d) == [("launch", 1)] and d.store.outbox_summary().held == 5
+    d.guards()
+    launch = d.store.messages(RUN)[0].id
+    assert thread(d)[:6] == [("launch", None, None), ("verdict", None, None), ("poll", first, launch),
+                             ("header", first, launch), ("poll", second, launch), ("header", second, launch)]
+    d.guards()
+    deliver_all(d, clock)
+    assert [kind for kind, _, _ in thread(d)].count("poll") == 2  # each once
+    assert {m.status for m in d.store.messages(RUN)} == {"sent"}
 
 
 def refuse(store: Store) -> None:

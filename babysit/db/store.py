@@ -201,6 +201,7 @@ class PollRow:
     snapshot: Snapshot
     thread_of: int | None
     payload: dict[str, Any]  # the posts' JSON (the outbox's), the poll's id added when recorded
+    held: bool = False  # its run holds posts the outbox refused: the row alone, its posts the run's (run_posts)
 
 
 @dataclass(frozen=True)
@@ -584,9 +585,10 @@ class Store:
 
     def record_polls(self, polls: Sequence[PollRow]) -> None:
         """Each poll's row, its threaded post and its live-header update, all in ONE transaction: a poll
-        is recorded and announced together or not at all, and a round of polls costs one commit. The
-        posts name the poll (`poll_id`) and are given its snapshot when read (`_messages`): a snapshot
-        is stored once, not three times."""
+        is recorded and announced together or not at all, and a round of polls costs one commit (a `held`
+        poll: its row alone, its run queues its posts behind those it holds). The posts name the poll
+        (`poll_id`) and are given its snapshot when read (`_messages`): a snapshot is stored once, not three
+        times."""
         if not polls:
             return
         outbox_rows = []
@@ -595,6 +597,8 @@ class Store:
                 poll_id = self._insert_id(db, "INSERT INTO polls (run, attempt, at, kind, snapshot)"
                                           " VALUES (?, ?, ?, ?, ?)",
                                           (p.run, p.attempt, p.at, p.kind, json.dumps(p.snapshot.to_dict())))
+                if p.held:
+                    continue
                 for message_kind, head in (("poll", p.payload), ("header", {**p.payload, "attempt": p.attempt})):
                     outbox_rows.append((p.run, message_kind, json.dumps({**head, "poll_id": poll_id}), p.thread_of,
                                         p.at, p.at, self.host))

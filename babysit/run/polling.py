@@ -15,6 +15,7 @@ import heapq
 import itertools
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from babysit.db.store import PollRow, Store
@@ -153,11 +154,16 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
                     finally:
                         supervisor.lock.release()
                 store.record_polls(rows)
-        except Exception as exc:  # the store failing: each run's poll is tried again a declared minute on
-            for supervisor, _ in staged:
-                with supervisor.lock:
-                    supervisor.poll_failed(exc, kind)
-            staged, recorded = [], []  # rolled back: none of them was recorded
+        except Exception as exc:  # rolled back: none of them was recorded
+            recorded = []
+            if any(not poll.held for _, poll in staged):  # the outbox refusing a post, maybe: each row alone
+                # below, its posts through its run (queued, or held in the run's order: run/run_posts.py)
+                staged = [(supervisor, replace(poll, held=True)) for supervisor, poll in staged]
+            else:  # the store failing: each run's poll is tried again a declared minute on
+                for supervisor, _ in staged:
+                    with supervisor.lock:
+                        supervisor.poll_failed(exc, kind)
+                staged = []
     done = {id(poll) for _, poll in recorded}
     for supervisor, poll in staged:
         try:

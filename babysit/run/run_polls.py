@@ -16,6 +16,7 @@ from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, PollRow
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
+from babysit.run.run_posts import RunPosts
 
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 
@@ -31,7 +32,9 @@ class PollHost(Protocol):
     launch_msg: int | None
     runlog: RunLog
     observer: RunObserver
+    posts: RunPosts
 
+    def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int | None: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def failed(self, where: str, exc: BaseException) -> None: ...
 
@@ -77,8 +80,9 @@ class RunPolls:
             return None
         kind = kind or ("first" if self._newest_at(attempt.n) is None else "periodic")
         snap = self.host.observer.snapshot(kind)
+        # while the run holds posts the outbox refused, its poll's posts are held behind them (after_poll)
         return PollRow(self.run, attempt.n, snap.at, kind, snap, thread_of=self.host.launch_msg,
-                       payload={"run": self.run})
+                       payload={"run": self.run}, held=bool(self.host.posts.held))
 
     def still_polled(self, poll: PollRow) -> bool:
         """Under the lock: the polled attempt still runs (an exit handled since makes its poll stale)."""
@@ -89,6 +93,8 @@ class RunPolls:
         """Under the lock, once the poll is recorded: what it tells (an unreadable log, input
         starvation), then the next poll's date (an on-demand poll leaves the schedule as it was)."""
         self.newest = (poll.attempt, poll.at)
+        if poll.held:
+            self._post_held(poll)
         attempt = self.host.attempt
         if attempt is None or not self.still_polled(poll):
             return
@@ -104,6 +110,16 @@ class RunPolls:
                                key=f"{self.run}:{attempt.n}:input-starvation")
         if poll.kind != "on-demand":
             self.schedule_next()
+
+    def _post_held(self, poll: PollRow) -> None:
+        """A held poll's post and header, through the run's posts: behind the posts it holds, in the launch
+        post's thread (by its key while that is held too), each once (keyed by the poll's id)."""
+        poll_id = next((p.id for p in self.ctx.store.polls(self.run, limit=4)
+                        if p.attempt == poll.attempt and p.at == poll.at), None)
+        if poll_id is None:  # not found: a poll recorded since would be a bug; the poll itself is recorded
+            raise RuntimeError(f"poll of attempt {poll.attempt} at {poll.at} recorded but not found")
+        self.host.message("poll", {"poll_id": poll_id}, key=f"{self.run}:poll:{poll_id}")
+        self.host.message("header", {"attempt": poll.attempt, "poll_id": poll_id}, key=f"{self.run}:header:{poll_id}")
 
     def poll_failed(self, exc: BaseException, kind: str | None) -> None:
         """A poll that could not be taken or recorded: said (`failed`), and tried again a declared minute

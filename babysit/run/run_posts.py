@@ -1,6 +1,8 @@
 """A run's posts, the one way a run queues a message: into the outbox, or — when the store refuses the row
 (a privilege revoked, a trigger, a full disk) — held, in the run's order, and queued at the daemon's next
-guard round once the outbox takes rows again, each once (its dedupe key).
+guard round once the outbox takes rows again, each once (its dedupe key). A poll's posts, which the poll
+round writes with its row in one batch, come here only while the run holds posts (run/run_polls.py): the
+row recorded, its posts held behind the others; a round with nothing held costs no extra query.
 
 A refused post never turns a run's outcome: the attempt's end is what the process did, whatever became of
 the message saying so. Nothing is lost either: the held posts are kept in the run's facts (`held_posts`)

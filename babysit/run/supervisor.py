@@ -261,10 +261,13 @@ class RunSupervisor:
 
     def retry_posts(self) -> None:
         """The posts the outbox refused, queued now if it takes rows again (the guard round's backstop)."""
-        queued = self.posts.retry()
-        attempt = self.attempt
-        if self.launch_msg is None and attempt is not None:  # its launch post queued: the thread's parent
-            self.launch_msg = queued.get(f"{self.run}:{attempt.n}:launch", self.launch_msg)
+        if not self.posts.held:  # the common case: no lock, no query
+            return
+        with self.lock:  # a poll's posts (run_polls.after_poll) thread under the launch post once it is queued
+            queued = self.posts.retry()
+            attempt = self.attempt
+            if self.launch_msg is None and attempt is not None:  # its launch post queued: the thread's parent
+                self.launch_msg = queued.get(f"{self.run}:{attempt.n}:launch", self.launch_msg)
 
     def retry_verdict(self) -> None:
         """A FINAL verdict the store refused to save or queue, done again (the guard round's backstop)."""
