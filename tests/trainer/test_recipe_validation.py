@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.trainer.conftest import REPO
 from trainer.recipe import RECIPES_DIR, RecipeError, load
 from trainer.recipe import parse as parse_recipe
 
@@ -37,6 +41,19 @@ def test_batch_size_and_micro_batch_size_are_mutually_exclusive(run_trainer, tmp
     result = run_trainer("--recipe", "tiny", "--batch-size", "32", "--micro-batch-size", "8")
     assert result.returncode == 2
     assert "not allowed with argument" in result.stderr
+
+
+def test_a_bad_input_exits_2_before_torch_is_imported(tmp_path: Path) -> None:
+    """A typo costs a fraction of a second, not torch's import (2-3 CPU-s on two shared cores)."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text((RECIPES_DIR / "tiny.toml").read_text().replace("width = 64", "widht = 64"))
+    probe = ("import sys\nfrom trainer.cli import main\n"
+             f"code = main(['--recipe', {str(bad)!r}])\n"
+             "print(code, 'torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    assert f"{bad}: model.widht: expected one of the known keys" in result.stderr
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.toml")))
