@@ -16,7 +16,8 @@ import pytest
 import structlog
 
 from babysit.channels.notify import ConsoleChannel, deliver_due
-from babysit.db.store import Store
+from babysit.core.snapshot import Snapshot
+from babysit.db.store import PollRow, Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.register import registration
 from babysit.run.run_posts import RunPosts
@@ -143,6 +144,7 @@ def test_a_poll_of_a_run_whose_launch_post_is_held_follows_it_in_its_thread(make
     poll(d, clock)  # the outbox takes polls (and the FINAL verdict the poll's read of the log finds), but the
     first = d.store.polls(RUN)[0].id  # run holds its launch post: the poll's posts wait behind it
     assert posts(d) == [] and d.store.outbox_summary().held == 4
+    assert all(h["key"] for h in d.store.run_state(RUN)[1]["held_posts"])  # each queued once, by its key
     store_backend.allow(d)
     d.guards()
     launch = d.store.messages(RUN)[0].id
@@ -211,4 +213,24 @@ def test_posts_held_behind_a_refused_launch_post_are_threaded_under_it_once_it_i
     assert (launch.kind, a.payload["text"], b.payload["text"]) == ("launch", "a", "b")
     assert a.thread_of == b.thread_of == launch.id == queued["r:1:launch"]
     assert store.outbox_summary().held == 0 and again.post("text", {"run": "r"}, "r:c") is not None
+    store.close()
+
+
+def test_a_post_whose_wake_up_failed_after_its_commit_is_queued_once_never_held(tmp_path: Path) -> None:
+    """The enqueue committed, then the delivery worker's wake-up raised: the post is queued (its id), not
+    held, so no guard round queues it again; a poll round's rows alike."""
+    store = Store.in_dir(tmp_path)
+    woken = []
+
+    def wake() -> None:
+        woken.append(1)
+        raise RuntimeError("the wake-up failed after the commit (the test's)")
+
+    store.on_enqueue = wake
+    posts = RunPosts("r", store, lambda: 1.0, {})
+    new_id = posts.post("text", {"run": "r", "text": "a"}, "r:a")
+    assert new_id is not None and posts.held == [] and store.run_state("r")[1].get("held_posts") is None
+    assert posts.retry() == {} and posts.post("text", {"run": "r", "text": "b"}, "r:b") is not None
+    store.record_polls([PollRow("r", 1, 2.0, "first", Snapshot.from_dict({"step": 1}), new_id, {"run": "r"})])
+    assert [m.kind for m in store.messages()] == ["text", "text", "poll", "header"] and len(woken) == 3
     store.close()

@@ -24,11 +24,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from babysit.core import progress
 from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 from babysit.core.snapshot import Snapshot
 from babysit.runtime import wake
+
+log = structlog.get_logger("babysit.db.store")
 
 SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
 POLLS_REMEMBERED = 4096  # parsed polls a store keeps (`_poll`): every run's latest of a 4,000-run fleet
@@ -604,8 +608,7 @@ class Store:
                                         p.at, p.at, self.host))
             self._insert_many(db, "INSERT INTO outbox (run, kind, payload, thread_of, next_try_at, created_at, host)"
                               " VALUES (?, ?, ?, ?, ?, ?, ?)", outbox_rows)
-        if self.on_enqueue is not None:
-            self.on_enqueue()
+        self._wake_delivery()
 
     def add_incident(self, run: str, attempt: int | None, at: float, kind: str, detail: dict[str, Any]) -> int:
         with self.tx() as db:
@@ -648,9 +651,20 @@ class Store:
                 db, "INSERT INTO outbox (run, kind, payload, thread_of, dedupe_key, next_try_at, created_at, host)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (run, kind, json.dumps(payload), thread_of, dedupe_key, now, now, self.host))
-        if self.on_enqueue is not None:  # committed: wake the delivery worker now rather than polling often
-            self.on_enqueue()
+        self._wake_delivery()
         return new_id
+
+    def _wake_delivery(self) -> None:
+        """Messages committed: the delivery worker woken now rather than at its next poll. Never raises: the
+        messages are queued whatever the wake-up does, and a caller told otherwise would queue them again
+        (a held post's retry, babysit/run/run_posts.py); the worker's own poll finds them."""
+        if self.on_enqueue is None:
+            return
+        try:
+            self.on_enqueue()
+        except Exception as exc:
+            log.warning("waking the delivery worker failed; it finds the message at its next look",
+                        error=f"{type(exc).__name__}: {exc}")
 
     def due_messages(self, now: float, limit: int = 100) -> list[OutboxMessage]:
         """The oldest pending message of each run, if due: a run's messages go out strictly in order. In a

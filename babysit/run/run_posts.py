@@ -42,13 +42,15 @@ class RunPosts:
         self.said = False  # this spell's refusal logged
         self.lock = threading.Lock()
 
-    def post(self, kind: str, payload: dict[str, Any], key: str | None, *, thread_of: int | None = None,
+    def post(self, kind: str, payload: dict[str, Any], key: str, *, thread_of: int | None = None,
              thread_key: str | None = None) -> int | None:
-        """Queue the message; its outbox id, or None when it is held (or a held one has its key). Never raises."""
+        """Queue the message; its outbox id, or None when it is held (or a held one has its key). Never raises.
+        Every post has a key: one whose commit went through though its enqueue raised after it is held, and
+        queued again by its key, once."""
         entry = {"kind": kind, "payload": payload, "key": key, "thread_of": thread_of, "thread_key": thread_key}
         with self.lock:
             if self.held:
-                if key is None or all(h["key"] != key for h in self.held):
+                if all(h["key"] != key for h in self.held):
                     self._hold(entry, None)
                 return None
             try:
@@ -82,7 +84,7 @@ class RunPosts:
                     log.debug("outbox still refuses a held post", run=self.run, error=short_error(exc))
                     break
                 self.held.pop(0)
-                if entry["key"] is not None:
+                if entry["key"] is not None:  # every post has one; facts an older daemon saved may not
                     queued[entry["key"]] = new_id
             if not queued and self.held:
                 return {}

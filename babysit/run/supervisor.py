@@ -85,7 +85,7 @@ class RunSupervisor:
     def set_status(self, status: str, **facts: Any) -> None:
         self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
 
-    def message(self, kind: str, payload: dict[str, Any], key: str | None, thread: bool = True) -> int | None:
+    def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int | None:
         """Queue a post (in the launch post's thread unless not `thread`); its outbox id, None while the
         outbox refuses it (held: babysit/run/run_posts.py). Never raises: a post never turns a run's outcome."""
         thread_of = self.launch_msg if thread else None
