@@ -1,4 +1,4 @@
-"""The CLI as a user runs it: register, status, the daemon's signals, the demo."""
+"""The CLI as a user runs it: register, status, the daemon's signals (the demo: test_demo.py)."""
 
 from __future__ import annotations
 
@@ -275,30 +275,3 @@ def test_a_value_not_known_is_spelt_the_same_in_the_cli_card_and_the_slack_card(
     assert "train Δ —, monotone rise —" in card
     for text in (card, json.dumps(verdict_card(body).blocks, ensure_ascii=False)):
         assert "n/a" not in text and "Δ ?" not in text and "None" not in text
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_the_demo_babysits_to_a_final_verdict(demo_run: dict) -> None:
-    ws = Path(demo_run["ws"])  # tests/conftest.py: run once a session, also read by the drift-curve tests
-    assert demo_run["returncode"] == 0, demo_run["stdout"][-3000:] + demo_run["stderr"][-3000:]
-    out = demo_run["stdout"]
-    verdict = json.loads((ws / ".babysit" / "verdicts" / "drift_disc.json").read_text())
-    assert verdict["status"] == "FINAL" and verdict["read_step"] == 1000
-    assert verdict["label"] == "AMBIGUOUS-BY-INSTRUMENT"  # the raw rule says SAME-DRIFT, the ×2.5 one AMBIGUOUS
-    assert [r["label"] for r in verdict["rules"]] == ["SAME-DRIFT", "AMBIGUOUS"]
-    (amendment,) = verdict["amendments"]
-    assert 250 <= amendment["data_seen_through_step"] < 500, "declared before the data it touches"
-    assert (ws / ".babysit" / "verdicts" / "drift_disc.png").stat().st_size > 10_000
-    for text in ("diverged", "retrying", "FINAL", "amendment 1 recorded"):
-        assert text in out
-    # `babysit run -- CMD` once, with no run.toml written by hand: its preset said, exit 0
-    assert 'nanogpt_run: its printed lines match preset "nanogpt"' in out
-    assert "babysit run: nanogpt_run finished: completed after 1 attempt(s) (exit 0" in out
-    # the campaign's ending tells the truth: drift_aug's HEALTHY is read against drift_disc, whose
-    # instrument disagrees with itself, so nothing is convicted, banked or proposed on it (issue 25)
-    show = out[out.index("$ babysit campaign show drift_saga"):]
-    assert "⏸ outcome SUSPENDED: parent drift_disc read FINAL AMBIGUOUS-BY-INSTRUMENT" in show
-    assert "🔴 no-augment   live" in show and "convicted  " not in show
-    assert "conclusion SUSPENDED" in out and "CONVICTED.” does not stand" in out
-    assert not (ws / "runs" / "banked").exists() and not (ws / "runs" / "proposals").exists()
