@@ -98,10 +98,10 @@ class Lazy:
 
 
 # The test files that start real trainers and daemons (each tens of seconds on 2 shared cores), in
-# about their order of cost. They run first: pytest-xdist hands out tests in collection order, and a long
-# test drawn last keeps the other workers idle while it finishes (longest first evens the finish). It
-# takes `--dist worksteal` (pyproject's addopts): under `load` the first quarter of the tests is dealt
-# round-robin up front, so one worker could hold most of the long ones while the others sat idle (465 s).
+# about their order of cost. They run first: a long test drawn last keeps the other workers idle while it
+# finishes (longest first evens the finish). It takes `--dist worksteal` (pyproject's addopts): under
+# `load` the first quarter of the tests is dealt round-robin up front, so one worker could hold most of
+# the long ones while the others sat idle (465 s).
 LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_stop_and_resume.py",
               "tests/trainer/test_gradient_equivalence.py", "tests/test_smoke.py", "tests/scenarios/",
               "tests/slurm/", "tests/reliability/", "tests/trainer/", "tests/web/", "tests/integrations/",
@@ -112,7 +112,7 @@ LONG_FIRST = ("tests/reliability/test_crash_campaign.py", "tests/trainer/test_st
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest first: the files holding a slow test this session runs (.ci/run's one session of the fast
     and the slow ones), whole, so a module fixture is still built once; then LONG_FIRST's files, then the
-    rest."""
+    rest. Under xdist the long files are dealt to the workers' heads (`deal`)."""
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> tuple[bool, int]:
@@ -121,6 +121,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 next((i for i, prefix in enumerate(LONG_FIRST) if path.startswith(prefix)), len(LONG_FIRST)))
 
     items.sort(key=rank)  # stable: a file's own order (and its module fixtures' reuse) is kept
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # the same on every worker: one order
+    if workers > 1:
+        items[:] = deal(items, workers, long=lambda item: rank(item) < (True, len(LONG_FIRST)))
+
+
+def deal(items: list[pytest.Item], workers: int, long: Callable[[pytest.Item], bool]) -> list[pytest.Item]:
+    """The order that starts every worker on long files. `--dist worksteal` first hands worker i the i-th
+    of `workers` contiguous blocks of the collection, and a worker that runs dry steals from the END of
+    the longest queue: with the long files all at the front, one worker ran every one of them, one after
+    the other, and finished last (measured 2026-12-02: 1,864 s of tests against 1,707-1,750 s on the
+    two others, its last five minutes three paced framework runs, mostly waiting). Here each
+    block starts with every `workers`-th long file, in rank order (whole files), and is filled up with the
+    rest; if a block's long files would not fit in it, the order is left as it was."""
+    files: dict[str, list[pytest.Item]] = {}
+    rest: list[pytest.Item] = []
+    for item in items:
+        if long(item):
+            files.setdefault(item.nodeid.split("::")[0], []).append(item)
+        else:
+            rest.append(item)
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for i, group in enumerate(files.values()):
+        heads[i % workers].extend(group)
+    sizes, left = [], len(items)
+    for i in range(workers):  # xdist's own split (WorkStealingScheduling.check_schedule)
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    if any(len(head) > size for head, size in zip(heads, sizes, strict=True)):
+        return items
+    dealt: list[pytest.Item] = []
+    for head, size in zip(heads, sizes, strict=True):
+        fill = size - len(head)
+        dealt += head + rest[:fill]
+        rest = rest[fill:]
+    return dealt
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
@@ -175,21 +210,3 @@ def pg_url(postgres: Any) -> str:
 
     return pg.fresh_database(postgres)
 
-
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`babysit demo` run to its end once per session, whichever xdist worker asks first, for the tests that
-    only read what it leaves: the demo's own (tests/scenarios/test_cli.py) and the drift recipe's curve,
-    which is its drift_disc run's (tests/trainer/test_recipe_curves.py; a second 1,000-step drift run of
-    its own cost ~60 CPU-s and 4½ minutes of a worker). {"ws", "returncode", "stdout", "stderr"}."""
-    from tests.scenarios.conftest import babysit, kill_runs
-
-    def run() -> dict[str, Any]:
-        root = shared_dir(tmp_path_factory, "demo")
-        try:
-            res = babysit("demo", "--dir", str(root / "ws"), cwd=root, timeout=800)
-        finally:  # a demo cut short leaves its trainers running (runs outlive daemons): not in a test
-            kill_runs(root / "ws")
-        return {"ws": str(root / "ws"), "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
-
-    return once_per_session(tmp_path_factory, "demo-run", run)
