@@ -41,6 +41,11 @@ log = structlog.get_logger("babysit.db.store")
 VERSION_TABLE = "babysit_schema_version"
 CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to
 CONNECT_TIMEOUT_S = 10
+# A reader with the box's mirror to show (the web page, `status`) gives PostgreSQL this long to answer a
+# connection (libpq's and psycopg's minimum), not 10 s: a silent host (packets dropped, not refused) must
+# not hold a page; and journal.TCP_BOUNDS, so a network going silent under an open connection fails a read
+# in seconds, not TCP's minutes
+READ_CONNECT_TIMEOUT_S = 2
 
 
 class DatabaseUnreachable(StateError):
@@ -151,9 +156,11 @@ class PostgresStore(Store):
     journaled = False  # True on the daemon's store once start_journal ran
 
     def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None,
-                 may_start_down: bool = False) -> None:
+                 may_start_down: bool = False, reader: bool = False) -> None:
         """`may_start_down`: the daemon's store, which with PostgreSQL unreachable starts from the box's
-        local mirror (`start_journal`) when it has one; the schema is then checked once the database is back."""
+        local mirror (`start_journal`) when it has one; the schema is then checked once the database is back.
+        `reader`: a reader's with the box's mirror to show instead (the web page, `status`), which gives a
+        silent host READ_CONNECT_TIMEOUT_S and a silent network journal.TCP_BOUNDS (babysit/view/readstore.py)."""
         self.url = url
         self.where = redact(url)
         self.host = host
@@ -170,7 +177,9 @@ class PostgresStore(Store):
         self.started_down: tuple[str, float] | None = None  # (the error, the mirror's age) of a start while down
         self._version_refused = False  # a schema mismatch found at a reconnection, logged once
         try:
-            self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit")
+            self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit",
+                                         READ_CONNECT_TIMEOUT_S if reader else CONNECT_TIMEOUT_S,
+                                         journal.TCP_BOUNDS if reader else None)
             self._db.connect()  # unreachable: the error here, before any statement
             version = self.schema_version()
         except psycopg.Error as exc:

@@ -42,16 +42,18 @@ def host_name(registry: Registry, environ: Mapping[str, str] | None = None) -> s
     return name
 
 
-def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, daemon: bool = False) -> Store:
+def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, daemon: bool = False,
+               reader: bool = False) -> Store:
     """The box's store: PostgreSQL when a url is configured (psycopg imported only then), else SQLite.
-    `daemon`: the daemon's, which starts from the box's local mirror while PostgreSQL is unreachable."""
+    `daemon`: the daemon's, which starts from the box's local mirror while PostgreSQL is unreachable.
+    `reader`: a reader's with a mirror to fall back on, which gives up on a silent database in seconds."""
     url = store_url(registry, environ)
     if url is None:
         return Store.in_dir(registry.state_dir)
     from babysit.db.postgres import PostgresStore
 
     return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir,
-                         may_start_down=daemon)
+                         may_start_down=daemon, reader=reader)
 
 
 def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, *,
@@ -67,13 +69,19 @@ def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, 
     from babysit.db.postgres import DatabaseUnreachable
 
     try:
-        return open_store(registry, environ)
+        return open_store(registry, environ, reader=True)
     except DatabaseUnreachable as exc:
         reason = str(exc.__cause__ or exc).strip().splitlines()[0][:160]
-        mirror = MirrorStore.of_box(registry.state_dir, host_name(registry, environ), reason)
+        mirror = box_mirror(registry, reason, environ)
         if mirror is None:
             raise
         return mirror
+
+
+def box_mirror(registry: Registry, reason: str, environ: Mapping[str, str] | None = None) -> MirrorStore | None:
+    """The box's local mirror, read-only, its banner saying PostgreSQL is unreachable for `reason`; None when
+    the box has none (no daemon of this box ever ran with the database up)."""
+    return MirrorStore.of_box(registry.state_dir, host_name(registry, environ), reason)
 
 
 def fleet_owner(registry: Registry, run: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -6,10 +6,17 @@ One path for every reader, so the terminal and the page fall back alike: Postgre
 store is opened, or lost under an open one (a read that fails on a lost connection: a server stopped, a
 failover), gives the mirror; the next look after `retry_s` tries PostgreSQL again, so a long-lived reader
 (the web server, `status --watch`) goes back to the shared view by itself once the database is back.
+
+A reader gives a silent database (its host dropping packets, not refusing them) 2 s to answer a connection
+(babysit/db/url.py), and a process's readers share what they found (`Outage`, the web server's threads): once
+one found PostgreSQL unreachable the others read the mirror without trying it, and after `retry_s` one
+thread at a time tries it again while the others go on reading the mirror. So a page waits for a silent
+database at most once a retry, on one thread, for 2 s, never each of its threads for the daemon's 10 s.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,31 +24,81 @@ from typing import TypeVar
 from babysit.core.errors import StateError
 from babysit.db.mirror_view import MirrorStore
 from babysit.db.store import Store
-from babysit.db.url import open_existing
+from babysit.db.url import box_mirror, open_existing
 from babysit.runtime.registry import Registry
 
 T = TypeVar("T")
 
 
+class Outage:
+    """PostgreSQL unreachable, as a process's readers found it, shared by them (the web server's threads):
+    remembered `retry_s` from when a reader found it, during which no reader tries it; after that one
+    reader at a time does (`may_try`), the others reading the mirror meanwhile. While PostgreSQL answers,
+    every reader connects as it needs (no lock waited for)."""
+
+    def __init__(self, retry_s: float) -> None:
+        self.retry_s = retry_s
+        self._lock = threading.Lock()
+        self._down_until: float | None = None  # None: not known unreachable
+        self._trying: int | None = None  # the thread trying it again, while it is known unreachable
+        self.reason = ""  # why it was unreachable (the mirror's banner says it)
+
+    def may_try(self) -> bool:
+        """May this thread try PostgreSQL now? Always while it is not known unreachable; else once the outage
+        is `retry_s` old, one thread at a time (until its `tried`)."""
+        with self._lock:
+            if self._down_until is None:
+                return True
+            if self._trying is not None or time.monotonic() < self._down_until:
+                return False
+            self._trying = threading.get_ident()
+            return True
+
+    def tried(self, reason: str | None) -> None:
+        """This thread's try: PostgreSQL reached (None), or unreachable for `reason`, remembered `retry_s`."""
+        with self._lock:
+            if self._trying == threading.get_ident():
+                self._trying = None
+            if reason is None:
+                self._down_until = None
+            else:
+                self._down_until, self.reason = time.monotonic() + self.retry_s, reason
+
+
 class ReadStore:
     """One reader's store, opened on first use (never created: a reader makes no state directory). Not
-    shared between threads: the web server keeps one a thread, as it keeps one SQLite connection a thread."""
+    shared between threads: the web server keeps one a thread, as it keeps one SQLite connection a thread,
+    and one `Outage` for them all."""
 
-    def __init__(self, registry: Callable[[], Registry], retry_s: float = 0.0) -> None:
+    def __init__(self, registry: Callable[[], Registry], retry_s: float = 0.0, outage: Outage | None = None) -> None:
         self._registry = registry
         self.retry_s = retry_s  # how long the mirror is read before PostgreSQL is tried again
+        self.outage = outage if outage is not None else Outage(retry_s)
         self._store: Store | None = None
         self._retry_at = 0.0
 
     def get(self) -> Store | None:
         """The store to read now: PostgreSQL (or SQLite), else the mirror while PostgreSQL is unreachable.
         Raises (the database's error) when PostgreSQL is unreachable and the box has no mirror."""
-        if isinstance(self._store, MirrorStore) and time.monotonic() >= self._retry_at:
-            self.close()  # PostgreSQL may be back
-        if self._store is None:
+        mirror = isinstance(self._store, MirrorStore)
+        if self._store is not None and not (mirror and time.monotonic() >= self._retry_at):
+            return self._store
+        if not self.outage.may_try():  # another reader found it unreachable lately, or tries it now
+            if not mirror:
+                self._store = box_mirror(self._registry(), self.outage.reason)
+            if self._store is not None:  # the outage's retry, not this reader's, says when to try again
+                return self._store
+            # no mirror to read instead: this reader tries PostgreSQL, as a reader without one always did
+        self.close()  # PostgreSQL may be back
+        try:
             self._store = open_existing(self._registry(), mirror_ok=True)
-            if isinstance(self._store, MirrorStore):
-                self._retry_at = time.monotonic() + self.retry_s
+        except BaseException:
+            self.outage.tried(None)  # no mirror for any reader (or not the database's reach): each tries
+            raise
+        unreachable = self._store.unreachable if isinstance(self._store, MirrorStore) else None
+        if unreachable is not None:
+            self._retry_at = time.monotonic() + self.retry_s
+        self.outage.tried(unreachable)
         return self._store
 
     def read(self, look: Callable[[Store | None], T]) -> T:

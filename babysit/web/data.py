@@ -31,7 +31,7 @@ from babysit.runtime import registry
 from babysit.sources import logtail
 from babysit.verdict import prereg_record, reading
 from babysit.view import runview
-from babysit.view.readstore import ReadStore
+from babysit.view.readstore import Outage, ReadStore
 from babysit.view.runview import RegistryCache, RunRow, SpecCache, TailCache, file_id
 from babysit.web import svg
 
@@ -108,6 +108,7 @@ class Site:
     def __init__(self, registry_path: Path) -> None:
         self.registry_path = Path(registry_path)
         self._local = threading.local()
+        self._outage = Outage(MIRROR_RETRY_S)  # PostgreSQL unreachable, as the threads' readers found it
         self._lock = threading.Lock()
         self._registry = RegistryCache(self.registry_path)
         self._specs = SpecCache()
@@ -135,7 +136,7 @@ class Site:
         it exists (never created here), else the box's mirror while PostgreSQL is unreachable."""
         reader = getattr(self._local, "reader", None)
         if reader is None:
-            reader = self._local.reader = ReadStore(self.registry, MIRROR_RETRY_S)
+            reader = self._local.reader = ReadStore(self.registry, MIRROR_RETRY_S, self._outage)
         return reader
 
     def _store(self) -> Store | None:
