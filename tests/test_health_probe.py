@@ -392,3 +392,28 @@ def test_closing_a_sampled_probe_makes_no_nvml_call_after_its_shutdown(nv) -> No
     assert shut.is_set() and not sampler.running
     time.sleep(0.1)
     assert calls_after == []
+
+
+def test_a_timed_jobs_completion_wakes_its_waiter_times_out_unset_and_stays_set() -> None:
+    """The handoff's completion (health._Done, one raw lock instead of an Event's Condition): the waiter
+    wakes when the worker sets it, a wait on an unset one returns False at its timeout, and once set every
+    later wait (the stuck job's re-check in NvmlCaller.call) returns True at once."""
+    from babysit.probes import health
+
+    unset = health._Done()
+    t0 = time.monotonic()
+    assert unset.wait(0.05) is False and not unset.is_set()
+    assert time.monotonic() - t0 >= 0.04
+    done = health._Done()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(done.wait(10.0)))
+    waiter.start()
+    time.sleep(0.05)
+    done.set()
+    waiter.join(5.0)
+    assert woke == [True] and done.is_set()
+    assert done.wait(0.0) is True and done.wait(0.0) is True  # set once, every later wait passes
+    caller = health.NvmlCaller()
+    assert [caller.call(lambda i=i: i * i) for i in range(50)] == [i * i for i in range(50)]
+    with pytest.raises(ZeroDivisionError):
+        caller.call(lambda: 1 / 0)  # the job's error is the caller's
