@@ -92,7 +92,7 @@ class FakeHostProbe:
     reads: int = 0
     failing: Exception | None = None  # raised by every read while set (/proc unreadable)
 
-    def read(self, root_pid: int | None) -> HostReading:
+    def read(self, root_pid: int | None, started: float | None = None) -> HostReading:
         self.reads += 1
         if self.failing is not None:
             raise self.failing
@@ -181,6 +181,10 @@ class FakeExecutor:
     def root_pid(self, attempt: Attempt) -> int | None:
         proc = self.procs.get(attempt.id)
         return None if proc is None or proc.ended else proc.pid
+
+    def root(self, attempt: Attempt) -> tuple[int, float | None] | None:
+        pid = self.root_pid(attempt)
+        return None if pid is None else (pid, None)
 
     def status_note(self, attempt: Attempt) -> str | None:
         return None

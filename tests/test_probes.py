@@ -85,6 +85,44 @@ def test_read_host_sums_rss_over_the_tree_and_measures_cpu_on_the_second_read(tr
     assert 0 < second.available_ram_bytes <= second.total_ram_bytes
 
 
+def test_read_host_checks_the_roots_start_in_the_one_read_of_its_stat(tree, monkeypatch):
+    """A check of a run reads the root's stat once: the create time its launch recorded is compared in the
+    stat line the tree walk reads anyway (the executor's own check read it a second time before); a root
+    that started at another time is a recycled pid, whose tree is not the run's."""
+    from babysit.probes import proctree
+
+    root, grandchild = tree
+    started = process_create_time(root.pid)
+    read = proctree._read
+    opened: list[str] = []
+    monkeypatch.setattr(proctree, "_read", lambda path, size=4096: opened.append(path) or read(path, size))
+    got = read_host(root.pid, started=started)
+    assert opened.count(f"/proc/{root.pid}/stat") == 1
+    assert got.run_pids == process_tree(root.pid) and grandchild in got.run_pids
+    stranger = read_host(root.pid, started=started - 5.0)
+    assert stranger.run_pids == frozenset() and stranger.run_rss_bytes is None and stranger.run_cpu_pct is None
+
+
+def test_a_check_of_a_local_run_reads_its_roots_stat_once(tree, monkeypatch, tmp_path: Path):
+    """The local executor names the root and its recorded start (`root`) without reading /proc itself."""
+    from babysit.executors.local import LocalExecutor
+    from babysit.probes import proctree
+    from babysit.probes.host import ProcHostProbe
+
+    root, _ = tree
+    attempt = SimpleNamespace(pid=root.pid, pid_create_time=process_create_time(root.pid), attempt_dir=str(tmp_path))
+    executor, probe = LocalExecutor(), ProcHostProbe()
+    read = proctree._read
+    opened: list[str] = []
+    monkeypatch.setattr(proctree, "_read", lambda path, size=4096: opened.append(path) or read(path, size))
+    pid, started = executor.root(attempt)
+    got = probe.read(pid, started=started)
+    assert root.pid in got.run_pids and opened.count(f"/proc/{root.pid}/stat") == 1
+    assert executor.root(SimpleNamespace(pid=None, pid_create_time=None, attempt_dir=str(tmp_path))) is None
+    # no recorded start: the shim's lock says whether it lives (none here)
+    assert executor.root(SimpleNamespace(pid=root.pid, pid_create_time=None, attempt_dir=str(tmp_path))) is None
+
+
 def test_read_host_without_a_run():
     got = read_host(None)
     assert got.run_pids == frozenset() and got.run_rss_bytes is None and got.run_cpu_pct is None

@@ -79,6 +79,11 @@ class Executor(Protocol):
     def root_pid(self, attempt: Attempt) -> int | None:
         """The pid whose process tree is the run's (for probes); None where it is not visible here."""
 
+    def root(self, attempt: Attempt) -> tuple[int, float | None] | None:
+        """`root_pid` for the host probe: the pid and the create time its launch recorded, unchecked (None
+        when not visible here, or known gone). The probe checks the time in the root's stat line, which it
+        reads anyway, so a check of a run costs one read of it, not two (bench/README.md, poll round)."""
+
     def status_note(self, attempt: Attempt) -> str | None:
         """A line for polls (e.g. a pending reason); None when there is nothing to say."""
 

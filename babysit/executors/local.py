@@ -193,6 +193,13 @@ class LocalExecutor:
     def root_pid(self, attempt: Attempt) -> int | None:
         return attempt.pid if attempt.pid is not None and self._is_ours(attempt) else None
 
+    def root(self, attempt: Attempt) -> tuple[int, float | None] | None:
+        if attempt.pid is None:
+            return None
+        if attempt.pid_create_time is None:  # nothing for the probe to check: the shim's lock says
+            return (attempt.pid, None) if self._alive(attempt) else None
+        return attempt.pid, attempt.pid_create_time
+
     def status_note(self, attempt: Attempt) -> str | None:
         return None
 

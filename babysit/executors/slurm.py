@@ -353,6 +353,9 @@ class SlurmExecutor:
     def root_pid(self, attempt: Attempt) -> int | None:
         return None  # the job's processes live on compute nodes; the sidecar sees them
 
+    def root(self, attempt: Attempt) -> tuple[int, float | None] | None:
+        return None
+
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         """The job's GPUs as the probe sidecar saw them: the daemon's node cannot see them."""
         return SidecarGpuProbe(Path(attempt.attempt_dir), stale_after=max(60.0, 6 * _probe_interval()))

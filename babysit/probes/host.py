@@ -25,7 +25,9 @@ CREATE_TIME_TOLERANCE_S = 0.01  # psutil derives create_time from clock ticks (1
 class HostProbe(Protocol):
     """What the supervisor asks about the host (injected: tests pass a fake)."""
 
-    def read(self, root_pid: int | None) -> HostReading: ...
+    def read(self, root_pid: int | None, started: float | None = None) -> HostReading:
+        """RAM and the tree of `root_pid`; `started` (the root's create time at launch, epoch seconds): a
+        root that started at another time is a stranger holding a recycled pid, read as no tree."""
 
 
 class ProcHostProbe:
@@ -38,13 +40,13 @@ class ProcHostProbe:
         self._ram: tuple[float, tuple[int, int]] | None = None
         self._lock = threading.Lock()
 
-    def read(self, root_pid: int | None) -> HostReading:
+    def read(self, root_pid: int | None, started: float | None = None) -> HostReading:
         now = time.monotonic()
         with self._lock:
             if self._ram is None or now - self._ram[0] > self.RAM_TTL_S:
                 self._ram = (now, _ram())
             ram = self._ram[1]
-        return read_host(root_pid, ram)
+        return read_host(root_pid, ram, started=started)
 
 
 def available_ram_bytes() -> int:
@@ -103,6 +105,11 @@ def process_create_time(pid: int) -> float | None:
     if fields is None:
         return None
     return int(fields[proctree.STARTTIME]) / _CLK_TCK + _boot_time()
+
+
+def _started_at(pid: int, started: float) -> bool:
+    created = process_create_time(pid)
+    return created is not None and abs(created - started) < CREATE_TIME_TOLERANCE_S
 
 
 def _boot_time() -> float:
@@ -206,36 +213,45 @@ def process_state(pid: int) -> tuple[str | None, bool]:
     return process_name(pid), False
 
 
-def read_host(root_pid: int | None, ram: tuple[int, int] | None = None) -> HostReading:
+def read_host(root_pid: int | None, ram: tuple[int, int] | None = None, *,
+              started: float | None = None) -> HostReading:
     """RAM, and the run's tree with its RSS and CPU.
 
     The tree is walked down from the root (`proctree.walk_tree`: two small reads per member, however
     many processes the machine runs); each member's stat line, read on the way, holds its RSS and CPU
     time, so nothing is read twice. CPU is a rate since the previous read of the same process.
+    `started`: the root's create time as its launch recorded it; a root that started at another time is
+    a recycled pid, and its tree is not the run's (no tree, as for a root that is gone).
     """
     available, total = ram if ram is not None else _ram()
     tree = _tree(root_pid) if root_pid is not None else {}
     if tree is None:  # no procfs here: psutil finds the tree
+        if started is not None and root_pid is not None and not _started_at(root_pid, started):
+            return HostReading(available, total, None, None, frozenset())
         return _read_host_psutil(root_pid, available, total)
+    if started is not None and tree and \
+            abs(int(tree[root_pid][_STARTTIME]) / _CLK_TCK + _boot_time() - started) >= CREATE_TIME_TOLERANCE_S:
+        tree = {}  # a stranger's now
     if not tree:
         return HostReading(available, total, None, None, frozenset())
     at = time.monotonic()
-    rss = 0
+    pages = 0
     cpu = 0.0
     cpu_known = False
+    seen = _cpu_seen
     with _cpu_lock:
         for pid, fields in tree.items():
-            key = (pid, int(fields[proctree.STARTTIME]))  # a recycled pid never inherits another's counters
-            cpu_s = (int(fields[proctree.UTIME]) + int(fields[proctree.STIME])) / _CLK_TCK
-            rss += int(fields[proctree.RSS]) * _PAGE
-            prev = _cpu_seen.get(key)
+            key = (pid, int(fields[_STARTTIME]))  # a recycled pid never inherits another's counters
+            cpu_s = (int(fields[_UTIME]) + int(fields[_STIME])) / _CLK_TCK
+            pages += int(fields[_RSS])
+            prev = seen.get(key)
             if prev is None:
-                _cpu_seen[key] = (cpu_s, at, None)  # a first look cannot measure a rate
+                seen[key] = (cpu_s, at, None)  # a first look cannot measure a rate
                 continue
             pct = prev[2]
             if at > prev[1]:
                 pct = max(0.0, (cpu_s - prev[0]) / (at - prev[1]) * 100)
-                _cpu_seen[key] = (cpu_s, at, pct)
+                seen[key] = (cpu_s, at, pct)
             if pct is not None:
                 cpu += pct
                 cpu_known = True
@@ -245,13 +261,14 @@ def read_host(root_pid: int | None, ram: tuple[int, int] | None = None) -> HostR
     return HostReading(
         available_ram_bytes=available,
         total_ram_bytes=total,
-        run_rss_bytes=rss,
+        run_rss_bytes=pages * _PAGE,
         run_cpu_pct=round(cpu, 1) if cpu_known else None,
         run_pids=frozenset(tree),
     )
 
 
 _CHILDREN_LISTED = proctree.children_supported()
+_STARTTIME, _UTIME, _STIME, _RSS = proctree.STARTTIME, proctree.UTIME, proctree.STIME, proctree.RSS
 _PROCFS = os.path.exists("/proc/self/stat")
 BOOT_TIME_TTL_S = 10.0
 _btime: tuple[float, float] | None = None  # (monotonic when read, btime)

@@ -33,11 +33,13 @@ def _read(path: str, size: int = 4096) -> bytes | None:
 
 
 def stat(pid: int) -> Stat | None:
-    """The process's stat fields from field 3 on; None when it does not exist (or /proc cannot say)."""
+    """The process's stat fields from field 3 to RSS; None when it does not exist (or /proc cannot say)."""
     data = _read(f"/proc/{pid}/stat")
     if not data:
         return None
-    fields = data[data.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces and parens
+    # after "(comm)", which may hold spaces and parens; split no further than RSS (of ~50 fields): every
+    # check of a run reads its whole tree, and the fields after RSS are never asked for
+    fields = data[data.rfind(b")") + 2:].split(None, RSS + 1)
     return fields if len(fields) > RSS else None
 
 
@@ -59,7 +61,7 @@ def _children(pid: int, threads: int) -> list[int]:
     for tid in tids:
         data = _read(f"/proc/{pid}/task/{tid}/children", 65536)
         if data:
-            out.extend(int(c) for c in data.split())
+            out.extend(map(int, data.split()))
     return out
 
 

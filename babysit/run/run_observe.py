@@ -59,7 +59,10 @@ class RunObserver:
         runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
         runlog.check_reader(attempt)
         now = self.ctx.now()
-        host = self.ctx.host_probe.read(executor.root_pid(attempt)) if executor.runs_here else None
+        host = None
+        if executor.runs_here:
+            root = executor.root(attempt)  # the root's create time checked in the one read of its stat
+            host = self.ctx.host_probe.read(root[0], started=root[1]) if root else self.ctx.host_probe.read(None)
         run_pids = self.run_pids(host)
         t1 = time.perf_counter()
         view = self.gpu_view(window)
