@@ -9,8 +9,9 @@ with a FileGpuProbe (every run declares gpus = [0]). The daemon is the real `bab
 STARTED IN THIS PROCESS (`Daemon.start()`: its scheduler, worker pool, exit-watcher and delivery
 threads run as under `babysit up`; its guard interval is set to an hour so no round of its own
 overlaps a timed one, and its runs' first polls are 10 hours away for the same reason). Once the
-launch posts are delivered, a guard round and a poll round (every run's poll falling due together:
-the daemon's `PollCalendar.poll`, one round, one transaction) are timed by calling them, and the same
+launch posts are delivered, `--ticks` guard rounds and as many poll rounds (every run's poll falling due
+together: the daemon's `PollCalendar.poll`, one round, one transaction; the median, wall and CPU) are
+timed by calling them, and the same
 polls one run at a time (`RunSupervisor.poll`, as code before the calendar took each); then every
 run's poll is made due at once on the daemon's own scheduler and the round is timed to its last
 recorded poll, after which the threads are counted (the worker pool at its largest). RSS and threads
@@ -138,13 +139,17 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
             guard_rounds.append(time.perf_counter() - t)
             guard_cpu.append(time.process_time() - c)
         db = root / ".babysit" / "state.db"
-        size0 = _row_bytes(db)
-        time.sleep(1)  # a second of new records in every log
-        t = time.perf_counter()
-        daemon.ctx.polls.poll([s.polls for s in daemon.supervisors.values()])  # each run's PolledRun
-        poll_round_s = time.perf_counter() - t
-        size1 = _row_bytes(db)
-        drain(daemon)
+        size0 = size1 = _row_bytes(db)
+        poll_rounds, poll_cpu = [], []  # `ticks` rounds, as the guard's: the median, not one round's luck
+        for k in range(args.ticks):
+            time.sleep(1)  # a second of new records in every log
+            t, c = time.perf_counter(), time.process_time()
+            daemon.ctx.polls.poll([s.polls for s in daemon.supervisors.values()])  # each run's PolledRun
+            poll_rounds.append(time.perf_counter() - t)
+            poll_cpu.append(time.process_time() - c)
+            if k == 0:
+                size1 = _row_bytes(db)  # one round's rows: the store's growth per poll
+            drain(daemon)
         per_poll_bytes = (size1 - size0) / max(1, n)
         time.sleep(1)
         t = time.perf_counter()
@@ -157,7 +162,7 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
         for s in list(daemon.supervisors.values()):
             daemon.ctx.polls.due(s.polls, time.time())
         deadline = time.monotonic() + 600
-        while _polls(db) < 3 * n and time.monotonic() < deadline:  # one query of our own, not the daemon's lock
+        while _polls(db) < (args.ticks + 2) * n and time.monotonic() < deadline:  # our own query, not the daemon's lock
             time.sleep(0.01)
         scheduled_round_s = time.perf_counter() - t
         nthreads = threads(os.getpid())
@@ -180,7 +185,9 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
                 "flood_lines_read_by_the_end": flood_read, "guard_rounds_s": guard_rounds,
                 "guard_round_cpu_s": sorted(guard_cpu)[len(guard_cpu) // 2],
                 "running": running, "launch_s": launch_s, "launch_posts_delivered_s": launch_posts_s,
-                "guard_round_s": guard_rounds[len(guard_rounds) // 2], "poll_round_s": poll_round_s,
+                "guard_round_s": guard_rounds[len(guard_rounds) // 2],
+                "poll_rounds_s": poll_rounds, "poll_round_s": sorted(poll_rounds)[len(poll_rounds) // 2],
+                "poll_round_cpu_s": sorted(poll_cpu)[len(poll_cpu) // 2],
                 "poll_one_by_one_s": one_by_one_s,
                 "scheduled_poll_round_s": scheduled_round_s, "polls_recorded": polls,
                 "naive_poll_round_s": naive_per_run * n, "rss_bytes": rss_bytes(os.getpid()),
@@ -283,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         if "guard_round_cpu_s" in r:
             notes.append(f"{r['runs']} runs: guard round CPU {fmt_us(r['guard_round_cpu_s'] * 1e6)} (median, "
                          "time.process_time)")
+        if "poll_round_cpu_s" in r:
+            rounds = ", ".join(fmt_us(x * 1e6) for x in sorted(r["poll_rounds_s"]))
+            notes.append(f"{r['runs']} runs: poll round median of {len(r['poll_rounds_s'])} ({rounds}), CPU "
+                         f"{fmt_us(r['poll_round_cpu_s'] * 1e6)} (median, time.process_time: every thread's, the "
+                         "delivery of the round's posts included)")
     for r in results:
         if r.get("pathological"):
             behind = r["flood_unread_bytes_at_start"] / 2**20
