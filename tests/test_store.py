@@ -230,6 +230,40 @@ def test_outside_a_deferred_block_run_facts_are_written_at_once(backend: Backend
     assert backend.reader().execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
 
 
+def test_a_merge_serializes_only_the_merged_keys_and_reads_back_what_another_writer_wrote(
+        backend: Backend, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each guard and poll round merges every run's log offsets into its facts: the stored text is not
+    parsed and its other values serialized again at each merge (they were), yet the row holds exactly
+    `json.dumps({**old, **new})`, and a text another store wrote (or a rollback left) is read as it is."""
+    import babysit.db.store as store_module
+
+    big = {"cursors": {f"attempt-1/stdout-{i}": {"offset": i, "head": "f" * 64} for i in range(50)}}
+    dumped: list[Any] = []
+    real = store_module.json.dumps
+    monkeypatch.setattr(store_module.json, "dumps", lambda obj, *a, **k: dumped.append(obj) or real(obj, *a, **k))
+    store.set_run_state("a", "running", 1.0, launched=True)
+    store.merge_run_facts("a", 2.0, source=big, step=1)
+    dumped.clear()
+    with store.deferred_facts():
+        store.merge_run_facts("a", 3.0, step=2, tail={"offset": 10})
+        store.merge_run_facts("b", 3.0, step=7)
+    assert not any(obj is big or (isinstance(obj, dict) and "source" in obj) for obj in dumped)
+    expect = {"launched": True, "source": big, "step": 2, "tail": {"offset": 10}}
+    text = backend.reader().execute("SELECT facts FROM run_state WHERE run='a'").fetchone()[0]
+    assert json.loads(text) == expect and store.run_state("a") == ("running", expect)
+    if backend.url is None:
+        assert text == real(expect)  # the same text json.dumps of the merged dict gives
+    other = backend.open()  # another writer (a second store on the same database) changes the row
+    other.merge_run_facts("a", 4.0, step=3, note="from another writer")
+    store.merge_run_facts("a", 5.0, tail={"offset": 20})
+    assert store.run_state("a")[1] == {**expect, "step": 3, "note": "from another writer", "tail": {"offset": 20}}
+    with pytest.raises(RuntimeError), store.batch():  # a merge rolled back leaves the text before it
+        store.merge_run_facts("a", 6.0, step=99)
+        raise RuntimeError("the round failed")
+    store.merge_run_facts("a", 7.0, tail={"offset": 30})
+    assert store.run_state("a")[1]["step"] == 3 and store.run_state("a")[1]["tail"] == {"offset": 30}
+
+
 def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(backend: Backend, store: Store) -> None:
     with store.deferred_facts():
         store.merge_run_facts("a", 1.0, step=5)

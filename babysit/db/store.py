@@ -318,6 +318,7 @@ class Store:
         self._local = threading.local()  # deferred_facts' pending merges, per thread
         self.on_enqueue: Callable[[], None] | None = None
         self._polls_read: dict[int, Poll] = {}  # polls read before, by id (`_poll`)
+        self._facts_written: dict[str, tuple[str, dict[str, str]]] = {}  # run -> (facts text, each key's piece)
 
     @classmethod
     def in_dir(cls, state_dir: Path) -> Store:
@@ -555,7 +556,11 @@ class Store:
         if len(facts_by_run) == 1:
             ((run, (now, facts)),) = facts_by_run.items()
             with self.tx() as db:
-                _merge_run_state(db, run, None, facts, now)
+                row = db.execute("SELECT status, facts FROM run_state WHERE run=?", (run,)).fetchone()
+                db.execute("INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?)"
+                           " ON CONFLICT (run) DO UPDATE SET facts=excluded.facts, updated_at=excluded.updated_at",
+                           (run, row[0] if row else "pending", self._merged_facts(run, row[1] if row else None, facts),
+                            now))
             return
         items = list(facts_by_run.items())
         with self.tx() as db:
@@ -567,11 +572,30 @@ class Store:
                 rows: list[Any] = []
                 for run, (now, facts) in chunk:
                     status, old = known.get(run, ("pending", None))
-                    rows += [run, status, json.dumps({**(json.loads(old) if old else {}), **facts}), now]
+                    rows += [run, status, self._merged_facts(run, old, facts), now]
                 db.execute("INSERT INTO run_state (run, status, facts, updated_at) VALUES "
                            + ", ".join(["(?, ?, ?, ?)"] * len(chunk))
                            + " ON CONFLICT (run) DO UPDATE SET facts=excluded.facts, updated_at=excluded.updated_at",
                            tuple(rows))
+
+    def _merged_facts(self, run: str, old: str | None, facts: Mapping[str, Any]) -> str:
+        """`json.dumps({**json.loads(old), **facts})`, the same text, each key's value serialized once.
+
+        Every guard round and poll round merges each run's log offsets into its facts: the whole stored
+        text was parsed and every value serialized again, for the few keys that changed (7.5 % of a
+        300-run poll round's CPU, py-spy). The pieces of the text this store wrote last are kept by run;
+        when the row still holds that text (no other writer since, no rollback: a rolled-back write
+        leaves the old text, which is not the kept one), only the merged keys are serialized."""
+        kept = self._facts_written.get(run)
+        if kept is not None and kept[0] == old:
+            pieces = dict(kept[1])
+        else:  # first merge of this run by this store, or another writer's text: parsed once
+            pieces = {k: f"{json.dumps(k)}: {json.dumps(v)}" for k, v in (json.loads(old) if old else {}).items()}
+        for key, value in facts.items():
+            pieces[key] = f"{json.dumps(key)}: {json.dumps(value)}"
+        text = "{" + ", ".join(pieces.values()) + "}"
+        self._facts_written[run] = (text, pieces)
+        return text
 
     def run_states(self) -> dict[str, tuple[str, dict[str, Any]]]:
         return {r["run"]: (r["status"], json.loads(r["facts"])) for r in self._query("SELECT * FROM run_state")}
