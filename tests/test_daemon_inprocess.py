@@ -34,18 +34,24 @@ def _daemon(tmp_path: Path, store: Backend):
     host = FakeHostProbe()
     executor = FakeExecutor(clock, host)
     timers = ManualTimers(clock)
-    state = tmp_path / ".babysit"
-    d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
-               channel=ConsoleChannel(state, None), clock=clock, host_probe=host, executors={"local": executor},
-               timers=timers)
-    store.started(d)
-    d.reconcile_registry()
-    d.handle_requests()  # the first look, as start() takes it
+    d = _up(tmp_path, store, clock, host, executor, timers)
     try:
         yield d, clock, executor, host, timers
     finally:
         d.exits.close()
         d.store.close()
+
+
+def _up(tmp_path: Path, store: Backend, clock: FakeClock, host: FakeHostProbe, executor: FakeExecutor,
+        timers: ManualTimers) -> Daemon:
+    """A daemon over the registry, up as start() brings it (a restarted one finds the same live processes)."""
+    d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
+               channel=ConsoleChannel(tmp_path / ".babysit", None), clock=clock, host_probe=host,
+               executors={"local": executor}, timers=timers)
+    store.started(d)
+    d.reconcile_registry()
+    d.handle_requests()  # the first look, as start() takes it
+    return d
 
 
 @pytest.fixture
@@ -172,6 +178,38 @@ def test_a_request_left_by_a_store_error_is_looked_at_again_by_the_next_round(an
         assert executor.process("a", 1).signals == [signal.SIGTERM]  # stopped once: a's stop is not sent twice
     finally:
         asker.close()
+
+
+@pytest.mark.parametrize("action,answer", [("abort", "stopping"), ("poll-now", "polled")])
+def test_an_answer_owed_when_the_daemon_stops_is_written_once_by_the_next_without_carrying_it_out_again(
+        any_daemon, tmp_path: Path, action: str, answer: str) -> None:
+    """The request was carried out (the stop signal sent, the poll taken) but the store refused its answer, and
+    the daemon stopped before a round wrote it: the next daemon writes that answer, once, and does not carry
+    the request out again (before: the owed answer lived in the first daemon's memory alone; the next one
+    polled again, or answered a second abort of its own)."""
+    d, clock, executor, host, timers, store = any_daemon
+    asker = store.asker(d.state_dir)
+    store.refuse_answers(d, "a")
+    again = None
+    try:
+        request = asker.request("a", action, "test", 0.0)
+        with contextlib.suppress(Exception):
+            d.handle_requests()
+        assert asker.request_result(request) is None
+        signals, polls = list(executor.process("a", 1).signals), len(d.store.polls("a"))
+        assert (signals, polls) == (([signal.SIGTERM], 0) if action == "abort" else ([], 1))
+        store.allow(d)
+        d.exits.close()
+        d.store.close()  # stopped before any round wrote the answer
+        again = _up(tmp_path, store, clock, host, executor, timers)
+        again.guards()
+        assert asker.request_result(request) == answer
+        assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls  # once
+    finally:
+        asker.close()
+        if again is not None:
+            again.exits.close()
+            again.store.close()
 
 
 def test_requests_the_store_could_not_list_are_listed_again_by_the_next_round(any_daemon) -> None:

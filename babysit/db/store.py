@@ -39,6 +39,7 @@ POLLS_REMEMBERED = 4096  # parsed polls a store keeps (`_poll`): every run's lat
 MERGE_CHUNK = 200  # runs a merge statement carries (4 parameters each: under SQLite's old 999 limit)
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 HELD_POSTS_FACT = "held_posts"  # a run's facts: its posts the outbox refused, held (babysit/run/run_posts.py)
+OWED_ANSWERS_FACT = "owed_answers"  # a run's facts: control answers the store refused, by request id (daemon.py)
 
 _MIGRATIONS: dict[int, str] = {
     1: """

@@ -43,7 +43,7 @@ from babysit.core import gpureport
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError, SpecError
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
-from babysit.db.store import Row
+from babysit.db.store import OWED_ANSWERS_FACT, Row
 from babysit.db.url import HOST_ENV, open_store
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
@@ -140,6 +140,7 @@ class Daemon:
         self._registry_seen: tuple[int, int, int] | None = None
         self._seen_data_version: int | None = None
         self._owed: dict[int, str] = {}  # request id -> its answer, carried out but not yet written
+        self._owed_saved: dict[str, dict[str, str]] = {}  # run -> its owed answers as its facts hold them
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -506,17 +507,49 @@ class Daemon:
         unanswered = False
         for req in requests:
             try:
-                if req.id not in self._owed:  # carried out once; an answer the store refused is written again
-                    self._owed[req.id] = self._carry_out(req)[:500]
+                if req.id not in self._owed and not self._owed_before(req):
+                    self._owed[req.id] = self._carry_out(req)[:500]  # carried out once; its answer written again
                 self.store.finish_request(req.id, self._owed[req.id], self.ctx.now())
                 del self._owed[req.id]
+                self._save_owed(req.run, req.id, None)
             except Exception:  # the answer not written (the store refused it): claimed, still owed
                 log.exception("control request not answered; answered at the next guard round",
                               request=req.id, run=req.run, action=req.kind)
                 unanswered = True
+                if req.id in self._owed:
+                    self._save_owed(req.run, req.id, self._owed[req.id])
         if unanswered:  # the next round looks again, though nobody queues anything meanwhile
             self._seen_data_version = None
         return True
+
+    def _owed_before(self, req: Row) -> bool:
+        """Was `req` carried out by a daemon that stopped before its answer was written (the run's facts
+        hold the answer)? Then that answer is the one owed: the request is not carried out again."""
+        if req.run not in self.supervisors:  # answered without acting ("no run named …"): nothing saved
+            return False
+        saved = self.store.run_state(req.run)[1].get(OWED_ANSWERS_FACT) or {}
+        if str(req.id) not in saved:
+            return False
+        self._owed_saved[req.run] = dict(saved)
+        self._owed[req.id] = saved[str(req.id)]
+        return True
+
+    def _save_owed(self, run: str, request_id: int, answer: str | None) -> None:
+        """The owed answer into its run's facts (None: written, so no longer owed), so a daemon restarted
+        before it is written writes it rather than carrying the request out again. Only a run babysat here
+        (an answer without an action is simply given again); a store that takes nothing keeps it in memory."""
+        saved = self._owed_saved.setdefault(run, {})
+        if run not in self.supervisors or saved.get(str(request_id)) == answer:
+            return
+        if answer is None:
+            saved.pop(str(request_id), None)
+        else:
+            saved[str(request_id)] = answer
+        try:
+            self.store.merge_run_facts(run, self.ctx.now(), at_once=True, **{OWED_ANSWERS_FACT: dict(saved)})
+        except Exception as exc:
+            log.warning("owed control answer not saved; kept in memory", request=request_id, run=run,
+                        error=f"{type(exc).__name__}: {exc}")
 
     def _carry_out(self, req: Row) -> str:
         """One control request carried out; its answer (written by handle_requests). An error of the
