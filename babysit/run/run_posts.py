@@ -24,6 +24,7 @@ from babysit.db.store import Store
 from babysit.run.run_errors import short_error
 
 log = structlog.get_logger("babysit.run.supervisor")
+IN_PLACE = frozenset({"header"})  # posts that edit one message in place (a poll's live header): only the newest held
 
 
 def held_keys(facts: Mapping[str, Any]) -> set[str]:
@@ -102,6 +103,8 @@ class RunPosts:
                                   thread_of=entry.get("thread_of"), dedupe_key=entry["key"])
 
     def _hold(self, entry: dict[str, Any], exc: Exception | None) -> None:
+        if entry["kind"] in IN_PLACE:  # an edit of the launch post: a newer one makes a held one moot
+            self.held = [h for h in self.held if h["kind"] != entry["kind"]]
         self.held.append(entry)
         if not self.said:
             self.said = True
