@@ -160,30 +160,61 @@ class JsonlWriter:
 
     def encode_many(self, records: Iterable[tuple[Any, float, Mapping[str, Any]]]) -> bytes:
         """The lines of (step, ts, fields) records, joined, for one `append` (a hook's batch): `encode`'s
-        bytes, the common record in one pass with no call but its format; a record `encode` refuses (a
-        step that is not an integer) is dropped and said once, the others are kept."""
-        out = []
+        bytes; a record `encode` refuses (a step that is not an integer) is dropped and said once, the
+        others are kept.
+
+        A batch is mostly one record after another with the same keys (a trainer's step records): each such
+        run is formatted by one `%` of its template repeated, its values checked at C speed (their types
+        one set, their floats finite by their sum), ~40 % of a record's encoding less than one `%` a record;
+        a run the check refuses (a NaN, a bool, a numpy scalar, an int too large for a float) goes record
+        by record, as `encode` writes it."""
+        out: list[bytes] = []
         templates = _TEMPLATES
-        for step, ts, fields in records:
-            template = templates.get(tuple(fields))
-            if template is not None and type(step) is int:
-                values = (step, ts, *fields.values())
-                for value in values:
-                    kind = type(value)
-                    if kind is float:
-                        if value - value:  # NaN or an infinity: json's words, in encode
-                            break
-                    elif kind is not int:
-                        break
-                else:
-                    out.append(template % values)
-                    continue
-            try:
-                out.append(self.encode(step, fields, ts))
-            except Exception as exc:  # the client's promise: a record dropped, said once, training goes on
-                what = type(exc).__name__
-                self._warn(f"error:{what}", f"babysit: record dropped ({what}: {exc}); later records are still tried")
+        template: bytes | None = None  # the run's: the records in `run`, their values in `values`
+        run: list[tuple[Any, float, Mapping[str, Any]]] = []
+        values: list[Any] = []
+        for record in records:
+            step, ts, fields = record
+            got = templates.get(tuple(fields))
+            if got is None or type(step) is not int:
+                got = None
+            elif got is template:
+                run.append(record)
+                values.append(step)
+                values.append(ts)
+                values.extend(fields.values())
+                continue
+            if run:
+                out.append(self._encode_run(template, run, values))  # type: ignore[arg-type]
+            if got is None:
+                template, run, values = None, [], []
+                out.append(self._encode_one(step, ts, fields))
+            else:
+                template, run, values = got, [record], [step, ts, *fields.values()]
+        if run:
+            out.append(self._encode_run(template, run, values))  # type: ignore[arg-type]
         return b"".join(out)
+
+    def _encode_run(self, template: bytes, run: list[tuple[Any, float, Mapping[str, Any]]],
+                    values: list[Any]) -> bytes:
+        """Records of one template (`values`: theirs in order, each record's step and ts first): one `%`
+        when every value is a plain int or a finite float, else record by record."""
+        if _PLAIN.issuperset(map(type, values)):
+            try:
+                total = sum(values)  # a NaN or an infinity anywhere makes the sum non-finite; so does an
+            except OverflowError:    # overflow, or an int too large for a float: then record by record
+                total = math.nan
+            if not total - total:
+                return (template * len(run)) % tuple(values)
+        return b"".join([self._encode_one(step, ts, fields) for step, ts, fields in run])
+
+    def _encode_one(self, step: Any, ts: float, fields: Mapping[str, Any]) -> bytes:
+        try:
+            return self.encode(step, fields, ts)
+        except Exception as exc:  # the client's promise: a record dropped, said once, training goes on
+            what = type(exc).__name__
+            self._warn(f"error:{what}", f"babysit: record dropped ({what}: {exc}); later records are still tried")
+            return b""
 
     def append(self, lines: bytes, failed: tuple[int, int, int] | None = None) -> bool:
         """Append whole encoded lines (one or many) in one write: the caller has checked the rank.
@@ -353,6 +384,7 @@ _KEYS: dict[str, str] = {}  # a key as json writes it, with its ": " (encoded on
 # the line of a record with these keys, every value `%r`: what `_line` writes for plain finite numbers
 _TEMPLATES: dict[tuple[Any, ...], bytes] = {}
 _MAX_TEMPLATES = 1024  # a trainer logging ever new keys: past this, its new key sets take `_write`
+_PLAIN = frozenset({int, float})  # the value types a template writes as they are (`%r`)
 
 
 def _template(keys: tuple[Any, ...]) -> bytes | None:

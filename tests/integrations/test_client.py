@@ -508,3 +508,39 @@ def test_encode_many_is_byte_for_byte_what_encode_and_json_write(tmp_path: Path,
                         for step, ts, fields in kept)
     assert got == expected
     assert "step must be an integer" in capfd.readouterr().err
+
+
+def test_encode_many_runs_of_one_key_set_are_what_encode_writes_whatever_a_value_is(tmp_path: Path) -> None:
+    """A batch of step records with the same keys is formatted in one `%` a run (`_encode_run`); a value its
+    check must refuse anywhere in a run — NaN, an infinity, a bool, a float subclass, an int too large for a
+    float, two floats whose sum overflows, None — sends that run record by record, the same bytes."""
+
+    class Sub(float):
+        pass
+
+    w = JsonlWriter(tmp_path / "log.jsonl")
+    keys = ("loss", "grad_norm", "learning_rate", "epoch", "total_steps")
+    w.write(0, dict.fromkeys(keys, 1.0))  # the key set's template made, as the first record makes it
+
+    def run(odd: object | None = None, at: int = 37, n: int = 100) -> list[tuple[int, float, dict[str, object]]]:
+        out = []
+        for i in range(n):
+            fields: dict[str, object] = {"loss": round(3.9 / (1 + i / 400), 4), "grad_norm": 0.8731 + i * 1.37e-7,
+                                         "learning_rate": 1e-3 * (1 - i / 1600), "epoch": i / 48, "total_steps": 400}
+            if i == at and odd is not None:
+                fields["grad_norm"] = odd
+            out.append((i, 1.7e9 + i * 0.01, fields))
+        return out
+
+    odd_values = [None, math.nan, math.inf, -math.inf, True, Sub(0.5), 2**1100, 1.7976931348623157e308, -0.0, 2**70]
+    for odd in odd_values:
+        batch = run(odd)
+        if odd == 1.7976931348623157e308:
+            batch[38][2]["grad_norm"] = odd  # two of them: their sum overflows, each is finite
+        got = w.encode_many(batch)
+        assert got == b"".join(w.encode(step, fields, ts) for step, ts, fields in batch), odd
+        assert [json.loads(line)["step"] for line in got.splitlines()] == list(range(100))
+    # runs of two key sets interleaved, a new key set, a bad step between them: each run as encode writes it
+    mixed = run()[:10] + [(10, 2.0, {"eval_loss": 3.0})] + run()[10:20] + [("x", 3.0, {"loss": 1.0})] + run()[20:]
+    kept = [r for r in mixed if r[0] != "x"]
+    assert w.encode_many(mixed) == b"".join(w.encode(step, fields, ts) for step, ts, fields in kept)
