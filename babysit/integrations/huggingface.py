@@ -36,9 +36,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 STEP_RECORDS_DELAY = 1.0  # seconds a step record may wait: babysit reads a source every 0.25-5 s anyway
 
 
-def _is_eval(logs: dict[str, Any]) -> bool:
-    """A record HF logs after an evaluation (`eval_loss`, `eval_accuracy`, …; `test_*` from predict)."""
-    return any(key.startswith(("eval_", "test_")) for key in logs)
+def _eval_keys(keys: tuple[Any, ...]) -> bool:
+    """Whether a record with these keys is one HF logs after an evaluation (`eval_loss`, `eval_accuracy`,
+    …; `test_*` from predict), remembered for the key set: a step's `on_log` then looks up one tuple instead
+    of testing every key (a generator and a `startswith` a key, ~15 µs of a cold step here)."""
+    is_eval = any(type(key) is str and key.startswith(("eval_", "test_")) for key in keys)
+    if len(_EVAL_KEYS) < _MAX_KEY_SETS:
+        _EVAL_KEYS[keys] = is_eval
+    return is_eval
+
+
+_EVAL_KEYS: dict[tuple[Any, ...], bool] = {}  # a record's keys -> an eval record's (_eval_keys)
+_MAX_KEY_SETS = 1024  # a trainer logging ever new keys: past this, each new set is tested at each record
 
 
 class BabysitCallback(TrainerCallback):
@@ -57,51 +66,59 @@ class BabysitCallback(TrainerCallback):
         # ~0.3 ms of CPU (a thread's wake-up, the encoding, the write), a tenth of a second's batches 0.3 %
         # of a busy box's CPU, a second's 0.03 % (bench/README.md §10); evals go at once (on_log)
         self.records = DeferredWriter(self.writer, delay=STEP_RECORDS_DELAY)
+        self._put = self.records.put  # bound once: on_log's one call
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
         self.diverged: str | None = None  # what diverged, once it has
 
-    # HF calls every hook of every callback each step, with the trainer's objects as keywords: these
-    # name them (model=…, optimizer=…), so a call binds them to parameters instead of copying them into a
-    # fresh **kwargs dict (a third of the hook's cost: bench/logger_cost.py); **kwargs takes any others.
-    def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
-                      optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
-                      eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """Nothing: a record is written at `on_log`."""
+    # HF calls every hook of every callback each step, with the trainer's objects as keywords: one function
+    # naming them (model=…, optimizer=…) binds them to parameters instead of copying them into a fresh
+    # **kwargs dict (a third of a hook's cost); one for all five, so a step that finds the caches cold (a
+    # 10-ms step that waits on the GPU) pays for one code object, not five (bench/logger_cost.py's paced run).
+    def _nothing(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
+                 optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
+                 eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Nothing: a record is written at `on_log`, which carries the step."""
 
-    def on_substep_end(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
-                       eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """Nothing (each gradient-accumulation substep)."""
-
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None,
-                              processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
-                              train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """Nothing."""
-
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
-                          optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
-                          eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """Nothing."""
-
-    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
-                    optimizer: Any = None, lr_scheduler: Any = None, train_dataloader: Any = None,
-                    eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """Nothing."""
+    on_step_begin = on_substep_end = on_pre_optimizer_step = on_optimizer_step = on_step_end = _nothing
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, model: Any = None,
                processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
                train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """A step's record queued (the common case, in one pass: its keys seen before and not an eval's, its
+        values plain finite numbers, nothing pending, the main process); anything else `_log`."""
         if not logs:
             return
+        keys = tuple(logs)
+        is_eval = _EVAL_KEYS.get(keys)
+        if is_eval is None:
+            is_eval = _eval_keys(keys)
+        if not is_eval and state.is_world_process_zero and not self.nonfinite.pending:
+            for value in logs.values():  # NonfiniteWatch.check's one pass: nothing to see, nothing left pending
+                kind = type(value)
+                if kind is float:
+                    if value - value:  # NaN or an infinity
+                        break
+                elif kind is not int:
+                    break
+            else:
+                total = state.max_steps
+                self._put(state.global_step, {**logs, "total_steps": total}
+                          if total and total > 0 and "total_steps" not in logs else dict(logs))
+                return
+        self._log(state, control, logs, is_eval)
+
+    def _log(self, state: Any, control: Any, logs: dict[str, Any], is_eval: bool) -> None:
+        """Every record `on_log`'s one pass does not take: an eval (on disk before it returns), a value to
+        check (a non-finite one, a numpy/torch scalar), a pending grad norm, another rank's record."""
         step = state.global_step
         main = state.is_world_process_zero
         if main:
             total = state.max_steps
             record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else dict(logs)
             self.records.put(step, record)
-            if _is_eval(logs):
+            if is_eval:
                 self.records.flush()  # a verdict's evidence never waits in a queue: on disk when on_log returns
         bad = self.nonfinite.check(logs)
         if bad and self.diverged is None:

@@ -541,6 +541,6 @@ def test_encode_many_runs_of_one_key_set_are_what_encode_writes_whatever_a_value
         assert got == b"".join(w.encode(step, fields, ts) for step, ts, fields in batch), odd
         assert [json.loads(line)["step"] for line in got.splitlines()] == list(range(100))
     # runs of two key sets interleaved, a new key set, a bad step between them: each run as encode writes it
-    mixed = run()[:10] + [(10, 2.0, {"eval_loss": 3.0})] + run()[10:20] + [("x", 3.0, {"loss": 1.0})] + run()[20:]
+    mixed = [*run()[:10], (10, 2.0, {"eval_loss": 3.0}), *run()[10:20], ("x", 3.0, {"loss": 1.0}), *run()[20:]]
     kept = [r for r in mixed if r[0] != "x"]
     assert w.encode_many(mixed) == b"".join(w.encode(step, fields, ts) for step, ts, fields in kept)
