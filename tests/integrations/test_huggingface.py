@@ -144,3 +144,31 @@ def test_an_eval_record_is_on_disk_when_on_log_returns_and_step_records_wait_for
     assert len(raw(log)) == 2
     callback.on_train_end(None, state, control)
     assert [r["step"] for r in raw(log)] == [10, 20, 30]
+
+
+def test_another_rank_writes_nothing_and_still_stops_on_a_nan_and_new_key_sets_keep_their_kind(tmp_path: Path) -> None:
+    """on_log's one pass (a step record of known keys and plain finite values, on the main process) and its
+    careful way agree: a rank other than 0 writes nothing yet stops training on a NaN loss; on the main
+    process a key set first seen as a step's stays one, an eval's is on disk when on_log returns."""
+    from transformers import TrainerControl, TrainerState
+
+    log = tmp_path / "log.jsonl"
+    other = hf.BabysitCallback(str(log), exit_code=None)
+    state, control = TrainerState(max_steps=50, is_world_process_zero=False), TrainerControl()
+    for step, loss in ((1, 2.0), (2, 1.5), (3, float("nan"))):
+        state.global_step = step
+        other.on_log(None, state, control, logs={"loss": loss, "grad_norm": 0.5})
+    other.on_train_end(None, state, control)
+    assert control.should_training_stop and other.diverged is not None and not log.exists()
+
+    main = hf.BabysitCallback(str(log), exit_code=None)
+    main.records.delay = 3600
+    state, control = TrainerState(max_steps=50, is_world_process_zero=True), TrainerControl()
+    for step in range(1, 4):
+        state.global_step = step
+        main.on_log(None, state, control, logs={"loss": 2.0 / step, "grad_norm": 0.5, "total_steps": 7})
+        main.on_log(None, state, control, logs={"test_acc": 0.5 + step / 10, "epoch": 1.0})
+        assert [r["step"] for r in raw(log)] == [s for s in range(1, step + 1) for _ in (0, 1)]
+    assert raw(log)[0] == {"step": 1, "ts": raw(log)[0]["ts"], "loss": 2.0, "grad_norm": 0.5, "total_steps": 7}
+    assert raw(log)[1]["total_steps"] == 50 and not control.should_training_stop
+    main.on_train_end(None, state, control)
