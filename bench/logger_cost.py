@@ -208,14 +208,102 @@ def hf_callback(steps: int, rounds: int = 7, n: int = 2000, paced_steps: int = 4
             "paced_thread_s": ours_thread / (per * chunks), "pace_s": pace_s}
 
 
-def hf_in_process(tree: str | None, hf_steps: int, paced_steps: int, pace_ms: float) -> dict[str, Any]:
+def hf_in_training(steps: int, chunks: int = 2) -> dict[str, Any]:
+    """What BabysitCallback costs a step of the tiny model's real training (`Trainer.train`, logging every
+    step, HF's default callbacks around it): its dispatch — every hook HF calls on it, at the cache state a
+    real step leaves — timed in place (CPU of the training thread), less the same timer around nothing at
+    the same place in a training without it; plus its records' thread's CPU (that thread's own clock). In
+    `chunks` trainings a code, alternated (each starts the records' thread and flushes its last batch at its
+    end, as one real training does once). The handler's `call_event` is HF 5.x's loop (getattr, the
+    trainer's objects as keywords), with the one callback's call timed; the timer pair itself (a system call,
+    0.1–10 µs by machine) is what the training without it measures and is taken off."""
+    from transformers import TrainerCallback
+
+    from babysit.integrations.huggingface import BabysitCallback
+    from tests.integrations.hf_tiny import tiny_trainer
+
+    clock = time.thread_time
+    spent = {"ours": 0.0, "none": 0.0}
+    counted = {"ours": 0, "none": 0}
+    records_cpu = [0.0]
+
+    class Marker(TrainerCallback):
+        """Where ours would be, never called: the timer pair around nothing."""
+
+    class Records(TrainerCallback):
+        """Before ours in the list: its records' thread's CPU at each step's end and at the train's end
+        (before ours closes it; the one empty wake-up after the close is not counted)."""
+
+        def __init__(self, callback: Any) -> None:
+            self.callback, self.cpu = callback, 0.0
+
+        def _sample(self) -> None:
+            thread = self.callback.records._thread if self.callback is not None else None
+            if thread is not None and thread.ident is not None:
+                try:
+                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                except (OSError, AttributeError):
+                    pass
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self._sample()
+
+        def on_train_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self._sample()
+
+    def timed(handler: Any, target: Any, arm: str) -> Any:
+        def call_event(event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            for callback in handler.callbacks:
+                if callback is target:
+                    t0 = clock()
+                    result = None if arm == "none" else getattr(callback, event)(
+                        args, state, control, model=handler.model, processing_class=handler.processing_class,
+                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
+                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
+                        **kwargs)
+                    spent[arm] += clock() - t0
+                else:
+                    result = getattr(callback, event)(
+                        args, state, control, model=handler.model, processing_class=handler.processing_class,
+                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
+                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
+                        **kwargs)
+                if result is not None:
+                    control = result
+            return control
+        return call_event
+
+    per = max(1, steps // chunks)
+    with tempfile.TemporaryDirectory() as out:
+        os.environ["BABYSIT_LOG"] = str(Path(out) / "trained.jsonl")
+        for c in range(chunks):
+            for arm in ("none", "ours") if c % 2 else ("ours", "none"):
+                callback = BabysitCallback() if arm == "ours" else None
+                target = callback if callback is not None else Marker()
+                records = Records(callback)
+                trainer = tiny_trainer(str(Path(out) / f"{arm}{c}"), [records, target], max_steps=per,
+                                       logging_steps=1, eval_steps=10 ** 6)
+                handler = trainer.callback_handler
+                handler.call_event = timed(handler, target, arm)
+                trainer.train()
+                counted[arm] += trainer.state.global_step
+                if arm == "ours":
+                    records_cpu[0] += records.cpu
+    thread = spent["ours"] / counted["ours"] - spent["none"] / counted["none"]
+    return {"trained_steps": counted["ours"], "trained_thread_s": thread,
+            "trained_total_s": thread + records_cpu[0] / counted["ours"]}
+
+
+def hf_in_process(tree: str | None, hf_steps: int, paced_steps: int, pace_ms: float,
+                  trained_steps: int) -> dict[str, Any]:
     """`hf_callback` in a process of its own, on this tree's babysit or (tree) DIR's (bench/export_before.sh;
     DIR has no tests/: the tiny trainer is this tree's)."""
     import json
     import subprocess
 
     argv = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", tree or "",
-            "--hf-steps", str(hf_steps), "--paced-steps", str(paced_steps), "--pace-ms", str(pace_ms)]
+            "--hf-steps", str(hf_steps), "--paced-steps", str(paced_steps), "--pace-ms", str(pace_ms),
+            "--trained-steps", str(trained_steps)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=str(REPO))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -231,6 +319,9 @@ def main() -> int:
     p.add_argument("--paced-steps", type=int, default=400, help="steps of the callback's paced run")
     p.add_argument("--pace-ms", type=float, default=10.0,
                    help="the paced run's step (the same for both codes: a tiny model's step on a quiet box)")
+    p.add_argument("--trained-steps", type=int, default=800,
+                   help="steps of real training (2 trainings a code, alternated) in which the callback's dispatch "
+                        "is timed in place; 0: not run")
     p.add_argument("--hf-pairs", type=int, default=2, help="callback measurements (a process each) per code")
     p.add_argument("--hf-worker", metavar="TREE", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -242,6 +333,8 @@ def main() -> int:
         import babysit
 
         got = hf_callback(a.hf_steps, paced_steps=a.paced_steps, pace_s=a.pace_ms / 1000)
+        if a.trained_steps:
+            got.update(hf_in_training(a.trained_steps))
         print(json.dumps({**got, "babysit": str(Path(babysit.__file__).resolve().parent)}))
         return 0
     recs = records(a.calls)
@@ -267,7 +360,7 @@ def main() -> int:
     hfs: dict[str, list[dict[str, Any]]] = {code: [] for code in codes}
     for _ in range(a.hf_pairs):
         for code, tree in codes.items():
-            hfs[code].append(hf_in_process(tree, a.hf_steps, a.paced_steps, a.pace_ms))
+            hfs[code].append(hf_in_process(tree, a.hf_steps, a.paced_steps, a.pace_ms, a.trained_steps))
     ratio = theirs["median_us"] / ours["median_us"]
     rows.append(["`wandb.log` per call (offline)", fmt_us(theirs["median_us"]), fmt_us(theirs["p90_us"]), "—",
                  f"ours {ratio:,.1f}× cheaper: " + ("met" if ratio >= 10 else "missed") + " (≥ 10×)"])
@@ -291,6 +384,14 @@ def main() -> int:
                          f"{fmt_us(hf['paced_thread_s'] * 1e6)} (all threads: {fmt_us(hf['paced_total_s'] * 1e6)})",
                          f"all threads {paced:.3f} % of the {pace * 1e3:.0f} ms step: "
                          + ("met" if paced <= 0.1 else "missed") + " (≤ 0.1 %)"])
+            if "trained_steps" in hf:
+                trained = hf["trained_total_s"] / step * 100
+                rows.append([f"`BabysitCallback`{tag} in training, logging_steps=1 ({hf['trained_steps']} steps, "
+                             "dispatch timed in place)", "—", "—",
+                             f"{fmt_us(hf['trained_thread_s'] * 1e6)} (all threads: "
+                             f"{fmt_us(hf['trained_total_s'] * 1e6)})",
+                             f"all threads {trained:.3f} % of the tiny model's {step * 1e3:.1f} ms step: "
+                             + ("met" if trained <= 0.1 else "missed") + " (≤ 0.1 %)"])
     hf = hfs["now"][0]
     emit("Logger cost per call (bench/logger_cost.py)", headers, rows,
          {"babysit": timed, "wandb": theirs, "wandb_init_s": init_s, "wandb_finish_s": finish_s, "hf": hfs,
