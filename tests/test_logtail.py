@@ -444,3 +444,109 @@ def test_values_no_float_holds_are_kept_out_of_metrics_and_a_step_beyond_an_inte
     assert parse_line(b'{"step": %d, "ts": 1.0, "e": 1.0}' % huge) is None
     assert parse_line(b'{"step": %d, "ts": 1.0}' % 2**63) is None
     assert parse_line(b'{"step": %d, "ts": 1.0}' % (2**63 - 1)) is not None
+
+
+def _parse_line_before(line: bytes, offset: int = 0) -> LogRecord | None:
+    """parse_line as it was before its short path (one json.loads, the type helpers per value): the rule
+    the short path must keep, line for line."""
+    from types import MappingProxyType
+
+    from babysit.sources.logtail import MAX_STEP
+
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def as_float(value: object) -> float:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+
+    def finite(value: object) -> float | None:
+        if not number(value):
+            return None
+        f = as_float(value)
+        return f if math.isfinite(f) else None
+
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step, ts = obj.get("step"), finite(obj.get("ts"))
+    if not isinstance(step, int) or isinstance(step, bool) or ts is None or abs(step) > MAX_STEP:
+        return None
+    metrics: dict[str, float] = {}
+    fields: dict[str, object] = {}
+    event = None
+    for key, value in obj.items():
+        if key in ("step", "ts"):
+            continue
+        if key == "event" and isinstance(value, str):
+            event = value
+            continue
+        f = finite(value)
+        if f is not None:
+            metrics[key] = f
+        elif number(value):
+            fields[key] = as_float(value)
+        else:
+            fields[key] = value
+    return LogRecord(step, ts, MappingProxyType(metrics), event, MappingProxyType(fields), offset)
+
+
+def _shape(record: LogRecord | None) -> object:
+    """A record as comparable text (NaN != NaN as a value; its repr is the same)."""
+    if record is None:
+        return None
+    return (record.step, repr(record.ts), type(record.ts), repr(sorted(record.metrics.items())),
+            [type(v) for v in record.metrics.values()], record.event, repr(sorted(record.fields.items(), key=repr)),
+            record.offset)
+
+
+_values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(10**400), max_value=10**400),
+    st.integers(min_value=-(2**64), max_value=2**64), st.booleans(), st.none(), st.text(max_size=5),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+_special = st.sampled_from([math.nan, math.inf, -math.inf, 1.7e308, 1e-320, -0.0, 10**400, 2**63, True, "x"])
+_metric_keys = st.sampled_from(["event", "loss", "lr", "grad_norm", "eval_loss", "total_steps", "é"])
+_keys = st.one_of(st.sampled_from(["step", "ts"]), _metric_keys)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=st.one_of(st.dictionaries(_keys, _values, max_size=7), _values),
+       record=st.tuples(st.one_of(st.integers(min_value=0, max_value=10**6), st.integers(min_value=-(2**64),
+                                                                                      max_value=2**64)),
+                        st.one_of(st.floats(min_value=0, max_value=2e9), st.floats(), st.integers()),
+                        st.dictionaries(_metric_keys, st.one_of(_special, _values), max_size=6)),
+       as_record=st.booleans(),
+       around=st.sampled_from(["", " ", "\t", "\r", "\ufeff", "x", ",", "]", " \r", "{}"]),
+       where=st.sampled_from(["before", "after", "none", "none", "none"]),
+       cut=st.sampled_from([0, 0, 0, 1, 2]), offset=st.integers(min_value=0, max_value=10**6))
+def test_parse_line_short_path_reads_every_line_as_json_loads_did(obj: object, record: tuple, as_record: bool,
+                                                                  around: str, where: str, cut: int,
+                                                                  offset: int) -> None:
+    if as_record:  # mostly a line with a step and a time, then any values (others replace them at random)
+        obj = {"step": record[0], "ts": record[1], **record[2]}
+    text = json.dumps(obj, allow_nan=True)
+    if cut:  # a torn write
+        text = text[:-cut]
+    text = around + text if where == "before" else text + around if where == "after" else text
+    from babysit.sources.logtail import parse_line
+
+    data = text.encode("utf-8", "surrogatepass")
+    assert _shape(parse_line(data, offset)) == _shape(_parse_line_before(data, offset)), data
+
+
+@pytest.mark.parametrize("data", [
+    b'{"step": 1, "ts": 2}', b'{"step": 1, "ts": true}', b'{"step": true, "ts": 1.0}', b'{"step": 1.0, "ts": 1.0}',
+    b'{"step": 1, "ts": NaN}', b'{"step": 1, "ts": 1e999}', b'{"step": 1, "ts": 1.0, "event": 3, "loss": -Infinity}',
+    b'{"step": 1, "ts": 1.0, "step": 2}', b'\xff{"step": 1, "ts": 1.0}', b'[{"step": 1, "ts": 1.0}]',
+    b'{"step": 1, "ts": 1.0}{"step": 2, "ts": 1.0}', b'{"step": 1, "ts": 1.0, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'\xef\xbb\xbf{"step": 1, "ts": 1.0}', b'{"step": 1, "ts": 1.0, "n": 1' + b"0" * 5000 + b"}",
+])
+def test_parse_line_short_path_edge_lines(data: bytes) -> None:
+    from babysit.sources.logtail import parse_line
+
+    assert _shape(parse_line(data, 3)) == _shape(_parse_line_before(data, 3))

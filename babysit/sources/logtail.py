@@ -265,34 +265,60 @@ def _take(line: bytes, offset: int, max_line_bytes: int, out: _Parsed) -> None:
 def parse_line(line: bytes, offset: int = 0) -> LogRecord | None:
     """One line to a record, or None when it is garbage (not UTF-8, not JSON, not an object, no int
     `step` within ±MAX_STEP, no finite numeric `ts`). A value no float can hold (10**400) is kept out of
-    `metrics` (it is an infinity of its sign in `fields`); a subnormal (1e-320) is a finite metric."""
+    `metrics` (it is an infinity of its sign in `fields`); a subnormal (1e-320) is a finite metric.
+
+    Every record of every run passes here at each guard round, so the common line (an object from its
+    first byte to its last, of floats, ints and strings) takes a short path: the json module's C scanner
+    called once (what `json.loads` does after its whitespace checks) and each value's exact type looked
+    at once (JSON gives no subclasses). Any other line goes through `json.loads` itself."""
     try:
-        obj = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
         return None
-    if not isinstance(obj, dict):
+    try:
+        obj, end = _scan(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        end = -1
+    if end != len(text):  # leading or trailing whitespace, or not JSON: the module's own answer
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+    if type(obj) is not dict:
         return None
     step = obj.get("step")
-    ts = _finite(obj.get("ts"))
-    if not isinstance(step, int) or isinstance(step, bool) or ts is None or abs(step) > MAX_STEP:
+    ts = obj.get("ts")
+    if type(ts) is not float:
+        ts = _finite(ts)
+    elif ts - ts != 0.0:  # NaN or an infinity
+        ts = None
+    if type(step) is not int or ts is None or abs(step) > MAX_STEP:
         return None
     metrics: dict[str, float] = {}
     fields: dict[str, object] = {}
     event = None
     for key, value in obj.items():
-        if key in ("step", "ts"):
+        if key == "step" or key == "ts":
             continue
-        if key == "event" and isinstance(value, str):
+        kind = type(value)
+        if kind is float:  # the common value: finite into metrics, NaN and inf into fields
+            if value - value == 0.0:
+                metrics[key] = value
+            else:
+                fields[key] = value
+        elif kind is int:
+            try:
+                metrics[key] = float(value)
+            except OverflowError:  # beyond a float: an infinity of its sign, kept out of metrics
+                fields[key] = math.inf if value > 0 else -math.inf
+        elif key == "event" and kind is str:
             event = value
-            continue
-        number = _finite(value)
-        if number is not None:
-            metrics[key] = number
-        elif _is_number(value):
-            fields[key] = _as_float(value)
         else:
             fields[key] = value
     return LogRecord(step, ts, MappingProxyType(metrics), event, MappingProxyType(fields), offset)
+
+
+_scan = json.JSONDecoder().scan_once  # the C scanner json.loads ends in: (value, end index)
 
 
 def _is_number(value: object) -> bool:
