@@ -13,8 +13,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from babysit import sources
 from babysit.core import nonfinite, progress, readable, snapshot
@@ -32,6 +33,14 @@ from babysit.sources.sniff import sniff
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
 READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
+
+
+class _NameRole(NamedTuple):
+    """What a metric's name says, the same all run long: polls show it, it is an eval, it declares the end."""
+
+    shown: bool
+    eval: bool
+    end: bool
 
 
 class LogHost(Protocol):
@@ -65,8 +74,8 @@ class RunLog:
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
         self.latest_shown: dict[str, tuple[int, float]] = {}  # metric -> (step, value) for polls ([poll].show)
-        self._shows: dict[str, bool] = {}  # metric -> whether polls show it (snapshot.shown, per name)
-        self._shows_for: tuple[object, str | None] | None = None  # the ([poll].show, prereg metric) it is for
+        self._names: dict[str, _NameRole] = {}  # metric -> what its name says (shown, an eval, an end key)
+        self._names_for: tuple[object, str | None] | None = None  # the ([poll].show, prereg metric) it is for
         self.declared_end: int | None = None  # the newest record's total_steps / max_steps
         self._argv_steps: tuple[tuple[str, ...], int | None] | None = None  # (an attempt's argv, its --steps)
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
@@ -201,17 +210,8 @@ class RunLog:
         for seg in batch.segments if isinstance(batch, RecordBatch) else (batch,):
             if isinstance(seg, ColumnSegment):
                 self._apply_columns(seg, metric)
-                continue
-            for record in seg:
-                self.points.append(ProgressPoint(record.step, record.ts))
-                self.recent.append(record)
-                self._note_record(record)
-                metrics = record.metrics
-                if any(k.startswith("eval") for k in metrics):
-                    self.latest_eval = {k: v for k, v in metrics.items() if k.startswith("eval")}
-                    self.latest_eval_step = record.step
-                if metric is not None and metric in metrics:
-                    self.eval_unread = True
+            else:
+                self._apply_records(seg, metric)
         if not read.records and not read.reset and read.garbage == 0 and not grew:
             return 0  # nothing new: no write (this runs every tick for every run)
         if read.records:
@@ -268,28 +268,51 @@ class RunLog:
                                        step=self.points[-1].step if self.points else None,
                                        last_record_at=self.last_record_wall)
 
-    def _note_record(self, record: LogRecord) -> None:
-        """What a record tells beyond progress: metrics to show, the run's end step, divergence."""
+    def _apply_records(self, records: Sequence[LogRecord], metric: str | None) -> None:
+        """Record by record (what `_apply_columns` takes a block at once): progress, metrics to show, the
+        evals, the run's end step, divergence. Every record of every run passes here at each guard round,
+        so what a metric's name says (shown? an eval? an end key?) is worked out once a name, not a record."""
         spec = self.spec
-        metric = spec.prereg.metric if spec.prereg else None
-        fields = record.fields
-        numbers = {k: v for k, v in fields.items() if isinstance(v, float)} if fields else {}  # NaN/inf kept there
-        numbers.update(record.metrics)
-        if self._shows_for != (spec.poll.show, metric):  # a spec of other [poll].show or prereg: asked again
-            self._shows, self._shows_for = {}, (spec.poll.show, metric)
-        shows = self._shows
-        for name, value in numbers.items():
-            show = shows.get(name)
-            if show is None:  # the same answer for a name all run long: asked once (bench/scale.py's guard round)
-                show = shows[name] = snapshot.shown(spec.poll.show, metric, name)
-            if show and isinstance(value, (int, float)):
-                self.latest_shown[name] = (record.step, float(value))
-        declared = progress.declared_by(record.metrics)
-        if declared is not None:
-            self.declared_end = declared
-        if not self.nonfinite_pending and len(numbers) == len(record.metrics):
-            return  # only finite numbers and no grad norm pending: nonfinite.divergence would find nothing
-        counted, self.nonfinite_pending = nonfinite.divergence(numbers, spec.guards.nonfinite_metrics,
+        if self._names_for != (spec.poll.show, metric):  # a spec of other [poll].show or prereg: asked again
+            self._names, self._names_for = {}, (spec.poll.show, metric)
+        names, shown, points, recent = self._names, self.latest_shown, self.points, self.recent
+        for record in records:
+            step, metrics, fields = record.step, record.metrics, record.fields
+            points.append(ProgressPoint(step, record.ts))
+            recent.append(record)
+            if fields:  # NaN/inf are kept there (logtail): shown, and judged by the non-finite rule
+                numbers: Mapping[str, object] = {k: v for k, v in fields.items() if isinstance(v, float)}
+                numbers.update(metrics)  # type: ignore[attr-defined]
+            else:
+                numbers = metrics
+            evals: dict[str, float] | None = None
+            ends = False
+            for name, value in numbers.items():
+                what = names.get(name)
+                if what is None:
+                    what = names[name] = _NameRole(snapshot.shown(spec.poll.show, metric, name),
+                                                   name.startswith("eval"), name in progress.END_KEYS)
+                if what.shown and isinstance(value, (int, float)):
+                    shown[name] = (step, float(value))
+                if what.eval and name in metrics:
+                    if evals is None:
+                        evals = {}
+                    evals[name] = metrics[name]
+                ends = ends or what.end
+            if evals is not None:
+                self.latest_eval, self.latest_eval_step = evals, step
+            if ends:
+                declared = progress.declared_by(metrics)
+                if declared is not None:
+                    self.declared_end = declared
+            if metric is not None and metric in metrics:
+                self.eval_unread = True
+            if self.nonfinite_pending or len(numbers) != len(metrics):  # else: only finite numbers, none pending
+                self._divergence(record, numbers)
+
+    def _divergence(self, record: LogRecord, numbers: Mapping[str, object]) -> None:
+        """A record with a non-finite number, or after a grad norm went non-finite: the watched metrics judged."""
+        counted, self.nonfinite_pending = nonfinite.divergence(numbers, self.spec.guards.nonfinite_metrics,
                                                                self.nonfinite_pending)
         bad = next(iter(counted.items()), None)
         attempt = self.host.attempt
