@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -328,6 +329,29 @@ def test_seconds_per_step_looks_only_as_far_back_as_its_window() -> None:
     assert seconds_per_step(points, window=20) == pytest.approx(2.0)
     assert len(points.looked) <= 2 * 20 + 2
     assert max(points.looked) == 255 and min(points.looked) >= 256 - 2 * 20 - 2
+
+
+def _pace_reference(points: Sequence[ProgressPoint], window: int = 20) -> float | None:
+    """The pace's rule written plainly (every step's first point, then the newest window-1 usable pairs)."""
+    firsts = [p for i, p in enumerate(points) if i == 0 or points[i - 1].step != p.step]
+    total_dt, total_steps, pairs = 0.0, 0, 0
+    for older, newer in reversed(list(itertools.pairwise(firsts))):
+        dt, dstep = newer.ts - older.ts, newer.step - older.step
+        if dt > 0 and dstep > 0 and math.isfinite(dt):
+            total_dt, total_steps, pairs = total_dt + dt, total_steps + dstep, pairs + 1
+            if pairs >= window - 1:
+                break
+    return total_dt / total_steps if pairs else None
+
+
+@settings(max_examples=400, deadline=None)
+@given(pts=st.lists(st.tuples(st.integers(0, 12), st.floats(-5, 60, allow_nan=False)), max_size=70),
+       window=st.integers(2, 25))
+def test_seconds_per_step_is_the_plain_rule(pts: list[tuple[int, float]], window: int) -> None:
+    """Steps repeated, going back, clocks going back, windows shorter and longer than the points."""
+    points = [ProgressPoint(step, ts) for step, ts in pts]
+    got, want = seconds_per_step(points, window), _pace_reference(points, window)
+    assert (got is None) == (want is None) and (got is None or got == pytest.approx(want)), points
 
 
 def test_seconds_per_step_accepts_records(tmp_path: Path) -> None:

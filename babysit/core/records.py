@@ -7,7 +7,7 @@ selection read them here, without importing the file reader.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -75,32 +75,34 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
     total_dt = 0.0
     total_steps = 0
     pairs = 0
-    newer = None
-    # only as far back as the window needs: a guard round looks at every run's points (256 of them)
-    for older in _firsts_newest_first(points):
-        if newer is not None:
-            dt = newer.ts - older.ts
-            dstep = newer.step - older.step
-            if dt > 0 and dstep > 0 and math.isfinite(dt):
-                total_dt += dt
-                total_steps += dstep
-                pairs += 1
-                if pairs >= window - 1:
-                    break
-        newer = older
+    newer = None  # the first point of the newer step
+    first = None  # the oldest point seen yet of the step being scanned
+    # newest first, only as far back as the window needs: a guard round looks at every run's points (256
+    # of them); one loop, no generator between (every run's pace at every guard round and poll)
+    for point in reversed(points):
+        if first is not None:
+            if point.step == first.step:
+                first = point
+                continue
+            if newer is not None:
+                dt = newer.ts - first.ts
+                dstep = newer.step - first.step
+                if dt > 0 and dstep > 0 and math.isfinite(dt):
+                    total_dt += dt
+                    total_steps += dstep
+                    pairs += 1
+                    if pairs >= window - 1:
+                        return total_dt / total_steps
+            newer = first
+        first = point
+    if newer is not None and first is not None:  # the oldest step's first point, paired with the one after it
+        dt = newer.ts - first.ts
+        dstep = newer.step - first.step
+        if dt > 0 and dstep > 0 and math.isfinite(dt):
+            total_dt += dt
+            total_steps += dstep
+            pairs += 1
     return total_dt / total_steps if pairs else None
-
-
-def _firsts_newest_first(points: Sequence[_HasStepTs]) -> Iterator[_HasStepTs]:
-    """The points that open a step, newest first: each run of consecutive points at one step yields its
-    first (oldest) point."""
-    i = len(points) - 1
-    while i >= 0:
-        step = points[i].step
-        while i > 0 and points[i - 1].step == step:
-            i -= 1
-        yield points[i]
-        i -= 1
 
 
 def progress_points(records: Iterable[LogRecord]) -> tuple[ProgressPoint, ...]:
