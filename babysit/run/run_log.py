@@ -41,6 +41,7 @@ class _NameRole(NamedTuple):
     shown: bool
     eval: bool
     end: bool
+    wait: bool  # the trainer's input-wait share (DATA_WAIT_METRICS)
 
 
 class LogHost(Protocol):
@@ -70,6 +71,7 @@ class RunLog:
         self.records_log: Path = self.reader.records_log
         self.points: deque[ProgressPoint] = deque(maxlen=256)
         self.recent: deque[LogRecord] = deque(maxlen=16)
+        self.waits_logged = False  # a record of this attempt carried a DATA_WAIT_METRICS value (else: none to average)
         self.last_record_wall: float | None = None
         self.latest_eval: dict[str, float] | None = None
         self.latest_eval_step: int | None = None
@@ -112,6 +114,7 @@ class RunLog:
         self.nonfinite_pending = frozenset()
         self.points.clear()
         self.recent.clear()
+        self.waits_logged = False
         self.latest_shown.clear()
         self.last_record_wall = now
         self.first_output_wall = None
@@ -228,6 +231,8 @@ class RunLog:
         first = max(0, len(steps) - keep)
         self.points.extend(ProgressPoint(steps[i], seg.ts(i)) for i in range(first, len(steps)))
         self.recent.extend(seg.last(self.recent.maxlen or len(steps)))
+        if not self.waits_logged and not set(names).isdisjoint(DATA_WAIT_METRICS):
+            self.waits_logged = True
         spec = self.spec
         for j, name in enumerate(names):
             if snapshot.shown(spec.poll.show, metric, name):
@@ -291,7 +296,8 @@ class RunLog:
                 what = names.get(name)
                 if what is None:
                     what = names[name] = _NameRole(snapshot.shown(spec.poll.show, metric, name),
-                                                   name.startswith("eval"), name in progress.END_KEYS)
+                                                   name.startswith("eval"), name in progress.END_KEYS,
+                                                   name in DATA_WAIT_METRICS)
                 if what.shown and isinstance(value, (int, float)):
                     shown[name] = (step, float(value))
                 if what.eval and name in metrics:
@@ -299,6 +305,8 @@ class RunLog:
                         evals = {}
                     evals[name] = metrics[name]
                 ends = ends or what.end
+                if what.wait:
+                    self.waits_logged = True
             if evals is not None:
                 self.latest_eval, self.latest_eval_step = evals, step
             if ends:
@@ -382,7 +390,10 @@ class RunLog:
         return None if not marks else now - max(marks)
 
     def data_wait_frac(self) -> float | None:
-        """The trainer's own input-wait share of step time over the recent records, when it logs one."""
+        """The trainer's own input-wait share of step time over the recent records, when it logs one (most
+        trainers do not: then no record is looked at, at every guard round of every run)."""
+        if not self.waits_logged:
+            return None
         values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
         return sum(values) / len(values) if values else None
 

@@ -141,9 +141,9 @@ def read_new(path: Path, state: TailState, *, max_bytes: int = 4 * 2**20,
         state = replace(state, offset=0, skipping=False, head=None, head_len=0, resets=state.resets + 1)
     parsed = _parse(got.data, state.offset, state.skipping, max_line_bytes, final=False)
     moved = got.advance(parsed.consumed, parsed.skipping)
-    new_state = replace(state, offset=moved.offset, file_id=moved.file_id, head=moved.head, head_len=moved.head_len,
-                        skipping=moved.skipping, records=state.records + len(parsed.records),
-                        garbage=state.garbage + parsed.garbage)
+    new_state = TailState(offset=moved.offset, file_id=moved.file_id, head=moved.head, head_len=moved.head_len,
+                          skipping=moved.skipping, records=state.records + len(parsed.records),
+                          garbage=state.garbage + parsed.garbage, resets=state.resets)  # not replace(): every read
     partial = len(got.data) - parsed.consumed
     return TailRead(tuple(parsed.records), new_state, parsed.garbage, got.reset, False, partial, got.more)
 

@@ -105,7 +105,10 @@ class SourcePump:
         anchor = st.get("anchor")
         start = st["records_bytes"]
         appended: records.RecordBatch | tuple[LogRecord, ...] | None
-        if any(isinstance(it, records.Block) for it in items):  # a read matched whole: columns, one format
+        if not items:  # nothing read (every jsonl pump: its log is the record log), nothing to write
+            written, new_anchor, added = 0, tuple(anchor) if anchor else None, 0
+            appended = () if self.source.copies else None
+        elif any(isinstance(it, records.Block) for it in items):  # a read matched whole: columns, one format
             written, new_anchor, batch = records.write_batch(self.records_path, items,
                                                              tuple(anchor) if anchor else None, now, start, sync=sync)
             added, appended = len(batch), batch if self.source.copies else None

@@ -79,8 +79,12 @@ class Window:
 
     def advance(self, consumed: int, skipping: bool = False) -> Cursor:
         """The cursor after `consumed` bytes of `data` (whole lines, whole frames): the rest is read again."""
-        return Cursor(offset=self.cursor.offset + consumed, size=self.size, file_id=self.file_id,
-                      head=head_digest(self.head), head_len=len(self.head), skipping=skipping)
+        cursor, head = self.cursor, self.head
+        # the head the read checked against the cursor's digest, unchanged: its digest is the cursor's (one
+        # sha256 a read, not two, for every run's log at every guard round)
+        same = not self.reset and cursor.head is not None and cursor.head_len == len(head)
+        return Cursor(offset=cursor.offset + consumed, size=self.size, file_id=self.file_id,
+                      head=cursor.head if same else head_digest(head), head_len=len(head), skipping=skipping)
 
 
 def read(path: Path, cursor: Cursor, limit: int, *, gone: tuple[type[OSError], ...] = GONE) -> Window | None:
