@@ -192,6 +192,9 @@ def hf_callback(steps: int, rounds: int = 7, n: int = 2000, paced_steps: int = 4
                     sleep(rest)
             if handler is handlers["ours"]:
                 callback.records.flush()  # what its thread has not written yet, inside the window
+                # and its thread's last wake-up (the end of its sleep, finding nothing) too, not in the next
+                # chunk's window: the training thread only sleeps meanwhile
+                sleep(callback.records.delay + 0.05)
             return time.process_time() - c0, time.thread_time() - t0
 
         chunks = 4
