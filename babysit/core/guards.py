@@ -253,13 +253,16 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
             out.append(Action("warn", "gpu-unseen", f"GPU {index} is no longer visible to NVML — fallen off the bus? "
                               "check `nvidia-smi` and the kernel log", {"gpu": index}, key=f"gpu-unseen:{index}"))
             continue
-        out.extend(_health_actions(index, reading))
+        if reading.signals or reading.faults:  # a healthy GPU: no signal to assess
+            out.extend(_health_actions(index, reading))
         if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults \
                 and not any(s.kind == "unresponsive" for s in reading.signals):
             out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
                               "is not being checked", {"gpu": index, "errors": list(reading.errors)},
                               key=f"gpu-unseen:procs:{index}"))
     holders = foreign_holders(view, facts.gpus, facts.run_pids | facts.past_run_pids)
+    if not holders:  # the common check: the run's GPUs hold only the run
+        return out
     sure = tuple(h for h in holders if confirmed(h, view, facts.sightings))
     unsure = tuple(h for h in holders if h not in sure)
     if sure:
@@ -315,16 +318,19 @@ def _hours_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
         return []
     used = facts.gpu_hours_used
     projected = facts.gpu_hours_projected_at_end
+    warn = used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR  # 80 %, without 0.8 * 12 = 9.600000000000001
+    sentence = projection_words(used, projected, cap)
+    if used < cap and not warn and sentence is None:
+        return []  # the common check: nothing to say, no detail made (every run, every guard round)
     detail = {"gpu_hours_used": round(used, 4), "gpu_hours_cap": cap,
               "gpu_hours_projected": None if projected is None else round(projected, 4)}
     if used >= cap:
         return [Action("stop", "gpu-hours-cap", f"GPU-hours {hours(used)} reached the cap {hours(cap)} — "
                        "stopping the run", detail)]
     out = []
-    if used * WARN_DENOMINATOR >= cap * WARN_NUMERATOR:  # 80 %, without 0.8 * 12 = 9.600000000000001
+    if warn:
         out.append(Action("warn", "gpu-hours-cap", f"GPU-hours {hours(used)} passed 80 % of the cap {hours(cap)}",
                           detail, key="gpu-hours-80"))
-    sentence = projection_words(used, projected, cap)
     if sentence is not None:
         out.append(Action("warn", "gpu-hours-cap", sentence, detail, key="gpu-hours-projection"))
     return out
