@@ -190,6 +190,28 @@ def test_file_probe_rereads_its_file_so_a_test_can_start_a_foreign_process(tmp_p
     assert prelaunch(GuardsSpec(), [0], second)[0].incident == "gpu-held"
 
 
+def test_file_probe_makes_its_readings_once_a_file_unless_a_gpu_lists_processes(tmp_path: Path):
+    """Every run's guard check reads the probe (1,000 runs: bench/scale.py): an unchanged file without
+    processes gives the readings made at its first read; a rewrite is seen at the next read; listed pids
+    are looked up at every read (the holder that exits is seen gone without the file changing)."""
+    path = tmp_path / "gpus.json"
+    _write(path, {"gpus": [{"index": 0, "util_pct": 97, "processes": []}, {"index": 1, "faults": ["xid 79"]}]})
+    probe = FileGpuProbe(path)
+    first, again = probe.read([0, 1]), probe.read([0])
+    assert again.gpu(0) is first.gpu(0) and first.gpu(1).faults == ("xid 79",)
+    _write(path, {"gpus": [{"index": 0, "util_pct": 12, "processes": []}]})
+    assert probe.read([0]).gpu(0).util_pct == 12.0
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write(path, {"gpus": [{"index": 0, "processes": [{"pid": holder.pid, "name": "policy"}]}]})
+        assert [p.visible for p in probe.read([0]).gpu(0).processes] == [True]
+    finally:
+        holder.kill()
+        holder.wait()
+    gone = probe.read([0]).gpu(0).processes[0]
+    assert gone.visible is False, "the pid looked up again at this read, the file unchanged"
+
+
 def test_file_probe_own_tree_is_not_foreign(tree, tmp_path: Path):
     root, grandchild = tree
     path = tmp_path / "gpus.json"

@@ -522,6 +522,7 @@ class FileGpuProbe:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._parsed: tuple[tuple[int, int, int, int], Any] | None = None  # (the file's stat, its JSON)
+        self._readings: tuple[Any, tuple[GpuReading, ...]] | None = None  # (that JSON, its GPUs): none holds a pid
 
     def sample(self) -> None:
         return None
@@ -540,13 +541,24 @@ class FileGpuProbe:
             self._parsed = (key, json.loads(self.path.read_text(encoding="utf-8")))
         return self._parsed[1]
 
+    def _gpus(self, data: Any) -> tuple[GpuReading, ...]:
+        """The file's GPUs as readings, made again only when the file changed — unless a GPU lists
+        processes: their pids are looked up on this host at every read (exited? a zombie?)."""
+        if self._readings is not None and self._readings[0] is data:
+            return self._readings[1]
+        raw = data.get("gpus", [])
+        gpus = tuple(_file_gpu(g) for g in raw)
+        if not any(g.get("processes") for g in raw):  # every run's check reads it: a guard round, a poll round
+            self._readings = (data, gpus)
+        return gpus
+
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         fix = f"fix the simulated GPU file {self.path} or change BABYSIT_GPU_PROBE"
         try:
             data = self._data()
             if not data.get("available", True):
                 return GpuView(False, str(data.get("reason") or f"simulated: no GPU visible — {fix}"), ())
-            gpus = tuple(_file_gpu(g) for g in data.get("gpus", []))
+            gpus = self._gpus(data)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             return GpuView(False, f"cannot read simulated GPUs ({type(exc).__name__}: {exc}) — {fix}", ())
         if indices:
