@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import once_per_session
 from tests.trainer.conftest import REPO, read_log, train_losses, trainer_env
 
 
@@ -47,24 +48,41 @@ def _torchrun(flags: list[str], data_cache: Path) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(data_cache), capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.parametrize("chunk_flags", [  # the second only where slow tests run (.ci/run): each is 4 torch processes
+COMMON = ["--recipe", "tiny", "--steps", "30", "--batch-size", "32", "--device", "cpu", "--eval-every", "0",
+          "--save-every", "0"]
+
+
+@pytest.fixture(scope="session")
+def one_process(data_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """step -> train_loss of the one-process run both DDP splittings are compared with: the same run for
+    both, so trained once a session (whichever xdist worker asks first), not once a parameter."""
+
+    def run() -> dict[int, float]:
+        out = tmp_path_factory.mktemp("one-process")
+        single = subprocess.run([sys.executable, "-m", "trainer", *COMMON, "--checkpoints", str(out / "ck"), "--log",
+                                 str(out / "one.jsonl")], cwd=REPO, env=trainer_env(data_cache), capture_output=True,
+                                text=True, timeout=240)
+        assert single.returncode == 0, single.stderr
+        return train_losses(read_log(out / "one.jsonl"))
+
+    return {int(step): loss for step, loss in once_per_session(tmp_path_factory, "ddp-one-process", run).items()}
+
+
+@pytest.mark.parametrize("chunk_flags", [  # the second only where slow tests run (.ci/run): each is 3 torch processes
     pytest.param([], id="allreduce-every-chunk"),
     pytest.param(["--backward-chunks", "2", "--chunk-grad-allreduce"], id="chunk-grad-allreduce",
                  marks=pytest.mark.slow)])
 def test_ddp_two_gloo_ranks_match_one_process_at_the_same_effective_batch(
-        run_trainer, data_cache: Path, tmp_path: Path, chunk_flags: list[str]) -> None:
-    common = ["--recipe", "tiny", "--steps", "30", "--batch-size", "32", "--device", "cpu", "--eval-every", "0",
-              "--save-every", "0", "--checkpoints", str(tmp_path / "ck")]
-    single = run_trainer(*common, "--log", str(tmp_path / "one.jsonl"))
-    assert single.returncode == 0, single.stderr
-    ddp = _torchrun([*common, *chunk_flags, "--log-path", str(tmp_path / "two.jsonl")], data_cache)
+        one_process: dict[int, float], data_cache: Path, tmp_path: Path, chunk_flags: list[str]) -> None:
+    ddp = _torchrun([*COMMON, "--checkpoints", str(tmp_path / "ck"), *chunk_flags,
+                     "--log-path", str(tmp_path / "two.jsonl")], data_cache)
     assert ddp.returncode == 0, ddp.stderr
 
     two_records = read_log(tmp_path / "two.jsonl")
     config = two_records[0]["config"]
     assert (config["world_size"], config["effective_batch"], config["micro_batch"]) == (
         2, 32, 8 if chunk_flags else 16)
-    one, two = train_losses(read_log(tmp_path / "one.jsonl")), train_losses(two_records)
+    one, two = one_process, train_losses(two_records)
     assert one.keys() == two.keys() and len(one) == 30
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-4, abs=1e-6), f"step {step}"
