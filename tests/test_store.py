@@ -369,3 +369,14 @@ def test_a_read_survives_a_database_restart_and_a_write_after_it_succeeds(postgr
         assert len(store.messages("r")) == 2
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("value", [0, -7, 2**70, None, True, False, 1.5, -0.0, 1e300, 5e-324, float("nan"),
+                                   float("inf"), -float("inf"), "é\n\"x\"", [1, None, 2.5], {"a": {"b": [True]}}])
+def test_a_facts_item_is_written_as_json_dumps_writes_it(value: Any) -> None:
+    """The merge's pieces (Store._merged_facts) skip json.dumps for ints, None and finite floats: each must
+    read exactly as json.dumps writes the same item of a dict (bools and non-finite floats go through it)."""
+    from babysit.db.store import _json_piece
+
+    assert "{" + _json_piece("k", value) + "}" == json.dumps({"k": value})
+    assert "{" + _json_piece("ключ\t", value) + "}" == json.dumps({"ключ\t": value})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -591,9 +592,9 @@ class Store:
         if kept is not None and kept[0] == old:
             pieces = dict(kept[1])
         else:  # first merge of this run by this store, or another writer's text: parsed once
-            pieces = {k: f"{json.dumps(k)}: {json.dumps(v)}" for k, v in (json.loads(old) if old else {}).items()}
+            pieces = {k: _json_piece(k, v) for k, v in (json.loads(old) if old else {}).items()}
         for key, value in facts.items():
-            pieces[key] = f"{json.dumps(key)}: {json.dumps(value)}"
+            pieces[key] = _json_piece(key, value)
         text = "{" + ", ".join(pieces.values()) + "}"
         self._facts_written[run] = (text, pieces)
         return text
@@ -1063,6 +1064,25 @@ def _enable_wal(db: sqlite3.Connection) -> None:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
+
+
+_KEY_TEXT: dict[str, str] = {}  # a facts key as json.dumps writes it in a dict, with its ": " (a few dozen names)
+
+
+def _json_piece(key: str, value: Any) -> str:
+    """`"key": value` exactly as json.dumps writes that item of a dict; an int, None or a finite float
+    without a json.dumps call (each call builds an encoder: most of a small value's cost)."""
+    head = _KEY_TEXT.get(key)
+    if head is None:
+        head = _KEY_TEXT[key] = json.dumps(key) + ": "
+    kind = type(value)
+    if kind is int:
+        return head + int.__repr__(value)
+    if value is None:
+        return head + "null"
+    if kind is float and math.isfinite(value):
+        return head + float.__repr__(value)
+    return head + json.dumps(value)
 
 
 def _merge_run_state(db: Any, run: str, status: str | None, facts: dict[str, Any],
