@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a worker failed (exit codes {codes})", file=sys.stderr)
         return 1
     results = [json.loads(Path(sync, f"{name}.json").read_text()) for name in ("now", "before")]
+    shutil.rmtree(sync, ignore_errors=True)
     print(f"\n### guard round, {args.runs} runs, both codes at once\n")
     print("| code | launch | guard round CPU (median) | wall (median) | CPU per round |")
     print("| --- | --- | --- | --- | --- |")
