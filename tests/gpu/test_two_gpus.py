@@ -140,7 +140,7 @@ every_minutes = 10
     start = [r for r in records(log) if r.get("event") == "start"][-1]
     assert start["config"]["resumed_from_step"] == stopped["step"] and start["config"]["world_size"] == ngpus
     print(f"\nH200: gpu recipe, {ngpus} rank(s) under torchrun (NCCL): poll util {util} at step "
-          f"{polls[0].get('step')}; a foreign CUDA process on GPU {last} (pid {holder.pid}) → gpu-held, every rank "
+          f"{polls[0].step}; a foreign CUDA process on GPU {last} (pid {holder.pid}) → gpu-held, every rank "
           f"stopped on SIGTERM, {stop_s:.1f} s to the daemon's exit, checkpoint at step {stopped['step']}, "
           f"the relaunch resumed at {stopped['step'] + 1} and completed")
 
