@@ -49,6 +49,19 @@ def declared_watch(watch: Sequence[str] | None) -> tuple[str, ...] | None:
     return nonfinite.from_env(os.environ.get(nonfinite.ENV))
 
 
+def plain_finite(values: Mapping[str, Any]) -> bool:
+    """Every value a plain int or a finite float: a record the non-finite rule has nothing to say about
+    (when nothing is pending), told in one pass — a hook's path at every logged step."""
+    for value in values.values():
+        kind = type(value)
+        if kind is float:
+            if value - value:  # NaN or an infinity
+                return False
+        elif kind is not int:  # bool, numpy/torch scalars, text: the careful path reads them
+            return False
+    return True
+
+
 class NonfiniteWatch:
     """A hook's view of divergence, record after record, by the daemon's one rule (babysit.core.nonfinite):
     a watched loss counts at once, a default-watched grad norm when non-finite twice in a row."""
@@ -63,16 +76,8 @@ class NonfiniteWatch:
         A record of plain finite numbers with nothing pending shows nothing and leaves nothing pending
         (`nonfinite.divergence`'s rule): said in one pass, not the generic path (a hook logging every
         step, bench/logger_cost.py)."""
-        if not self.pending:
-            for value in values.values():
-                kind = type(value)
-                if kind is float:
-                    if value - value:  # NaN or an infinity
-                        break
-                elif kind is not int:
-                    break
-            else:
-                return {}
+        if not self.pending and plain_finite(values):
+            return {}
         bad, self.pending = nonfinite.divergence({k: plain(v) for k, v in values.items()},
                                                  declared_watch(self.watch), self.pending)
         return bad

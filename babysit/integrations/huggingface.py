@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
+from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe, plain_finite
 from babysit.integrations.client import JsonlWriter
 
 try:
@@ -81,6 +81,11 @@ def _ignoring() -> Any:
 _ignore = _ignoring()
 
 
+def _record(logs: dict[str, Any], total: int | None) -> dict[str, Any]:
+    """The record of HF's logs: a copy, with the trainer's `max_steps` as `total_steps` unless it says one."""
+    return {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else dict(logs)
+
+
 class BabysitCallback(TrainerCallback):
     """Writes HF Trainer logs to `$BABYSIT_LOG` (or `path`) and ends a diverged run with exit code 11.
 
@@ -119,19 +124,9 @@ class BabysitCallback(TrainerCallback):
         is_eval = _EVAL_KEYS.get(keys)
         if is_eval is None:
             is_eval = _eval_keys(keys)
-        if not is_eval and state.is_world_process_zero and not self.nonfinite.pending:
-            for value in logs.values():  # NonfiniteWatch.check's one pass: nothing to see, nothing left pending
-                kind = type(value)
-                if kind is float:
-                    if value - value:  # NaN or an infinity
-                        break
-                elif kind is not int:
-                    break
-            else:
-                total = state.max_steps
-                self._put(state.global_step, {**logs, "total_steps": total}
-                          if total and total > 0 and "total_steps" not in logs else dict(logs))
-                return
+        if not is_eval and state.is_world_process_zero and not self.nonfinite.pending and plain_finite(logs):
+            self._put(state.global_step, _record(logs, state.max_steps))  # NonfiniteWatch.check: nothing to see
+            return
         self._log(state, control, logs, is_eval)
 
     def _log(self, state: Any, control: Any, logs: dict[str, Any], is_eval: bool) -> None:
@@ -140,9 +135,7 @@ class BabysitCallback(TrainerCallback):
         step = state.global_step
         main = state.is_world_process_zero
         if main:
-            total = state.max_steps
-            record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else dict(logs)
-            self.records.put(step, record)
+            self.records.put(step, _record(logs, state.max_steps))
             if is_eval:
                 self.records.flush()  # a verdict's evidence never waits in a queue: on disk when on_log returns
         bad = self.nonfinite.check(logs)
