@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -59,6 +60,9 @@ def metric_series(records: Iterable[LogRecord], key: str) -> tuple[tuple[int, fl
     return tuple(sorted(by_step.items()))
 
 
+_END = (None,)  # seconds_per_step's end of the points
+
+
 def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | None:
     """Seconds per step over the last `window` usable points (records or ProgressPoints).
 
@@ -78,10 +82,11 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
     newer = None  # the first point of the newer step
     first = None  # the oldest point seen yet of the step being scanned
     # newest first, only as far back as the window needs: a guard round looks at every run's points (256
-    # of them); one loop, no generator between (every run's pace at every guard round and poll)
-    for point in reversed(points):
+    # of them); one loop, no generator between (every run's pace at every guard round and poll). The
+    # trailing None closes the oldest step: its first point is paired with the newer one like any other.
+    for point in chain(reversed(points), _END):
         if first is not None:
-            if point.step == first.step:
+            if point is not None and point.step == first.step:
                 first = point
                 continue
             if newer is not None:
@@ -95,13 +100,6 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
                         return total_dt / total_steps
             newer = first
         first = point
-    if newer is not None and first is not None:  # the oldest step's first point, paired with the one after it
-        dt = newer.ts - first.ts
-        dstep = newer.step - first.step
-        if dt > 0 and dstep > 0 and math.isfinite(dt):
-            total_dt += dt
-            total_steps += dstep
-            pairs += 1
     return total_dt / total_steps if pairs else None
 
 
