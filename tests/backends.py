@@ -165,3 +165,25 @@ def backend(name: str, request: Any) -> Iterator[Backend]:
         yield chosen
     finally:
         chosen.close()
+
+
+VERDICT_FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
+
+
+def register_verdict_run(root: Path, chosen: Backend, monkeypatch: Any) -> None:
+    """The verdict fixtures' run registered in `root` on `chosen`'s store, one simulated GPU at 90 %: the
+    starting point of the in-process daemon tests that make the store refuse rows (its launch not yet made)."""
+    import json
+    import shutil
+
+    from babysit.register import registration
+
+    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    (root / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
+    (root / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n' + chosen.registry_head())
+    for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
+        shutil.copy(VERDICT_FIXTURES / log, root / log)
+    spec = (VERDICT_FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
+    (root / "run.toml").write_text(spec)
+    registration.register(root / "run.toml", root / "babysit.toml", accelerated=True, wake_daemon=False)

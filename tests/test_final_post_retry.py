@@ -7,8 +7,6 @@ under its live connection, then takes it again (tests/backends.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -16,12 +14,10 @@ import pytest
 
 from babysit.channels.notify import ConsoleChannel, deliver_due
 from babysit.probes.gpu import FileGpuProbe
-from babysit.register import registration
 from babysit.service.daemon import Daemon
-from tests.backends import BACKENDS, backend
+from tests.backends import BACKENDS, backend, register_verdict_run
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 RUN = "grasp_sft_v2_demosonly_1gpu_disc"
 
 
@@ -33,15 +29,7 @@ def store_backend(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def daemon(tmp_path: Path, store_backend, monkeypatch: pytest.MonkeyPatch):
-    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
-    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n' + store_backend.registry_head())
-    for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
-        shutil.copy(FIXTURES / log, tmp_path / log)
-    spec = (FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
-    (tmp_path / "run.toml").write_text(spec)
-    registration.register(tmp_path / "run.toml", tmp_path / "babysit.toml", accelerated=True, wake_daemon=False)
+    register_verdict_run(tmp_path, store_backend, monkeypatch)
     clock = FakeClock()
     host = FakeHostProbe()
     executor = FakeExecutor(clock, host)

@@ -7,8 +7,6 @@ security under its live connection (tests/backends.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,13 +17,11 @@ from babysit.channels.notify import ConsoleChannel, deliver_due
 from babysit.core.snapshot import Snapshot
 from babysit.db.store import PollRow, Store
 from babysit.probes.gpu import FileGpuProbe
-from babysit.register import registration
 from babysit.run.run_posts import RunPosts
 from babysit.service.daemon import Daemon
-from tests.backends import BACKENDS, Backend, backend
+from tests.backends import BACKENDS, Backend, backend, register_verdict_run
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 RUN = "grasp_sft_v2_demosonly_1gpu_disc"
 
 
@@ -38,15 +34,7 @@ def store_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture
 def make_daemon(tmp_path: Path, store_backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable]:
     """A daemon on the registered run (one live process of the fake executor, shared across restarts)."""
-    for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
-    (tmp_path / "babysit.toml").write_text('[daemon]\nstate_dir = ".babysit"\n' + store_backend.registry_head())
-    for log in ("demosonly_train_log.jsonl", "rigonly_train_log.jsonl"):
-        shutil.copy(FIXTURES / log, tmp_path / log)
-    spec = (FIXTURES / "run.toml").read_text().replace("[prereg]\n", "gpus = [0]\n\n[prereg]\n", 1)
-    (tmp_path / "run.toml").write_text(spec)
-    registration.register(tmp_path / "run.toml", tmp_path / "babysit.toml", accelerated=True, wake_daemon=False)
+    register_verdict_run(tmp_path, store_backend, monkeypatch)
     clock = FakeClock()
     host = FakeHostProbe()
     executor = FakeExecutor(clock, host)
