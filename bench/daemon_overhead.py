@@ -140,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def profile_path(path: str, code: str) -> str:
+    """One profile a measured code: PATH for the code now, PATH with `-before` ahead of its suffix for --before."""
+    if code == "now":
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}-{code}.{suffix}" if dot else f"{path}-{code}"
+
+
 def measure(args: argparse.Namespace, code_env: dict[str, str], code: str) -> dict[str, object]:
     """One daemon (the code on code_env's PYTHONPATH) babysitting --runs runs for --seconds."""
 
@@ -175,8 +183,8 @@ def measure(args: argparse.Namespace, code_env: dict[str, str], code: str) -> di
         c0, w0, t0 = cpu_seconds_precise(daemon.pid), wakeups(daemon.pid), time.monotonic()
         n0 = [cpu_with_children(x.pid) for x in naive]
         if args.profile and shutil.which("py-spy"):
-            spy = subprocess.Popen(["py-spy", "record", "-o", args.profile, "-f", "speedscope", "--pid",
-                                    str(daemon.pid), "--duration", str(int(args.seconds))],
+            spy = subprocess.Popen(["py-spy", "record", "-o", profile_path(args.profile, code), "-f", "speedscope",
+                                    "--nonblocking", "--pid", str(daemon.pid), "--duration", str(int(args.seconds))],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.seconds)
         c1, w1, t1 = cpu_seconds_precise(daemon.pid), wakeups(daemon.pid), time.monotonic()

@@ -42,6 +42,13 @@ def test_the_readme_h200_profile_reads_low_util_with_its_causes_not_starvation()
     assert "util 38% (min 12%, 1800 samples)" in text
 
 
+def test_a_gpm_window_says_it_is_the_counters_over_the_window_through_the_stored_poll():
+    gpm = GpuView(True, None, (GpuReading(0, "NVIDIA H200", "GPU-0", 38.0, 0, GIB, 141 * GIB,
+                                          (GpuProcess(100, "python -m trainer", GIB),), (), util_seconds=1800.4),))
+    text = poll_text(view=gpm)  # the snapshot's JSON, as the store and the outbox carry it, then rendered
+    assert "util 38% (GPM counters over 30m00s)" in text and "samples" not in text
+
+
 def test_starvation_with_evidence_prescribes_the_input_pipeline():
     text = poll_text(data_wait_frac=0.45)
     assert "input starvation: GPU util 38 %" in text and "45% of each step" in text and "--num-workers" in text

@@ -17,7 +17,7 @@ import pytest
 from babysit.core.errors import BadInput
 from babysit.core.guards import LiveFacts, foreign_holders, live, prelaunch
 from babysit.core.spec import GuardsSpec
-from babysit.probes.gpu import FileGpuProbe, NullGpuProbe, NvmlGpuProbe, open_gpu_probe
+from babysit.probes.gpu import FileGpuProbe, NullGpuProbe, NvmlGpuProbe, open_gpu_probe, poll_window
 from babysit.probes.host import (
     available_ram_bytes,
     is_same_process,
@@ -389,6 +389,142 @@ def test_util_falls_back_to_rates_without_a_sample_buffer(nv, probe):
     g = probe.read([0]).gpu(0)  # read() takes a last sample too
     assert (g.util_pct, g.util_samples) == (80.0, 3)
     assert probe.util_source(0) == "rates" and probe.util_source(5) is None
+
+
+class GpmNvml(FakeNvml):
+    """FakeNvml with GPM: each GPU has counters of busy and elapsed time that a test advances, and a
+    snapshot holds them; the metric is the busy share between two snapshots, as the driver computes it."""
+
+    NVML_SUCCESS, NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_GRAPHICS_UTIL = 0, 1, 1
+
+    class c_nvmlGpmMetricsGet_t:  # pynvml's name
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)]
+
+    def __init__(self, gpus: int = 2, gpm_gpus: frozenset[int] = frozenset({0, 1})) -> None:
+        super().__init__(gpus)
+        self.gpm_gpus = gpm_gpus
+        self.busy = {i: 0.0 for i in range(gpus)}
+        self.elapsed = {i: 0.0 for i in range(gpus)}
+        self.allocated = self.freed = 0
+        self.metric_return = 0
+        self.metric_value: float | None = None  # set: the driver answers this whatever the counters say
+
+    def advance(self, gpu: int, seconds: float, busy_share: float) -> None:
+        self.elapsed[gpu] += seconds
+        self.busy[gpu] += seconds * busy_share
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(isSupportedDevice=int(h in self.gpm_gpus))
+
+    def nvmlGpmSampleAlloc(self):
+        self.allocated += 1
+        return SimpleNamespace(gpu=None, busy=0.0, elapsed=0.0)
+
+    def nvmlGpmSampleGet(self, h, sample):
+        self._check(h)
+        sample.gpu, sample.busy, sample.elapsed = h, self.busy[h], self.elapsed[h]
+
+    def nvmlGpmSampleFree(self, sample):
+        self.freed += 1
+
+    def nvmlGpmMetricsGet(self, got):
+        first, second = got.sample1, got.sample2
+        metric = got.metrics[0]
+        assert (got.version, got.numMetrics, metric.metricId) == (1, 1, self.NVML_GPM_METRIC_GRAPHICS_UTIL)
+        metric.nvmlReturn = self.metric_return
+        span = second.elapsed - first.elapsed
+        share = (second.busy - first.busy) / span if span else 0.0
+        metric.value = 100.0 * share if self.metric_value is None else self.metric_value
+
+
+def test_a_poll_window_on_a_gpm_gpu_is_its_counters_over_the_whole_window_not_samples():
+    nv = GpmNvml()
+    probe = NvmlGpuProbe(library=nv)
+    window = poll_window("r1")
+    opened = probe.read([0], window=window).gpu(0)  # the prelaunch read opens the window
+    assert (opened.util_pct, opened.util_seconds) == (None, None)
+    nv.advance(0, 240, 0.25)
+    nv.rates[0] = 100  # what the rate says at the instants it is read: not the window's mean
+    probe.sample()
+    nv.advance(0, 60, 1.0)
+    g = probe.read([0], window=window).gpu(0)
+    assert g.util_pct == pytest.approx(40.0)  # (60 + 60) busy of 300 s, exactly
+    assert (g.util_samples, g.util_min_pct, g.errors) == (0, None, ())
+    assert g.util_seconds is not None and g.util_seconds >= 0
+    assert probe.util_source(0) == "gpm"
+    nv.advance(0, 100, 0.5)
+    assert probe.read([0], window=window).gpu(0).util_pct == pytest.approx(50.0)  # the next window: since then
+    probe.read([0])  # the guards' window opens
+    guard = probe.read([0]).gpu(0)  # and keeps the rate (no guard decides on utilization)
+    assert (guard.util_pct, guard.util_seconds) == (100.0, None) and guard.util_samples >= 1
+    probe.close()
+
+
+def test_the_periodic_sampler_has_no_work_while_every_watched_gpu_has_gpm():
+    nv = GpmNvml(gpm_gpus=frozenset({0}))
+    probe = NvmlGpuProbe(library=nv)
+    try:
+        assert probe.samples_needed()  # nothing read yet: not known
+        probe.read([0], window=poll_window("r1"))
+        assert not probe.samples_needed()
+        sampler = probe.own_sampler(0.01)
+        sampler.start()
+        assert not sampler.running
+        probe.read([1], window=poll_window("r2"))  # GPU 1 has no GPM: its windows need samples
+        assert probe.samples_needed() and probe.util_source(1) == "rates"
+        sampler.start()
+        assert sampler.running
+        sampler.stop()
+    finally:
+        probe.close()
+
+
+def test_a_gpu_without_gpm_or_with_gpm_off_is_sampled_as_before():
+    nv = GpmNvml()
+    probe = NvmlGpuProbe(library=nv, gpm=False)
+    window = poll_window("r1")
+    probe.read([0], window=window)
+    nv.rates[0] = 70
+    probe.sample()
+    g = probe.read([0], window=window).gpu(0)
+    assert (g.util_pct, g.util_samples, g.util_seconds) == (70.0, 2, None)
+    assert probe.util_source(0) == "rates" and nv.allocated == 0
+    probe.close()
+
+
+@pytest.mark.parametrize(("answer", "value", "said"), [(999, None, "NVML error 999"),
+                                                       (0, 173.0, "GPM GRAPHICS_UTIL 173 is not a percentage")])
+def test_a_failed_or_impossible_gpm_metric_is_no_measurement_and_says_why(answer, value, said):
+    nv = GpmNvml()
+    probe = NvmlGpuProbe(library=nv)
+    window = poll_window("r1")
+    probe.read([0], window=window)
+    nv.advance(0, 60, 0.5)
+    nv.metric_return, nv.metric_value = answer, value
+    g = probe.read([0], window=window).gpu(0)
+    assert (g.util_pct, g.util_seconds) == (None, None)
+    assert any(said in e for e in g.errors), g.errors
+    nv.metric_return, nv.metric_value = 0, None
+    nv.advance(0, 60, 0.75)
+    assert probe.read([0], window=window).gpu(0).util_pct == pytest.approx(75.0)  # measured again from there
+    probe.close()
+
+
+def test_every_gpm_snapshot_is_freed_when_its_window_closes_or_the_probe_does():
+    nv = GpmNvml()
+    probe = NvmlGpuProbe(library=nv)
+    probe.read([0], window=poll_window("r1"))
+    probe.read([0], window=poll_window("r2"))
+    probe.read([0], window=poll_window("r1"))  # r1's first snapshot freed, its second kept
+    assert (nv.allocated, nv.freed) == (3, 1)
+    probe.close_window(poll_window("r1"))
+    probe.read([0])  # the worker's next read frees it (every NVML call is made there)
+    assert nv.freed == 2
+    probe.close()
+    assert nv.freed == 3 == nv.allocated
 
 
 def test_sample_before_init_does_nothing(nv):

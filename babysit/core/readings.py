@@ -49,6 +49,7 @@ class GpuReading:
     errors: tuple[str, ...] = ()  # NVML calls that failed for this GPU during this reading
     util_min_pct: float | None = None  # the lowest sample of the window
     signals: tuple[GpuSignal, ...] = ()  # health signals seen since the last read (NVML); () from a file probe
+    util_seconds: float | None = None  # GPM: the seconds the window's counters span (util_samples 0, no min)
 
 
 @dataclass(frozen=True)

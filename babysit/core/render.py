@@ -68,10 +68,16 @@ def _num(v: float) -> str:
 
 
 def _util_window(gpus: Sequence[GpuRow]) -> str:
-    """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window."""
-    lows = [g.util_min_pct for g in gpus if g.util_min_pct is not None]
-    samples = min(g.util_samples for g in gpus)
-    parts = ([f"min {'/'.join(f'{u:.0f}%' for u in lows)}"] if lows else []) + [f"{samples} samples"]
+    """"(min 12%, 1800 samples)": what the mean was taken over, so one busy second cannot pass for a window;
+    "(GPM counters over 30m00s)" where the GPU's own counters measured the whole window."""
+    sampled = [g for g in gpus if g.util_seconds is None]
+    spans = [g.util_seconds for g in gpus if g.util_seconds is not None]
+    parts = [f"GPM counters over {fmt_duration(min(spans))}"] if spans else []
+    if sampled:
+        lows = [g.util_min_pct for g in sampled if g.util_min_pct is not None]
+        if lows:
+            parts.append(f"min {'/'.join(f'{u:.0f}%' for u in lows)}")
+        parts.append(f"{min(g.util_samples for g in sampled)} samples")
     return f" ({', '.join(parts)})"
 
 

@@ -41,6 +41,7 @@ class GpuRow:
     memory_total_bytes: int | None
     held_by_foreign: tuple[Holder, ...] | None
     faults: tuple[str, ...]
+    util_seconds: float | None = None  # the window util_pct covers when GPM counters measured it
 
     @classmethod
     def blank(cls, index: int) -> GpuRow:
@@ -54,7 +55,8 @@ class GpuRow:
                 "held_by_foreign": None if self.held_by_foreign is None else [
                     {"pid": h.pid, "name": h.name, "used_memory_bytes": h.used_memory_bytes}
                     for h in self.held_by_foreign],
-                "faults": list(self.faults)}
+                "faults": list(self.faults),
+                **({"util_seconds": self.util_seconds} if self.util_seconds is not None else {})}  # GPM only
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], position: int = 0) -> GpuRow:
@@ -69,7 +71,7 @@ class GpuRow:
                    held_by_foreign=None if held is None else tuple(
                        Holder(index, int(h["pid"]), str(h.get("name") or ""), h.get("used_memory_bytes"))
                        for h in held),
-                   faults=tuple(str(f) for f in d.get("faults") or ()))
+                   faults=tuple(str(f) for f in d.get("faults") or ()), util_seconds=d.get("util_seconds"))
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
                            util_min_pct=reading.util_min_pct, util_samples=reading.util_samples,
                            memory_used_bytes=reading.memory_used_bytes,
                            memory_total_bytes=reading.memory_total_bytes, held_by_foreign=foreign,
-                           faults=tuple(reading.faults)))
+                           faults=tuple(reading.faults), util_seconds=reading.util_seconds))
     if missing:
         flags.append("gpu-unseen")
         return rows, "no GPU visible: GPU " + ", ".join(map(str, missing)) + " not seen by the probe"

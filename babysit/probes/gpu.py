@@ -12,7 +12,17 @@ of that GPU *in the same window*. Windows are independent: a run's polls read `p
 prelaunch read opens, so a poll averages its whole interval however often the guards read. By default
 each sample is nvmlDeviceGetUtilizationRates (~1 µs on an H200; itself an average over the driver's
 last sampling period). NVML's own sample buffer (nvmlDeviceGetSamples, `sample_buffer=True`) misses
-nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2000x the cost.
+nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2000x the cost, and
+holds only the last 14 s (71 samples 200 ms apart, bench/gpu_util_window.py).
+
+A poll window (`poll_window(run)`) on a GPU with GPM (GPU Performance Monitoring: Hopper and later) is
+measured instead from the GPU's own activity counters, one snapshot at each end of the window
+(nvmlGpmSampleGet; nvmlGpmMetricsGet's GRAPHICS_UTIL, the same "any kernel running" share as the rate):
+exact over the whole window, where samples are an estimate, and with no timer between (the sampler
+leaves such GPUs alone, `samples_needed`). On the H200 over 10-60 s windows of a 4-s-on/4-s-off load it
+read 51.7 % where a 1-s sampler read 51.3 and the driver's 200-ms samples 52-57; a snapshot costs ~46 µs
+and the metrics ~0.9 ms, once a poll (bench/README.md, section 0000). Other windows (the guards', which
+decide on no utilization; the fleet report's) keep the rate, read when they read.
 
 GPU indices are NVML indices (nvidia-smi order, i.e. PCI bus order): the executor should export
 CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers the run's GPUs the same way.
@@ -48,6 +58,12 @@ NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia
 
 
 GUARD_WINDOW = "guard"
+POLL_WINDOW = "poll:"  # the prefix of a run's poll window: GPM-measured where the GPU has GPM
+
+
+def poll_window(run: str) -> str:
+    """The window a run's polls average over, opened by its prelaunch read (run/run_launch.py)."""
+    return f"{POLL_WINDOW}{run}"
 
 
 class GpuProbe(Protocol):
@@ -95,7 +111,8 @@ class NvmlGpuProbe:
 
     def __init__(self, *, library: Any = None, sample_buffer: bool = False, events_thread: bool | None = None,
                  call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time,
-                 slow_field_seconds: float = health.SLOW_FIELD_S, health_events: bool = True) -> None:
+                 slow_field_seconds: float = health.SLOW_FIELD_S, health_events: bool = True,
+                 gpm: bool = True) -> None:
         self._lock = threading.Lock()
         self._events_thread = (library is None) if events_thread is None else events_thread
         # False: a probe that reads who holds the GPUs (a fleet's GPU report, /babysit gpus) and waits for
@@ -127,6 +144,10 @@ class NvmlGpuProbe:
         self._watched: set[int] = set()  # GPUs read() was asked about: the only ones sample() samples
         self._ident: dict[int, tuple[str, str]] = {}  # name and UUID never change: asked once
         self._sample_buf: Any = None  # one reused NVML sample buffer (see _samples_one_call)
+        self._use_gpm = gpm
+        self._gpm: dict[int, bool] = {}  # gpu -> its poll windows are measured by GPM counters
+        self._marks: dict[int, dict[str, tuple[Any, float]]] = {}  # gpu -> poll window -> (GPM snapshot, at)
+        self._unfreed: list[Any] = []  # GPM snapshots of closed windows, freed on the worker's next read
 
     # -- the one wrapper ------------------------------------------------------------------------
 
@@ -198,6 +219,7 @@ class NvmlGpuProbe:
             if h is not None:
                 self._handles[i] = h
                 self._register_events(i, h)
+                self._gpm[i] = self._gpm_supported(i, h)
                 nv = self._nv
                 if hasattr(nv, "nvmlDeviceGetFieldValues"):  # the batch read's first values are the base
                     self._fields[i] = health.FieldState(slow_every_s=self._slow_field_s)
@@ -209,6 +231,19 @@ class NvmlGpuProbe:
                     if base is not None:
                         self._ecc_base[i] = int(base)
         return h
+
+    def _gpm_supported(self, i: int, h: Any) -> bool:
+        nv = self._nv
+        if not self._use_gpm or not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            return False
+        support = self._nvml("nvmlGpmQueryDeviceSupport", h, default=None, gpu=i,
+                             on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+        return bool(support is not None and support.isSupportedDevice)
+
+    def samples_needed(self) -> bool:
+        """Whether the periodic sampler has work: a watched GPU without GPM (or none read yet)."""
+        watched = tuple(self._watched)
+        return not watched or not all(self._gpm.get(i, False) for i in watched)
 
     def _call_for(self, i: int) -> Callable[..., Any]:
         def call(fn: str, *args: Any, default: Any = None, on: Mapping[int, Any] | None = None) -> Any:
@@ -279,16 +314,20 @@ class NvmlGpuProbe:
                 self._watcher = None
             if self._ok and not self._caller.stuck and not waiting:
                 def shut() -> None:  # on the worker: after a sample in flight there, never beside it
+                    self._free_marks([m for marks in self._marks.values() for m, _ in marks.values()])
                     if self._events is not None:
                         self._nvml("nvmlEventSetFree", self._events)
                     self._nvml("nvmlShutdown")
                     self._ok = False
                 with contextlib.suppress(health.Unresponsive):  # blocked: NVML stays up, the exit frees it
                     self._caller.call(shut, self._call_timeout)
-            self._ok, self._events, self._handles = False, None, {}
+            self._ok, self._events, self._handles, self._marks = False, None, {}, {}
 
     def util_source(self, index: int) -> str | None:
-        """How GPU `index`'s utilization is sampled: "samples" (NVML's buffer), "rates", or None (not yet)."""
+        """How GPU `index`'s utilization is sampled: "gpm" (its poll windows from GPM counters, the
+        others from rates), "samples" (NVML's buffer), "rates", or None (not yet)."""
+        if self._gpm.get(index):
+            return "gpm"
         acc = self._util.get(index)
         return None if acc is None else ("rates" if acc.rates_only else "samples")
 
@@ -311,13 +350,22 @@ class NvmlGpuProbe:
         samples' state is made, one job at a time (close_window's, the one change made elsewhere, is a
         single dict pop; `_add` iterates a snapshot). A sample that blocks in NVML holds no lock: the next
         read() times out on it and says `unresponsive`, as for a read that blocks."""
-        return health.WorkerSampler(self._caller, self._sample_watched, interval)
+        return health.WorkerSampler(self._caller, self._sample_unmetered, interval, needed=self.samples_needed)
 
     def _sample_watched(self) -> None:
         if not self._ok:
             return  # closed, or not initialised yet: read() initialises
         for i in sorted(self._watched):  # not every GPU of the box: the ones runs use
             self._sample_gpu(i)
+
+    def _sample_unmetered(self) -> None:
+        """The periodic sample: the watched GPUs without GPM (GPM measures a GPU's poll windows; its other
+        windows take the rate when they read)."""
+        if not self._ok:
+            return
+        for i in sorted(self._watched):
+            if not self._gpm.get(i):
+                self._sample_gpu(i)
 
     def _sample_gpu(self, i: int) -> None:
         h = self._handle(i)
@@ -411,6 +459,9 @@ class NvmlGpuProbe:
             return GpuView(False, self._reason, ())
         wanted = [i for i in (indices or range(self._count)) if 0 <= i < self._count]
         self._watched.update(wanted)
+        if self._unfreed:
+            self._free_marks(self._unfreed)
+            self._unfreed = []
         for i in wanted:
             self._sample_gpu(i)  # close the window with the newest samples
         self._drain_events()
@@ -458,6 +509,10 @@ class NvmlGpuProbe:
         util = acc.total / acc.count if acc.count else None
         low = acc.low if acc.count else None
         samples = acc.count
+        seconds = None
+        if h is not None and self._gpm.get(i) and window.startswith(POLL_WINDOW):
+            util, seconds = self._gpm_window(i, h, window)
+            low, samples = None, 0
         name = uuid = "?"
         used = total = None
         procs: tuple[GpuProcess, ...] = ()
@@ -486,20 +541,69 @@ class NvmlGpuProbe:
                                            text=f"ecc uncorrectable volatile {int(ecc)}"))
         if i in self._lost:
             found.append(GpuSignal("lost", at=self._clock(), text="device lost"))
-            util, low, samples = None, None, 0
+            util, low, samples, seconds = None, None, 0, None
         self._note(i, [s for s in found if gpuhealth.assess(s).machine])
         signals.extend(found)
         # the fault texts (status, /babysit gpus) name what is not a mere warning
         faults = tuple(dict.fromkeys(s.text for s in signals if gpuhealth.assess(s).side != "warn"))
         errors = tuple(self._errors.pop(i, []))
         return GpuReading(i, name, uuid, util, samples, used, total, procs, faults,
-                          processes_known=known, errors=errors, util_min_pct=low, signals=tuple(signals))
+                          processes_known=known, errors=errors, util_min_pct=low, signals=tuple(signals),
+                          util_seconds=seconds)
+
+    def _gpm_window(self, i: int, h: Any, window: str) -> tuple[float | None, float | None]:
+        """GPU `i`'s GRAPHICS_UTIL over `window` since its last read, from two GPM snapshots, and the
+        seconds between them; (None, None) for the read that opens the window or a failed call (recorded)."""
+        nv = self._nv
+        failed = object()
+        fresh = self._nvml("nvmlGpmSampleAlloc", default=None, gpu=i)
+        if fresh is None:
+            return None, None
+        if self._nvml("nvmlGpmSampleGet", h, fresh, default=failed, gpu=i) is failed:
+            self._free_marks([fresh])
+            return None, None
+        now = time.monotonic()
+        marks = self._marks.setdefault(i, {})
+        previous = marks.get(window)
+        marks[window] = (fresh, now)
+        if previous is None:
+            return None, None
+        first, at = previous
+        util = self._nvml(gpm_graphics_util, nv, first, fresh, default=None, gpu=i)
+        self._free_marks([first])
+        return util, (now - at if util is not None else None)
+
+    def _free_marks(self, snapshots: Sequence[Any]) -> None:
+        for snapshot in snapshots:
+            self._nvml("nvmlGpmSampleFree", snapshot)
 
     def close_window(self, window: str) -> None:
         """Forget a reader's window (a run that ended), so samples stop feeding it."""
         with self._lock:
             for windows in self._windows.values():
                 windows.pop(window, None)
+            for marks in self._marks.values():  # its GPM snapshot: freed on the worker (every NVML call is)
+                mark = marks.pop(window, None)
+                if mark is not None:
+                    self._unfreed.append(mark[0])
+
+
+def gpm_graphics_util(nv: Any, first: Any, second: Any) -> float:
+    """nvmlGpmMetricsGet's GRAPHICS_UTIL between two snapshots: the share of the time between them
+    that any kernel ran (what nvmlDeviceGetUtilizationRates' `gpu` estimates over its last period)."""
+    got = nv.c_nvmlGpmMetricsGet_t()
+    got.version = nv.NVML_GPM_METRICS_GET_VERSION
+    got.numMetrics = 1
+    got.sample1, got.sample2 = first, second
+    got.metrics[0].metricId = nv.NVML_GPM_METRIC_GRAPHICS_UTIL
+    nv.nvmlGpmMetricsGet(got)
+    metric = got.metrics[0]
+    if metric.nvmlReturn != nv.NVML_SUCCESS:
+        raise nv.NVMLError(metric.nvmlReturn)
+    value = float(metric.value)
+    if not -0.5 <= value <= 100.5:  # counters read across a reset: no measurement, never a wrong one
+        raise ValueError(f"GPM GRAPHICS_UTIL {value:g} is not a percentage")
+    return min(100.0, max(0.0, value))
 
 
 class FileGpuProbe:

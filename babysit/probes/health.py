@@ -207,17 +207,22 @@ class WorkerSampler:
     """A probe's utilization sampling on its NvmlCaller's worker (see the module docstring), with the
     start/stop/running of babysit.service.sampler.Sampler, which the daemon starts while a run has GPUs."""
 
-    def __init__(self, caller: NvmlCaller, sample: Callable[[], None], interval: float) -> None:
+    def __init__(self, caller: NvmlCaller, sample: Callable[[], None], interval: float,
+                 needed: Callable[[], bool] = lambda: True) -> None:
         self._caller = caller
         self.sample = sample
         self.interval = interval
+        self._needed = needed  # False: every watched GPU has GPM, nothing to sample (probes/gpu.py)
 
     @property
     def running(self) -> bool:
         return self._caller.periodic
 
     def start(self) -> None:
-        if not self._caller.periodic:
+        """Sample from now on, or stop when there is nothing to sample (called again at each sync)."""
+        if not self._needed():
+            self.stop()
+        elif not self._caller.periodic:
             self._caller.every(self.interval, self.sample)
 
     def stop(self) -> None:

@@ -65,7 +65,7 @@ def gpu_record(view: GpuView, job_pids: frozenset[int]) -> dict[str, Any]:
     return {
         "available": view.available, "reason": view.reason,
         "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "util_pct": g.util_pct,
-                  "util_samples": g.util_samples, "util_min_pct": g.util_min_pct,
+                  "util_samples": g.util_samples, "util_min_pct": g.util_min_pct, "util_seconds": g.util_seconds,
                   "memory_used_bytes": g.memory_used_bytes,
                   "memory_total_bytes": g.memory_total_bytes, "processes_known": g.processes_known,
                   "processes": [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes,
@@ -187,7 +187,8 @@ def _reading(g: Mapping[str, Any]) -> GpuReading:
                       faults=tuple(str(f) for f in g.get("faults", [])),
                       processes_known=bool(g.get("processes_known", True)),
                       errors=tuple(str(e) for e in g.get("errors", [])),
-                      util_min_pct=None if g.get("util_min_pct") is None else float(g["util_min_pct"]))
+                      util_min_pct=None if g.get("util_min_pct") is None else float(g["util_min_pct"]),
+                      util_seconds=None if g.get("util_seconds") is None else float(g["util_seconds"]))
 
 
 def _opt_int(value: Any) -> int | None:

@@ -20,7 +20,7 @@ from babysit.core.readings import GpuView, HostReading
 from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import Executor
-from babysit.probes.gpu import GUARD_WINDOW
+from babysit.probes.gpu import GUARD_WINDOW, poll_window
 from babysit.run.context import DaemonContext
 from babysit.run.run_log import RunLog
 from babysit.run.run_verdict import RunVerdicts
@@ -45,7 +45,7 @@ class ObservedRun(Protocol):
 class RunObserver:
     def __init__(self, host: ObservedRun) -> None:
         self.host, self.ctx, self.run = host, host.ctx, host.run
-        self.poll_window = f"poll:{self.run}"  # the GPU utilization window its polls average over
+        self.poll_window = poll_window(self.run)  # the GPU utilization window its polls average over
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
 

@@ -16,7 +16,7 @@ import pytest
 
 from babysit.core.guards import foreign_holders, prelaunch
 from babysit.core.spec import GuardsSpec
-from babysit.probes.gpu import NvmlGpuProbe
+from babysit.probes.gpu import NvmlGpuProbe, poll_window
 from babysit.probes.host import process_tree
 
 pytestmark = pytest.mark.gpu
@@ -130,6 +130,30 @@ def test_matmul_load_averages_at_least_90_percent_and_is_listed(probe, cuda):
               f"proc_mem={listed[proc.pid].used_memory_bytes / 2**30:.2f} GiB")
     finally:
         _stop(proc)
+
+
+def test_a_poll_window_is_measured_by_gpm_counters_busy_then_idle_with_no_sampler(probe, cuda):
+    """On a GPU with GPM (Hopper and later) a poll window is its counters over the whole window: no
+    sample() between the two reads, and the mean of a half-busy window is about half."""
+    window = poll_window("gpu-test")
+    assert probe.read([GPU_INDEX], window=window).available
+    if probe.util_source(GPU_INDEX) != "gpm":
+        pytest.skip(f"GPU {GPU_INDEX} has no GPM (util source {probe.util_source(GPU_INDEX)})")
+    assert not probe.samples_needed()
+    proc = _start([sys.executable, "-c", MATMUL, "60"])
+    try:
+        probe.read([GPU_INDEX], window=window)  # the busy window starts after the load's first kernels
+        time.sleep(6.0)
+        busy = probe.read([GPU_INDEX], window=window).gpu(GPU_INDEX)
+    finally:
+        _stop(proc)
+    time.sleep(6.0)
+    idle = probe.read([GPU_INDEX], window=window).gpu(GPU_INDEX)
+    assert busy.util_pct is not None and busy.util_pct >= 90, busy
+    assert busy.util_samples == 0 and busy.util_seconds == pytest.approx(6.0, abs=1.0) and busy.errors == ()
+    assert idle.util_pct is not None and idle.util_pct <= 10, idle
+    print(f"H200: GPM poll window busy {busy.util_pct:.1f}% over {busy.util_seconds:.2f} s, then idle "
+          f"{idle.util_pct:.1f}% over {idle.util_seconds:.2f} s")
 
 
 def test_a_child_of_the_run_holding_the_gpu_is_own_not_foreign(probe, cuda):
