@@ -7,7 +7,8 @@
 # BEFORE_DIR: an export of the code before a change (bench/export_before.sh REV DIR); when given, the
 # overhead, scale and abort benches measure it too, in the same run, beside the code now.
 # Issue 26's 1,000-run figures are a separate call: python3 bench/scale.py --sizes 1000 --ticks 5
-# (launching 1,000 shims takes minutes; with --before, twice that).
+# (launching 1,000 shims takes minutes; with --before, twice that). Both codes' guard and poll rounds in the
+# same minutes: python3 bench/scale_together.py --runs 1000 --before DIR (~8 min; bench/README.md 000c).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"

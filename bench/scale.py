@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,22 +78,46 @@ time.sleep(100000)
 """
 
 
-def one_size(n: int, args: argparse.Namespace, pathological: bool = False) -> dict[str, Any]:
-    from babysit.channels.notify import ConsoleChannel
+def daemon_modules() -> tuple[Any, Any, Any]:
+    """Daemon, ConsoleChannel, FileGpuProbe of whichever babysit is first on the path: this tree's, or an
+    export's for bench/scale_together.py (the package layout moved after 43c3b3c: babysit.daemon became
+    babysit.service.daemon)."""
     from babysit.probes.gpu import FileGpuProbe
-    from babysit.service.daemon import Daemon
+    try:
+        from babysit.channels.notify import ConsoleChannel
+        from babysit.service.daemon import Daemon
+    except ImportError:  # the code before the package move
+        from babysit.daemon import Daemon  # type: ignore[no-redef]
+        from babysit.notify import ConsoleChannel  # type: ignore[no-redef]
+    return Daemon, ConsoleChannel, FileGpuProbe
 
+
+def quiet_logs() -> None:
+    """babysit's log off the console; the runs killed at teardown are not news."""
+    try:
+        from babysit.runtime import logs
+    except ImportError:  # the code before the package move
+        from babysit import logs  # type: ignore[no-redef]
+    logs.configure(None, console=False)
+    logging.getLogger().addHandler(logging.NullHandler())
+
+
+@contextlib.contextmanager
+def launched(n: int, pathological: bool = False) -> Iterator[tuple[Any, Path, list[str], float]]:
+    """N runs (and the flood run, when `pathological`) launched on a daemon started in this process, their
+    logs fed by one writer: (daemon, root, run names, launch seconds). At exit the daemon is shut down and
+    the runs killed and removed."""
+    daemon_cls, console_channel, file_probe = daemon_modules()
     root = Path(tempfile.mkdtemp(prefix=f"babysit-scale{n}-"))
     names = [f"r{i:04d}" for i in range(n)]
     gpu_file = root / "gpus.json"
     write_gpu_file(gpu_file)
     for name in names:
         write_run(root, name, ["sleep", "100000"], gpus="[0]", extra=f"gpu_hours_cap = 100000\n{POLL_LATER}")
-    flooded = root / "flooded"
     if pathological:  # one more run, beside the N healthy ones: its reader is far behind all along
         (root / "flood.toml").write_text(f"""[run]
 name = "flood"
-command = {json.dumps([sys.executable, "-c", FLOOD, str(flooded)])}
+command = {json.dumps([sys.executable, "-c", FLOOD, str(root / "flooded")])}
 gpus = [0]
 
 [guards]
@@ -114,11 +139,24 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
                               start_new_session=True)
     daemon = None
     try:
-        daemon = Daemon(root / "babysit.toml", gpu_probe=FileGpuProbe(gpu_file),
-                        channel=ConsoleChannel(root / ".babysit", open(os.devnull, "w")))  # noqa: SIM115
+        daemon = daemon_cls(root / "babysit.toml", gpu_probe=file_probe(gpu_file),
+                            channel=console_channel(root / ".babysit", open(os.devnull, "w")))  # noqa: SIM115
         t0 = time.perf_counter()
         daemon.start()  # launches every run through the real local executor
-        launch_s = time.perf_counter() - t0
+        yield daemon, root, names, time.perf_counter() - t0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(writer.pid, signal.SIGKILL)
+        writer.wait()
+        if daemon is not None:
+            daemon.shutdown()  # the runs keep running, as under `babysit up`; then they are killed
+        kill_runs(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def one_size(n: int, args: argparse.Namespace, pathological: bool = False) -> dict[str, Any]:
+    with launched(n, pathological) as (daemon, root, names, launch_s):
+        flooded = root / "flooded"
         running = sum(1 for s in daemon.supervisors.values() if s.attempt and s.attempt.status == "running")
         t = time.perf_counter()
         drain(daemon)  # the launch posts delivered: the rounds below are timed in the steady state
@@ -193,14 +231,6 @@ regex = 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\w]+)'
                 "naive_poll_round_s": naive_per_run * n, "rss_bytes": rss_bytes(os.getpid()),
                 "threads": nthreads, "store_bytes_per_poll": per_poll_bytes,
                 "store_bytes_per_run_day": per_poll_bytes * 48, "store_bytes": size1, "code": "now"}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(writer.pid, signal.SIGKILL)
-        writer.wait()
-        if daemon is not None:
-            daemon.shutdown()  # the runs keep running, as under `babysit up`; then they are killed
-        kill_runs(root)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def drain(daemon: Any) -> None:
@@ -252,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time each size with one more run whose reader is far behind (a flood of lines)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    from babysit.runtime import logs
-
-    logs.configure(None, console=False)
-    logging.getLogger().addHandler(logging.NullHandler())  # the runs killed at teardown are not news
+    quiet_logs()
     results = []
     notes = []
     for n in (int(x) for x in args.sizes.split(",")):
