@@ -11,6 +11,7 @@ from typing import Any
 
 from babysit.core.blocks import actions, code, confirm_button, context, section
 from babysit.core.render import Rendered, snapshot_line
+from babysit.core.run_machine import ALREADY_STOPPING
 from babysit.core.snapshot import Snapshot
 from babysit.view.runtable import status_table
 from babysit.view.runview import RunRow
@@ -94,6 +95,9 @@ def abort_queued(run: str, user: str) -> Rendered:
 def abort_result(run: str, result: str) -> Rendered:
     if result == "stopping":
         return reply(f"⏹ `{run}` is stopping: the daemon sent SIGTERM; the end is posted in the run's thread.")
+    if result == ALREADY_STOPPING:
+        return reply(f"⏹ `{run}` was already stopping (an earlier abort or a guard's stop); the end is posted in "
+                     "the run's thread.")
     return reply(f"`{run}`: the daemon answered the abort with “{result}”.")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from babysit.channels.notify import ConsoleChannel
-from babysit.db.store import Store
+from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.service.daemon import Daemon
 from tests.backends import BACKENDS, Backend, backend
@@ -205,6 +205,54 @@ def test_an_answer_owed_when_the_daemon_stops_is_written_once_by_the_next_withou
         again.guards()
         assert asker.request_result(request) == answer
         assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls  # once
+    finally:
+        asker.close()
+        if again is not None:
+            again.exits.close()
+            again.store.close()
+
+
+class _Died(BaseException):
+    """The daemon's process ending at that line (no `except Exception` of its own runs): SIGKILL, the OOM
+    killer, a power cut between carrying a request out and writing its answer."""
+
+
+@pytest.mark.parametrize("action,answer", [("abort", "already stopping"), ("poll-now", "interrupted")])
+def test_a_request_the_daemon_died_in_before_answering_is_not_carried_out_twice_by_the_next(
+        any_daemon, tmp_path: Path, action: str, answer: str) -> None:
+    """The daemon carried the request out (the stop sent, the poll posted) and died before writing its answer:
+    the next daemon does not do it again. A poll, marked begun in the run's facts before it was taken, is
+    answered `interrupted …` (saying how to check and to ask again), not posted twice; an abort is looked at
+    again and finds the run's recorded stop: `already stopping`, no second signal (before: the poll was taken
+    and posted again, and the abort answered `not running` about a run still stopping)."""
+    d, clock, executor, host, timers, store = any_daemon
+    asker = store.asker(d.state_dir)
+    again = None
+    try:
+        request = asker.request("a", action, "test", 0.0)
+
+        def died(*_: object) -> None:
+            raise _Died
+
+        d.store.finish_request = died  # type: ignore[method-assign]
+        with pytest.raises(_Died):
+            d.handle_requests()
+        signals, polls = list(executor.process("a", 1).signals), len(d.store.polls("a"))
+        assert (signals, polls) == (([signal.SIGTERM], 0) if action == "abort" else ([], 1))
+        assert asker.request_result(request) is None
+        d.exits.close()
+        d.store.close()
+        again = _up(tmp_path, store, clock, host, executor, timers)
+        again.guards()
+        result = asker.request_result(request)
+        assert result is not None and result.startswith(answer), result
+        if action == "poll-now":
+            assert "babysit status a" in result and "ask again" in result
+        assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls  # once
+        again.guards()  # answered: nothing is owed or begun any longer, nothing is done again
+        facts = again.store.run_state("a")[1]
+        assert not facts.get(OWED_ANSWERS_FACT) and not facts.get(STARTED_REQUESTS_FACT)
+        assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls
     finally:
         asker.close()
         if again is not None:

@@ -319,7 +319,7 @@ def test_an_abort_signals_once_and_its_stop_is_never_retried() -> None:
     assert effects == (ev.SetStatus(RunStatus.STOPPING, {"stop": stop.to_dict()}), ev.Signal(1, stop, 30.0),
                        ev.Incident("abort", "abort requested by ana", {"requested_by": "ana"}, key="r:abort:7"),
                        ev.Reply(7, "stopping"))
-    assert m.step(state, ev.Request(6.0, "abort", "bo", 8))[1] == (ev.Reply(8, "not running"),)
+    assert m.step(state, ev.Request(6.0, "abort", "bo", 8))[1] == (ev.Reply(8, m.ALREADY_STOPPING),)
     assert m.step(state, ev.GuardReading(6.0, 1, (Action("stop", "stalled", "quiet"),)))[1] == ()
     state, effects = m.step(state, ev.ExitSeen(9.0, 1, "stopped", "stopped", stopped_by="abort", retry_override=True))
     assert not any(isinstance(e, ev.Launch) for e in effects) and state.status is RunStatus.STOPPED

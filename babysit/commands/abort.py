@@ -7,6 +7,7 @@ import getpass
 import time
 from datetime import datetime, timezone
 
+from babysit.core.run_machine import ALREADY_STOPPING
 from babysit.core.status import ENDED_STATUSES
 from babysit.db.url import fleet_owner, open_existing, open_store
 from babysit.runtime import registry
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         result = store.request_result(request)
         if result is not None:
             print(f"abort {args.run}: {result}")
-            return 0 if result in ("stopping", "not running") else 1
+            return 0 if result in ("stopping", ALREADY_STOPPING, "not running") else 1
         time.sleep(0.2)
     print(f"abort {args.run}: queued (request {request}); no daemon took it within {args.wait:g}s — "
           "it runs when `babysit up` does")

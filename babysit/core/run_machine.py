@@ -38,6 +38,8 @@ from babysit.core.status import AttemptStatus, RunStatus
 _FINAL_OF = {"completed": RunStatus.FINISHED, "stopped": RunStatus.STOPPED}
 # Outcomes that are not failures: no incident of their own when the attempt ends.
 QUIET_OUTCOMES = ("completed", "stopped")
+# The answer to an abort of a run whose stop is already under way (another abort's, a guard's).
+ALREADY_STOPPING = "already stopping"
 
 
 @dataclass(frozen=True)
@@ -351,8 +353,8 @@ def _internal_error(s: RunState, e: ev.InternalError) -> Step:
 def _request(s: RunState, e: ev.Request) -> Step:
     if e.kind == "abort":
         s2, stop = _stop(s, "abort", e.at)
-        if not stop:
-            return s, (ev.Reply(e.id, "not running"),)
+        if not stop:  # a stop already under way is not sent again (its answer says so, not "not running")
+            return s, (ev.Reply(e.id, ALREADY_STOPPING if s.stopping and s.running_attempt else "not running"),)
         incident = ev.Incident("abort", f"abort requested by {e.by}", {"requested_by": e.by},
                             key=f"{s.run}:abort:{e.id}")
         return s2, (*stop, incident, ev.Reply(e.id, "stopping"))

@@ -41,6 +41,7 @@ MERGE_CHUNK = 200  # runs a merge statement carries (4 parameters each: under SQ
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 HELD_POSTS_FACT = "held_posts"  # a run's facts: its posts the outbox refused, held (babysit/run/run_posts.py)
 OWED_ANSWERS_FACT = "owed_answers"  # a run's facts: control answers the store refused, by request id (daemon.py)
+STARTED_REQUESTS_FACT = "requests_started"  # a run's facts: requests begun and not yet answered, id -> action
 
 _MIGRATIONS: dict[int, str] = {
     1: """

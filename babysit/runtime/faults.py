@@ -5,7 +5,8 @@
 nothing is flushed, no `finally` runs — exactly what a power cut or the OOM killer does. With the
 variable unset (always, outside tests) a call is one global lookup and a compare.
 
-Points: after-begin-attempt, after-launch, after-send, registry-before-replace, after-mark-ended;
+Points: after-begin-attempt, after-launch, after-send, registry-before-replace, after-mark-ended,
+after-request (a control request carried out, its answer not yet written);
 chart-after-url, chart-after-bytes, chart-after-complete (babysit/slack/upload.py: each step of a chart's
 upload has taken effect in Slack, and is not journalled yet).
 """

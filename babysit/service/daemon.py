@@ -43,7 +43,7 @@ from babysit.core import gpureport
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError, SpecError
 from babysit.core.spec import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
-from babysit.db.store import OWED_ANSWERS_FACT, Row
+from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Row
 from babysit.db.url import HOST_ENV, open_store
 from babysit.executors import Executor
 from babysit.executors.local import LocalExecutor
@@ -57,6 +57,7 @@ from babysit.runtime import registry as registry_mod
 from babysit.runtime import wake
 from babysit.runtime.clock import SYSTEM, Clock
 from babysit.runtime.exitwatch import ExitWatcher
+from babysit.runtime.faults import crash_point
 from babysit.runtime.timers import SchedulerTimers, ThreadTimers, Timers
 from babysit.service.sampler import sampler_for
 
@@ -141,6 +142,7 @@ class Daemon:
         self._seen_data_version: int | None = None
         self._owed: dict[int, str] = {}  # request id -> its answer, carried out but not yet written
         self._owed_saved: dict[str, dict[str, str]] = {}  # run -> its owed answers as its facts hold them
+        self._started_saved: dict[str, dict[str, str]] = {}  # run -> its requests begun (_mark_started)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def acquire(self) -> None:
@@ -508,7 +510,9 @@ class Daemon:
         for req in requests:
             try:
                 if req.id not in self._owed and not self._owed_before(req):
+                    self._mark_started(req)
                     self._owed[req.id] = self._carry_out(req)[:500]  # carried out once; its answer written again
+                    crash_point("after-request")
                 self.store.finish_request(req.id, self._owed[req.id], self.ctx.now())
                 del self._owed[req.id]
                 self._save_owed(req.run, req.id, None)
@@ -523,30 +527,59 @@ class Daemon:
         return True
 
     def _owed_before(self, req: Row) -> bool:
-        """Was `req` carried out by a daemon that stopped before its answer was written (the run's facts
-        hold the answer)? Then that answer is the one owed: the request is not carried out again."""
+        """Was `req` taken by a daemon that stopped before its answer was written? Then it is not carried
+        out again: the answer that daemon saved in the run's facts is the one owed, or, for a request it had
+        begun (`_mark_started`) and died in, an answer saying so."""
         if req.run not in self.supervisors:  # answered without acting ("no run named …"): nothing saved
             return False
-        saved = self.store.run_state(req.run)[1].get(OWED_ANSWERS_FACT) or {}
-        if str(req.id) not in saved:
+        facts = self.store.run_state(req.run)[1]
+        saved = facts.get(OWED_ANSWERS_FACT) or {}
+        started = facts.get(STARTED_REQUESTS_FACT) or {}
+        key = str(req.id)
+        if key not in saved and key not in started:
             return False
-        self._owed_saved[req.run] = dict(saved)
-        self._owed[req.id] = saved[str(req.id)]
+        self._owed_saved[req.run], self._started_saved[req.run] = dict(saved), dict(started)
+        self._owed[req.id] = saved.get(key, f"interrupted: babysit stopped while carrying out this {req.kind} and "
+                                            "does not carry it out twice; `babysit status "
+                                            f"{req.run}` shows whether it took effect — ask again if it did not")
         return True
 
+    def _mark_started(self, req: Row) -> None:
+        """A request whose second carrying-out would be a second effect (a poll posted twice, a relaunch of
+        an attempt that ended meanwhile, an owner's call) is marked begun in its run's facts first, so a
+        daemon that dies before its answer is written is followed by one that answers it as interrupted
+        rather than doing it again. An abort is not marked: the run's recorded stop makes a second abort a
+        no-op (`already stopping`), and an abort waits on no store write. A store that refuses the mark
+        does not stop the request (it is carried out, as before the mark existed)."""
+        if req.kind == "abort" or req.run not in self.supervisors:
+            return
+        started = self._started_saved.setdefault(req.run, {})
+        started[str(req.id)] = req.kind
+        try:
+            self.store.merge_run_facts(req.run, self.ctx.now(), at_once=True,
+                                       **{STARTED_REQUESTS_FACT: dict(started)})
+        except Exception as exc:
+            log.warning("control request's start not saved; carried out unmarked", request=req.id, run=req.run,
+                        error=f"{type(exc).__name__}: {exc}")
+
     def _save_owed(self, run: str, request_id: int, answer: str | None) -> None:
-        """The owed answer into its run's facts (None: written, so no longer owed), so a daemon restarted
-        before it is written writes it rather than carrying the request out again. Only a run babysat here
-        (an answer without an action is simply given again); a store that takes nothing keeps it in memory."""
+        """The owed answer into its run's facts (None: written, so neither owed nor begun any longer), so a
+        daemon restarted before it is written writes it rather than carrying the request out again. Only a
+        run babysat here (an answer without an action is simply given again); a store that takes nothing
+        keeps it in memory."""
         saved = self._owed_saved.setdefault(run, {})
-        if run not in self.supervisors or saved.get(str(request_id)) == answer:
+        started = self._started_saved.setdefault(run, {})
+        key = str(request_id)
+        if run not in self.supervisors or (saved.get(key) == answer and (answer is not None or key not in started)):
             return
         if answer is None:
-            saved.pop(str(request_id), None)
+            saved.pop(key, None)
+            started.pop(key, None)
         else:
-            saved[str(request_id)] = answer
+            saved[key] = answer
         try:
-            self.store.merge_run_facts(run, self.ctx.now(), at_once=True, **{OWED_ANSWERS_FACT: dict(saved)})
+            self.store.merge_run_facts(run, self.ctx.now(), at_once=True,
+                                       **{OWED_ANSWERS_FACT: dict(saved), STARTED_REQUESTS_FACT: dict(started)})
         except Exception as exc:
             log.warning("owed control answer not saved; kept in memory", request=request_id, run=run,
                         error=f"{type(exc).__name__}: {exc}")

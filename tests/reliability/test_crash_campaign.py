@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from babysit.db.store import Store
 from babysit.runtime import registry
 from tests.reliability.harness import Daemons, check_invariants, make_workspace, run_trial
 
@@ -41,6 +42,35 @@ def test_sigkill_at_random_instants_twice_in_a_row(tmp_path: Path, daemons: Daem
     trial = run_trial(tmp_path, daemons, random.Random(int(time.time())), kills=2, window=(0.5, 6.0))
     violations = trial.violations + check_invariants(tmp_path, baseline_verdict)
     assert violations == [], (trial.kills, violations)
+
+
+def test_a_poll_request_the_daemon_was_killed_in_is_answered_interrupted_and_not_taken_twice(
+        tmp_path: Path, daemons: Daemons) -> None:
+    """SIGKILL after a `/babysit poll` was taken and before its answer was written (crash point
+    after-request): the next daemon answers it `interrupted …`, saying how to check, and takes no second
+    on-demand poll (before: it found the request unanswered and polled again)."""
+    make_workspace(tmp_path, runs=("r_prereg",))
+    first = daemons.start(crash_at="after-request")
+    store = Store(tmp_path / ".babysit" / "state.db")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(a.status == "running" for a in store.attempts("r_prereg")):
+            assert time.monotonic() < deadline and first.poll() is None, "the run never started"
+            time.sleep(0.1)
+        request = store.request("r_prereg", "poll-now", "test", time.time())
+        assert first.wait(30) == -signal.SIGKILL  # at the crash point: the poll taken, no answer written
+        on_demand = [p.id for p in store.polls("r_prereg") if p.kind == "on-demand"]
+        assert len(on_demand) == 1 and store.request_result(request) is None
+        second = daemons.start()
+        deadline = time.monotonic() + 60
+        while store.request_result(request) is None:
+            assert time.monotonic() < deadline and second.poll() is None, "the request was never answered"
+            time.sleep(0.1)
+        answer = store.request_result(request)
+        assert answer.startswith("interrupted") and "babysit status r_prereg" in answer, answer
+        assert [p.id for p in store.polls("r_prereg") if p.kind == "on-demand"] == on_demand  # taken once
+    finally:
+        store.close()
 
 
 def test_a_register_killed_between_temp_write_and_replace_leaves_the_old_registry(tmp_path: Path) -> None:
