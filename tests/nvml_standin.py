@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import types
 from types import SimpleNamespace
 
 import pynvml
@@ -111,7 +112,10 @@ class StandIn:
         return out
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return self.reasons[self._check(h)]
+        reasons = self.reasons[self._check(h)]
+        if reasons is None:  # None: this round the GPU does not say
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return reasons
 
     def nvmlDeviceGetTemperatureThreshold(self, h, which):
         assert which == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -119,3 +123,56 @@ class StandIn:
 
     def nvmlDeviceGetTemperature(self, h, sensor):
         return self.temp[self._check(h)]
+
+
+# NVML's C prototype: nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t, int valuesCount, nvmlFieldValue_t *values)
+FIELD_VALUES_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(pynvml.c_nvmlFieldValue_t))
+
+
+class CFieldsStandIn(StandIn):
+    """The stand-in whose nvmlDeviceGetFieldValues is pynvml's own wrapper code over a C-callable stand-in for
+    NVML's C function, found through the library's own `_nvmlGetFunctionPointer`, as pynvml finds the real
+    one: the probe's prepared array (babysit/probes/nvml_fields.py) calls that same C function, through
+    ctypes' own argument passing. The C function answers from `fields` like StandIn's, and records what it
+    was asked and whether the array came in as pynvml builds it (ids set, every answer member zero)."""
+
+    def __init__(self, gpus: int = 2, *, has_field_values: bool = True) -> None:
+        super().__init__(gpus)
+        self.c_asked: list[list[int]] = []  # the field ids of each call of the C function
+        self.dirty: list[int] = []  # field ids that came in with an answer already in them
+        self.lookups = 0  # pynvml's wrapper looks the function up at every call; the prepared array once
+        self.fail_with: int | None = None  # an NVML return code for the whole call
+        self._callback = FIELD_VALUES_C(self._field_values_c)  # kept alive as long as the pointer
+        fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(self._callback, ctypes.c_void_p).value)
+        fn.argtypes = None  # no prototype, as pynvml's CDLL functions: ctypes converts each argument by its type
+
+        def lookup(name: str):
+            self.lookups += 1
+            if name != "nvmlDeviceGetFieldValues" or not has_field_values:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return fn
+
+        self._nvmlGetFunctionPointer = lookup
+        self._nvmlCheckReturn = pynvml._nvmlCheckReturn
+        self.nvmlDeviceGetFieldValues = types.FunctionType(
+            pynvml.nvmlDeviceGetFieldValues.__code__, {**vars(pynvml), "_nvmlGetFunctionPointer": lookup},
+            "nvmlDeviceGetFieldValues")
+
+    def _field_values_c(self, device, count, values) -> int:
+        i = (device or 0) - 0x1000
+        if i in self.lost:
+            return pynvml.NVML_ERROR_GPU_IS_LOST
+        if self.fail_with is not None:
+            return self.fail_with
+        self.c_asked.append([values[k].fieldId for k in range(count)])
+        for k in range(count):
+            fv = values[k]
+            if fv.nvmlReturn or fv.valueType or fv.value.ullVal or fv.timestamp:
+                self.dirty.append(fv.fieldId)
+            fv.timestamp, fv.latencyUsec = 1_000_000 + len(self.c_asked), 3  # a new time at every call
+            if fv.fieldId in self.fields[i]:
+                fv.nvmlReturn, fv.valueType = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                fv.value.ullVal = self.fields[i][fv.fieldId]
+            else:
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return pynvml.NVML_SUCCESS

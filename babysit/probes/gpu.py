@@ -246,7 +246,8 @@ class NvmlGpuProbe:
         return not watched or not all(self._gpm.get(i, False) for i in watched)
 
     def _call_for(self, i: int) -> Callable[..., Any]:
-        def call(fn: str, *args: Any, default: Any = None, on: Mapping[int, Any] | None = None) -> Any:
+        def call(fn: str | Callable[..., Any], *args: Any, default: Any = None,
+                 on: Mapping[int, Any] | None = None) -> Any:
             return self._nvml(fn, *args, default=default, gpu=i, on=on)
         return call
 
