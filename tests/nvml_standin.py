@@ -111,6 +111,9 @@ class StandIn:
                 out[k].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return out
 
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):  # the probe's read without field values
+        return self.fields[self._check(h)].get(pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0)
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         reasons = self.reasons[self._check(h)]
         if reasons is None:  # None: this round the GPU does not say
