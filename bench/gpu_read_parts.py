@@ -108,6 +108,9 @@ def measure(n: int, gpu: int, window: str, nv: Any) -> dict[str, Any]:
             timed["fields_wrapper"] = lambda: lib.nvmlDeviceGetFieldValues(h, ids)
             if batches is not None and batches[0].fetch is not None:
                 timed["fields_prepared"] = lambda: batches[0].fetch(h)
+                # the same answer both ways (each field's value type, return code and value)?
+                wrapped = batches[0].answer(lib.nvmlDeviceGetFieldValues(h, ids))
+                out["same_answer"] = wrapped is not None and wrapped == batches[0].answer(batches[0].fetch(h))
             out["fields"] = names
         timed["processes"] = lambda: lib.nvmlDeviceGetComputeRunningProcesses(h)
         timed["memory"] = lambda: lib.nvmlDeviceGetMemoryInfo(h)
@@ -189,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"{args.n} calls a part, window {args.window!r}; the round's fields: {fields}",
              f"code: {now['code']}" + (f"; before: {before['code']}" if before else ""),
              f"the read's reading: {now['reading']}"]
+    if "same_answer" in now:
+        notes.append(f"the prepared array's answer is pynvml's wrapper's: {now['same_answer']}")
     if args.stand_in:
         notes.insert(0, "**A stand-in, not NVML**: every NVML call is a Python function of the tests' stand-in "
                         "(the field values a ctypes callback answering at once); the rows are babysit's and "
