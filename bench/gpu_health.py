@@ -13,7 +13,7 @@ GetPcieReplayCounter, GetNvLinkErrorCounter ×4 links, the reasons and the tempe
 `NvmlGpuProbe.read` of every GPU (utilization, memory, processes and health, through the timed worker).
 
 The event: a daemon in process (its registry, store, supervisor, guards and timers real; the executor
-and the NVML library stood in: tests/test_health_probe.py's stand-in, whose nvmlEventSetWait blocks
+and the NVML library stood in: tests/nvml_standin.py, whose nvmlEventSetWait blocks
 like the driver's), one run on GPU 1; an Xid 79 event is posted and the time until the run's
 `gpu-fault` incident is in the store is measured.
 """
@@ -108,7 +108,7 @@ def event_latency(trials: int, json_path: str | None) -> int:
     from babysit.runtime.timers import ThreadTimers
     from babysit.service.daemon import Daemon
     from tests.fakes import FakeExecutor, FakeHostProbe
-    from tests.test_health_probe import StandIn
+    from tests.nvml_standin import StandIn
 
     out: list[float] = []
     for _ in range(trials):

@@ -6,7 +6,6 @@ the batch read, the judgement, the daemon's wake) is babysit's real code."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
@@ -19,113 +18,7 @@ from babysit.probes.gpu import NvmlGpuProbe
 from babysit.service.sampler import sampler_for
 
 pynvml = pytest.importorskip("pynvml")
-GIB = 2**30
-
-
-def handle(i: int):
-    return ctypes.cast(ctypes.c_void_p(0x1000 + i), pynvml.c_nvmlDevice_t)
-
-
-def index_of(h) -> int:
-    return ctypes.cast(h, ctypes.c_void_p).value - 0x1000
-
-
-class StandIn:
-    """pynvml's names the probe uses; NVMLError and every constant are pynvml's own."""
-
-    def __init__(self, gpus: int = 2) -> None:
-        self._real = pynvml
-        self.count = gpus
-        self.events: list = []
-        self.cv = threading.Condition()
-        self.fields = {i: {} for i in range(gpus)}  # gpu -> field id -> value (absent: NOT_SUPPORTED)
-        self.reasons = {i: 0 for i in range(gpus)}
-        self.temp = {i: 40 for i in range(gpus)}
-        self.lost: set[int] = set()
-        self.block: threading.Event | None = None  # set: nvmlDeviceGetMemoryInfo blocks until it is set
-        self.block_gpu: int | None = None
-        self.registered: dict[int, int] = {}
-        self.waits = 0
-        self.util_threads: list[str] = []  # the thread of each utilization read
-        self.block_util: threading.Event | None = None  # set: nvmlDeviceGetUtilizationRates blocks on block_gpu
-
-    def __getattr__(self, name):  # constants, structs, NVMLError: pynvml's
-        return getattr(self._real, name)
-
-    def _check(self, h) -> int:
-        i = index_of(h)
-        if i in self.lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return i
-
-    def post(self, gpu: int, event_type: int, data: int = 0) -> None:
-        ev = pynvml.c_nvmlEventData_t()
-        ev.device, ev.eventType, ev.eventData = handle(gpu), event_type, data
-        with self.cv:
-            self.events.append(ev)
-            self.cv.notify_all()
-
-    def nvmlInit(self): return None
-    def nvmlShutdown(self): return None
-    def nvmlDeviceGetCount(self): return self.count
-    def nvmlEventSetCreate(self): return "set"
-    def nvmlEventSetFree(self, s): return None
-    def nvmlDeviceGetHandleByIndex(self, i): return handle(i)
-    def nvmlDeviceGetIndex(self, h): return index_of(h)
-    def nvmlDeviceGetName(self, h): return b"NVIDIA H200"
-    def nvmlDeviceGetUUID(self, h): return f"GPU-{index_of(h)}"
-    def nvmlDeviceGetSupportedEventTypes(self, h): return pynvml.nvmlEventTypeAll
-
-    def nvmlDeviceRegisterEvents(self, h, mask, s):
-        self.registered[index_of(h)] = mask
-
-    def nvmlEventSetWait(self, s, timeout_ms):
-        with self.cv:
-            self.waits += 1
-            if not self.events:
-                self.cv.wait(timeout_ms / 1000)
-            if not self.events:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            return self.events.pop(0)
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        i = self._check(h)
-        self.util_threads.append(threading.current_thread().name)
-        if self.block_util is not None and i == self.block_gpu:
-            self.block_util.wait()
-        return SimpleNamespace(gpu=80, memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        i = self._check(h)
-        if self.block is not None and i == self.block_gpu:
-            self.block.wait()
-        return SimpleNamespace(used=3 * GIB, total=141 * GIB, free=138 * GIB)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        self._check(h)
-        return []
-
-    def nvmlDeviceGetFieldValues(self, h, ids):
-        i = self._check(h)
-        out = (pynvml.c_nvmlFieldValue_t * len(ids))()
-        for k, fid in enumerate(ids):
-            out[k].fieldId = fid
-            if fid in self.fields[i]:
-                out[k].nvmlReturn, out[k].valueType = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                out[k].value.ullVal = self.fields[i][fid]
-            else:
-                out[k].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-        return out
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return self.reasons[self._check(h)]
-
-    def nvmlDeviceGetTemperatureThreshold(self, h, which):
-        assert which == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-        return 87
-
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        return self.temp[self._check(h)]
+from tests.nvml_standin import GIB, CFieldsStandIn, StandIn  # noqa: E402 - pynvml first: skipped without it
 
 
 @pytest.fixture
@@ -273,6 +166,160 @@ def test_the_costly_warn_only_fields_are_read_once_a_minute(nv) -> None:
         p._fields[0].slow_read_at = -1e9  # a minute later
         nv.fields[0][pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = 9
         assert [s.kind for s in p.read([0]).gpu(0).signals] == ["pcie-replay"]
+    finally:
+        p.close()
+
+
+F = SimpleNamespace(sbe=pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, dbe=pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+                    pcie=pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pending=pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+                    crc=pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+                    action=pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+
+
+def said(reading) -> tuple:
+    """Everything a reading says of the GPU's health (the signals' times aside: each probe has its own clock)."""
+    return (tuple((s.kind, s.code, s.value, s.text) for s in reading.signals), reading.faults, reading.errors)
+
+
+def health_rounds(nv, slow_field_seconds: float = 0.0) -> tuple[list[tuple], list[dict], NvmlGpuProbe]:
+    """One GPU's reads through a sequence of field changes, steady rounds between them: what each said."""
+    f = nv.fields[0]
+    steps = [
+        {F.dbe: 2, F.sbe: 7, F.pcie: 100, F.pending: 0, F.crc: 0, F.action: 0},  # before babysit looked
+        {},  # steady
+        {F.sbe: 9, F.pcie: 130, F.crc: 4, "reasons": pynvml.nvmlClocksEventReasonHwThermalSlowdown, "temp": 84},
+        {},  # the same again: said again (a count above its first value)
+        {F.dbe: 3, F.pending: 1, F.action: pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET},
+        {},
+        {F.dbe: 2, F.sbe: 7, F.pcie: 100, F.pending: 0, F.crc: 0, F.action: 0, "reasons": 0, "temp": 40},
+        {},  # steady, healthy: the round that compares one tuple
+        {},
+        {"reasons": None},  # steady fields, no clock reasons this round: none kept from the last
+        {F.dbe: 5, "reasons": 0},  # after steady rounds: still seen
+    ]
+    probe = NvmlGpuProbe(library=nv, events_thread=False, slow_field_seconds=slow_field_seconds)
+    out, values = [], []
+    for step in steps:
+        for key, value in step.items():
+            if key == "reasons":
+                nv.reasons[0] = value
+            elif key == "temp":
+                nv.temp[0] = value
+            else:
+                f[key] = value
+        out.append(said(probe.read([0]).gpu(0)))
+        values.append(probe.health_values(0))
+    return out, values, probe
+
+
+def test_the_prepared_array_says_what_pynvmls_wrapper_says_round_after_round() -> None:
+    """The field batch through one array prepared a GPU (nvml_fields.FieldBatch) against the same rounds through
+    pynvml's wrapper: the same signals, faults, errors and values each round, and the C function is called
+    once a read with an array that comes in as pynvml builds it (nothing left of the last answer)."""
+    wrapped, prepared = StandIn(gpus=1), CFieldsStandIn(gpus=1)
+    said_wrapped, values_wrapped, p1 = health_rounds(wrapped)
+    said_prepared, values_prepared, p2 = health_rounds(prepared)
+    try:
+        assert p1._fields[0].batches[1].fetch is None  # the stand-in replaced the wrapper: it is called
+        assert p2._fields[0].batches[1].fetch is not None
+        assert said_prepared == said_wrapped and values_prepared == values_wrapped
+        warned = ["ecc-sbe", "pcie-replay", "nvlink-errors", "throttle", "temperature"]
+        bad = ["ecc-uncorrectable", "remap-pending", "recovery-action", *warned]
+        assert [[k for k, *_ in signals] for signals, _, _ in said_prepared] == [
+            [], [], warned, warned, bad, bad, [], [], [], [], ["ecc-uncorrectable"]]
+        assert "clock_event_reasons" in values_prepared[8] and "clock_event_reasons" not in values_prepared[9]
+        assert said_prepared[-1][1] == ("ecc uncorrectable volatile 5",)
+        assert values_prepared[-1]["dbe"] == 5 and values_prepared[-1]["sbe"] == 7
+        calls_before = len(prepared.c_asked)
+        lookups_before = prepared.lookups
+        for _ in range(5):
+            p2.read([0])
+        assert len(prepared.c_asked) == calls_before + 5 and prepared.lookups == lookups_before  # looked up once
+        assert prepared.dirty == []
+    finally:
+        p1.close()
+        p2.close()
+
+
+def test_the_prepared_array_drops_a_field_the_gpu_does_not_have() -> None:
+    nv = CFieldsStandIn(gpus=1)
+    nv.fields[0].update({F.dbe: 0})  # no NVLink, no remapping here
+    p = NvmlGpuProbe(library=nv, events_thread=False, slow_field_seconds=0.0)
+    try:
+        p.read([0])
+        p.read([0])
+        assert len(nv.c_asked[0]) == 10 and nv.c_asked[-1] == [F.dbe]
+        assert "nvlink_crc_flit" in p._fields[0].unsupported
+        nv.fields[0][F.crc] = 5
+        p.read([0])
+        assert nv.c_asked[-1] == [F.dbe]  # never asked again
+    finally:
+        p.close()
+
+
+def test_the_prepared_array_keeps_the_costly_fields_cadence() -> None:
+    nv = CFieldsStandIn(gpus=1)
+    p = NvmlGpuProbe(library=nv, events_thread=False)  # the default cadence
+    try:
+        nv.fields[0].update({F.dbe: 0, F.pcie: 5})
+        p.read([0])
+        p.read([0])
+        p.read([0])
+        assert F.pcie in nv.c_asked[0] and nv.c_asked[-2:] == [[F.dbe], [F.dbe]]  # not these rounds: kept
+        assert p.health_values(0)["pcie_replay"] == 5
+        p._fields[0].slow_read_at = -1e9  # a minute later
+        nv.fields[0][F.pcie] = 9
+        assert [s.kind for s in p.read([0]).gpu(0).signals] == ["pcie-replay"]
+        assert nv.c_asked[-1] == [F.dbe, F.pcie]
+        assert [s.kind for s in p.read([0]).gpu(0).signals] == ["pcie-replay"]  # the kept value, said again
+        assert nv.c_asked[-1] == [F.dbe]
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_GPU_IS_LOST])
+def test_an_nvml_error_in_the_prepared_batch_is_recorded_as_the_wrappers(code) -> None:
+    wrapped, prepared = StandIn(gpus=1), CFieldsStandIn(gpus=1)
+    real = wrapped.nvmlDeviceGetFieldValues
+    failing = [False]
+
+    def fields(h, ids):
+        if failing[0]:
+            raise pynvml.NVMLError(code)
+        return real(h, ids)
+
+    wrapped.nvmlDeviceGetFieldValues = fields
+    readings = []
+    for nv in (wrapped, prepared):
+        nv.fields[0].update({F.dbe: 1, F.pending: 0})
+        p = NvmlGpuProbe(library=nv, events_thread=False, slow_field_seconds=0.0)
+        try:
+            p.read([0])
+            p.read([0])  # steady
+            failing[0], prepared.fail_with = True, code
+            nv.fields[0][F.dbe] = 4
+            bad = p.read([0]).gpu(0)
+            failing[0], prepared.fail_with = False, None
+            readings.append((said(bad), p.health_values(0), said(p.read([0]).gpu(0))))
+        finally:
+            p.close()
+    assert readings[0] == readings[1]
+    (signals, faults, errors), values, after = readings[1]
+    assert errors == (f"nvmlDeviceGetFieldValues: {pynvml.NVMLError(code)}",) and "dbe" not in values
+    if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        assert faults == ("device lost",)
+    else:
+        assert signals == () and after[0][0][:2] == ("ecc-uncorrectable", None)  # seen once it answers again
+
+
+def test_without_nvmls_field_function_the_wrapper_is_called_and_its_error_recorded() -> None:
+    nv = CFieldsStandIn(gpus=1, has_field_values=False)
+    p = NvmlGpuProbe(library=nv, events_thread=False)
+    try:
+        reading = p.read([0]).gpu(0)
+        assert p._fields[0].batches[0].fetch is None and nv.c_asked == []
+        assert reading.errors == (f"nvmlDeviceGetFieldValues: {pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)}",)
+        assert reading.processes_known and reading.memory_used_bytes == 3 * GIB  # the rest of the read goes on
     finally:
         p.close()
 

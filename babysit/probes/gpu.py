@@ -124,6 +124,7 @@ class NvmlGpuProbe:
         self._caller = health.NvmlCaller()
         self._watcher: health.EventWatcher | None = None
         self._fields: dict[int, health.FieldState] = {}
+        self._calls: dict[int, Callable[..., Any]] = {}  # gpu -> its wrapper for the health batch (_call_for)
         self._sig_lock = threading.Lock()  # the event thread adds, read() takes
         self._pending: dict[int, list[GpuSignal]] = {}
         self._history: deque[tuple[int, str, GpuSignal]] = deque(maxlen=HISTORY)
@@ -246,8 +247,13 @@ class NvmlGpuProbe:
         return not watched or not all(self._gpm.get(i, False) for i in watched)
 
     def _call_for(self, i: int) -> Callable[..., Any]:
-        def call(fn: str, *args: Any, default: Any = None, on: Mapping[int, Any] | None = None) -> Any:
-            return self._nvml(fn, *args, default=default, gpu=i, on=on)
+        """GPU `i`'s NVML wrapper for the health batch (made once a GPU: every read passes it)."""
+        call = self._calls.get(i)
+        if call is None:
+            def call(fn: str | Callable[..., Any], *args: Any, default: Any = None,
+                     on: Mapping[int, Any] | None = None) -> Any:
+                return self._nvml(fn, *args, default=default, gpu=i, on=on)
+            self._calls[i] = call
         return call
 
     def _register_events(self, i: int, h: Any) -> None:
@@ -372,7 +378,7 @@ class NvmlGpuProbe:
         if h is None:
             return
         nv = self._nv
-        acc = self._util.setdefault(i, _Util(rates_only=not self._sample_buffer))
+        acc = self._util.get(i) or self._util.setdefault(i, _Util(rates_only=not self._sample_buffer))
         if not acc.rates_only:
             unsupported = object()
             # pynvml's nvmlDeviceGetSamples makes two driver calls (size, then data) and allocates a
@@ -500,8 +506,10 @@ class NvmlGpuProbe:
     def _read_gpu(self, i: int, window: str) -> GpuReading:
         nv = self._nv
         h = self._handle(i)
-        with self._sig_lock:
-            signals = self._pending.pop(i, [])
+        signals: list[GpuSignal] = []
+        if i in self._pending:  # one the event thread adds after this look is the next read's, as after the pop
+            with self._sig_lock:
+                signals = self._pending.pop(i, [])
         found: list[GpuSignal] = []
         windows = self._windows.setdefault(i, {})
         acc = windows.get(window) or _Window()
@@ -542,11 +550,12 @@ class NvmlGpuProbe:
         if i in self._lost:
             found.append(GpuSignal("lost", at=self._clock(), text="device lost"))
             util, low, samples, seconds = None, None, 0, None
-        self._note(i, [s for s in found if gpuhealth.assess(s).machine])
-        signals.extend(found)
+        if found:
+            self._note(i, [s for s in found if gpuhealth.assess(s).machine])
+            signals.extend(found)
         # the fault texts (status, /babysit gpus) name what is not a mere warning
-        faults = tuple(dict.fromkeys(s.text for s in signals if gpuhealth.assess(s).side != "warn"))
-        errors = tuple(self._errors.pop(i, []))
+        faults = tuple(dict.fromkeys(s.text for s in signals if gpuhealth.assess(s).side != "warn")) if signals else ()
+        errors = tuple(self._errors.pop(i)) if i in self._errors else ()
         return GpuReading(i, name, uuid, util, samples, used, total, procs, faults,
                           processes_known=known, errors=errors, util_min_pct=low, signals=tuple(signals),
                           util_seconds=seconds)

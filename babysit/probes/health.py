@@ -16,7 +16,8 @@ Three pieces, used by `NvmlGpuProbe` (babysit/probes/gpu.py):
   single/double-bit ECC, remapped rows pending/failure, PCIe replays, NVLink CRC/replay/recovery
   errors, the driver's recovery action), the clock-event reasons and the temperature against its
   slowdown threshold (read once). Counters are judged against the first value seen, so a count the
-  GPU had before babysit looked is never news.
+  GPU had before babysit looked is never news. The batch goes through one ctypes array prepared a GPU,
+  and a round in which no field changed is one tuple compared (babysit/probes/nvml_fields.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import structlog
 
 from babysit.core.gpuhealth import TEMPERATURE_MARGIN_C
 from babysit.core.readings import GpuSignal
+from babysit.probes.nvml_fields import FIELD_VALUES, FieldBatch
 
 log = structlog.get_logger("babysit.probes.health")
 
@@ -232,7 +234,9 @@ class WorkerSampler:
 
 @dataclass
 class FieldState:
-    """What one GPU's batch read remembers: the counters' first values, the slowdown threshold."""
+    """What one GPU's batch read remembers: the counters' first values, the slowdown threshold, the two
+    prepared batches (every round's fields; those plus SLOW_FIELDS) and the last answer, so a round in
+    which no field changed and none signalled is one tuple compared (nvml_fields)."""
 
     base: dict[str, float] = field(default_factory=dict)
     slowdown_c: float | None = None
@@ -243,6 +247,12 @@ class FieldState:
     unsupported: list[str] = field(default_factory=list)  # fields this GPU answered NOT_SUPPORTED: never asked again
     slow_every_s: float = SLOW_FIELD_S
     slow_read_at: float | None = None  # monotonic time SLOW_FIELDS were last read
+    batches: tuple[FieldBatch, FieldBatch] | None = None  # (every round's, with SLOW_FIELDS); None: to build
+    not_supported: dict[int, None] = field(default_factory=dict)  # `on` of the calls: NOT_SUPPORTED is None
+    asked: FieldBatch | None = None  # the batch of the last round, its answer, and what the fields made of it
+    answer: tuple[int, ...] | None = None
+    field_values: dict[str, float] = field(default_factory=dict)
+    fields_signalled: bool = False
 
 
 def field_ids(nv: Any, state: FieldState) -> list[int]:
@@ -252,6 +262,18 @@ def field_ids(nv: Any, state: FieldState) -> list[int]:
         state.names = [n for n, _ in pairs]
         state.field_ids = [c for _, c in pairs]
     return state.field_ids
+
+
+def field_batches(nv: Any, state: FieldState) -> tuple[FieldBatch, FieldBatch]:
+    """The state's (every round's, with SLOW_FIELDS) batches, built once and again after a field is dropped."""
+    if state.batches is None:
+        ids = field_ids(nv, state)  # builds state.names too
+        pairs = list(zip(state.names, ids, strict=False))
+        fast = [(n, i) for n, i in pairs if n not in SLOW_FIELDS]
+        state.batches = (FieldBatch(nv, [n for n, _ in fast], [i for _, i in fast]),
+                         FieldBatch(nv, [n for n, _ in pairs], [i for _, i in pairs]))
+        state.not_supported = {nv.NVML_ERROR_NOT_SUPPORTED: None}
+    return state.batches
 
 
 def field_value(nv: Any, fv: Any) -> float | None:
@@ -265,31 +287,78 @@ def field_value(nv: Any, fv: Any) -> float | None:
 
 def read_fields(call: Callable[..., Any], nv: Any, h: Any, state: FieldState, now: float) -> list[GpuSignal]:
     """The batch read of one GPU (see the module docstring); `call(fn_name, *args, on=...)` is the probe's
-    NVML wrapper (errors recorded, a default returned). Returns the signals the values show."""
-    signals: list[GpuSignal] = []
-    all_ids = field_ids(nv, state)
+    NVML wrapper (errors recorded, a default returned). Returns the signals the values show.
+
+    A round that asks the same batch as the last one and gets the same answer, where the last one signalled
+    nothing from the fields, keeps the last round's field values: the same answer judged against the same
+    first values gives the same nothing (a first value is only ever set once)."""
+    batches = state.batches or field_batches(nv, state)
     mono = time.monotonic()
     slow_due = state.slow_read_at is None or mono - state.slow_read_at >= state.slow_every_s
     if slow_due:
         state.slow_read_at = mono
-    asked = [(n, i) for n, i in zip(state.names, all_ids, strict=False) if slow_due or n not in SLOW_FIELDS]
-    names, ids = [n for n, _ in asked], [i for _, i in asked]
-    values: dict[str, float] = {n: v for n, v in state.values.items() if n in SLOW_FIELDS and not slow_due}
-    if ids:
-        got = call("nvmlDeviceGetFieldValues", h, ids, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
+    batch = batches[1] if slow_due else batches[0]
+    on = state.not_supported
+    got = None
+    if batch.ids:
+        if batch.fetch is not None:
+            got = call(batch.fetch, h, default=None, on=on)
+        else:
+            got = call(FIELD_VALUES, h, list(batch.ids), default=None, on=on)
+    answer = None if got is None else batch.answer(got)
+    if answer is not None and answer == state.answer and batch is state.asked and not state.fields_signalled:
+        values = state.field_values
+        signals: list[GpuSignal] = []
+    else:
+        values = {n: v for n, v in state.values.items() if n in SLOW_FIELDS and not slow_due}
         if got is not None:
-            unsupported = []
-            for name, fv in zip(names, got, strict=False):
-                value = field_value(nv, fv)
-                if value is not None:
-                    values[name] = value
-                elif int(getattr(fv, "nvmlReturn", 0)) == nv.NVML_ERROR_NOT_SUPPORTED:
-                    unsupported.append(name)
-            if unsupported:  # a GPU without NVLink never grows it: not asked again (each field costs a call)
-                keep = [(n, i) for n, i in zip(state.names, all_ids, strict=False) if n not in unsupported]
-                state.names, state.field_ids = [n for n, _ in keep], [i for _, i in keep]
-                state.unsupported = [*state.unsupported, *unsupported]
-    state.values = values
+            _decode(nv, got, batch, state, values)
+        signals = _field_signals(values, state, now)
+        state.field_values, state.fields_signalled = values, bool(signals)
+    state.asked, state.answer = batch, answer
+    state.values = dict(values)
+    reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h, default=None, on=on)
+    if reasons is not None:
+        state.values["clock_event_reasons"] = float(reasons)
+        if int(reasons) & THROTTLE_MASK:
+            signals.append(GpuSignal("throttle", value=float(int(reasons) & THROTTLE_MASK), at=now,
+                                     text=f"clock events 0x{int(reasons):x}"))
+    if not state.threshold_read:
+        state.threshold_read = True
+        limit = call("nvmlDeviceGetTemperatureThreshold", h, getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1),
+                     default=None, on=on)
+        state.slowdown_c = None if limit is None else float(limit)
+    temp = call("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0), default=None, on=on)
+    if temp is not None:
+        state.values["temperature_c"] = float(temp)
+        if state.slowdown_c is not None:
+            state.values["slowdown_c"] = state.slowdown_c
+            margin = state.slowdown_c - float(temp)
+            if margin <= TEMPERATURE_MARGIN_C:
+                signals.append(GpuSignal("temperature", value=margin, at=now,
+                                         text=f"{float(temp):g} °C, {margin:g} °C below slowdown"))
+    return signals
+
+
+def _decode(nv: Any, got: Any, batch: FieldBatch, state: FieldState, values: dict[str, float]) -> None:
+    """The answer's values into `values`; a field the GPU answered NOT_SUPPORTED is dropped for good."""
+    unsupported = []
+    for name, fv in zip(batch.names, got, strict=False):
+        value = field_value(nv, fv)
+        if value is not None:
+            values[name] = value
+        elif int(getattr(fv, "nvmlReturn", 0)) == nv.NVML_ERROR_NOT_SUPPORTED:
+            unsupported.append(name)
+    if unsupported:  # a GPU without NVLink never grows it: not asked again (each field costs a call)
+        keep = [(n, i) for n, i in zip(state.names, field_ids(nv, state), strict=False) if n not in unsupported]
+        state.names, state.field_ids = [n for n, _ in keep], [i for _, i in keep]
+        state.unsupported = [*state.unsupported, *unsupported]
+        state.batches = None  # built again without them
+
+
+def _field_signals(values: dict[str, float], state: FieldState, now: float) -> list[GpuSignal]:
+    """What the fields' values show, the counters judged against their first values."""
+    signals: list[GpuSignal] = []
     for name in ("sbe", "dbe", "pcie_replay", *NVLINK):
         if name in values:
             state.base.setdefault(name, values[name])
@@ -312,27 +381,6 @@ def read_fields(call: Callable[..., Any], nv: Any, h: Any, state: FieldState, no
     nvlink = sum(rose.get(n, 0.0) for n in NVLINK)
     if nvlink:
         signals.append(GpuSignal("nvlink-errors", value=nvlink, at=now, text=f"NVLink errors +{int(nvlink)}"))
-    reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h, default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
-    if reasons is not None:
-        state.values["clock_event_reasons"] = float(reasons)
-        if int(reasons) & THROTTLE_MASK:
-            signals.append(GpuSignal("throttle", value=float(int(reasons) & THROTTLE_MASK), at=now,
-                                     text=f"clock events 0x{int(reasons):x}"))
-    if not state.threshold_read:
-        state.threshold_read = True
-        limit = call("nvmlDeviceGetTemperatureThreshold", h, getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1),
-                     default=None, on={nv.NVML_ERROR_NOT_SUPPORTED: None})
-        state.slowdown_c = None if limit is None else float(limit)
-    temp = call("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0), default=None,
-                on={nv.NVML_ERROR_NOT_SUPPORTED: None})
-    if temp is not None:
-        state.values["temperature_c"] = float(temp)
-        if state.slowdown_c is not None:
-            state.values["slowdown_c"] = state.slowdown_c
-            margin = state.slowdown_c - float(temp)
-            if margin <= TEMPERATURE_MARGIN_C:
-                signals.append(GpuSignal("temperature", value=margin, at=now,
-                                         text=f"{float(temp):g} °C, {margin:g} °C below slowdown"))
     return signals
 
 

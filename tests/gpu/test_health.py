@@ -99,6 +99,29 @@ def test_every_health_call_reads_on_a_healthy_gpu_with_its_cost(nvml, probe) -> 
     assert costs["babysit's batch read (read_fields)"] < 1000  # the bench holds the 100 µs target
 
 
+def test_the_prepared_field_array_answers_as_pynvmls_wrapper(nvml, probe) -> None:
+    """The health batch's array prepared once (probes/nvml_fields.py) against pynvml's own nvmlDeviceGetFieldValues
+    on the real driver: the real pynvml gets the prepared call, and both answer the same (each field's value
+    type and return code; the values too for every round's fields, which a healthy GPU does not change)."""
+    probe.read([GPU_INDEX])
+    state = probe._fields[GPU_INDEX]
+    h = nvml.nvmlDeviceGetHandleByIndex(GPU_INDEX)
+    every_round, with_slow = state.batches or health.field_batches(nvml, state)
+    for batch in (every_round, with_slow):
+        assert batch.fetch is not None, "the real pynvml's field call is not the prepared one"
+        wrapped = batch.answer(nvml.nvmlDeviceGetFieldValues(h, list(batch.ids)))
+        prepared = batch.answer(batch.fetch(h))
+        assert wrapped is not None and prepared is not None
+        kinds = [prepared[k:k + 2] for k in range(0, len(prepared), 3)]
+        assert kinds == [wrapped[k:k + 2] for k in range(0, len(wrapped), 3)]
+        if batch is every_round:
+            assert prepared == wrapped
+        print(f"\nH200: prepared field array {list(batch.names)}: (value type, return code, value) {prepared}")
+    t_wrapped = _cost_us(lambda: nvml.nvmlDeviceGetFieldValues(h, list(every_round.ids)))
+    t_prepared = _cost_us(lambda: every_round.fetch(h))
+    print(f"H200: the round's fields: pynvml's wrapper {t_wrapped:.1f} µs, the prepared array {t_prepared:.1f} µs")
+
+
 def test_an_illegal_address_kernel_is_the_trainers_xid_and_babysit_blames_the_trainer(nvml, probe) -> None:
     pytest.importorskip("cupy")
     probe.read([GPU_INDEX])  # events registered, the event thread waiting
