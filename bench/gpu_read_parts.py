@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from _common import REPO, emit, fmt_us, nvml_or_reason, summary, time_calls
 # the rows, in order: (key, label)
 PARTS = (
     ("read", "`NvmlGpuProbe.read([gpu])`"),
+    ("read_cpu", "`NvmlGpuProbe.read([gpu])`: CPU of every thread (mean, `time.process_time`)"),
     ("handoff", "the timed worker's handoff (an empty job)"),
     ("read_now", "`_read_now` on this thread (sample, events, `_read_gpu`)"),
     ("sample", "the window's sample (`_sample_gpu`)"),
@@ -123,6 +125,7 @@ def measure(n: int, gpu: int, window: str, nv: Any) -> dict[str, Any]:
                 out[key] = summary(time_calls(fn, n))
             except Exception as exc:  # a call this GPU or stand-in does not answer: said, not timed
                 out[key] = {"n": 0, "error": f"{type(exc).__name__}: {exc}"}
+        out["read_cpu"] = read_cpu(timed["read"], n)
         reading = probe.read([gpu], window).gpu(gpu)
         out["reading"] = {"errors": list(reading.errors), "faults": list(reading.faults),
                           "signals": [s.kind for s in getattr(reading, "signals", ())],
@@ -130,6 +133,16 @@ def measure(n: int, gpu: int, window: str, nv: Any) -> dict[str, Any]:
     finally:
         probe.close()
     return out
+
+
+def read_cpu(read: Callable[[], Any], n: int) -> dict[str, float]:
+    """The CPU a read costs the process, every thread's (the worker's handoff is mostly waiting for a thread
+    to wake, which the wall-clock rows count and this does not): the mean of `n` reads, as median and p90."""
+    cpu0 = time.process_time()
+    for _ in range(n):
+        read()
+    mean = (time.process_time() - cpu0) / n * 1e6
+    return {"n": n, "median_us": mean, "p90_us": mean}
 
 
 def _nothing() -> None:
