@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -95,3 +96,57 @@ def require() -> None:
     reason = skip_reason()
     if reason:
         pytest.skip(f"PostgreSQL not available: {reason}")
+
+
+class Freezer:
+    """A server frozen in place, as a hung host or storage freezes it: its postmaster and every process of
+    it SIGSTOPped. The kernel still takes connections and data on its socket (the listen backlog, the receive
+    buffers), so a client connects or sends and then waits for an answer that never comes; `thaw` (SIGCONT)
+    and the server reads what was sent meanwhile and carries on. Always thawed in a `finally`: the
+    worker's other tests share the server."""
+
+    def __init__(self, server: LocalPostgres) -> None:
+        self.server = server
+        self.stopped: list[int] = []
+
+    def postmaster(self) -> int:
+        return int((self.server.data / "postmaster.pid").read_text().split()[0])
+
+    def freeze(self) -> None:
+        """The postmaster first (it forks nothing more), then its children, until none is left running."""
+        parent = self.postmaster()
+        os.kill(parent, signal.SIGSTOP)
+        self.stopped.append(parent)
+        while found := [pid for pid in _children(parent) if pid not in self.stopped]:
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                self.stopped.append(pid)
+
+    def thaw(self) -> None:
+        while self.stopped:
+            try:
+                os.kill(self.stopped.pop(), signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.stopped)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (/proc/PID/stat's fourth field; the name may hold spaces)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found

@@ -417,14 +417,19 @@ def test_a_writer_killed_at_random_instants_never_leaves_a_partial_file(here: Pa
 
 def test_store_url_and_host_name_are_read_validated_and_kept_by_a_registration(tmp_path: Path) -> None:
     path = tmp_path / "babysit.toml"
-    path.write_text('[store]\nurl = "postgresql://babysit@db.lab/babysit"\n[host]\nname = "box-a"\n')
+    path.write_text('[store]\nurl = "postgresql://babysit@db.lab/babysit"\ndeadline_seconds = 30\n'
+                    'read_deadline_seconds = 1.5\n[host]\nname = "box-a"\n')
     reg = registry.load(path)
     assert (reg.store.url, reg.host.name) == ("postgresql://babysit@db.lab/babysit", "box-a")
+    assert (reg.store.deadline_seconds, reg.store.read_deadline_seconds) == (30.0, 1.5)
     entry = registry.RunEntry(name="r", spec="r.toml", registered_at="2026-08-17T18:41:02Z")
     registry.update(path, lambda r: registry.with_run(r, entry))  # the file is rewritten: both stay
     again = registry.load(path)
     assert (again.store, again.host, again.names) == (reg.store, reg.host, ("r",))
-    for text, key in (('[store]\nurl = "mysql://x"\n', "store.url"), ('[host]\nname = "a b"\n', "host.name")):
+    assert registry.StoreSettings().deadline_seconds == 15.0 and registry.StoreSettings().read_deadline_seconds == 3.0
+    for text, key in (('[store]\nurl = "mysql://x"\n', "store.url"), ('[host]\nname = "a b"\n', "host.name"),
+                      ("[store]\ndeadline_seconds = 0\n", "store.deadline_seconds"),
+                      ('[store]\nread_deadline_seconds = "3"\n', "store.read_deadline_seconds")):
         path.write_text(text)
         with pytest.raises(SpecError) as info:
             registry.load(path)

@@ -37,7 +37,7 @@ def run_version(args: argparse.Namespace) -> int:
         return 0
     from babysit.db.postgres import VERSION_TABLE, PgConnection
 
-    conn = PgConnection(url)
+    conn = PgConnection(url, deadline=reg.store.deadline_seconds)
     try:
         exists = conn.execute("SELECT to_regclass(?) IS NOT NULL", (VERSION_TABLE,)).fetchone()[0]
         row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone() if exists else None
@@ -61,7 +61,7 @@ def run_copy(args: argparse.Namespace) -> int:
     assert dest_url is not None
     host = args.host or host_name(reg)
     source = Store.in_dir(reg.state_dir)
-    dest = PostgresStore(dest_url, host=host)
+    dest = PostgresStore(dest_url, host=host, deadline_s=None)  # one long transaction: no statement deadline
     try:
         report = copy_store(source, dest, host=host, runs=reg.names, now=time.time())
     finally:

@@ -16,6 +16,9 @@ the LISTEN that wakes it for requests addressed to it. All on one connection of 
   lapsed gateway at once cannot both take it). Only its holder opens Socket Mode: Slack then has one
   connection to deliver each command to. A holder that could not renew for a whole lease (cut off from
   the database) gives it up on its own clock, before any other box may take it on the database's.
+- Every statement and transaction here answers within the store's deadline (babysit.db.deadline): a
+  server that froze mid-renewal loses this connection as a restart does (reconnected with backoff), the
+  gateway check runs on, and a daemon stopping on a frozen server marks nothing and still stops.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL
+from babysit.db.deadline import bounded, check_client
+from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL, DEADLINE_S
 
 log = structlog.get_logger("babysit.fleet")
 
@@ -59,7 +63,7 @@ class FleetMember:
     def __init__(self, url: str, host: str, *, on_wake: Callable[[], None], on_alert: Callable[[], None],
                  lease_s: float = LEASE_S, pid: int | None = None,
                  on_gateway: Callable[[bool], None] | None = None,
-                 report: Callable[[], Mapping[str, Any]] | None = None) -> None:
+                 report: Callable[[], Mapping[str, Any]] | None = None, deadline_s: float = DEADLINE_S) -> None:
         self.url = url
         self.host = host
         self.on_wake = on_wake  # a request may be waiting (a NOTIFY for this host, or a reconnection)
@@ -78,6 +82,7 @@ class FleetMember:
         self.gateway = False  # whether this box holds the gateway lease now
         self._gateway_until = 0.0  # monotonic: the end of the gateway lease as this box last renewed it
         self.report = report  # what this box publishes in hosts.info at each renewal (its GPU reading)
+        self.deadline_s = deadline_s  # how long a statement (or transaction) here may wait for the database
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self, *, connect: bool = True) -> None:
@@ -94,7 +99,8 @@ class FleetMember:
             self._thread.join(timeout=10)
         conn = self._conn
         if conn is not None and not conn.closed:
-            with contextlib.suppress(psycopg.Error):  # the gateway, if held, is free for another box at once
+            # the gateway, if held, is free for another box at once
+            with contextlib.suppress(psycopg.Error), bounded(conn, self.deadline_s):
                 conn.execute(f"UPDATE hosts SET lease_until = {NOW}, gateway_until = NULL, info = %s"
                              " WHERE name = %s AND pid = %s", (json.dumps({"stopped": True}), self.host, self.pid))
             conn.close()
@@ -104,8 +110,15 @@ class FleetMember:
     def _connect(self) -> None:
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                application_name=f"babysit-fleet:{self.host}")
-        was_lost = self._register(conn)
-        conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+        try:
+            check_client(conn, self.deadline_s)
+            with bounded(conn, self.deadline_s):  # the transaction as a whole
+                was_lost = self._register(conn)
+            with bounded(conn, self.deadline_s):
+                conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
         self.queries += 2
         self._conn = conn
         self.connected.set()
@@ -181,23 +194,26 @@ class FleetMember:
         conn = self._conn
         assert conn is not None
         judge = time.monotonic() >= self._judge_after
-        row = conn.execute(
-            f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s,"
-            " info = COALESCE(%s, info) WHERE name = %s AND pid = %s RETURNING 1),"
-            f" lost AS (UPDATE hosts SET lost_at = {NOW} WHERE %s AND lease_until < {NOW} AND lost_at IS NULL"
-            " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at)"
-            " SELECT (SELECT count(*) FROM renewed),"
-            " (SELECT json_agg(json_build_array(name, renewed_at, started_at)) FROM lost)",
-            (self.lease_s, self._info() if self.report is not None else None, self.host, self.pid, judge,
-             self.host)).fetchone()
+        info = self._info() if self.report is not None else None
+        with bounded(conn, self.deadline_s):
+            row = conn.execute(
+                f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s,"
+                " info = COALESCE(%s, info) WHERE name = %s AND pid = %s RETURNING 1),"
+                f" lost AS (UPDATE hosts SET lost_at = {NOW} WHERE %s AND lease_until < {NOW} AND lost_at IS NULL"
+                " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at)"
+                " SELECT (SELECT count(*) FROM renewed),"
+                " (SELECT json_agg(json_build_array(name, renewed_at, started_at)) FROM lost)",
+                (self.lease_s, info, self.host, self.pid, judge, self.host)).fetchone()
         self.queries += 1
         renewed, lost = row[0], row[1] or []
         for name, renewed_at, started_at in lost:
-            runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
+            with bounded(conn, self.deadline_s):
+                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
             silent = time.time() - renewed_at
             text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
                     + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
-            _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
+            with bounded(conn, self.deadline_s):
+                _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
             self.lost_seen.append(name)
             self.queries += 2
             log.error("box lost", box=name, silent_s=round(silent), runs=runs)
@@ -214,7 +230,7 @@ class FleetMember:
         the claims of two boxes one after the other; each UPDATE's snapshot, taken after the lock, sees
         the claim committed before it."""
         asked = time.monotonic()
-        with conn.transaction():
+        with bounded(conn, self.deadline_s), conn.transaction():  # the transaction as a whole
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (GATEWAY_LOCK,))
             row = conn.execute(
                 f"UPDATE hosts SET gateway_until = {NOW} + %s WHERE name = %s AND pid = %s AND NOT EXISTS"

@@ -7,9 +7,10 @@ The daemon's PostgreSQL store runs every statement through a `JournaledConnectio
   local SQLite **mirror** (`.babysit/fleet-journal.db`, the same schema), which holds this box's own rows:
   its runs, their attempts, state, amendments, incidents, verdicts, the latest polls, its outbox (seeded from
   PostgreSQL when the daemon starts and again after every outage). Reads go to PostgreSQL.
-- **Down** (a statement failed on a lost connection, mid-transaction or not), the same SQL runs on the
-  mirror alone: guards, stops, retries, polls, verdicts and posts carry on against it, and each transaction's
-  writes are appended, in the same local transaction (fsync'd), to the mirror's `journal` table.
+- **Down** (a statement failed on a lost connection, mid-transaction or not; a statement that got no answer
+  within its deadline is one, babysit.db.deadline shutting its connection), the same SQL runs on the mirror
+  alone: guards, stops, retries, polls, verdicts and posts carry on against it, and each transaction's writes
+  are appended, in the same local transaction (fsync'd), to the mirror's `journal` table.
 - **Back**: a thread tries PostgreSQL every few seconds (jittered); once it answers, it replays the journal in
   order, each journaled transaction one PostgreSQL transaction, every INSERT made `ON CONFLICT DO NOTHING`,
   then, under the store's lock (no write in between), the rest, and the store is connected again: new
@@ -43,6 +44,7 @@ import psycopg
 import structlog
 
 from babysit.core.errors import StateError
+from babysit.db.deadline import DeadlineExpired
 from babysit.db.store import Store
 
 log = structlog.get_logger("babysit.journal")
@@ -240,15 +242,17 @@ class JournaledConnection:
 
     # -- internals -----------------------------------------------------------------------------------------
     def _on_pg(self, call: Callable[[], Any], sql: str, *, retry: bool = False) -> Any:
-        """`call` on PostgreSQL; None (and the store down from then on) when the connection is lost. A read
-        outside a transaction is tried once more on a fresh connection (a restart, not an outage)."""
+        """`call` on PostgreSQL; None (and the store down from then on) when the connection is lost, a
+        statement's deadline expired included (babysit.db.deadline: PostgreSQL took it and stopped
+        answering). A read outside a transaction is tried once more on a fresh connection (a restart, not
+        an outage; never after a deadline, which a new connection would wait out again)."""
         for attempt in (1, 2):
             try:
                 return call()
             except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
                 if not self.pg.lost and not isinstance(exc, psycopg.errors.AdminShutdown):
                     raise  # an error of the statement's own, on a live connection
-                if retry and attempt == 1:
+                if retry and attempt == 1 and not isinstance(exc, DeadlineExpired):
                     continue
                 self._go_down(exc)
                 if any(marker in sql for marker in PG_ONLY):

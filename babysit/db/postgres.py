@@ -6,6 +6,8 @@ then holds two connections in all (this one and its lease/LISTEN one, `babysit.d
 50 boxes inside PostgreSQL's default `max_connections`. A connection lost (a restart, a failover) is
 reopened at the next call: a read is tried once more on the new connection, a write fails as a
 StateError (transient: the daemon's callers already retry those, as they do a full disk on SQLite).
+Every statement has a client-side deadline (`babysit.db.deadline`): a server that took it and stopped
+answering loses the connection at the deadline, as a lost one, and is not tried again at once.
 The schema is never changed here: a database at another version is refused, naming `babysit db upgrade`.
 
 The daemon's store also keeps a local journal (`start_journal`, `babysit.db.journal`): while PostgreSQL is
@@ -33,8 +35,10 @@ from psycopg import pq
 
 from babysit.core.errors import StateError
 from babysit.db import journal
+from babysit.db.deadline import DeadlineExpired, bounded, check_client
 from babysit.db.redact import redact
 from babysit.db.store import SCHEMA_VERSION, Row, Store
+from babysit.runtime.registry import StoreSettings
 
 log = structlog.get_logger("babysit.db.store")
 
@@ -46,6 +50,13 @@ CONNECT_TIMEOUT_S = 10
 # not hold a page; and journal.TCP_BOUNDS, so a network going silent under an open connection fails a read
 # in seconds, not TCP's minutes
 READ_CONNECT_TIMEOUT_S = 2
+# How long one statement may wait for PostgreSQL's answer (babysit.db.deadline; [store] deadline_seconds,
+# read_deadline_seconds): the daemon's and the commands' longer (then the daemon journals), a reader's a
+# couple of seconds (then the mirror). Far above any statement babysit sends a healthy database; the
+# migrations and `babysit db copy`, which may legitimately run long, have none.
+DEADLINE_S = StoreSettings.deadline_seconds  # a reader's is given by its caller (babysit.db.url)
+DEADLINE_SETTING = "[store] deadline_seconds"
+READ_DEADLINE_SETTING = "[store] read_deadline_seconds"
 
 
 class DatabaseUnreachable(StateError):
@@ -91,31 +102,54 @@ def _pg_sql(sql: str) -> str:
 
 class PgConnection:
     """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
-    psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite."""
+    psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite. Each call answers
+    within `deadline` seconds or fails with DeadlineExpired, the connection lost (None: no bound)."""
 
     def __init__(self, url: str, name: str = "babysit", timeout: float = CONNECT_TIMEOUT_S,
-                 bounds: dict[str, int] | None = None) -> None:
+                 bounds: dict[str, int] | None = None, deadline: float | None = DEADLINE_S,
+                 setting: str = DEADLINE_SETTING) -> None:
         self.url = url
         self.name = name  # PostgreSQL's application_name: which box a connection is, in pg_stat_activity
         self.timeout = timeout
         self.bounds = bounds or {}  # libpq's TCP limits (journal.TCP_BOUNDS): a silent network fails in seconds
+        self.deadline = deadline
+        self.setting = setting  # the setting that sets `deadline`, named by its error
+        self.stalled = False  # the last call's deadline expired (PostgreSQL took it and stopped answering)
         self._conn: psycopg.Connection[Any] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
+            self.stalled = False
             self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
                                          connect_timeout=self.timeout, application_name=self.name, **self.bounds)
+            if self.deadline is not None:
+                check_client(self._conn, self.deadline, self.setting)
         return self._conn
 
     def connect(self) -> None:
-        self._connection()
+        try:
+            self._connection()
+        except DeadlineExpired:
+            self.stalled = True
+            raise
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self._connection().execute(_pg_sql(sql), tuple(args))
+        try:
+            conn = self._connection()
+            with bounded(conn, self.deadline, self.setting):
+                return conn.execute(_pg_sql(sql), tuple(args))  # its rows fetched: reading them waits for nothing
+        except DeadlineExpired:
+            self.stalled = True
+            raise
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._connection().cursor() as cur:
-            cur.executemany(_pg_sql(sql), rows)
+        try:
+            conn = self._connection()
+            with bounded(conn, self.deadline, self.setting), conn.cursor() as cur:
+                cur.executemany(_pg_sql(sql), rows)
+        except DeadlineExpired:
+            self.stalled = True
+            raise
 
     @property
     def in_transaction(self) -> bool:
@@ -156,12 +190,17 @@ class PostgresStore(Store):
     journaled = False  # True on the daemon's store once start_journal ran
 
     def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None,
-                 may_start_down: bool = False, reader: bool = False) -> None:
+                 may_start_down: bool = False, reader: bool = False,
+                 deadline_s: float | None = DEADLINE_S) -> None:
         """`may_start_down`: the daemon's store, which with PostgreSQL unreachable starts from the box's
         local mirror (`start_journal`) when it has one; the schema is then checked once the database is back.
         `reader`: a reader's with the box's mirror to show instead (the web page, `status`), which gives a
-        silent host READ_CONNECT_TIMEOUT_S and a silent network journal.TCP_BOUNDS (babysit/view/readstore.py)."""
+        silent host READ_CONNECT_TIMEOUT_S and a silent network journal.TCP_BOUNDS (babysit/view/readstore.py);
+        its caller gives it a reader's `deadline_s` too. `deadline_s`: how long one statement may wait for
+        PostgreSQL's answer (None: for ever, `babysit db copy`'s)."""
         self.url = url
+        self.deadline_s = deadline_s
+        self._setting = READ_DEADLINE_SETTING if reader else DEADLINE_SETTING
         self.where = redact(url)
         self.host = host
         self.path = None  # type: ignore[assignment]  # no file: SQLite's state.db has none here
@@ -179,10 +218,13 @@ class PostgresStore(Store):
         try:
             self._db: Any = PgConnection(url, f"babysit:{host}" if host else "babysit",
                                          READ_CONNECT_TIMEOUT_S if reader else CONNECT_TIMEOUT_S,
-                                         journal.TCP_BOUNDS if reader else None)
+                                         journal.TCP_BOUNDS if reader else None, deadline_s, self._setting)
             self._db.connect()  # unreachable: the error here, before any statement
             version = self.schema_version()
-        except psycopg.Error as exc:
+        except (psycopg.Error, StateError) as raised:
+            exc = raised if isinstance(raised, psycopg.Error) else raised.__cause__  # a read's, lost
+            if not isinstance(exc, psycopg.Error):
+                raise
             if may_start_down and isinstance(exc, psycopg.OperationalError) and host and state_dir:
                 since = journal.mirror_of(self.mirror_path, host)
                 if since is not None:
@@ -209,7 +251,7 @@ class PostgresStore(Store):
         local = journal.open_local(self.mirror_path)
         self._mirror_file = _file_id(self.mirror_path)
         self._db.close()  # this connection again with bounds: the daemon notices a silent network in seconds
-        pg = PgConnection(self.url, self._db.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
+        pg = PgConnection(self.url, self._db.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS, self.deadline_s)
         self._db = pg
         if self.started_down is not None:
             return self._start_down(pg, local, on_reconnect)
@@ -286,6 +328,12 @@ class PostgresStore(Store):
         return self._db.lost
 
     @property
+    def connection_stalled(self) -> bool:
+        """Its connection was shut at a statement's deadline: PostgreSQL took the statement and stopped
+        answering (a reader shows the mirror at once rather than connecting again to wait as long)."""
+        return self._db.lost and getattr(self._db, "stalled", False)
+
+    @property
     def down(self) -> bool:
         """PostgreSQL unreachable: the daemon's store works on its local mirror (and journals)."""
         return self.journaled and self._db.down
@@ -326,7 +374,7 @@ class PostgresStore(Store):
         the mirror reconciled and the store connected again."""
         assert self.state_dir is not None and self.host is not None
         started = time.monotonic()
-        conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS)
+        conn = PgConnection(self.url, self._db.pg.name, journal.PROBE_TIMEOUT_S, journal.TCP_BOUNDS, self.deadline_s)
         try:
             conn.execute("SELECT 1")  # raises while PostgreSQL is still down
             self._check_version_back(conn)  # upgraded meanwhile: nothing replayed into a schema it does not know
@@ -408,7 +456,7 @@ class PostgresStore(Store):
                 self._db.execute(self._begin)
                 return
             except psycopg.OperationalError as exc:
-                if attempt == 2 or not self._db.lost:
+                if attempt == 2 or not self._db.lost or isinstance(exc, DeadlineExpired):
                     raise self._write_failed(exc) from exc
 
     def schema_version(self) -> int:
@@ -421,7 +469,8 @@ class PostgresStore(Store):
 
     def _write_failed(self, exc: BaseException) -> StateError:
         return StateError(f"{self.where}: write failed: {type(exc).__name__}: {exc}".strip(),
-                          hint="PostgreSQL is down or unreachable; babysit keeps the runs and resumes when it returns")
+                          hint=_hint(exc, "PostgreSQL is down or unreachable; babysit keeps the runs and resumes"
+                                          " when it returns"))
 
     def _query(self, sql: str, args: tuple = ()) -> list[Any]:
         """A read, tried once more on a fresh connection when the old one was lost (a server restart)."""
@@ -431,10 +480,10 @@ class PostgresStore(Store):
             for attempt in (1, 2):
                 try:
                     return self._db.execute(sql, args).fetchall()
-                except psycopg.OperationalError as exc:
-                    if self._db.in_transaction or attempt == 2 or not self._db.lost:
+                except psycopg.OperationalError as exc:  # a deadline's: a new connection would wait as long
+                    if self._db.in_transaction or attempt == 2 or not self._db.lost or isinstance(exc, DeadlineExpired):
                         raise StateError(f"{self.where}: read failed: {exc}".strip(),
-                                         hint="PostgreSQL is down or unreachable; babysit retries") from exc
+                                         hint=_hint(exc, "PostgreSQL is down or unreachable; babysit retries")) from exc
         raise AssertionError("unreachable")
 
     def data_version(self) -> int:
@@ -496,6 +545,15 @@ class PostgresStore(Store):
                 with contextlib.suppress(sqlite3.Error):
                     journal.synced(self._db.local, time.time())
             self._db.close()
+
+
+def _hint(exc: BaseException, otherwise: str) -> str:
+    """What to do about a failed statement: a deadline's names the server (it took the statement and
+    stopped answering) and the setting; a lost connection's says babysit carries on."""
+    if isinstance(exc, DeadlineExpired):
+        return ("check the PostgreSQL server (frozen, overloaded, its storage hung?), then try again; if it is merely"
+                " slow, raise the deadline the error names (docs/fleet.md)")
+    return otherwise
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

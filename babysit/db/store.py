@@ -337,6 +337,12 @@ class Store:
         reader falls back to the box's mirror on (babysit/view/readstore.py). Never on SQLite's file."""
         return False
 
+    @property
+    def connection_stalled(self) -> bool:
+        """Lost at a statement's deadline (PostgreSQL took it and stopped answering): a reader then shows the
+        mirror without connecting again, which would wait as long. Never on SQLite's file."""
+        return False
+
     def schema_version(self) -> int:
         """The schema version the database is at (SQLite keeps it in `PRAGMA user_version`)."""
         return int(self._query("PRAGMA user_version")[0][0])

@@ -46,14 +46,17 @@ def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, 
                reader: bool = False) -> Store:
     """The box's store: PostgreSQL when a url is configured (psycopg imported only then), else SQLite.
     `daemon`: the daemon's, which starts from the box's local mirror while PostgreSQL is unreachable.
-    `reader`: a reader's with a mirror to fall back on, which gives up on a silent database in seconds."""
+    `reader`: a reader's with a mirror to fall back on, which gives up on a silent database in seconds and
+    on an unanswered statement after `[store] read_deadline_seconds` (the others' after `deadline_seconds`)."""
     url = store_url(registry, environ)
     if url is None:
         return Store.in_dir(registry.state_dir)
     from babysit.db.postgres import PostgresStore
 
+    settings = registry.store
     return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir,
-                         may_start_down=daemon, reader=reader)
+                         may_start_down=daemon, reader=reader,
+                         deadline_s=settings.read_deadline_seconds if reader else settings.deadline_seconds)
 
 
 def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, *,

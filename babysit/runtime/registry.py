@@ -54,6 +54,11 @@ class DaemonSettings:
 @dataclass(frozen=True)
 class StoreSettings:
     url: str | None = None  # postgresql://… for a fleet (docs/fleet.md); None: SQLite in the state directory
+    # how long PostgreSQL may take to answer one statement before babysit shuts the connection and treats the
+    # database as down (docs/fleet.md, "The database frozen"): the daemon's and the commands' statements...
+    deadline_seconds: float = 15.0
+    # ...and a reader's (`status`, the web page, the bot's status), which then shows the box's mirror
+    read_deadline_seconds: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -219,8 +224,13 @@ def dumps(registry: Registry) -> str:
         sample = d.gpu_sample_seconds
         daemon["gpu_sample_seconds"] = int(sample) if float(sample).is_integer() else sample
     doc: dict[str, Any] = {"daemon": daemon}
-    if registry.store.url is not None:
-        doc["store"] = {"url": registry.store.url}
+    if registry.store != StoreSettings():
+        store: dict[str, Any] = {} if registry.store.url is None else {"url": registry.store.url}
+        for key in ("deadline_seconds", "read_deadline_seconds"):
+            value = getattr(registry.store, key)
+            if value != getattr(StoreSettings, key):
+                store[key] = int(value) if float(value).is_integer() else value
+        doc["store"] = store
     if registry.host != HostSettings():
         host: dict[str, Any] = {} if registry.host.name is None else {"name": registry.host.name}
         if registry.host.lease_seconds != HostSettings.lease_seconds:
@@ -287,8 +297,10 @@ def _store(t: tomlfile.Table | None) -> StoreSettings:
         return StoreSettings()
     url = t.str("url", None, check=lambda v: v.startswith(("postgresql://", "postgres://")),
                 expected='a PostgreSQL url like "postgresql://babysit@db.lab/babysit" (docs/fleet.md)')
+    deadline = t.number("deadline_seconds", StoreSettings.deadline_seconds, positive=True)
+    read_deadline = t.number("read_deadline_seconds", StoreSettings.read_deadline_seconds, positive=True)
     t.finish()
-    return StoreSettings(url)
+    return StoreSettings(url, deadline, read_deadline)
 
 
 def _host(t: tomlfile.Table | None) -> HostSettings:

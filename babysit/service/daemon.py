@@ -212,7 +212,8 @@ class Daemon:
 
             self.fleet = FleetMember(self.store.url, self.store.host, on_wake=self._wakeup.set,
                                      on_alert=self.delivery.wake, lease_s=self.registry.host.lease_seconds,
-                                     on_gateway=self.on_gateway, report=lambda: self._report)
+                                     on_gateway=self.on_gateway, report=lambda: self._report,
+                                     deadline_s=self.registry.store.deadline_seconds)
             # started while PostgreSQL is down: the lease (and the gateway) is taken once it is back
             self.fleet.start(connect=not self.store.down)
             threading.Thread(target=self._report_loop, args=(self.fleet.renew_s,), name="fleet-report",

@@ -8,7 +8,9 @@ failover), gives the mirror; the next look after `retry_s` tries PostgreSQL agai
 (the web server, `status --watch`) goes back to the shared view by itself once the database is back.
 
 A reader gives a silent database (its host dropping packets, not refusing them) 2 s to answer a connection
-(babysit/db/url.py), and a process's readers share what they found (`Outage`, the web server's threads): once
+(babysit/db/url.py) and a statement `[store] read_deadline_seconds` (3 s) to answer (a server that took it and
+froze: babysit/db/deadline.py; the mirror at once then, no new connection to wait on), and a process's readers
+share what they found (`Outage`, the web server's threads): once
 one found PostgreSQL unreachable the others read the mirror without trying it, and after `retry_s` one
 thread at a time tries it again while the others go on reading the mirror. So a page waits for a silent
 database at most once a retry, on one thread, for 2 s, never each of its threads for the daemon's 10 s.
@@ -54,6 +56,12 @@ class Outage:
             self._trying = threading.get_ident()
             return True
 
+    @property
+    def known(self) -> bool:
+        """PostgreSQL is known unreachable (a reader found it so, and none has reached it since)."""
+        with self._lock:
+            return self._down_until is not None
+
     def tried(self, reason: str | None) -> None:
         """This thread's try: PostgreSQL reached (None), or unreachable for `reason`, remembered `retry_s`."""
         with self._lock:
@@ -77,11 +85,14 @@ class ReadStore:
         self._store: Store | None = None
         self._retry_at = 0.0
 
-    def get(self) -> Store | None:
+    def get(self, *, retry: bool = True) -> Store | None:
         """The store to read now: PostgreSQL (or SQLite), else the mirror while PostgreSQL is unreachable.
-        Raises (the database's error) when PostgreSQL is unreachable and the box has no mirror."""
+        Raises (the database's error) when PostgreSQL is unreachable and the box has no mirror. `retry`
+        False: the mirror a look already chose stands (the rest of one `status`: no second wait on PostgreSQL)."""
         mirror = isinstance(self._store, MirrorStore)
-        if self._store is not None and not (mirror and time.monotonic() >= self._retry_at):
+        if self._store is not None and not mirror and self.outage.known:
+            self.close()  # another reader found it unreachable meanwhile: this connection would wait as long
+        elif self._store is not None and not (mirror and retry and time.monotonic() >= self._retry_at):
             return self._store
         if not self.outage.may_try():  # another reader found it unreachable lately, or tries it now
             if not mirror:
@@ -101,16 +112,26 @@ class ReadStore:
         self.outage.tried(unreachable)
         return self._store
 
-    def read(self, look: Callable[[Store | None], T]) -> T:
+    def read(self, look: Callable[[Store | None], T], *, retry: bool = True) -> T:
         """`look` over the store; when PostgreSQL was lost under it (its connection gone, not a statement's
-        own error), `look` once more over what `get` gives now: the mirror, or a new connection."""
-        store = self.get()
+        own error), `look` once more over what `get` gives now: the mirror, or a new connection. Lost at a
+        statement's deadline, the mirror at once: the outage is remembered as if found at a connection."""
+        store = self.get(retry=retry)
         try:
             return look(store)
-        except StateError:
+        except StateError as exc:
             if store is None or not store.connection_lost:
                 raise
+            stalled = store.connection_stalled
             self.close()
+            if stalled:  # PostgreSQL took a statement and stopped answering: a new connection would wait as long
+                reason = str(exc.__cause__ or exc).strip().splitlines()[0][:160]
+                self.outage.tried(reason)
+                self._store = box_mirror(self._registry(), reason)
+                if self._store is None:
+                    raise
+                self._retry_at = time.monotonic() + self.retry_s
+                return look(self._store)
         return look(self.get())
 
     @property

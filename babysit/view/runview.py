@@ -324,13 +324,14 @@ class Reader:
         return out
 
     def fleet_boxes(self) -> list[str]:
-        """`fleet_boxes` on this reader's connection."""
-        return self._store.read(lambda store: fleet_boxes(self.registry, store))
+        """`fleet_boxes` on this reader's connection (after `rows`: the same look, on the store it chose)."""
+        return self._store.read(lambda store: fleet_boxes(self.registry, store), retry=False)
 
     def store(self) -> Store | None:
         """The store once it exists: `status` never creates a state directory the daemon has not. With
-        PostgreSQL unreachable, the box's local mirror (its daemon's copy of its runs), said by `banner`."""
-        return self._store.get()
+        PostgreSQL unreachable, the box's local mirror (its daemon's copy of its runs), said by `banner`;
+        after `rows`, the store that look chose (a mirror is not swapped for a second wait on PostgreSQL)."""
+        return self._store.get(retry=False)
 
     def banner(self) -> str | None:
         """The line a reader prints above the rows when they come from the box's mirror, else None."""

@@ -17,3 +17,16 @@ def outage(postgres: Any) -> Iterator[Callable[[], None]]:
     finally:
         if not postgres.running():
             postgres.start()
+
+
+@pytest.fixture
+def frozen(postgres: Any) -> Iterator[Any]:
+    """This worker's server, to freeze with `.freeze()` (SIGSTOP: it keeps its connections and answers
+    nothing) and `.thaw()`; always thawed afterwards (tests/postgres.py `Freezer`)."""
+    from tests.postgres import Freezer
+
+    freezer = Freezer(postgres)
+    try:
+        yield freezer
+    finally:
+        freezer.thaw()
