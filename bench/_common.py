@@ -333,6 +333,16 @@ def write_log(path: Path, records: int, *, eval_every: int = 100, start: int = 0
     return total
 
 
+def spawn_tree(children: int) -> subprocess.Popen:
+    """A run-like process tree: a python parent (the shim's role) with `children` sleeping children."""
+    code = ("import subprocess,time,sys\n"
+            f"ps=[subprocess.Popen(['sleep','600']) for _ in range({children})]\n"
+            "print('up',flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    proc.stdout.readline()
+    return proc
+
+
 def naive_parse(path: Path) -> int:
     """What a shell-script babysitter does each poll: read the whole log and json-parse every line."""
     import json

@@ -22,21 +22,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, fmt_us, naive_parse, nvml_or_reason, summary, time_calls, write_log
+from _common import emit, fmt_us, naive_parse, nvml_or_reason, spawn_tree, summary, time_calls, write_log
 
 from babysit.probes import proctree
 from babysit.probes.host import read_host
 from babysit.sources import logtail
-
-
-def spawn_tree(children: int) -> subprocess.Popen:
-    """A run-like process tree: a python parent (the shim's role) with `children` sleeping children."""
-    code = ("import subprocess,time,sys\n"
-            f"ps=[subprocess.Popen(['sleep','600']) for _ in range({children})]\n"
-            "print('up',flush=True)\ntime.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
-    proc.stdout.readline()
-    return proc
 
 
 def main(argv: list[str] | None = None) -> int:
