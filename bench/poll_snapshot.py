@@ -1,17 +1,15 @@
 """One run's look as the daemon takes it, timed whole: the log delta, the host read of the run's tree and the
 GPU read in ONE timed call, wall and CPU (issue 26's "poll snapshot"). bench/poll_cost.py times each part
-alone and adds them up; this times what a guard check and a poll actually spend.
+alone and adds them up; this times what a guard check and a poll spend, in `RunObserver.observe`'s order
+(log, host, GPU read).
 
   python bench/poll_snapshot.py                     # on the H200: real NVML, GPU 0
   python bench/poll_snapshot.py --before DIR        # and the code in DIR (bash bench/export_before.sh REV DIR)
 
-Rows, for this code: **as the daemon takes it** (`RunObserver.observe`'s order: the GPU read begun on NVML's
-worker, `probes.gpu.begin_read`, then the log and the host read on this thread, then the GPU read collected);
-**one after the other** (log, host, then `read`: the order before the GPU read was begun first). For code
-without `begin_read` (43c3b3c), its one way: log, host, GPU read. Wall: the median of `--n` looks; CPU: every
-thread's (`time.process_time`) over the `--n` looks, a mean, so NVML's worker and its handoff count in full.
-`--before DIR` runs this script in a child with DIR first on PYTHONPATH (the same machine, minutes apart),
-alternated `--rounds` times with this code's.
+Wall: the median of `--n` looks; CPU: every thread's (`time.process_time`) over the `--n` looks, a mean, so
+NVML's timed worker and its handoff count in full. `--before DIR` runs this script in a child with DIR first on
+PYTHONPATH (the same machine, minutes apart), alternated `--rounds` times with this code's. Keep `--log-records`
+modest: each round writes the log and reads it up to date first (200,000 records: seconds a round).
 
 Without NVML (no driver here) it says so and reads the tests' NVML stand-in (tests/nvml_standin.py): the
 rows are then babysit's Python and the worker's handoff, not NVML's cost.
@@ -33,26 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, emit, fmt_us, nvml_or_reason, spawn_tree, summary, time_calls, write_log
 
 
-def _imports() -> tuple[Any, Any, Any, Any]:
-    """read_host, the log tailer module, NvmlGpuProbe and begin_read (None where the code has none), wherever
-    this code keeps them (43c3b3c: babysit.logtail)."""
+def _imports() -> tuple[Any, Any, Any]:
+    """read_host, the log tailer module and NvmlGpuProbe, wherever this code keeps them (43c3b3c:
+    babysit.logtail)."""
     from babysit.probes.gpu import NvmlGpuProbe
     from babysit.probes.host import read_host
     try:
         from babysit.sources import logtail
     except ImportError:
         from babysit import logtail  # type: ignore[no-redef]
-    try:
-        from babysit.probes.gpu import begin_read
-    except ImportError:
-        begin_read = None
-    return read_host, logtail, NvmlGpuProbe, begin_read
+    return read_host, logtail, NvmlGpuProbe
 
 
 def measure(n: int, gpu: int, records: int, append: int, children: int, library: Any) -> dict[str, Any]:
     import babysit
 
-    read_host, logtail, NvmlGpuProbe, begin_read = _imports()
+    read_host, logtail, NvmlGpuProbe = _imports()
     out: dict[str, Any] = {"code": str(Path(babysit.__file__).resolve().parents[1])}
     tmp = Path(tempfile.mkdtemp(prefix="babysit-look-"))
     tree = spawn_tree(children)
@@ -77,22 +71,12 @@ def measure(n: int, gpu: int, records: int, append: int, children: int, library:
             raise SystemExit(f"no GPU to read: {view.reason}")
         read_host(tree.pid)  # the first read primes the CPU counters
 
-        def one_after_the_other() -> None:
+        def one_look() -> None:
             log_read()
             read_host(tree.pid)
             probe.read([gpu])
 
-        looks: dict[str, Callable[[], None]] = {"sequential": one_after_the_other}
-        if begin_read is not None:
-            def as_observed() -> None:
-                pending = begin_read(probe, [gpu])
-                try:
-                    log_read()
-                    read_host(tree.pid)
-                finally:
-                    pending()
-
-            looks = {"observed": as_observed, **looks}
+        looks: dict[str, Callable[[], None]] = {"look": one_look}
         for key, look in looks.items():
             for _ in range(20):  # warm
                 more()
@@ -127,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=300, help="timed looks a way (default 300)")
     p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--log-records", type=int, default=200_000, help="records already in the log (default 200000)")
+    p.add_argument("--log-records", type=int, default=20_000, help="records already in the log (default 20000)")
     p.add_argument("--append", type=int, default=20, help="records appended between two looks (default 20)")
     p.add_argument("--children", type=int, default=4, help="processes under the run's root (default 4)")
     p.add_argument("--rounds", type=int, default=2, help="this code and --before's, alternated (default 2)")
@@ -160,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     rows = []
-    labels = {"observed": "as the daemon takes it (GPU read begun first, collected last)",
-              "sequential": "one after the other (log, host, GPU read)"}
+    labels = {"look": "log delta, host read, GPU read"}
     for name, results in (("this code", now), ("before", before)):
         for key, label in labels.items():
             got = [r[key] for r in results if key in r]

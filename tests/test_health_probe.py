@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from babysit.core import gpuhealth
-from babysit.probes.gpu import FileGpuProbe, NvmlGpuProbe, begin_read
+from babysit.probes.gpu import NvmlGpuProbe
 from babysit.service.sampler import sampler_for
 
 pynvml = pytest.importorskip("pynvml")
@@ -131,65 +131,6 @@ def test_a_blocking_nvml_call_is_gpu_unresponsive_and_never_blocks_the_next_roun
     while (healthy := probe.read([0, 1])).gpu(1).signals and time.monotonic() < deadline:
         time.sleep(0.05)
     assert healthy.gpu(1).signals == () and healthy.gpu(1).processes_known
-
-
-def test_a_read_begun_runs_while_the_caller_works_and_is_collected_once_as_read_gives_it(nv, probe) -> None:
-    """`begin_read`: the NVML worker reads while the caller does its own work; collected, the view is what
-    `read` gives (the same GPUs, processes, memory), a second call gives the same view, and the probe is let
-    go (the next read does not wait behind it)."""
-    expected = probe.read([0, 1])
-    sampled = len(nv.util_threads)
-    pending = begin_read(probe, [0, 1])
-    deadline = time.monotonic() + 5
-    while len(nv.util_threads) < sampled + 2 and time.monotonic() < deadline:
-        time.sleep(0.001)  # the caller's own work: meanwhile the worker samples both GPUs for the read
-    assert nv.util_threads[sampled:] == ["babysit-nvml"] * 2  # before it was collected, on the worker
-    view = pending()
-    assert pending() is view
-    for i in (0, 1):
-        got, want = view.gpu(i), expected.gpu(i)
-        assert (got.name, got.uuid, got.memory_used_bytes, got.memory_total_bytes, got.processes_known) == (
-            want.name, want.uuid, want.memory_used_bytes, want.memory_total_bytes, True)
-    t0 = time.monotonic()
-    assert probe.read([1]).gpu(1).processes_known and time.monotonic() - t0 < 0.5
-
-
-def test_a_read_begun_on_a_blocked_gpu_is_unresponsive_within_its_timeout_from_the_start(nv, probe) -> None:
-    """The timeout counts from the read's start, not from its collection: a caller that worked 0.4 s after
-    beginning a read that blocks waits the rest of the 0.5 s, then the GPU is `unresponsive`."""
-    probe.read([0, 1])
-    nv.block, nv.block_gpu = threading.Event(), 1
-    t0 = time.monotonic()
-    pending = begin_read(probe, [0, 1])
-    time.sleep(0.4)
-    view = pending()
-    assert time.monotonic() - t0 < 0.5 + 0.8  # not 0.4 + a whole timeout more (allowance: a loaded box)
-    assert kinds(view.gpu(1)) == ["unresponsive"]
-    nv.block.set()
-
-
-def test_a_read_begun_whose_caller_fails_is_still_collected_and_lets_the_probe_go(nv, probe) -> None:
-    """RunObserver.observe collects in a `finally`: an error of the caller's own reads between begin and
-    collect leaves no probe held (before the split there was nothing to hold)."""
-    probe.read([0])
-    pending = begin_read(probe, [0])
-    with pytest.raises(OSError):
-        try:
-            os.stat("/proc/0/none-such")  # the caller's own read fails
-        finally:
-            pending()
-    done = threading.Event()
-    threading.Thread(target=lambda: (probe.read([0]), done.set()), daemon=True).start()
-    assert done.wait(5), "the probe was left held"
-
-
-def test_a_probe_without_read_begin_reads_at_once(tmp_path) -> None:
-    """A file probe (or a Slurm job's sidecar) has no worker: `begin_read` reads then and hands the view back."""
-    path = tmp_path / "gpus.json"
-    path.write_text('{"gpus": [{"index": 0, "util_pct": 50, "processes": []}]}')
-    pending = begin_read(FileGpuProbe(path), [0])
-    path.write_text('{"gpus": [{"index": 0, "util_pct": 7, "processes": []}]}')
-    assert pending().gpu(0).util_pct == 50
 
 
 def test_the_event_thread_waits_rather_than_spinning(nv, probe) -> None:

@@ -453,25 +453,12 @@ class NvmlGpuProbe:
     # -- reading --------------------------------------------------------------------------------
 
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
-        return self.read_begin(indices, window)()
-
-    def read_begin(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> Callable[[], GpuView]:
-        """`read`, started on the NVML worker now and collected by calling what this returns (at once, or
-        after the caller's own reads: `begin_read`). The probe is held until it is collected, so it must be."""
-        self._lock.acquire()
-        timeout = self._call_timeout if self._ok else max(self._call_timeout, health.INIT_TIMEOUT_S)
-        try:
-            job = self._caller.submit(lambda: self._read_now(indices, window))
-        except health.Unresponsive as exc:
+        with self._lock:
+            timeout = self._call_timeout if self._ok else max(self._call_timeout, health.INIT_TIMEOUT_S)
             try:
-                view = self._unresponsive_view(indices, exc)
-            finally:
-                self._lock.release()
-            return lambda: view
-        except BaseException:
-            self._lock.release()
-            raise
-        return _PendingRead(self, job, indices, timeout)
+                return self._caller.call(lambda: self._read_now(indices, window), timeout)
+            except health.Unresponsive as exc:
+                return self._unresponsive_view(indices, exc)
 
     def _read_now(self, indices: Sequence[int], window: str) -> GpuView:
         if not self._ensure_init():
@@ -608,43 +595,6 @@ class NvmlGpuProbe:
                 mark = marks.pop(window, None)
                 if mark is not None:
                     self._unfreed.append(mark[0])
-
-
-class _PendingRead:
-    """An NvmlGpuProbe read under way on its worker: called, its view (the probe let go), once; called
-    again, the same view."""
-
-    __slots__ = ("_indices", "_job", "_probe", "_timeout", "_view")
-
-    def __init__(self, probe: NvmlGpuProbe, job: Any, indices: Sequence[int], timeout: float) -> None:
-        self._probe, self._job, self._indices, self._timeout = probe, job, indices, timeout
-        self._view: GpuView | BaseException | None = None
-
-    def __call__(self) -> GpuView:
-        if self._view is None:
-            probe = self._probe
-            try:
-                self._view = probe._caller.collect(self._job, self._timeout)
-            except health.Unresponsive as exc:
-                self._view = probe._unresponsive_view(self._indices, exc)
-            except BaseException as exc:  # the read's own error: raised to every call, the probe let go once
-                self._view = exc
-            finally:
-                probe._lock.release()
-        if isinstance(self._view, BaseException):
-            raise self._view
-        return self._view
-
-
-def begin_read(probe: GpuProbe, indices: Sequence[int], window: str = GUARD_WINDOW) -> Callable[[], GpuView]:
-    """`probe.read(indices, window)` begun now and collected by calling what this returns: NVML's read runs
-    on its worker (the driver's calls, the timed handoff) while the caller does its own reads, the host's
-    /proc and the run's log; a probe without `read_begin` (a file, a Slurm job's sidecar) reads now."""
-    begin = getattr(probe, "read_begin", None)
-    if begin is not None:
-        return begin(indices, window)  # type: ignore[no-any-return]
-    view = probe.read(indices, window)
-    return lambda: view
 
 
 def gpm_graphics_util(nv: Any, first: Any, second: Any) -> float:

@@ -132,12 +132,6 @@ class NvmlCaller:
         self._every: tuple[float, Callable[[], None]] | None = None  # the worker's own periodic work
 
     def call(self, fn: Callable[[], Any], timeout: float = CALL_TIMEOUT_S) -> Any:
-        return self.collect(self.submit(fn), timeout)
-
-    def submit(self, fn: Callable[[], Any]) -> _Job:
-        """`fn` started on the worker; `collect` waits for it. The caller may do its own work between the
-        two (a GPU read's driver calls run while the caller reads /proc: ctypes lets go of the GIL). Raises
-        Unresponsive at once while an earlier job is still stuck."""
         stuck = self._stuck
         if stuck is not None:
             if not stuck.done.is_set():
@@ -146,12 +140,7 @@ class NvmlCaller:
         self._ensure_worker()
         job = _Job(fn, started=time.monotonic())
         self._jobs.put(job)
-        return job
-
-    def collect(self, job: _Job, timeout: float = CALL_TIMEOUT_S) -> Any:
-        """`job`'s result, waited for until `timeout` s after it was submitted (Unresponsive then); its
-        error raised here."""
-        if not job.done.wait(max(0.0, job.started + timeout - time.monotonic())):
+        if not job.done.wait(timeout):
             self._stuck, self.stuck_gpu = job, self.current_gpu
             raise Unresponsive(self.current_gpu, timeout)
         if job.error is not None:

@@ -5,15 +5,11 @@ window, the GPU-hours over every attempt, folded by `core.observation.observe` i
 
 What it remembers between looks is what an observation needs and nothing else: every pid the run's tree
 ever held (never a foreign holder), and the ended attempts' rows (they cannot change).
-
-The GPU read is begun first and collected last: NVML's driver calls and its timed worker's handoff run
-while this thread reads the log and the host (a look's wall time is the longer of the two, not their sum).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 import structlog
@@ -24,7 +20,7 @@ from babysit.core.readings import GpuView, HostReading
 from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import Executor
-from babysit.probes.gpu import GUARD_WINDOW, begin_read, poll_window
+from babysit.probes.gpu import GUARD_WINDOW, poll_window
 from babysit.run.context import DaemonContext
 from babysit.run.run_log import RunLog
 from babysit.run.run_verdict import RunVerdicts
@@ -60,22 +56,19 @@ class RunObserver:
         attempt, spec, executor = host_run.attempt, host_run.spec, host_run.executor
         assert attempt is not None
         t0 = time.perf_counter()
-        gpu_view = self.gpu_view_begin(window)  # NVML's calls on its worker while this thread reads the rest
-        try:
-            runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
-            runlog.check_reader(attempt)
-            now = self.ctx.now()
-            host = None
-            if executor.runs_here:
-                root = executor.root(attempt)  # the root's create time checked in the one read of its stat
-                host = self.ctx.host_probe.read(root[0], started=root[1]) if root else self.ctx.host_probe.read(None)
-            run_pids = self.run_pids(host)
-            t1 = time.perf_counter()
-        finally:
-            view = gpu_view()  # collected whatever happened: the probe is held until then
+        runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
+        runlog.check_reader(attempt)
+        now = self.ctx.now()
+        host = None
+        if executor.runs_here:
+            root = executor.root(attempt)  # the root's create time checked in the one read of its stat
+            host = self.ctx.host_probe.read(root[0], started=root[1]) if root else self.ctx.host_probe.read(None)
+        run_pids = self.run_pids(host)
+        t1 = time.perf_counter()
+        view = self.gpu_view(window)
         t2 = time.perf_counter()
         if t2 - t0 > SLOW_CHECK_SECONDS:
-            log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_wait_s=round(t2 - t1, 3))
+            log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
         prereg = spec.prereg
         return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
             run=self.run, attempt=attempt.n, at=now, points=tuple(runlog.points),
@@ -123,16 +116,15 @@ class RunObserver:
             self.past_attempts = (attempt.n, tuple(a for a in self.ctx.store.attempts(self.run) if a.n != attempt.n))
         return progress.gpu_hours_used((*self.past_attempts[1], attempt), now)
 
-    def gpu_view_begin(self, window: str = GUARD_WINDOW) -> Callable[[], GpuView | None]:
-        """The run's GPUs, read begun now and collected by calling the result (`probes.gpu.begin_read`):
-        through the executor's own probe where it has one (Slurm: the job's probe sidecar, since the
-        daemon's node cannot see the job's GPUs), else the daemon's probe. `window`: whose utilization
-        average this read closes (the guards' or the polls')."""
+    def gpu_view(self, window: str = GUARD_WINDOW) -> GpuView | None:
+        """The run's GPUs: through the executor's own probe where it has one (Slurm: the job's probe
+        sidecar, since the daemon's node cannot see the job's GPUs), else the daemon's probe.
+        `window`: whose utilization average this read closes (the guards' or the polls')."""
         gpus = self.host.spec.gpus
         if not gpus:
-            return lambda: None
+            return None
         probe = self.ctx.gpu_probe
         attempt = self.host.attempt
         if attempt is not None:
             probe = self.host.executor.gpu_probe(attempt, probe)
-        return begin_read(probe, gpus, window)
+        return probe.read(gpus, window=window)
