@@ -7,6 +7,7 @@ machines these run on are shared and noisy: a ratio survives noise that an absol
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import gc
@@ -341,6 +342,30 @@ def spawn_tree(children: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     proc.stdout.readline()
     return proc
+
+
+def code_args(p: Any) -> None:
+    """The flags of a bench that measures this code and, with --before DIR, DIR's in a child of itself
+    (bench/gpu_read_parts.py, bench/poll_snapshot.py): --before, --stand-in, the child's --code, --json."""
+    p.add_argument("--before", metavar="DIR", help="also time the code in DIR (bench/export_before.sh), in a child")
+    p.add_argument("--stand-in", action="store_true", help="the tests' NVML stand-in even where NVML works")
+    p.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)  # the child's: DIR's babysit is measured
+    p.add_argument("--json", metavar="PATH")
+
+
+def measured_code(args: Any) -> str | None:
+    """The code a `code_args` bench measures first on sys.path (the child's DIR, else this tree; the tests'
+    NVML stand-in is always this tree's), and whether NVML is there: None, or why the stand-in is read
+    (`args.stand_in` set then)."""
+    if args.code:
+        sys.path.insert(0, args.code)
+        sys.path.append(str(REPO))
+    else:
+        sys.path.insert(0, str(REPO))
+    nv, why = (None, "the stand-in was asked for") if args.stand_in else nvml_or_reason()
+    if nv is None:
+        args.stand_in = True
+    return why if args.stand_in else None
 
 
 def naive_parse(path: Path) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, fmt_us, nvml_or_reason, summary, time_calls
+from _common import code_args, emit, fmt_us, measured_code, summary, time_calls
 
 # the rows, in order: (key, label)
 PARTS = (
@@ -165,20 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1000, help="timed calls a part (default 1000; medians)")
     p.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
     p.add_argument("--window", default="guard", help="the window read (default guard, as bench/poll_cost.py)")
-    p.add_argument("--before", metavar="DIR", help="also time the code in DIR (bench/export_before.sh), in a child")
-    p.add_argument("--stand-in", action="store_true", help="the tests' NVML stand-in even where NVML works")
-    p.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)  # the child's: DIR's babysit is measured
-    p.add_argument("--json", metavar="PATH")
+    code_args(p)
     args = p.parse_args(argv)
-    if args.code:
-        sys.path.insert(0, args.code)
-        sys.path.append(str(REPO))  # the stand-in (tests/) is this tree's
-    else:
-        sys.path.insert(0, str(REPO))
-
-    nv, why = (None, "the stand-in was asked for") if args.stand_in else nvml_or_reason()
-    if nv is None:
-        args.stand_in = True
+    why = measured_code(args)
     library = stand_in() if args.stand_in else None
     now = measure(args.n, args.gpu, args.window, library)
     if args.code:  # the child: its figures only

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, fmt_us, nvml_or_reason, spawn_tree, summary, time_calls, write_log
+from _common import code_args, emit, fmt_us, measured_code, spawn_tree, summary, time_calls, write_log
 
 
 def _imports() -> tuple[Any, Any, Any]:
@@ -115,19 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append", type=int, default=20, help="records appended between two looks (default 20)")
     p.add_argument("--children", type=int, default=4, help="processes under the run's root (default 4)")
     p.add_argument("--rounds", type=int, default=2, help="this code and --before's, alternated (default 2)")
-    p.add_argument("--before", metavar="DIR", help="also time the code in DIR, in a child")
-    p.add_argument("--stand-in", action="store_true", help="the tests' NVML stand-in even where NVML works")
-    p.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)  # the child's: DIR's babysit is measured
-    p.add_argument("--json", metavar="PATH")
+    code_args(p)
     args = p.parse_args(argv)
-    if args.code:
-        sys.path.insert(0, args.code)
-        sys.path.append(str(REPO))  # the stand-in (tests/) is this tree's
-    else:
-        sys.path.insert(0, str(REPO))
-    nv, why = (None, "the stand-in was asked for") if args.stand_in else nvml_or_reason()
-    if nv is None:
-        args.stand_in = True
+    why = measured_code(args)
     library = None
     if args.stand_in:
         from tests.nvml_standin import StandIn
