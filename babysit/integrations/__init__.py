@@ -111,7 +111,9 @@ class DeferredWriter:
     def __init__(self, writer: JsonlWriter, delay: float = 0.1) -> None:
         self.writer = writer
         self.delay = delay
-        self._queue: collections.deque[tuple[Any, float, Mapping[str, Any]]] = collections.deque()
+        # what is waiting: (step, ts, fields) records and (template, values) checked lines; a hook may append
+        # a line itself, as `put_line` does (then `ring()` when the queue holds one item: it was empty)
+        self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.Lock()  # one flush at a time: lines in queue order
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by a record that found the queue empty
         self._stop = threading.Event()
@@ -121,19 +123,32 @@ class DeferredWriter:
 
     def put(self, step: Any, fields: Mapping[str, Any]) -> None:
         """Queue one record at this moment's time (the fields are not copied: hand over a dict of your own)."""
-        q = self._queue
+        q = self.queue
         q.append((step, time.time(), fields))
         if len(q) == 1:  # appended, then counted: a flush draining the queue meanwhile misses no ring
-            if self._thread is None:
-                self._start()
-            self._bell.put(None)
+            self.ring()
+
+    def put_line(self, template: bytes, values: tuple[Any, ...]) -> None:
+        """Queue one line checked by the caller: `client.line_template`'s template and its values (step, ts,
+        then the fields'), each a plain int or a finite float — formatted as they are, with no check and no
+        dict to read on the records' thread (a hook's step record, flattened where it was checked)."""
+        q = self.queue
+        q.append((template, values))
+        if len(q) == 1:
+            self.ring()
+
+    def ring(self) -> None:
+        """Wake the thread for a batch (starting it first if none runs): the first record of a batch calls it."""
+        if self._thread is None:
+            self._start()
+        self._bell.put(None)
 
     def flush(self) -> None:
         """Write every queued record now, in one write."""
         if os.getpid() != self._pid:
             return  # a forked child's copy of the parent's queue: the parent writes it
         with self._lock:
-            q = self._queue
+            q = self.queue
             batch = [q.popleft() for _ in range(len(q))]  # only a flush pops, under the lock
             if batch:
                 lines = self.writer.encode_many(batch)
@@ -156,7 +171,7 @@ class DeferredWriter:
         self._thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        q, bell, sleep = self._queue, self._bell, time.sleep
+        q, bell, sleep = self.queue, self._bell, time.sleep
         busy = False
         while not stop.is_set():
             if not busy:  # block until a record rings; the rings of batches already written go first
