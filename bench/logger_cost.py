@@ -313,7 +313,8 @@ def whole(count: int, every: int) -> int:
 
 
 def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000, paced_steps: int = 400,
-            pace_s: float = 0.01, trained_steps: int = 800, chunks: int = 2) -> dict[str, Any]:
+            pace_s: float = 0.01, paced_chunk_steps: int = 20, trained_steps: int = 800,
+            chunks: int = 2) -> dict[str, Any]:
     """What a step costs with no callback, with an empty `TrainerCallback` subclass (HF's floor for having
     any callback: its hooks are HF's own no-ops, dispatched with the trainer's objects as keywords) and with
     `BabysitCallback`, at each `logging_steps` in `intervals`, three ways, the arms alternated:
@@ -323,8 +324,9 @@ def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000,
       inside the window (median of `rounds`);
     - paced: steps of `pace_s` (the hooks, `on_log` every k-th, a sleep for the rest: a model step leaves the
       interpreter), caches cold, the records' thread writing the batches a real run makes; at least
-      `paced_steps` steps an arm and k, whole intervals, in `chunks` chunks (ours' chunk also waits for its
-      records' thread's last wake-up, the others sleep as often, shorter);
+      `paced_steps` steps an arm and k, whole intervals, in chunks of `paced_chunk_steps` alternated; the
+      training thread's CPU (`thread_time`) a chunk, plus, for ours, its records' thread's own CPU clock
+      over the k's whole run (its last wake-up waited for), and the flush of what was left;
     - trained: each arm's dispatch timed in place inside the tiny model's real `Trainer.train`
       (`hf_in_training`'s way), `chunks` trainings an arm and k of at least `trained_steps / chunks` steps.
 
@@ -379,9 +381,10 @@ def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000,
             for arm in order:
                 tights[arm][k].append(tight(arm, k))
 
-    def paced_chunk(arm: str, every: int, first: int, count: int, total: int) -> tuple[float, float]:
+    def paced_chunk(arm: str, every: int, first: int, count: int, total: int) -> float:
+        """The training thread's CPU over `count` paced steps through the arm's handler."""
         handler = handlers[arm]
-        c0, t0 = time.process_time(), time.thread_time()
+        t0 = time.thread_time()
         sleep, clock = time.sleep, time.perf_counter
         for i in range(first, first + count):
             start = clock()
@@ -392,36 +395,46 @@ def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000,
             rest = pace_s - (clock() - start)
             if rest > 0:
                 sleep(rest)
-        if arm == "ours":
-            records.flush()  # what its thread has not written yet, and its thread's last wake-up (the end of
-            sleep(records.delay + 0.05)  # its sleep, finding nothing), inside this window
-        else:
-            sleep(0.05)  # one wake-up of the training thread, as ours' chunk has
-        return (time.process_time() - c0) / count, (time.thread_time() - t0) / count
+        return time.thread_time() - t0
 
-    paced: dict[str, dict[int, list[tuple[float, float]]]] = {arm: {k: [] for k in intervals} for arm in HF_ARMS}
-    for c in range(chunks):
-        for k in intervals:
-            total = whole(paced_steps, k)
-            per = total // chunks
-            first = 1 + c * per
-            count = total - c * per if c == chunks - 1 else per
+    def records_cpu() -> float:
+        """Ours' records' thread's CPU so far (0 before it starts): its own clock, whichever arm's chunk it
+        ran in — all of it is ours."""
+        thread = getattr(records, "_thread", None)
+        if thread is None or thread.ident is None:
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):
+            return 0.0
+
+    # short chunks, the arms' order rotating, many a k: a paced step's CPU (a sleep's wake-up, cold caches)
+    # varies by tens of µs from one second to the next here, alike for every arm only over many chunks
+    paced: dict[str, dict[int, list[float]]] = {arm: {k: [0.0, 0.0] for k in intervals} for arm in HF_ARMS}
+    for k in intervals:
+        total = whole(paced_steps, k)
+        cpu0 = records_cpu()
+        for c, first in enumerate(range(1, total + 1, paced_chunk_steps)):
+            count = min(paced_chunk_steps, total + 1 - first)
             for arm in HF_ARMS[c % 3:] + HF_ARMS[:c % 3]:
-                cpu, thread = paced_chunk(arm, k, first, count, total)
-                paced[arm][k].append((thread * count, cpu * count))
+                paced[arm][k][0] += paced_chunk(arm, k, first, count, total)
+        t0 = time.thread_time()
+        records.flush()  # what its thread has not written yet: ours', on the training thread
+        paced["ours"][k][0] += time.thread_time() - t0
+        time.sleep(records.delay + 0.05)  # its thread's last wake-up (the end of its sleep, finding nothing)
+        for arm in HF_ARMS:
+            paced[arm][k][1] = paced[arm][k][0]
+        paced["ours"][k][1] += records_cpu() - cpu0
 
     def med(pairs: list[tuple[float, float]]) -> list[float]:
         return [sorted(x[i] for x in pairs)[len(pairs) // 2] for i in (0, 1)]
-
-    def per_step(pairs: list[tuple[float, float]], k: int) -> list[float]:
-        total = whole(paced_steps, k)
-        return [sum(x[0] for x in pairs) / total, sum(x[1] for x in pairs) / total]
 
     got: dict[str, Any] = {
         "step_s": step_s, "intervals": intervals, "pace_s": pace_s,
         "paced_steps": {str(k): whole(paced_steps, k) for k in intervals},
         "tight": {arm: {str(k): med(v) for k, v in by.items()} for arm, by in tights.items()},
-        "paced": {arm: {str(k): per_step(v, k) for k, v in by.items()} for arm, by in paced.items()}}
+        "paced": {arm: {str(k): [x / whole(paced_steps, k) for x in v] for k, v in by.items()}
+                  for arm, by in paced.items()}}
     records.close()
     workspace.cleanup()
     if trained_steps:
@@ -622,7 +635,8 @@ def arms_rows(hfs: dict[str, list[dict[str, Any]]]) -> list[list[str]]:
 def arms_notes(a: argparse.Namespace) -> list[str]:
     return [f"HF: a tiny GPT-2 (tests/integrations/hf_tiny.py); {a.hf_pairs} process(es) a code, alternated; in "
             "each, the three arms alternated: tight (2,000 steps back to back through HF's CallbackHandler, median of "
-            f"7 rounds), paced (≥ {a.paced_steps} steps of {a.pace_ms:g} ms, whole intervals, 2 chunks an arm), in "
+            f"7 rounds), paced (≥ {a.paced_steps} steps of {a.pace_ms:g} ms an arm, whole intervals, in chunks of 20 "
+            "alternated; ours' records' thread by its own CPU clock), in "
             f"training (≥ {a.trained_steps} steps of Trainer.train an arm, 2 trainings, the dispatch timed in place; "
             "its none arm is the timer pair). CPU a step; 'all' counts the records' thread too"]
 
