@@ -109,6 +109,14 @@ def time_wandb(tmp: Path, recs: list[dict[str, float]]) -> tuple[list[float], fl
     return out, init_s, time.perf_counter() - t0
 
 
+def records_thread(records: Any) -> int | None:
+    """The ident of a `DeferredWriter`'s thread while one runs: `_thread_id`, or (code before it) `_thread`'s."""
+    if hasattr(records, "_thread_id"):
+        return records._thread_id
+    thread = getattr(records, "_thread", None)
+    return thread.ident if thread is not None else None
+
+
 def hf_callback(steps: int, rounds: int = 7, n: int = 2000, paced_steps: int = 400,
                 pace_s: float = 0.01) -> dict[str, Any]:
     """A tiny real HF training's median step, and what BabysitCallback adds to a step: HF's own dispatch
@@ -241,10 +249,10 @@ def hf_in_training(steps: int, chunks: int = 2) -> dict[str, Any]:
             self.callback, self.cpu = callback, 0.0
 
         def _sample(self) -> None:
-            thread = self.callback.records._thread if self.callback is not None else None
-            if thread is not None and thread.ident is not None:
+            ident = records_thread(self.callback.records) if self.callback is not None else None
+            if ident is not None:
                 try:
-                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
                 except (OSError, AttributeError):
                     pass
 
@@ -324,9 +332,9 @@ def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000,
       inside the window (median of `rounds`);
     - paced: steps of `pace_s` (the hooks, `on_log` every k-th, a sleep for the rest: a model step leaves the
       interpreter), caches cold, the records' thread writing the batches a real run makes; at least
-      `paced_steps` steps an arm and k, whole intervals, in chunks of `paced_chunk_steps` alternated; the
-      training thread's CPU (`thread_time`) a chunk, plus, for ours, its records' thread's own CPU clock
-      over the k's whole run (its last wake-up waited for), and the flush of what was left;
+      `paced_steps` steps an arm and k, whole intervals, in chunks of `paced_chunk_steps` alternated: the
+      training thread's CPU (`thread_time`); plus, for ours, its records' thread's own CPU clock over a
+      run of ours alone (its last wake-up waited for, the flush of what was left counted);
     - trained: each arm's dispatch timed in place inside the tiny model's real `Trainer.train`
       (`hf_in_training`'s way), `chunks` trainings an arm and k of at least `trained_steps / chunks` steps.
 
@@ -400,31 +408,37 @@ def hf_arms(steps: int, intervals: list[int], *, rounds: int = 7, n: int = 2000,
     def records_cpu() -> float:
         """Ours' records' thread's CPU so far (0 before it starts): its own clock, whichever arm's chunk it
         ran in — all of it is ours."""
-        thread = getattr(records, "_thread", None)
-        if thread is None or thread.ident is None:
+        ident = records_thread(records)
+        if ident is None:
             return 0.0
         try:
-            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
         except (OSError, AttributeError):
             return 0.0
 
-    # short chunks, the arms' order rotating, many a k: a paced step's CPU (a sleep's wake-up, cold caches)
-    # varies by tens of µs from one second to the next here, alike for every arm only over many chunks
+    # the training thread: short chunks, the arms' order rotating, many a k (a paced step's CPU, a sleep's
+    # wake-up and cold caches, varies by tens of µs from one second to the next here, alike for every arm
+    # only over many chunks); ours' records' thread: then, in a run of ours alone at the pace, so that it
+    # wakes as often a step as in a real run (interleaved with the other arms it would wake 3× as often a
+    # step of ours: ~170 µs of CPU a wake-up here)
     paced: dict[str, dict[int, list[float]]] = {arm: {k: [0.0, 0.0] for k in intervals} for arm in HF_ARMS}
     for k in intervals:
         total = whole(paced_steps, k)
-        cpu0 = records_cpu()
         for c, first in enumerate(range(1, total + 1, paced_chunk_steps)):
             count = min(paced_chunk_steps, total + 1 - first)
             for arm in HF_ARMS[c % 3:] + HF_ARMS[:c % 3]:
                 paced[arm][k][0] += paced_chunk(arm, k, first, count, total)
+        records.flush()
+        time.sleep(records.delay + 0.05)  # its thread idle, waiting for a ring
+        cpu0 = records_cpu()
+        paced_chunk("ours", k, 1, total, total)
         t0 = time.thread_time()
-        records.flush()  # what its thread has not written yet: ours', on the training thread
-        paced["ours"][k][0] += time.thread_time() - t0
-        time.sleep(records.delay + 0.05)  # its thread's last wake-up (the end of its sleep, finding nothing)
+        records.flush()  # what its thread has not written yet (its work, done here)
+        left = time.thread_time() - t0
+        time.sleep(records.delay + 0.05)  # its last wake-up (the end of its sleep, finding nothing)
         for arm in HF_ARMS:
             paced[arm][k][1] = paced[arm][k][0]
-        paced["ours"][k][1] += records_cpu() - cpu0
+        paced["ours"][k][1] += records_cpu() - cpu0 + left
 
     def med(pairs: list[tuple[float, float]]) -> list[float]:
         return [sorted(x[i] for x in pairs)[len(pairs) // 2] for i in (0, 1)]
@@ -486,10 +500,10 @@ def hf_trained_arms(intervals: list[int], trained_steps: int, chunks: int,
             self.callback, self.cpu = callback, 0.0
 
         def _sample(self) -> None:
-            thread = self.callback.records._thread if self.callback is not None else None
-            if thread is not None and thread.ident is not None:
+            ident = records_thread(self.callback.records) if self.callback is not None else None
+            if ident is not None:
                 try:
-                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
                 except (OSError, AttributeError):
                     pass
 
@@ -636,12 +650,14 @@ def arms_notes(a: argparse.Namespace) -> list[str]:
     return [f"HF: a tiny GPT-2 (tests/integrations/hf_tiny.py); {a.hf_pairs} process(es) a code, alternated; in "
             "each, the three arms alternated: tight (2,000 steps back to back through HF's CallbackHandler, median of "
             f"7 rounds), paced (≥ {a.paced_steps} steps of {a.pace_ms:g} ms an arm, whole intervals, in chunks of 20 "
-            "alternated; ours' records' thread by its own CPU clock), in "
+            "alternated; ours' records' thread by its own CPU clock in a run of ours alone), in "
             f"training (≥ {a.trained_steps} steps of Trainer.train an arm, 2 trainings, the dispatch timed in place; "
-            "its none arm is the timer pair). CPU a step; 'all' counts the records' thread too"]
+            "its none arm is the timer pair). CPU a step; 'all' counts the records' thread too. The no-callback "
+            "column: HF's dispatch of the events to no callback (tight), with a 10-ms sleep's wake-up (paced), the "
+            "timer pair taken off the others (trained)"]
 
 
-ARMS_HEADERS = ["measure", "logging_steps", "no callback: HF's dispatch a step (thread)",
+ARMS_HEADERS = ["measure", "logging_steps", "no callback: CPU a step (thread)",
                 "empty − none (thread / all)", "ours − none (thread / all; range)", "ours − empty (thread / all)",
                 "ours − none, all threads, ≤ 0.1 %"]
 
