@@ -14,6 +14,7 @@ traceback; an interactive session can catch it (`except Diverged`).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import collections
 import os
@@ -117,7 +118,7 @@ class DeferredWriter:
         self._lock = threading.Lock()  # one flush at a time: lines in queue order
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by a record that found the queue empty
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread_id: int | None = None  # the records' thread's, while one runs
         self._pid = os.getpid()
         atexit.register(self.close)
 
@@ -139,7 +140,7 @@ class DeferredWriter:
 
     def ring(self) -> None:
         """Wake the thread for a batch (starting it first if none runs): the first record of a batch calls it."""
-        if self._thread is None:
+        if self._thread_id is None:
             self._start()
         self._bell.put(None)
 
@@ -159,16 +160,19 @@ class DeferredWriter:
         """Write what is queued and let the thread go (the end of training; an interpreter exit). It is not
         waited for: it ends at its next wake-up, at most `delay` later, with nothing left to write; a record
         put after this starts another."""
-        thread, self._thread = self._thread, None
+        thread, self._thread_id = self._thread_id, None
         if thread is not None and os.getpid() == self._pid:
             self._stop.set()
             self._bell.put(None)
         self.flush()
 
     def _start(self) -> None:
+        """Start the records' thread without waiting for it to run: `threading.Thread.start` waits until the new
+        thread has signalled it started, a switch to it and back on the training thread at its first record
+        (50–350 µs of its CPU here, milliseconds of its time on a busy box) against ~16 µs for the start alone.
+        The thread is a daemon's (`_thread`'s: the interpreter's exit does not wait for it; atexit flushes)."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="babysit-records", daemon=True)
-        self._thread.start()
+        self._thread_id = _thread.start_new_thread(self._run, (self._stop,))
 
     def _run(self, stop: threading.Event) -> None:
         q, bell, sleep = self.queue, self._bell, time.sleep
