@@ -7,6 +7,8 @@ model's step.
   python bench/logger_cost.py --before DIR # DIR from bench/export_before.sh: its client and its HF
                                            # callback measured in the same run, round for round (~5 min)
   python3 bench/logger_cost.py --babysit-only   # no wandb/transformers there (e.g. a bare GPU box)
+  python bench/logger_cost.py --hf-only --hf-logging-steps 1,10,500  # the callback beside no callback and an
+                                           # empty TrainerCallback, at each logging_steps (~2 min a process)
 
 Targets (issue 28): `babysit.log` ≤ 10 µs a call and ≥ 10× cheaper than `wandb.log`; the callback's
 cost per step ≤ 0.1 % of the tiny model's step. wandb's call is measured as the loop sees it (its
