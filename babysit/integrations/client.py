@@ -158,54 +158,73 @@ class JsonlWriter:
             line = (json.dumps({"step": at, "ts": ts, **values}, allow_nan=True, default=str) + "\n").encode("utf-8")
         return line
 
-    def encode_many(self, records: Iterable[tuple[Any, float, Mapping[str, Any]]]) -> bytes:
-        """The lines of (step, ts, fields) records, joined, for one `append` (a hook's batch): `encode`'s
-        bytes; a record `encode` refuses (a step that is not an integer) is dropped and said once, the
-        others are kept.
+    def encode_many(self, records: Iterable[tuple[Any, ...]]) -> bytes:
+        """The lines of records, joined, for one `append` (a hook's batch): `encode`'s bytes. A record is
+        (step, ts, fields), or a line already checked, (template, values) — `line_template`'s template and
+        its values, each a plain int or a finite float (the hook checked them on the way in: `DeferredWriter.
+        put_line`). A (step, ts, fields) record `encode` refuses (a step that is not an integer) is dropped
+        and said once, the others are kept.
 
         A batch is mostly one record after another with the same keys (a trainer's step records): each such
-        run is formatted by one `%` of its template repeated, its values checked at C speed (their types
-        one set, their floats finite by their sum), ~40 % of a record's encoding less than one `%` a record;
-        a run the check refuses (a NaN, a bool, a numpy scalar, an int too large for a float) goes record
-        by record, as `encode` writes it."""
+        run is formatted by one `%` of its template repeated, ~40 % of a record's encoding less than one `%` a
+        record. A run of checked lines is formatted as it is; a run of (step, ts, fields) records has its
+        values checked at C speed (their types one set, their floats finite by their sum), and one the check
+        refuses (a NaN, a bool, a numpy scalar, an int too large for a float) goes record by record, as
+        `encode` writes it."""
         out: list[bytes] = []
         templates = _TEMPLATES
-        template: bytes | None = None  # the run's: the records in `run`, their values in `values`
+        template: bytes | None = None  # the run's: `count` lines, their values in `values`
+        checked = False  # the run's values checked on the way in (lines), else its records are in `run`
         run: list[tuple[Any, float, Mapping[str, Any]]] = []
         values: list[Any] = []
+        count = 0
         for record in records:
+            if len(record) == 2:  # a checked line: (template, values)
+                got, line = record
+                if got is template and checked:
+                    count += 1
+                    values.extend(line)
+                    continue
+                if count:
+                    out.append(self._encode_run(template, run, values, count, checked))  # type: ignore[arg-type]
+                template, checked, run, values, count = got, True, [], list(line), 1
+                continue
             step, ts, fields = record
             got = templates.get(tuple(fields))
             if got is None or type(step) is not int:
                 got = None
-            elif got is template:
+            elif got is template and not checked:
                 run.append(record)
                 values.append(step)
                 values.append(ts)
                 values.extend(fields.values())
+                count += 1
                 continue
-            if run:
-                out.append(self._encode_run(template, run, values))  # type: ignore[arg-type]
+            if count:
+                out.append(self._encode_run(template, run, values, count, checked))  # type: ignore[arg-type]
             if got is None:
-                template, run, values = None, [], []
+                template, run, values, count = None, [], [], 0
                 out.append(self._encode_one(step, ts, fields))
             else:
-                template, run, values = got, [record], [step, ts, *fields.values()]
-        if run:
-            out.append(self._encode_run(template, run, values))  # type: ignore[arg-type]
+                template, checked, run, values, count = got, False, [record], [step, ts, *fields.values()], 1
+        if count:
+            out.append(self._encode_run(template, run, values, count, checked))  # type: ignore[arg-type]
         return b"".join(out)
 
-    def _encode_run(self, template: bytes, run: list[tuple[Any, float, Mapping[str, Any]]],
-                    values: list[Any]) -> bytes:
-        """Records of one template (`values`: theirs in order, each record's step and ts first): one `%`
-        when every value is a plain int or a finite float, else record by record."""
+    def _encode_run(self, template: bytes, run: list[tuple[Any, float, Mapping[str, Any]]], values: list[Any],
+                    count: int, checked: bool) -> bytes:
+        """`count` lines of one template (`values`: theirs in order, each line's step and ts first): one `%`
+        when they were checked on the way in or every value is a plain int or a finite float, else the
+        records of `run` one by one."""
+        if checked:
+            return (template * count) % tuple(values)
         if _PLAIN.issuperset(map(type, values)):
             try:
                 total = sum(values)  # a NaN or an infinity anywhere makes the sum non-finite; so does an
             except OverflowError:    # overflow, or an int too large for a float: then record by record
                 total = math.nan
             if not total - total:
-                return (template * len(run)) % tuple(values)
+                return (template * count) % tuple(values)
         return b"".join([self._encode_one(step, ts, fields) for step, ts, fields in run])
 
     def _encode_one(self, step: Any, ts: float, fields: Mapping[str, Any]) -> bytes:
@@ -397,6 +416,18 @@ def _template(keys: tuple[Any, ...]) -> bytes | None:
             return None
         parts.append(json.dumps(key).replace("%", "%%") + ": %r")
     return (", ".join(parts) + "}\n").encode("ascii")
+
+
+def line_template(keys: tuple[Any, ...]) -> bytes | None:
+    """The `%`-template of the line of a record with these keys, formatting (step, ts, *values) of plain ints
+    and finite floats byte for byte as `encode` writes them: for a hook that checks its values on the way in
+    and queues them flat (`DeferredWriter.put_line`). None when a key is not a plain string or is reserved."""
+    template = _TEMPLATES.get(keys)
+    if template is None:
+        template = _template(keys)
+        if template is not None and len(_TEMPLATES) < _MAX_TEMPLATES:
+            _TEMPLATES[keys] = template
+    return template
 
 
 _NONFINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}

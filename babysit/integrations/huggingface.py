@@ -20,11 +20,12 @@ before logging it; `grad_norm` and `eval_loss` still show the divergence, and th
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe, plain_finite
-from babysit.integrations.client import JsonlWriter
+from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
+from babysit.integrations.client import JsonlWriter, line_template
 
 try:
     from transformers import TrainerCallback
@@ -39,15 +40,22 @@ STEP_RECORDS_DELAY = 1.0  # seconds a step record may wait: babysit reads a sour
 def _eval_keys(keys: tuple[Any, ...]) -> bool:
     """Whether a record with these keys is one HF logs after an evaluation (`eval_loss`, `eval_accuracy`,
     …; `test_*` from predict), remembered for the key set: a step's `on_log` then looks up one tuple instead
-    of testing every key (a generator and a `startswith` a key, ~15 µs of a cold step here)."""
+    of testing every key (a generator and a `startswith` a key, ~15 µs of a cold step here). A step record's
+    key set is remembered with its line's template too (`_STEP_LINES`: its keys, then `total_steps`)."""
     is_eval = any(type(key) is str and key.startswith(("eval_", "test_")) for key in keys)
     if len(_EVAL_KEYS) < _MAX_KEY_SETS:
         _EVAL_KEYS[keys] = is_eval
+        if not is_eval and "total_steps" not in keys:
+            template = line_template((*keys, "total_steps"))
+            if template is not None:
+                _STEP_LINES[keys] = template
     return is_eval
 
 
 _EVAL_KEYS: dict[tuple[Any, ...], bool] = {}  # a record's keys -> an eval record's (_eval_keys)
+_STEP_LINES: dict[tuple[Any, ...], bytes] = {}  # a step record's keys -> its line's template, total_steps last
 _MAX_KEY_SETS = 1024  # a trainer logging ever new keys: past this, each new set is tested at each record
+_now = time.time
 
 
 class _AnyArguments:
@@ -102,36 +110,57 @@ class BabysitCallback(TrainerCallback):
         # ~0.3 ms of CPU (a thread's wake-up, the encoding, the write), a tenth of a second's batches 0.3 %
         # of a busy box's CPU, a second's 0.03 % (bench/README.md §10); evals go at once (on_log)
         self.records = DeferredWriter(self.writer, delay=STEP_RECORDS_DELAY)
-        self._put = self.records.put  # bound once: on_log's one call
+        self._lines = self.records.queue  # on_log appends a step's line there itself (`DeferredWriter.put_line`)
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
         self.diverged: str | None = None  # what diverged, once it has
 
-    # HF calls every hook of every callback at every step, with the trainer's objects as keywords; these
-    # five have nothing to do (on_log carries the step), so each is `_ignore`: a C callable taking any
-    # arguments, no Python frame, no **kwargs dict (bench/logger_cost.py: the hooks' share of a cold step).
+    # HF calls every hook of every callback, with the trainer's objects as keywords; these five come every
+    # step and have nothing to do (on_log carries the step), so each is `_ignore`: a C callable taking any
+    # arguments, no Python frame, no **kwargs dict (bench/logger_cost.py: the hooks' share of a cold step);
+    # so are the others with nothing to do, an epoch's (every few steps on a small data set) and an eval's
+    # batch's (on_prediction_step) among them.
     on_step_begin = on_substep_end = on_pre_optimizer_step = on_optimizer_step = on_step_end = _ignore
+    on_init_end = on_train_begin = on_epoch_begin = on_epoch_end = on_evaluate = on_predict = _ignore
+    on_prediction_step = on_save = on_push_begin = _ignore
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, model: Any = None,
                processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
                train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """A step's record queued (the common case, in one pass: its keys seen before and not an eval's, its
-        values plain finite numbers, nothing pending, the main process); anything else `_log`."""
+        """A step's record queued as its line's values (the common case, in one pass: its keys seen before as
+        a step record's, its values plain finite numbers, nothing pending, the main process, HF's int step and
+        max_steps); anything else `_log`, the same record. The values are read here, into a tuple: a callback
+        after this one changing HF's dict (`PrinterCallback` pops `total_flos`) changes nothing written."""
         if not logs:
             return
         keys = tuple(logs)
+        template = _STEP_LINES.get(keys)
+        if template is not None and state.is_world_process_zero and not self.nonfinite.pending:
+            step, total = state.global_step, state.max_steps
+            if type(step) is int and type(total) is int and total > 0:
+                for value in logs.values():  # NonfiniteWatch.check's one pass: nothing for it to see
+                    kind = type(value)
+                    if kind is float:
+                        if value - value:  # NaN or an infinity
+                            break
+                    elif kind is not int:  # bool, numpy/torch scalars, text: the careful way reads them
+                        break
+                else:  # `DeferredWriter.put_line`, without its frame (~0.4 µs of a cold step here)
+                    lines = self._lines
+                    lines.append((template, (step, _now(), *logs.values(), total)))
+                    if len(lines) == 1:  # appended, then counted: a flush draining the queue meanwhile misses no ring
+                        self.records.ring()
+                    return
+        self._log(state, control, logs, keys)
+
+    def _log(self, state: Any, control: Any, logs: dict[str, Any], keys: tuple[Any, ...]) -> None:
+        """Every record `on_log`'s one pass does not take: an eval (on disk before it returns), a value to
+        check (a non-finite one, a numpy/torch scalar), a pending grad norm, another rank's record, a key set
+        seen for the first time."""
         is_eval = _EVAL_KEYS.get(keys)
         if is_eval is None:
             is_eval = _eval_keys(keys)
-        if not is_eval and state.is_world_process_zero and not self.nonfinite.pending and plain_finite(logs):
-            self._put(state.global_step, _record(logs, state.max_steps))  # NonfiniteWatch.check: nothing to see
-            return
-        self._log(state, control, logs, is_eval)
-
-    def _log(self, state: Any, control: Any, logs: dict[str, Any], is_eval: bool) -> None:
-        """Every record `on_log`'s one pass does not take: an eval (on disk before it returns), a value to
-        check (a non-finite one, a numpy/torch scalar), a pending grad norm, another rank's record."""
         step = state.global_step
         main = state.is_world_process_zero
         if main:

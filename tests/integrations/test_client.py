@@ -544,3 +544,43 @@ def test_encode_many_runs_of_one_key_set_are_what_encode_writes_whatever_a_value
     mixed = [*run()[:10], (10, 2.0, {"eval_loss": 3.0}), *run()[10:20], ("x", 3.0, {"loss": 1.0}), *run()[20:]]
     kept = [r for r in mixed if r[0] != "x"]
     assert w.encode_many(mixed) == b"".join(w.encode(step, fields, ts) for step, ts, fields in kept)
+
+
+def test_checked_lines_are_what_encode_writes_in_runs_and_between_records(tmp_path: Path) -> None:
+    """A hook's checked line (`line_template`'s template and the values it checked plain: `DeferredWriter.
+    put_line`) is formatted as it is, a run of them in one `%`; mixed with (step, ts, fields) records of the same
+    or other keys, in any order, the batch is what `encode` writes record by record."""
+    import random
+
+    random.seed(5)
+    w = JsonlWriter(tmp_path / "log.jsonl")
+    key_sets = [("loss", "grad_norm", "learning_rate", "epoch", "total_steps"), ("loss", "total_steps"),
+                ("eval/loss", "100%", "ü", "total_steps")]
+    templates = {keys: client.line_template(keys) for keys in key_sets}
+    assert all(t is not None for t in templates.values())
+    plain_values = [0.1, 1 / 3, -0.0, 0.0, 5e-324, 1.7976931348623157e308, 3, -7, 0, 2**70, -2**63, 2**1100]
+    batch: list[tuple] = []
+    expected = []
+    for i in range(3000):
+        keys = random.choice(key_sets)
+        fields = {key: random.choice(plain_values) for key in keys}
+        ts = 1.7e9 + i * 0.013
+        if random.random() < 0.7:
+            batch.append((templates[keys], (i, ts, *fields.values())))  # checked: plain ints and finite floats
+        else:
+            if random.random() < 0.1:
+                fields[keys[0]] = random.choice([math.nan, True, None, "text"])  # the careful way
+            batch.append((i, ts, fields))
+        expected.append(w.encode(i, fields, ts))
+    assert w.encode_many(batch) == b"".join(expected)
+    assert w.encode_many(batch[:1]) == expected[0] and w.encode_many([]) == b""
+
+
+def test_line_template_is_none_for_keys_encode_writes_otherwise() -> None:
+    """No template for a key `encode` renames or drops (`step`, `ts`, a key that is not a string): those records
+    take the careful way."""
+    assert client.line_template(("loss", "step")) is None and client.line_template(("ts",)) is None
+    assert client.line_template(("loss", 3)) is None
+    template = client.line_template(("loss", "total_steps"))
+    assert template is not None and template is client.line_template(("loss", "total_steps"))  # made once
+    assert template % (7, 1.5, 0.25, 10) == JsonlWriter(None).encode(7, {"loss": 0.25, "total_steps": 10}, 1.5)

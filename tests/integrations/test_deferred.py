@@ -119,3 +119,41 @@ def test_records_put_after_close_start_the_thread_again(tmp_path: Path) -> None:
         time.sleep(0.02)
     assert steps(log) == [1, 2]
     deferred.close()
+
+
+def test_checked_lines_and_records_are_written_in_the_order_they_were_queued(tmp_path: Path) -> None:
+    """`put_line` (a hook's step record, checked and flattened on the training thread) and `put` share one queue:
+    the thread writes both in queue order, the same bytes `JsonlWriter` writes; a checked line rings an idle
+    thread as a record does."""
+    from babysit.integrations.client import line_template
+
+    log = tmp_path / "log.jsonl"
+    writer = JsonlWriter(log)
+    deferred = DeferredWriter(writer, delay=0.05)
+    template = line_template(("loss", "total_steps"))
+    assert template is not None
+    expected = []
+    for i in range(40):
+        ts = 1.7e9 + i
+        if i % 7 == 3:
+            deferred.put(i, {"eval_loss": i / 3})
+            expected.append((i, {"eval_loss": i / 3}))
+        else:
+            deferred.queue.append((template, (i, ts, 1 / (i + 1), 40)))  # as put_line queues it, at a known ts
+            if len(deferred.queue) == 1:
+                deferred.ring()
+            expected.append((i, {"loss": 1 / (i + 1), "total_steps": 40}))
+    deadline = time.time() + 30
+    while len(steps(log)) < 40 and time.time() < deadline:
+        time.sleep(0.02)
+    assert steps(log) == list(range(40))
+    got = [json.loads(line) for line in log.read_text().splitlines()]
+    for (i, fields), line in zip(expected, got, strict=True):
+        assert writer.encode(i, fields, line["ts"]) == (json.dumps(line) + "\n").encode()
+        if "loss" in fields:
+            assert line["ts"] == 1.7e9 + i
+    deferred.put_line(template, (40, time.time(), 0.5, 40))
+    while steps(log)[-1:] != [40] and time.time() < deadline:
+        time.sleep(0.02)
+    assert steps(log)[-1] == 40
+    deferred.close()

@@ -172,3 +172,94 @@ def test_another_rank_writes_nothing_and_still_stops_on_a_nan_and_new_key_sets_k
     assert raw(log)[0] == {"step": 1, "ts": raw(log)[0]["ts"], "loss": 2.0, "grad_norm": 0.5, "total_steps": 7}
     assert raw(log)[1]["total_steps"] == 50 and not control.should_training_stop
     main.on_train_end(None, state, control)
+
+
+def test_a_callback_after_ours_changing_hfs_logs_changes_nothing_written(tmp_path: Path, babysit_log: Path) -> None:
+    """HF hands every callback one `logs` dict (its own `PrinterCallback`, after ours, pops `total_flos`); a step
+    record is read into a tuple when on_log is called, so a later callback changing the dict, or HF reusing it,
+    changes nothing babysit writes: the records are HF's log_history exactly, the queued ones included."""
+    from transformers import TrainerCallback
+
+    class Meddler(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+            if logs:
+                logs.pop("loss", None)
+                logs["grad_norm"] = -1.0
+                logs["added"] = 1.0
+
+    callback = hf.BabysitCallback()
+    callback.records.delay = 3600  # every step record waits in the queue until the end of training
+    trainer = hf_tiny.tiny_trainer(str(tmp_path / "hf"), [callback, Meddler()], max_steps=12, logging_steps=1,
+                                   eval_steps=100)
+    trainer.train()
+    history = trainer.state.log_history
+    records = raw(babysit_log)
+    assert len(records) == len(history) and sum("loss" in logged for logged in history) == 12
+    for record, logged in zip(records, history, strict=True):
+        assert {k: v for k, v in record.items() if k not in ("step", "ts", "total_steps")} == \
+               {k: v for k, v in logged.items() if k != "step"}
+        assert record["step"] == logged["step"] and record["total_steps"] == 12
+
+
+def test_the_one_pass_writes_the_bytes_the_careful_way_writes_and_odd_records_take_the_careful_way(tmp_path: Path) -> None:
+    """A step record on_log queues as its line's values (keys seen, plain finite values, HF's int step and
+    max_steps) is byte for byte the record the careful way writes (`_record`, then `encode`); a max_steps that is
+    not a positive int, a record naming its own `total_steps`, a bool, a float subclass (numpy's float64), a
+    float step, another rank each take the careful way, with what it writes."""
+    from transformers import TrainerControl, TrainerState
+
+    from babysit.integrations.client import JsonlWriter
+
+    class Sub(float):
+        pass
+
+    log = tmp_path / "log.jsonl"
+    callback = hf.BabysitCallback(str(log), exit_code=None)
+    callback.records.delay = 3600
+    state, control = TrainerState(max_steps=100, is_world_process_zero=True), TrainerControl()
+    cases: list[tuple[object, object, dict[str, object]]] = [  # (global_step, max_steps, logs)
+        *((step, 100, {"loss": 1 / step, "grad_norm": 0.5 + step, "learning_rate": 1e-3, "epoch": step / 7})
+          for step in range(1, 6)),
+        (6, 0, {"loss": 0.5, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 1.0}),
+        (7, None, {"loss": 0.5, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 1.0}),
+        (8, 100.0, {"loss": 0.5, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 1.0}),
+        (9, 100, {"loss": 0.5, "grad_norm": True, "learning_rate": 1e-3, "epoch": 1.0}),
+        (10, 100, {"loss": Sub(0.5), "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 1.0}),
+        (11.0, 100, {"loss": 0.5, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 1.0}),
+        (12, 100, {"loss": 0.5, "total_steps": 7}),
+        (13, 100, {"loss": 0.5, "total_steps": 7}),
+        (14, 100, {"loss": 2**70, "grad_norm": -0.0, "learning_rate": 5e-324, "epoch": 0}),
+    ]
+    for step, total, logs in cases:
+        state.global_step, state.max_steps = step, total  # type: ignore[assignment]
+        callback.on_log(None, state, control, logs=logs)
+        if step != 1:  # the first record of a key set takes the careful way; then a line (template, values)
+            assert len(callback.records.queue[-1]) == (2 if step in (2, 3, 4, 5, 14) else 3), step
+    callback.on_train_end(None, state, control)
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert len(lines) == len(cases)
+    writer = JsonlWriter(None)
+    for line, (step, total, logs) in zip(lines, cases, strict=True):
+        ts = json.loads(line)["ts"]
+        record = {**logs, "total_steps": total} if total and total > 0 and "total_steps" not in logs else logs  # type: ignore[operator]
+        assert line == writer.encode(step, record, ts), line
+    assert not control.should_training_stop
+
+
+def test_every_hook_with_nothing_to_do_takes_any_arguments_and_returns_none(tmp_path: Path) -> None:
+    """HF dispatches every event to every callback (`if result is not None: control = result`): each hook of
+    ours but on_log and on_train_end is the one C no-op, whatever HF passes (its objects as keywords, an eval's
+    `metrics`), returning None so HF's control stays its own."""
+    import importlib
+
+    from transformers import TrainerCallback
+
+    ignore = importlib.import_module("babysit.integrations.huggingface")._ignore
+    callback = hf.BabysitCallback(str(tmp_path / "log.jsonl"))
+    events = [name for name in dir(TrainerCallback) if name.startswith("on_")]
+    assert {"on_step_begin", "on_step_end", "on_epoch_begin", "on_prediction_step", "on_evaluate"} <= set(events)
+    for name in set(events) - {"on_log", "on_train_end"}:
+        assert getattr(hf.BabysitCallback, name) is ignore, name
+        hook = getattr(callback, name)
+        assert hook(None, object(), object(), model=None, processing_class=None, optimizer=None, lr_scheduler=None,
+                    train_dataloader=None, eval_dataloader=None, metrics={"eval_loss": 1.0}) is None, name
