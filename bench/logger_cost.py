@@ -119,6 +119,33 @@ def records_thread(records: Any) -> int | None:
     return thread.ident if thread is not None else None
 
 
+def records_sampler() -> Any:
+    """A TrainerCallback class placed before an arm's callback: ours' records' thread's CPU (its own clock)
+    at each step's end and at the train's end (before ours closes it: the one empty wake-up after the close
+    is not counted). Made when asked: transformers is imported only by the HF measures."""
+    from transformers import TrainerCallback
+
+    class Records(TrainerCallback):
+        def __init__(self, callback: Any) -> None:
+            self.callback, self.cpu = callback, 0.0
+
+        def _sample(self) -> None:
+            ident = records_thread(self.callback.records) if self.callback is not None else None
+            if ident is not None:
+                try:
+                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
+                except (OSError, AttributeError):
+                    pass
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self._sample()
+
+        def on_train_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self._sample()
+
+    return Records
+
+
 def hf_callback(steps: int, rounds: int = 7, n: int = 2000, paced_steps: int = 400,
                 pace_s: float = 0.01) -> dict[str, Any]:
     """A tiny real HF training's median step, and what BabysitCallback adds to a step: HF's own dispatch
@@ -243,26 +270,7 @@ def hf_in_training(steps: int, chunks: int = 2) -> dict[str, Any]:
     class Marker(TrainerCallback):
         """Where ours would be, never called: the timer pair around nothing."""
 
-    class Records(TrainerCallback):
-        """Before ours in the list: its records' thread's CPU at each step's end and at the train's end
-        (before ours closes it; the one empty wake-up after the close is not counted)."""
-
-        def __init__(self, callback: Any) -> None:
-            self.callback, self.cpu = callback, 0.0
-
-        def _sample(self) -> None:
-            ident = records_thread(self.callback.records) if self.callback is not None else None
-            if ident is not None:
-                try:
-                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
-                except (OSError, AttributeError):
-                    pass
-
-        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            self._sample()
-
-        def on_train_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            self._sample()
+    Records = records_sampler()
 
     def timed(handler: Any, target: Any, arm: str) -> Any:
         def call_event(event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -495,25 +503,7 @@ def hf_trained_arms(intervals: list[int], trained_steps: int, chunks: int,
     class Marker(TrainerCallback):
         """Where a callback would be, never called: the timer pair around nothing."""
 
-    class Records(TrainerCallback):
-        """Before the arm's callback: ours' records' thread's CPU at each step's end and at the train's end."""
-
-        def __init__(self, callback: Any) -> None:
-            self.callback, self.cpu = callback, 0.0
-
-        def _sample(self) -> None:
-            ident = records_thread(self.callback.records) if self.callback is not None else None
-            if ident is not None:
-                try:
-                    self.cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
-                except (OSError, AttributeError):
-                    pass
-
-        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            self._sample()
-
-        def on_train_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            self._sample()
+    Records = records_sampler()
 
     spent = {(arm, k): [0.0, 0.0] for arm in HF_ARMS for k in intervals}  # thread, records' thread
     counted = {(arm, k): 0 for arm in HF_ARMS for k in intervals}

@@ -141,3 +141,14 @@ def posted_ids(fake: Any) -> Counter[int]:
     """How many times each outbox row reached the local Slack server (by the id in its message metadata)."""
     return Counter(m["metadata"]["event_payload"]["id"] for m in fake.messages
                    if (m.get("metadata") or {}).get("event_type") == "babysit_outbox")
+
+
+def fleet_box(parent: Path, pg_url: str, name: str = "box-a") -> Path:
+    """A box of the fleet on `pg_url` with one run, r1 (`python train.py`), registered: its folder."""
+    root = parent / name
+    root.mkdir()
+    outage_spec(root, "r1", ["python", "train.py"])
+    (root / "babysit.toml").write_text(
+        f'[store]\nurl = "{pg_url}"\n[host]\nname = "{name}"\n\n[[runs]]\nname = "r1"\nspec = "r1.toml"\n'
+        'registered_at = "2026-01-01T00:00:00Z"\n')
+    return root

@@ -24,7 +24,7 @@ import pytest
 
 from babysit.db.deadline import WATCHDOG
 from babysit.db.postgres import PostgresStore
-from tests.fleet.helpers import PY, babysit, box_env, outage_spec, wait_for
+from tests.fleet.helpers import PY, babysit, box_env, fleet_box, wait_for
 
 BANNER = "the database cannot be reached"
 DEADLINE_S = 1.5  # the daemon's, in these tests (its default is 15 s)
@@ -58,12 +58,7 @@ def box(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A box of the fleet with one run, r1, and its mirror (made as `babysit up` makes it)."""
     for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
         monkeypatch.delenv(name, raising=False)
-    root = tmp_path / "box-a"
-    root.mkdir()
-    outage_spec(root, "r1", ["python", "train.py"])
-    (root / "babysit.toml").write_text(
-        f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n\n[[runs]]\nname = "r1"\nspec = "r1.toml"\n'
-        'registered_at = "2026-01-01T00:00:00Z"\n')
+    root = fleet_box(tmp_path, pg_url)
     daemon = PostgresStore(pg_url, host="box-a", state_dir=root / ".babysit")
     daemon.claim_run("r1", 1.0)
     daemon.start_journal()

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from babysit.db.postgres import PostgresStore
 from babysit.web.server import Settings, WebServer
-from tests.fleet.helpers import outage_spec, wait_for
+from tests.fleet.helpers import fleet_box, wait_for
 from tests.web.conftest import fetch
 
 BANNER = "the database cannot be reached"
@@ -46,12 +46,7 @@ def _page(url: str, path: str = "") -> str:
 def box(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("BABYSIT_STORE_URL", "BABYSIT_HOST"):
         monkeypatch.delenv(name, raising=False)
-    root = tmp_path / "box-a"
-    root.mkdir()
-    outage_spec(root, "r1", ["python", "train.py"])
-    (root / "babysit.toml").write_text(
-        f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\n\n[[runs]]\nname = "r1"\nspec = "r1.toml"\n'
-        'registered_at = "2026-01-01T00:00:00Z"\n')
+    root = fleet_box(tmp_path, pg_url)
     return root
 
 
