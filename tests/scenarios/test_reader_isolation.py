@@ -19,7 +19,9 @@ from tests.scenarios.conftest import PY, Daemon, babysit, wait_for
 
 STALL_MINUTES = 5  # 5 s under --accelerated
 GUARD_SECONDS = 0.5  # the default 30 s guard interval, accelerated
-FLOOD_LINES = 1_500_000  # ~100 MB in a few seconds: far more than babysit reads in that time on 2 cores
+# ~200 MB in a few seconds: far more than babysit reads before the checks below (~8 s in), on 2 cores quiet or
+# loaded (1.5 M lines were all read by then once, on a quiet box, and the SIGTERM came after the flood)
+FLOOD_LINES = 3_000_000
 
 STALLS = """
 import time
