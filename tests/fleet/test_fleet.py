@@ -197,3 +197,38 @@ def test_a_database_outage_longer_than_a_lease_stops_no_run_and_declares_no_box_
         assert all(h.lost_at is None for h in store.hosts())
     finally:
         store.close()
+
+
+@pytest.mark.slow  # ~20 s of three daemons, one killed and started again
+def test_a_poll_the_owning_box_died_in_is_answered_interrupted_by_it_alone_and_taken_once(fleet: Fleet) -> None:
+    """A `/babysit poll` of box-b's run, asked from outside the boxes: box-b takes it, polls, and is SIGKILLed
+    before writing the answer (crash point after-request). Neither box-a nor box-c takes the request up
+    meanwhile (it is box-b's, and box-b's claim on it); box-b, started again, answers it `interrupted …` and
+    takes no second on-demand poll."""
+    for name in ("box-a", "box-c"):
+        fleet.up(name)
+    fleet.procs["box-b"] = up(fleet.box("box-b"), env={**box_env(fleet.box("box-b")),
+                                                       "BABYSIT_CRASH_AT": "after-request"})
+    store = fleet.store()
+    try:
+        for run in ("run-a", "run-b", "run-c"):
+            wait_for(f"{run} running", lambda run=run: _running(store, run))
+        request = store.request("run-b", "poll-now", "test", time.time())  # addressed to box-b, woken by NOTIFY
+        assert fleet.procs["box-b"].wait(30) == -signal.SIGKILL, "box-b did not die at the crash point"
+        fleet.procs.pop("box-b")
+
+        def on_demand() -> list[int]:
+            return [p.id for p in store.polls("run-b") if p.kind == "on-demand"]
+
+        taken = on_demand()
+        assert len(taken) == 1 and store.request_result(request) is None
+        time.sleep(3)  # box-a and box-c go on: the request is not theirs to carry out
+        assert store.request_result(request) is None and on_demand() == taken
+        fleet.up("box-b")
+        answer = wait_for("box-b's answer", lambda: store.request_result(request))
+        assert answer.startswith("interrupted") and "babysit status run-b" in answer, answer
+        time.sleep(1)
+        assert on_demand() == taken  # taken once, by the box that owns the run
+        assert all(p.kind != "on-demand" for run in ("run-a", "run-c") for p in store.polls(run))
+    finally:
+        store.close()
