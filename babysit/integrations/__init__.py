@@ -112,8 +112,7 @@ class DeferredWriter:
     def __init__(self, writer: JsonlWriter, delay: float = 0.1) -> None:
         self.writer = writer
         self.delay = delay
-        # what is waiting: (step, ts, fields) records and (template, values) checked lines; a hook may append
-        # a line itself, as `put_line` does (then `ring()` when the queue holds one item: it was empty)
+        # what is waiting: (step, ts, fields) records (`put`) and (template, values) checked lines (`put_line`)
         self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._lock = threading.Lock()  # one flush at a time: lines in queue order
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by a record that found the queue empty

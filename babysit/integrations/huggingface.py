@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
+from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe, plain_finite
 from babysit.integrations.client import JsonlWriter, line_template
 
 try:
@@ -110,7 +110,7 @@ class BabysitCallback(TrainerCallback):
         # ~0.3 ms of CPU (a thread's wake-up, the encoding, the write), a tenth of a second's batches 0.3 %
         # of a busy box's CPU, a second's 0.03 % (bench/README.md §10); evals go at once (on_log)
         self.records = DeferredWriter(self.writer, delay=STEP_RECORDS_DELAY)
-        self._lines = self.records.queue  # on_log appends a step's line there itself (`DeferredWriter.put_line`)
+        self._put_line = self.records.put_line  # bound once: on_log's one call for a step's record
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
@@ -138,20 +138,10 @@ class BabysitCallback(TrainerCallback):
         template = _STEP_LINES.get(keys)
         if template is not None and state.is_world_process_zero and not self.nonfinite.pending:
             step, total = state.global_step, state.max_steps
-            if type(step) is int and type(total) is int and total > 0:
-                for value in logs.values():  # NonfiniteWatch.check's one pass: nothing for it to see
-                    kind = type(value)
-                    if kind is float:
-                        if value - value:  # NaN or an infinity
-                            break
-                    elif kind is not int:  # bool, numpy/torch scalars, text: the careful way reads them
-                        break
-                else:  # `DeferredWriter.put_line`, without its frame (~0.4 µs of a cold step here)
-                    lines = self._lines
-                    lines.append((template, (step, _now(), *logs.values(), total)))
-                    if len(lines) == 1:  # appended, then counted: a flush draining the queue meanwhile misses no ring
-                        self.records.ring()
-                    return
+            # plain_finite: NonfiniteWatch.check has nothing to see, the line's values go as they are
+            if type(step) is int and type(total) is int and total > 0 and plain_finite(logs):
+                self._put_line(template, (step, _now(), *logs.values(), total))
+                return
         self._log(state, control, logs, keys)
 
     def _log(self, state: Any, control: Any, logs: dict[str, Any], keys: tuple[Any, ...]) -> None:
