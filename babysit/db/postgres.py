@@ -24,7 +24,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -126,30 +126,29 @@ class PgConnection:
                 check_client(self._conn, self.deadline, self.setting)
         return self._conn
 
-    def connect(self) -> None:
-        try:
-            self._connection()
-        except DeadlineExpired:
-            self.stalled = True
-            raise
-
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection (opened if need be), what runs inside bounded by the deadline; `stalled` when it
+        expired."""
         try:
             conn = self._connection()
             with bounded(conn, self.deadline, self.setting):
-                return conn.execute(_pg_sql(sql), tuple(args))  # its rows fetched: reading them waits for nothing
+                yield conn
         except DeadlineExpired:
             self.stalled = True
             raise
 
+    def connect(self) -> None:
+        with self._bounded():
+            pass
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        with self._bounded() as conn:
+            return conn.execute(_pg_sql(sql), tuple(args))  # its rows fetched: reading them waits for nothing
+
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        try:
-            conn = self._connection()
-            with bounded(conn, self.deadline, self.setting), conn.cursor() as cur:
-                cur.executemany(_pg_sql(sql), rows)
-        except DeadlineExpired:
-            self.stalled = True
-            raise
+        with self._bounded() as conn, conn.cursor() as cur:
+            cur.executemany(_pg_sql(sql), rows)
 
     @property
     def in_transaction(self) -> bool:
