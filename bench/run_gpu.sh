@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# All GPU benchmarks in one go on the H200 (about 4 minutes; each step has its own limit). Outputs go to $OUT if set, else ./bench-out:
+# All GPU benchmarks in one go on the H200 (about 5 minutes; each step has its own limit). Outputs go to $OUT if set, else ./bench-out:
 # summary.md (every bench's markdown, exit status and stderr tail, written as each bench ends) and
 # bench.tgz (the JSONs and full stderr): two files, since the GPU machine's tool returns at most 8.
 # Needs: python with torch, pynvml, psutil, pandas; babysit's deps on PYTHONPATH.
@@ -30,6 +30,8 @@ run() {  # name, timeout, command...
 }
 nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1
 run poll_cost          60 "$PY" bench/poll_cost.py --n 300 --naive-n 10
+run poll_snapshot      90 "$PY" bench/poll_snapshot.py --n 300 --rounds 2 "${BEFORE[@]}"
+run gpu_read_parts     60 "$PY" bench/gpu_read_parts.py --n 1000 "${BEFORE[@]}"
 run logger_cost        60 "$PY" bench/logger_cost.py --babysit-only
 run stdout_ingest      90 "$PY" bench/stdout_ingest.py --rate 100000 --seconds 20
 run detection_latency  75 "$PY" bench/detection_latency.py --gpu --trials 1
