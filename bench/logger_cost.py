@@ -34,6 +34,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,33 @@ def records_thread(records: Any) -> int | None:
         return records._thread_id
     thread = getattr(records, "_thread", None)
     return thread.ident if thread is not None else None
+
+
+def timed_dispatch(handler: Any, target: Any, call: bool, clock: Callable[[], float],
+                   add: Callable[[float], None]) -> Callable[..., Any]:
+    """HF 5.x's `CallbackHandler.call_event` loop (getattr, the trainer's objects as keywords) with `target`'s
+    call timed by `clock` in place, `add`ed its time; `call` False: the timer pair around nothing where it
+    would be (the arm without it). The dispatch is written out in the timed region itself, not called."""
+    def call_event(event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        for callback in handler.callbacks:
+            if callback is target:
+                t0 = clock()
+                result = None if not call else getattr(callback, event)(
+                    args, state, control, model=handler.model, processing_class=handler.processing_class,
+                    optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
+                    train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
+                    **kwargs)
+                add(clock() - t0)
+            else:
+                result = getattr(callback, event)(
+                    args, state, control, model=handler.model, processing_class=handler.processing_class,
+                    optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
+                    train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
+                    **kwargs)
+            if result is not None:
+                control = result
+        return control
+    return call_event
 
 
 def records_sampler() -> Any:
@@ -273,26 +301,8 @@ def hf_in_training(steps: int, chunks: int = 2) -> dict[str, Any]:
     Records = records_sampler()
 
     def timed(handler: Any, target: Any, arm: str) -> Any:
-        def call_event(event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            for callback in handler.callbacks:
-                if callback is target:
-                    t0 = clock()
-                    result = None if arm == "none" else getattr(callback, event)(
-                        args, state, control, model=handler.model, processing_class=handler.processing_class,
-                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
-                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
-                        **kwargs)
-                    spent[arm] += clock() - t0
-                else:
-                    result = getattr(callback, event)(
-                        args, state, control, model=handler.model, processing_class=handler.processing_class,
-                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
-                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
-                        **kwargs)
-                if result is not None:
-                    control = result
-            return control
-        return call_event
+        return timed_dispatch(handler, target, arm != "none", clock,
+                              lambda took: spent.__setitem__(arm, spent[arm] + took))
 
     per = max(1, steps // chunks)
     with tempfile.TemporaryDirectory() as out:
@@ -509,28 +519,8 @@ def hf_trained_arms(intervals: list[int], trained_steps: int, chunks: int,
     counted = {(arm, k): 0 for arm in HF_ARMS for k in intervals}
 
     def timed(handler: Any, target: Any, key: tuple[str, int]) -> Any:
-        call = key[0] != "none"
-
-        def call_event(event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            for callback in handler.callbacks:
-                if callback is target:
-                    t0 = clock()
-                    result = None if not call else getattr(callback, event)(
-                        args, state, control, model=handler.model, processing_class=handler.processing_class,
-                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
-                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
-                        **kwargs)
-                    spent[key][0] += clock() - t0
-                else:
-                    result = getattr(callback, event)(
-                        args, state, control, model=handler.model, processing_class=handler.processing_class,
-                        optimizer=handler.optimizer, lr_scheduler=handler.lr_scheduler,
-                        train_dataloader=handler.train_dataloader, eval_dataloader=handler.eval_dataloader,
-                        **kwargs)
-                if result is not None:
-                    control = result
-            return control
-        return call_event
+        return timed_dispatch(handler, target, key[0] != "none", clock,
+                              lambda took: spent[key].__setitem__(0, spent[key][0] + took))
 
     per = max(1, trained_steps // chunks)
     with tempfile.TemporaryDirectory() as out:
