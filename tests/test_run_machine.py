@@ -60,6 +60,10 @@ class Violation(AssertionError):
     pass
 
 
+class Died(Exception):
+    """The daemon died before an effect: every step in flight dies with it (a nested one's callers too)."""
+
+
 def check(cond: bool, what: str) -> None:
     if not cond:
         raise Violation(what)
@@ -102,16 +106,28 @@ class Driver:
         for effect in effects:
             if self.crashes and self.draw(st.integers(0, 20), label="crash?") == 0:  # dies before this effect
                 self.crashes -= 1
-                self.restart()
-                return
+                raise Died
             self.apply(effect, before, event)
 
+    def happen(self, event: ev.Event) -> None:
+        """An event from the world, fed to the daemon; if it dies on the way, the next one starts."""
+        try:
+            self.feed(event)
+        except Died:
+            self.restart()
+
     def restart(self) -> None:
-        w = self.world
-        self.state = m.RunState.restore(self.spec, status=w.status, attempts=tuple(w.attempts.values()),
-                                        stop=w.stop, verdict_posted=w.posted > 0, now=self.now,
-                                        relaunched=w.relaunched)
-        self.feed(ev.Registered(self.now))
+        """A daemon started on what the store holds (again, should it die starting)."""
+        while True:
+            w = self.world
+            self.state = m.RunState.restore(self.spec, status=w.status, attempts=tuple(w.attempts.values()),
+                                            stop=w.stop, verdict_posted=w.posted > 0, now=self.now,
+                                            relaunched=w.relaunched)
+            try:
+                self.feed(ev.Registered(self.now))
+                return
+            except Died:
+                continue
 
     def apply(self, effect: ev.Effect, before: m.RunState, cause: ev.Event) -> None:
         w, s = self.world, self.state
@@ -208,7 +224,7 @@ class Driver:
             stop = s.stop if s.stop is not None and s.stop.attempt == n else None
             outcome = self.draw(st.sampled_from(OUTCOMES), label="outcome")
             stopped_by = stop.reason if stop is not None and self.draw(st.booleans(), label="stop decided") else None
-            self.feed(ev.ExitSeen(self.now, n, outcome, f"{outcome}!", ended_at=self.now,
+            self.happen(ev.ExitSeen(self.now, n, outcome, f"{outcome}!", ended_at=self.now,
                                  retry_override=self.draw(st.sampled_from((None, None, True, False)), label="rule"),
                                  stopped_by=stopped_by))
         elif kind == "guard":
@@ -217,20 +233,22 @@ class Driver:
                 st.just(Action("warn", "host-ram-low", "ram low")),
                 st.just(Action("incident", "host-memory-pressure", "pressure")),
                 st.just(Action("confirm", "gpu-held", "seen once"))), max_size=3), label="actions")
-            self.feed(ev.GuardReading(self.now, n, tuple(actions), exited=self.draw(st.booleans(), label="exited")))
+            self.happen(ev.GuardReading(self.now, n, tuple(actions), exited=self.draw(st.booleans(), label="exited")))
         elif kind == "abort":
-            self.feed(ev.Request(self.now, "abort", "ana", id=int(self.now)))
+            self.happen(ev.Request(self.now, "abort", "ana", id=int(self.now)))
         elif kind == "poll":
-            self.feed(ev.PollDue(self.now) if self.draw(st.booleans()) else ev.Request(self.now, "poll", id=1))
+            self.happen(ev.PollDue(self.now) if self.draw(st.booleans()) else ev.Request(self.now, "poll", id=1))
         elif kind == "grace":
-            self.feed(ev.StopGraceOver(self.now, n, exited=self.draw(st.booleans(), label="gone")))
+            self.happen(ev.StopGraceOver(self.now, n, exited=self.draw(st.booleans(), label="gone")))
         elif kind == "records":
-            self.feed(ev.RecordsRead(self.now, n, new_eval=self.draw(st.booleans()),
+            self.happen(ev.RecordsRead(self.now, n, new_eval=self.draw(st.booleans()),
                                     nonfinite=self.draw(st.sampled_from((None, "loss = nan at step 3")))))
         elif kind == "restart":
             self.restart()
-        elif kind == "verdict":
-            self.feed(ev.VerdictRead(self.now, FINAL if self.draw(st.booleans()) else {"status": "PROVISIONAL"}))
+        elif kind == "verdict":  # as the shell reads one (run_verdict.read): a FINAL already saved comes stored
+            final = self.draw(st.booleans())
+            self.happen(ev.VerdictRead(self.now, FINAL if final else {"status": "PROVISIONAL"},
+                                     stored=final and self.world.saved))
         elif kind == "relaunch":  # the daemon records `babysit relaunch` of an ended run, then starts it anew
             w = self.world
             if w.status.terminal and w.attempts:
@@ -238,7 +256,7 @@ class Driver:
                 w.relaunched = {"after": max(w.attempts), "by": "ana", "resume": self.draw(st.booleans())}
                 self.restart()
         elif kind == "internal":
-            self.feed(ev.InternalError(self.now, n, "KeyError: 'x'", ended_at=self.now))
+            self.happen(ev.InternalError(self.now, n, "KeyError: 'x'", ended_at=self.now))
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -248,7 +266,7 @@ def test_random_event_sequences_keep_every_invariant(sp: RunSpec, data: st.DataO
     one; one outcome per attempt; a next attempt only as retry.on, max_attempts and the halvings allow
     (a guard stop never); GPU-hours never decrease; FINAL saved and posted once — across restarts."""
     driver = Driver(sp, data)
-    driver.feed(ev.Registered(0.0))
+    driver.happen(ev.Registered(0.0))
     for _ in range(data.draw(st.integers(1, 30), label="events")):
         driver.tick()
 
