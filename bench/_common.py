@@ -335,13 +335,22 @@ def write_log(path: Path, records: int, *, eval_every: int = 100, start: int = 0
 
 
 def spawn_tree(children: int) -> subprocess.Popen:
-    """A run-like process tree: a python parent (the shim's role) with `children` sleeping children."""
+    """A run-like process tree: a python parent (the shim's role) with `children` sleeping children, in a
+    session of its own; `end_tree` ends all of it. The children hold none of the bench's output (a pipe
+    into `| grep` would wait for them)."""
     code = ("import subprocess,time,sys\n"
-            f"ps=[subprocess.Popen(['sleep','600']) for _ in range({children})]\n"
+            f"ps=[subprocess.Popen(['sleep','600'],stdout=subprocess.DEVNULL) for _ in range({children})]\n"
             "print('up',flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     proc.stdout.readline()
     return proc
+
+
+def end_tree(tree: subprocess.Popen) -> None:
+    """The whole tree of `spawn_tree` killed (its session), not only its root, and the root reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(tree.pid, signal.SIGKILL)
+    tree.wait()
 
 
 def code_args(p: Any) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, fmt_us, naive_parse, nvml_or_reason, spawn_tree, summary, time_calls, write_log
+from _common import emit, end_tree, fmt_us, naive_parse, nvml_or_reason, spawn_tree, summary, time_calls, write_log
 
 from babysit.probes import proctree
 from babysit.probes.host import read_host
@@ -123,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               "ratio": ratio, "scope": scope, "gpu_measured": nv is not None, "gpu_not_measured_reason": why,
               "log_records": args.log_records, "log_bytes": size, "append": args.append}, args.json, notes)
     finally:
-        os.killpg(tree.pid, signal.SIGKILL)
-        tree.wait()
+        end_tree(tree)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import code_args, emit, fmt_us, measured_code, spawn_tree, summary, time_calls, write_log
+from _common import code_args, emit, end_tree, fmt_us, measured_code, spawn_tree, summary, time_calls, write_log
 
 
 def _imports() -> tuple[Any, Any, Any]:
@@ -91,8 +91,7 @@ def measure(n: int, gpu: int, records: int, append: int, children: int, library:
             out[key] = {**summary(wall), "cpu_us": cpu / n * 1e6}
     finally:
         probe.close()
-        tree.kill()
-        tree.wait()
+        end_tree(tree)
     return out
 
 
