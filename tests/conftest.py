@@ -203,6 +203,23 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Any:
         shutil.rmtree(server.root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def postgres_tcp(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """This worker's second server, on the same cluster, reached over TCP at 127.0.0.1 (as a fleet's boxes
+    reach theirs); started only for the tests that ask for it."""
+    from tests import postgres as pg
+
+    pg.require()
+    cluster = once_per_session(tmp_path_factory, "pg-cluster",
+                               lambda: pg.make_cluster(shared_dir(tmp_path_factory, "pg")))
+    server = pg.start_worker_server(Path(cluster), tcp=True)
+    try:
+        yield server
+    finally:
+        server.stop(mode="immediate")
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
 @pytest.fixture
 def pg_url(postgres: Any) -> str:
     """A fresh database at the current schema, this test's alone."""

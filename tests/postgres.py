@@ -14,6 +14,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import tempfile
 import uuid
 from pathlib import Path
@@ -45,9 +46,11 @@ def make_cluster(shared: Path) -> str:
     return str(shared / "pg-cluster")
 
 
-def start_worker_server(cluster: Path) -> LocalPostgres:
+def start_worker_server(cluster: Path, *, tcp: bool = False) -> LocalPostgres:
+    """A server of its own on a copy of the session's cluster: on its Unix socket, and with `tcp` on
+    127.0.0.1 too (a free port), where its urls point."""
     root = server_root()
-    server = LocalPostgres(root)
+    server = LocalPostgres(root, port=free_port() if tcp else None)
     shutil.copytree(cluster, server.data, symlinks=True)
     if os.geteuid() == 0:
         entry = pwd.getpwnam("postgres")
@@ -61,6 +64,12 @@ def start_worker_server(cluster: Path) -> LocalPostgres:
 
     upgrade_postgres(server.create_database(TEMPLATE))
     return server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def fresh_database(server: LocalPostgres) -> str:

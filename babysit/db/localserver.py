@@ -37,9 +37,10 @@ def find_bin_dir() -> Path:
 class LocalPostgres:
     """One cluster under `root` (data in root/data, the socket in root/sock), started and stopped here."""
 
-    def __init__(self, root: Path, *, bin_dir: Path | None = None, settings: str = "") -> None:
+    def __init__(self, root: Path, *, bin_dir: Path | None = None, settings: str = "", port: int | None = None) -> None:
         self.root = Path(root)
         self.settings = settings  # more `-c name=value` options (a bench turns statement logging on)
+        self.port = port  # also on TCP, 127.0.0.1:port (as a fleet's boxes reach their database), not only the socket
         self.bin_dir = bin_dir or find_bin_dir()
         self.data = self.root / "data"
         self.sock = self.root / "sock"
@@ -52,6 +53,8 @@ class LocalPostgres:
             self._as_user = "postgres"
 
     def url(self, database: str = "postgres") -> str:
+        if self.port is not None:
+            return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
         return f"postgresql://{SUPERUSER}@/{database}?host={self.sock}"
 
     def _run(self, *argv: str, timeout: float = 120) -> str:
@@ -82,8 +85,12 @@ class LocalPostgres:
         server's data need not survive the machine, and the shared CPU is spared."""
         self.init()
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.data / "server.log"), "-w", "-t", "60",
-                  "-o", f"-k {self.sock} -c listen_addresses='' -c fsync=off -c synchronous_commit=off "
+                  "-o", f"-k {self.sock} {self._listen()} -c fsync=off -c synchronous_commit=off "
                         f"-c full_page_writes=off -c max_connections=200 {self.settings}", "start")
+
+    def _listen(self) -> str:
+        """The socket alone, or the socket and 127.0.0.1:port."""
+        return "-c listen_addresses=''" if self.port is None else f"-c listen_addresses=127.0.0.1 -p {self.port}"
 
     def restart(self, mode: str = "fast") -> None:
         """`pg_ctl restart -m fast`: every connection is cut, as a managed database's failover does."""

@@ -31,6 +31,13 @@ DEADLINE_S = 1.5  # the daemon's, in these tests (its default is 15 s)
 BOUND_S = 12.0  # a call still waiting after this was held by the frozen server
 
 
+@pytest.fixture(scope="module", params=["socket", "tcp"])
+def postgres(request: pytest.FixtureRequest, postgres: Any) -> Any:
+    """Every test here twice: on the server's Unix socket, and over TCP at 127.0.0.1, as a fleet's boxes
+    reach their database (the frozen server's kernel ACKs on both; the deadline shuts either socket)."""
+    return postgres if request.param == "socket" else request.getfixturevalue("postgres_tcp")
+
+
 def _within(call: Callable[[], Any], seconds: float = BOUND_S) -> tuple[Any, float]:
     """`call()`'s result (or exception) and how long it took, on a thread of its own so that a call the
     frozen server holds fails the test instead of hanging it (the fixture's SIGCONT then frees it)."""
