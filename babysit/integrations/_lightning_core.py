@@ -23,10 +23,19 @@ from babysit.integrations.client import JsonlWriter, env_rank
 
 
 class BabysitLoggerCore:
-    """The logger's behaviour; see babysit/integrations/lightning.py for the user-facing docs."""
+    """The logger's behaviour, for both packages' `BabysitLogger` (babysit/integrations/lightning.py has the
+    user-facing docs)."""
 
     def __init__(self, path: str | None = None, save_dir: str | None = None,
                  watch: Sequence[str] | None = None, exit_code: int | None = EXIT_DIVERGED) -> None:
+        """
+        Args:
+            path: the JSONL file; default `$BABYSIT_LOG`, which babysit sets for every attempt.
+            save_dir: where checkpoints and LightningCLI's config go; default one folder an attempt.
+            watch: the metric names whose non-finite value means divergence (exact, as `[guards]
+            nonfinite_metrics`); None: the run's declaration, else every *loss* and *grad_norm*.
+            exit_code: the process's exit code after a divergence; None only stops training.
+        """
         super().__init__()
         self.writer = JsonlWriter(path, all_ranks=True)  # the trainer says which process is rank 0
         self._save_dir = save_dir

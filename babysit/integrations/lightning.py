@@ -33,10 +33,5 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 class BabysitLogger(BabysitLoggerCore, Logger):
     """Writes Lightning's logged metrics to `$BABYSIT_LOG` (or `path`); ends a diverged run with exit 11.
 
-    Args:
-        path: the JSONL file; default `$BABYSIT_LOG`, which babysit sets for every attempt.
-        save_dir: where checkpoints and LightningCLI's config go; default one folder an attempt.
-        watch: the metric names whose non-finite value means divergence (exact, as `[guards]
-        nonfinite_metrics`); None: the run's declaration, else every *loss* and *grad_norm*.
-        exit_code: the process's exit code after a divergence; None only stops training.
+    Its arguments are `BabysitLoggerCore.__init__`'s.
     """
