@@ -101,6 +101,17 @@ def wait_for(check, timeout: float, every: float = 0.2):  # type: ignore[no-unty
         raise SystemExit(str(exc)) from None
 
 
+def stop_daemons(procs: dict[str, subprocess.Popen]) -> None:
+    """Every box's daemon asked to stop (SIGTERM), and one that has not within 30 s killed with its group."""
+    for proc in procs.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def kill_trainers(url: str) -> None:
     """Every attempt this bench's daemons left running (SIGTERM did not stop the runs: it never does)."""
     helpers.kill_trainers(url, "bench")
@@ -222,13 +233,7 @@ def main() -> int:
         out["dead_box_alerts"] = len([m for m in gateway.messages("") if "box box-c lost" in m.payload.get("text", "")])
         gateway.close()
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_daemons(procs)
         if url:
             kill_trainers(url)
         server.stop("immediate")
@@ -332,13 +337,7 @@ def outage(args: argparse.Namespace) -> int:
         out["posts_unrecorded"] = len(set(posted) - sent)
         watch.close()
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_daemons(procs)
         if url:
             if not server.running():
                 server.start()
