@@ -142,6 +142,9 @@ def main() -> int:
     p.add_argument("--ending", type=int, default=5, help="with --outage-s: runs a box that end during it")
     p.add_argument("--end-after-s", type=float, default=20.0, help="with --outage-s: when in it they end")
     args = p.parse_args()
+    if args.outage_s and not 0 <= args.end_after_s < args.outage_s:
+        p.error(f"--end-after-s {args.end_after_s:g} must fall inside the outage: 0 <= it < --outage-s "
+                f"{args.outage_s:g} (the ending runs end while PostgreSQL is down)")
     if args.outage_s:
         return outage(args)
 
