@@ -37,9 +37,18 @@ def slurm_unavailable() -> str | None:
     return None
 
 
+BUSY_WAIT_S = 120.0  # a node still allocated to an earlier job (another session's, a killed test's) frees up
+
+
 @pytest.fixture(scope="session")
 def cluster() -> None:
+    """Skips where no Slurm is up; a node that is up but allocated is waited for (BUSY_WAIT_S), not skipped
+    at once: the suite's jobs would queue behind the other job anyway."""
     reason = slurm_unavailable()
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while reason and reason.startswith("no idle Slurm node") and "alloc" in reason and time.monotonic() < deadline:
+        time.sleep(2.0)
+        reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
 
