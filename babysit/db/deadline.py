@@ -110,7 +110,9 @@ def check_client(conn: Any, seconds: float | None, setting: str = "[store] deadl
 @contextlib.contextmanager
 def bounded(conn: Any, seconds: float | None, setting: str = "[store] deadline_seconds") -> Iterator[None]:
     """What runs inside on `conn` (a psycopg connection) answers within `seconds`, else fails with
-    DeadlineExpired, the connection shut. None: no bound (a migration, `babysit db copy`)."""
+    DeadlineExpired, the connection shut — also when its last statement answered just as the deadline shut
+    the socket (what it did may have been done: as for a COMMIT the frozen server took, the journal's replay
+    changes nothing). None: no bound (a migration, `babysit db copy`)."""
     if seconds is None:
         yield
         return
@@ -125,4 +127,7 @@ def bounded(conn: Any, seconds: float | None, setting: str = "[store] deadline_s
         WATCHDOG.disarm(token)
         raise
     else:
-        WATCHDOG.disarm(token)
+        if not WATCHDOG.disarm(token):  # it answered, but as the deadline shut the socket: the connection is
+            # broken all the same, and a caller told nothing would take the next statement's failure for a
+            # lost connection (the daemon's store down, a reconnect) rather than for this deadline
+            raise DeadlineExpired(expired_message(seconds, setting))

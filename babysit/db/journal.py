@@ -296,8 +296,12 @@ class JournaledConnection:
             return None
         if sql == "ROLLBACK":
             if self._pg_tx:
-                with contextlib.suppress(psycopg.Error):
+                try:
                     self.pg.execute("ROLLBACK")
+                except DeadlineExpired as exc:  # frozen: down now, as at any statement's deadline (the next
+                    self._go_down(exc)  # BEGIN would otherwise reconnect to it and wait twice)
+                except psycopg.Error:
+                    pass  # a lost connection's next BEGIN finds out (and tries a restarted server once more)
             with contextlib.suppress(sqlite3.Error):
                 self.local.execute("ROLLBACK")
             self._tx, self._pg_tx, self._statements = False, False, []
@@ -438,8 +442,12 @@ def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:
         if named:
             copied["polls"] += pg.execute("SELECT *, 0 AS k_ FROM polls WHERE id = ANY(?)", (named,)).fetchall()
     finally:
-        with contextlib.suppress(psycopg.Error):
+        try:
             pg.execute("COMMIT")  # a read-only snapshot: nothing to keep or lose
+        except DeadlineExpired:
+            raise  # frozen again: this connection is shut, and no one may take it for a live one
+        except psycopg.Error:
+            pass
     _replace(local, MIRRORED, copied)
     synced(local, time.time())
     return sum(len(rows) for rows in copied.values())

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from babysit.db.deadline import WATCHDOG, DeadlineExpired
+from babysit.db.deadline import WATCHDOG, DeadlineExpired, bounded
 from babysit.db.postgres import PgConnection
 from tests.fleet.helpers import babysit, wait_for
 
@@ -41,6 +41,22 @@ def test_a_transaction_longer_than_the_deadline_made_of_quick_statements_is_neve
         time.sleep(1.2)  # past every deadline armed above: each was disarmed when its statement answered
         assert _pid(conn) == backend and not conn.lost and not conn.stalled
         assert WATCHDOG.fired == fired
+    finally:
+        conn.close()
+
+
+def test_a_deadline_that_fires_as_its_statement_answers_fails_that_statement_not_the_next(pg_url: str) -> None:
+    """The race between an answer and the watchdog, held open: the statement answered, then its deadline
+    passed before `bounded` heard of it. The socket is shut all the same, so `bounded` says so there (before:
+    it returned as if nothing had happened, and the next statement failed as a lost connection)."""
+    conn = psycopg.connect(pg_url, autocommit=True)
+    fired = WATCHDOG.fired
+    try:
+        with pytest.raises(DeadlineExpired, match=r"did not answer within 0\.3 s"), bounded(conn, 0.3):
+            assert conn.execute("SELECT 1").fetchone() == (1,)  # answered at once
+            wait_for("the deadline to fire", lambda: WATCHDOG.fired > fired, timeout=5)  # then it passes
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")  # shut indeed
     finally:
         conn.close()
 

@@ -131,6 +131,31 @@ def test_the_daemon_s_write_on_a_frozen_postgres_goes_down_within_its_deadline_a
     assert _counts(pg_url) == {"attempts": 2, "incidents": 1, "outbox": 1, "verdicts": 1}
 
 
+def test_a_rollback_the_frozen_server_never_answers_takes_the_daemon_s_store_down_at_once(
+        daemon_store: PostgresStore, pg_url: str, frozen: Any) -> None:
+    """A transaction the daemon gives up (its own error) on a server that froze mid-way: the ROLLBACK waits
+    its deadline and the store goes down then, so the next write journals at once instead of reconnecting
+    to the frozen server (before: the deadline was swallowed with the ROLLBACK, and the next write waited
+    two connection timeouts before going down)."""
+    store = daemon_store
+    fired = WATCHDOG.fired
+
+    def given_up() -> None:
+        with pytest.raises(RuntimeError, match="the caller's own"), store.tx() as db:
+            db.execute("UPDATE runs SET host = host WHERE run = 'r1'")
+            frozen.freeze()
+            raise RuntimeError("the caller's own error")
+
+    _within(given_up)
+    assert store.down and WATCHDOG.fired == fired + 1
+    _, took = _within(lambda: store.add_incident("r1", 1, 4.0, "while-frozen", {}))
+    assert took < 1.0, f"the next write waited {took:.1f} s for the frozen server"
+    assert store.journal_pending() == 1 and WATCHDOG.fired == fired + 1
+    frozen.thaw()
+    wait_for("the journal replayed", lambda: not store.down and store.journal_pending() == 0, timeout=30)
+    assert _counts(pg_url)["incidents"] == 1
+
+
 def test_a_commit_the_frozen_server_took_is_journaled_and_carried_out_once_when_it_thaws(
         daemon_store: PostgresStore, pg_url: str, frozen: Any) -> None:
     """The transaction's statements reached PostgreSQL, then it froze with the COMMIT in its socket: the
