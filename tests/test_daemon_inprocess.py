@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from babysit.campaign import clicks
 from babysit.channels.notify import ConsoleChannel
 from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Store
 from babysit.probes.gpu import FileGpuProbe
@@ -43,13 +45,15 @@ def _daemon(tmp_path: Path, store: Backend):
 
 
 def _up(tmp_path: Path, store: Backend, clock: FakeClock, host: FakeHostProbe, executor: FakeExecutor,
-        timers: ManualTimers) -> Daemon:
+        timers: ManualTimers, before_first_look: Callable[[Daemon], None] | None = None) -> Daemon:
     """A daemon over the registry, up as start() brings it (a restarted one finds the same live processes)."""
     d = Daemon(tmp_path / "babysit.toml", gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
                channel=ConsoleChannel(tmp_path / ".babysit", None), clock=clock, host_probe=host,
                executors={"local": executor}, timers=timers)
     store.started(d)
     d.reconcile_registry()
+    if before_first_look is not None:
+        before_first_look(d)
     d.handle_requests()  # the first look, as start() takes it
     return d
 
@@ -253,6 +257,81 @@ def test_a_request_the_daemon_died_in_before_answering_is_not_carried_out_twice_
         facts = again.store.run_state("a")[1]
         assert not facts.get(OWED_ANSWERS_FACT) and not facts.get(STARTED_REQUESTS_FACT)
         assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls
+    finally:
+        asker.close()
+        if again is not None:
+            again.exits.close()
+            again.store.close()
+
+
+def _dies_answering(d: Daemon) -> None:
+    def died(*_: object) -> None:
+        raise _Died
+
+    d.store.finish_request = died  # type: ignore[method-assign]
+    with pytest.raises(_Died):
+        d.handle_requests()
+    d.exits.close()
+    d.store.close()
+
+
+def test_an_owner_s_click_the_daemon_died_in_is_answered_as_interrupted_in_the_gateway_s_own_terms(
+        daemon, tmp_path: Path) -> None:
+    """An owner's click (a control request the gateway reads as JSON, clicks.Answer) that the daemon began and
+    died in: the next daemon's answer is one the gateway reads, said to the clicker alone, telling how to
+    check and to click again (before: plain text, which the gateway showed as `Owner call: interrupted: … —
+    ask again if it did not. Nothing was done.`, wrong where the decision had been made)."""
+    d, clock, executor, host, timers = daemon
+    store = Backend()
+    asker = store.asker(d.state_dir)
+    again = None
+    try:
+        request = asker.request("a", clicks.request_action(7, "launch"), "slack:U1", 0.0)
+        _dies_answering(d)
+        again = _up(tmp_path, store, clock, host, executor, timers)
+        shown = clicks.Answer.from_result(asker.request_result(request) or "")
+        assert not shown.accepted
+        assert shown.text.startswith("Owner call #7 (*launch*): babysit stopped while carrying out this decision")
+        assert "babysit status a" in shown.text and "Click again" in shown.text and "Nothing was done" not in shown.text
+    finally:
+        asker.close()
+        if again is not None:
+            again.exits.close()
+            again.store.close()
+
+
+def test_a_begun_mark_survives_a_failed_read_of_the_run_s_facts_and_a_new_request_after_it(
+        any_daemon, tmp_path: Path) -> None:
+    """A poll the first daemon began and died in; the next daemon's read of the run's facts fails once (the
+    store refusing), and a new poll of the same run is in the same look. The new poll's begun mark is written
+    over what the facts hold, not over an empty copy: the first poll is answered `interrupted` at the next
+    round, never taken twice (before: the new mark erased the old, and the first poll was posted again)."""
+    d, clock, executor, host, timers, store = any_daemon
+    asker = store.asker(d.state_dir)
+    again = None
+    try:
+        first = asker.request("a", "poll-now", "test", 0.0)
+        _dies_answering(d)
+        second = asker.request("a", "poll-now", "test", 0.0)
+
+        def flaky_once(daemon: Daemon) -> None:
+            real = daemon.store.run_state
+            failed: list[str] = []
+
+            def run_state(run: str) -> object:
+                if not failed:
+                    failed.append(run)
+                    raise RuntimeError("the store refused the read (once)")
+                return real(run)
+
+            daemon.store.run_state = run_state  # type: ignore[method-assign]
+
+        again = _up(tmp_path, store, clock, host, executor, timers, before_first_look=flaky_once)
+        assert asker.request_result(second) == "polled"
+        again.guards()
+        result = asker.request_result(first)
+        assert result is not None and result.startswith("interrupted"), result
+        assert [p.kind for p in again.store.polls("a")] == ["on-demand", "on-demand"]  # the first's and the second's
     finally:
         asker.close()
         if again is not None:

@@ -533,17 +533,23 @@ class Daemon:
         begun (`_mark_started`) and died in, an answer saying so."""
         if req.run not in self.supervisors:  # answered without acting ("no run named …"): nothing saved
             return False
-        facts = self.store.run_state(req.run)[1]
-        saved = facts.get(OWED_ANSWERS_FACT) or {}
-        started = facts.get(STARTED_REQUESTS_FACT) or {}
+        saved, started = self._saved_facts(req.run)
         key = str(req.id)
         if key not in saved and key not in started:
             return False
-        self._owed_saved[req.run], self._started_saved[req.run] = dict(saved), dict(started)
-        self._owed[req.id] = saved.get(key, f"interrupted: babysit stopped while carrying out this {req.kind} and "
-                                            "does not carry it out twice; `babysit status "
-                                            f"{req.run}` shows whether it took effect — ask again if it did not")
+        self._owed[req.id] = saved[key] if key in saved else _interrupted(req)
         return True
+
+    def _saved_facts(self, run: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The run's owed answers and begun requests, read from its facts once (this daemon's writes keep
+        them since), so that no write of either goes out before what a predecessor left there is known: a
+        write from an empty copy would erase a begun mark and carry its request out twice. A failed read
+        raises: the request waits for the next look."""
+        if run not in self._owed_saved or run not in self._started_saved:
+            facts = self.store.run_state(run)[1]
+            self._owed_saved[run] = dict(facts.get(OWED_ANSWERS_FACT) or {})
+            self._started_saved[run] = dict(facts.get(STARTED_REQUESTS_FACT) or {})
+        return self._owed_saved[run], self._started_saved[run]
 
     def _mark_started(self, req: Row) -> None:
         """A request whose second carrying-out would be a second effect (a poll posted twice, a relaunch of
@@ -554,7 +560,7 @@ class Daemon:
         does not stop the request (it is carried out, as before the mark existed)."""
         if req.kind == "abort" or req.run not in self.supervisors:
             return
-        started = self._started_saved.setdefault(req.run, {})
+        started = self._saved_facts(req.run)[1]  # read by _owed_before just now
         started[str(req.id)] = req.kind
         try:
             self.store.merge_run_facts(req.run, self.ctx.now(), at_once=True,
@@ -568,10 +574,16 @@ class Daemon:
         daemon restarted before it is written writes it rather than carrying the request out again. Only a
         run babysat here (an answer without an action is simply given again); a store that takes nothing
         keeps it in memory."""
-        saved = self._owed_saved.setdefault(run, {})
-        started = self._started_saved.setdefault(run, {})
+        if run not in self.supervisors:
+            return
+        try:
+            saved, started = self._saved_facts(run)
+        except Exception as exc:
+            log.warning("owed control answer not saved; kept in memory", request=request_id, run=run,
+                        error=f"{type(exc).__name__}: {exc}")
+            return
         key = str(request_id)
-        if run not in self.supervisors or (saved.get(key) == answer and (answer is not None or key not in started)):
+        if saved.get(key) == answer and (answer is not None or key not in started):
             return
         if answer is None:
             saved.pop(key, None)
@@ -690,3 +702,16 @@ def open_executor(name: str, state_dir: Path) -> Executor:
     if name == "slurm":
         return SlurmExecutor(state_dir)
     raise ValueError(f"unknown executor {name!r}")
+
+
+def _interrupted(req: Row) -> str:
+    """The answer to a request a daemon began and died in (it is not carried out twice); an owner's click
+    gets it as its gateway reads answers (clicks.Answer), said to the clicker alone."""
+    call = clicks.parse_action(req.kind)
+    if call is not None:
+        return clicks.Answer(False, f"Owner call #{call[0]} (*{call[1]}*): babysit stopped while carrying out "
+                                    f"this decision and does not carry it out twice; `babysit status {req.run}` "
+                                    "shows whether it took effect. Click again if it did not (a decision "
+                                    "already made says so).").to_result()
+    return (f"interrupted: babysit stopped while carrying out this {req.kind} and does not carry it out twice; "
+            f"`babysit status {req.run}` shows whether it took effect — ask again if it did not")
