@@ -503,6 +503,9 @@ class PostgresStore(Store):
         host = self._query("SELECT host FROM runs WHERE run=?", (run,))
         self._query("SELECT pg_notify(?, ?)", (CONTROL_CHANNEL, host[0][0] if host else ""))
 
+    def _this_box(self) -> str | None:
+        return self.host
+
     def pending_requests(self) -> list[Row]:
         """The requests addressed to this box, claimed by it (`FOR UPDATE SKIP LOCKED`: two processes under
         one host name never both take one); a claim of this box's left unanswered by a daemon that died is

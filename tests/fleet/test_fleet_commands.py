@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from babysit.runtime.wake import daemon_pid
-from tests.fleet.helpers import FAKE, PY, babysit, box_env, pg_store, run_toml, wait_for
+from tests.fleet.helpers import FAKE, PY, babysit, box_env, fleet_box, pg_store, run_toml, wait_for
 from tests.reliability.harness import gpu_file
 
 
@@ -92,3 +92,21 @@ def test_babysit_run_on_a_postgres_box_babysits_and_follows_through_postgres(tmp
     finally:
         store.close()
     assert not (box / ".babysit" / "state.db").exists(), "a command opened SQLite on a PostgreSQL box"
+
+
+def test_an_abort_of_a_run_no_box_has_taken_up_yet_is_this_box_s_not_the_first_box_s_to_look(
+        tmp_path: Path, pg_url: str) -> None:
+    """box-a's `babysit abort r1` before box-a's daemon has taken r1 up (no box holds it in the database yet):
+    the request is box-a's, as r1 is in box-a's registry; box-c's daemon, looking first, leaves it (before:
+    box-c took it and answered `no run named r1 is babysat`, and box-a's daemon then launched r1 all the
+    same)."""
+    box = fleet_box(tmp_path, pg_url)
+    got = babysit(box, "abort", "r1", "--wait", "0")
+    assert got.returncode == 0 and "queued" in got.stdout, got.stdout + got.stderr
+    box_c, box_a = pg_store(pg_url, "box-c"), pg_store(pg_url, "box-a")
+    try:
+        assert box_c.pending_requests() == []  # another box's daemon's look
+        assert [(q.run, q.kind) for q in box_a.pending_requests()] == [("r1", "abort")]  # r1's box's
+    finally:
+        box_c.close()
+        box_a.close()
