@@ -45,6 +45,7 @@ GATEWAY_LOCK = 0x62616279_67617465  # pg_advisory_xact_lock key of the gateway c
 NOW = "extract(epoch from clock_timestamp())"
 RECONNECT_MAX_S = 5.0  # the longest pause between two reconnection tries, before its jitter
 RECONNECT_JITTER = 1.5  # each pause is drawn up to this many times its length
+CLOSE_WAIT_S = 10.0  # how long close() waits for the lease's thread before leaving the stop to it
 
 
 def _version() -> str:
@@ -73,6 +74,7 @@ class FleetMember:
         self.pid = pid if pid is not None else os.getpid()
         self._conn: psycopg.Connection[Any] | None = None
         self._stop = threading.Event()
+        self._finish_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.connected = threading.Event()
         self.queries = 0  # every statement this member sent (the idle-load bench reads it)
@@ -94,12 +96,30 @@ class FleetMember:
         self._thread.start()
 
     def close(self) -> None:
+        """The box marked stopped and the connection closed, by the lease's thread as it ends (or here, when
+        none runs). A thread still held by the database after CLOSE_WAIT_S (a statement waiting its deadline,
+        a connection being made) is left to finish: it marks the stop and closes the connection it holds
+        when it returns, and takes no gateway and no new lease meanwhile (before, a connection it made after
+        this returned stayed open, its lease renewed as if the box were up)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        conn = self._conn
+        self._set_gateway(False)
+        thread = self._thread
+        if thread is None:
+            self._finish()
+            return
+        thread.join(timeout=CLOSE_WAIT_S)
+        if thread.is_alive():
+            log.warning("the fleet lease's thread is waiting for the database; it marks this box stopped "
+                        "when it returns", host=self.host)
+        else:
+            self._finish()  # done by the thread as it ended; here too should it have died of a bug
+
+    def _finish(self) -> None:
+        """Once, by the thread that last holds the connection: the box's lease ended as a stop (the gateway,
+        if held, free for another box at once), the connection closed."""
+        with self._finish_lock:
+            conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
-            # the gateway, if held, is free for another box at once
             with contextlib.suppress(psycopg.Error), bounded(conn, self.deadline_s):
                 conn.execute(f"UPDATE hosts SET lease_until = {NOW}, gateway_until = NULL, info = %s"
                              " WHERE name = %s AND pid = %s", (json.dumps({"stopped": True}), self.host, self.pid))
@@ -120,7 +140,10 @@ class FleetMember:
             conn.close()
             raise
         self.queries += 2
-        self._conn = conn
+        with self._finish_lock:
+            self._conn = conn
+        if self._stop.is_set():  # close() came while this connected: the stop is this thread's to mark
+            return
         self.connected.set()
         # cut off until now, this box has seen no one's renewals: it judges none before a whole lease
         # connected plus the longest pause another box cut off with it may still be in before it
@@ -155,6 +178,13 @@ class FleetMember:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._keep()
+        finally:
+            if self._stop.is_set():
+                self._finish()
+
+    def _keep(self) -> None:
         next_renew = time.monotonic() + self.renew_s
         pause = 0.5
         while not self._stop.is_set():
@@ -166,6 +196,8 @@ class FleetMember:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self.connected.clear()
                     self._connect()
+                    if self._stop.is_set():
+                        return
                     pause = 0.5
                     self.on_wake()  # reconnected: whatever was notified meanwhile is lost; look at all once
                     next_renew = time.monotonic() + self.renew_s
@@ -179,10 +211,11 @@ class FleetMember:
             except psycopg.Error as exc:
                 self.connected.clear()
                 log.warning("fleet connection lost; retrying", host=self.host, error=str(exc)[:200])
+                with self._finish_lock:
+                    lost, self._conn = self._conn, None
                 with contextlib.suppress(psycopg.Error):
-                    if self._conn is not None:
-                        self._conn.close()
-                self._conn = None
+                    if lost is not None:
+                        lost.close()
                 # jittered: after a failover every box must not reconnect in the same instant
                 if self._stop.wait(pause * random.uniform(1.0, RECONNECT_JITTER)):
                     return
@@ -255,7 +288,7 @@ class FleetMember:
         return json.dumps(body)
 
     def _set_gateway(self, held: bool) -> None:
-        if held == self.gateway:
+        if held == self.gateway or (held and self._stop.is_set()):  # a box stopping takes up no gateway
             return
         self.gateway = held
         log.warning("gateway lease " + ("taken: this box opens the bot's connection" if held else

@@ -256,6 +256,34 @@ def test_the_fleet_lease_s_stop_on_a_frozen_postgres_returns(pg_url: str, frozen
     assert took < BOUND_S
 
 
+def test_a_lease_thread_still_connecting_when_the_daemon_stops_marks_the_stop_itself_and_takes_no_gateway(
+        pg_url: str, frozen: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon stops while its lease's thread is still held by a frozen server (here: connecting to it).
+    close() returns without it; when the server answers again, the thread connects and then marks the box
+    stopped, takes no gateway, and closes its connection (before: that connection stayed open with the box's
+    lease renewed as if it were up, and the gateway could be taken after the stop)."""
+    from babysit.db import fleet
+
+    monkeypatch.setattr(fleet, "CLOSE_WAIT_S", 0.5)
+    told: list[bool] = []
+    frozen.freeze()
+    member = fleet.FleetMember(pg_url, "box-a", on_wake=lambda: None, on_alert=lambda: None, lease_s=1.5,
+                               deadline_s=DEADLINE_S, on_gateway=told.append)
+    member.start(connect=False)  # a daemon started while the database is down: the thread connects
+    time.sleep(0.5)  # it is in psycopg.connect, waiting for the frozen server's answer
+    _, took = _within(member.close)
+    assert took < 2.0 and member._thread is not None and member._thread.is_alive()
+    frozen.thaw()
+    wait_for("the lease's thread to end", lambda: not member._thread.is_alive(), timeout=BOUND_S)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute("SELECT info, lease_until <= extract(epoch from clock_timestamp()), gateway_until"
+                           " FROM hosts WHERE name = 'box-a'").fetchone()
+        left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'babysit-fleet:box-a'"
+                            ).fetchone()[0]
+    assert row is not None and json.loads(row[0]) == {"stopped": True} and row[1] and row[2] is None, row
+    assert left == 0 and told == [] and not member.gateway
+
+
 # -- readers -------------------------------------------------------------------------------------------------
 def test_a_long_lived_reader_on_a_frozen_postgres_answers_from_the_mirror_and_comes_back(
         box: Path, frozen: Any) -> None:
