@@ -232,3 +232,29 @@ def test_a_poll_the_owning_box_died_in_is_answered_interrupted_by_it_alone_and_t
         assert all(p.kind != "on-demand" for run in ("run-a", "run-c") for p in store.polls(run))
     finally:
         store.close()
+
+
+def test_an_abort_asked_on_a_box_whose_daemon_is_not_up_yet_waits_for_it_while_other_daemons_look(
+        fleet: Fleet) -> None:
+    """`babysit abort run-b` on box-b, its run registered but box-b's daemon not up (no box holds run-b in
+    the database yet), while box-a's and box-c's daemons run and look at every request: neither takes it
+    (before: the first to look answered `no run named run-b is babysat`, and box-b then launched run-b all
+    the same); box-b's daemon, once up, takes it and stops run-b."""
+    for name in ("box-a", "box-c"):
+        fleet.up(name)
+    store = fleet.store()
+    try:
+        for run in ("run-a", "run-c"):
+            wait_for(f"{run} running", lambda run=run: _running(store, run))
+        asked = babysit(fleet.box("box-b"), "abort", "run-b", "--wait", "3")
+        assert asked.returncode == 0 and "queued" in asked.stdout, asked.stdout + asked.stderr
+        (row,) = store._query("SELECT id, host, claimed_by, result FROM control WHERE run = 'run-b'")
+        assert (row[1], row[2], row[3]) == ("box-b", None, None), row  # box-b's, and nobody took it meanwhile
+        fleet.up("box-b")
+        answer = wait_for("box-b's answer", lambda: store.request_result(row[0]))
+        assert answer in ("stopping", "not running"), answer
+        assert store._query("SELECT claimed_by FROM control WHERE id = ?", (row[0],))[0][0] == "box-b"
+        wait_for("run-b stopped", lambda: store.run_state("run-b")[0] in ("stopped", "finished", "failed"))
+        assert all(a.outcome == "stopped" for a in store.attempts("run-b")), store.attempts("run-b")
+    finally:
+        store.close()
