@@ -92,7 +92,7 @@ def poll(cfg: BotConfig, cmd: Command, body: Mapping[str, Any], ack: Ack, respon
             ack(**answer(problem))
             return
         run = str(cmd.run)
-        request = store.request(run, "poll-now", f"slack:{user_of(body)}", time.time(), here=run in reg.names)
+        request = store.request(run, "poll-now", f"slack:{user_of(body)}", time.time())
         ack(**answer(msg.poll_queued(run)))
         result = wait_result(store, request, cfg.request_wait_s, run)
         if result is None:
@@ -127,7 +127,7 @@ def abort_confirmed(cfg: BotConfig, body: Mapping[str, Any], ack: Ack, respond: 
         if not may_abort(user, reg.daemon.abort_allow_list):
             respond(**answer(msg.not_allowed(str(user), "abort", str(run)), replace=True))
             return
-        request = store.request(str(run), "abort", f"slack:{user}", time.time(), here=run in reg.names)
+        request = store.request(str(run), "abort", f"slack:{user}", time.time())
         log.warning("abort requested from Slack", run=run, user=user, request=request)
         respond(**answer(msg.abort_queued(str(run), str(user)), replace=True))
         result = wait_result(store, request, cfg.request_wait_s, str(run))

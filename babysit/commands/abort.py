@@ -23,8 +23,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.run} {over}; nothing to abort")
         return 0
     store = open_store(reg)
-    request = store.request(args.run, "abort", f"cli:{getpass.getuser()}", time.time(),
-                            here=args.run in reg.names)
+    request = store.request(args.run, "abort", f"cli:{getpass.getuser()}", time.time())
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         result = store.request_result(request)

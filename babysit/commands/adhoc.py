@@ -184,7 +184,7 @@ def _request_stop(reg: registry.Registry, name: str, by: str) -> None:
     daemon sees another writer; a fleet's PostgreSQL NOTIFYs the run's box), then the daemon woken."""
     store = open_store(reg)
     try:
-        store.request(name, "abort", by, time.time(), here=True)  # `babysit run` registered it here
+        store.request(name, "abort", by, time.time())
     finally:
         store.close()
     wake.wake(reg.state_dir)

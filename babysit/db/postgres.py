@@ -24,7 +24,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -190,14 +190,16 @@ class PostgresStore(Store):
 
     def __init__(self, url: str, *, host: str | None = None, state_dir: Path | None = None,
                  may_start_down: bool = False, reader: bool = False,
-                 deadline_s: float | None = DEADLINE_S) -> None:
+                 deadline_s: float | None = DEADLINE_S, own_runs: Collection[str] = ()) -> None:
         """`may_start_down`: the daemon's store, which with PostgreSQL unreachable starts from the box's
         local mirror (`start_journal`) when it has one; the schema is then checked once the database is back.
         `reader`: a reader's with the box's mirror to show instead (the web page, `status`), which gives a
         silent host READ_CONNECT_TIMEOUT_S and a silent network journal.TCP_BOUNDS (babysit/view/readstore.py);
         its caller gives it a reader's `deadline_s` too. `deadline_s`: how long one statement may wait for
-        PostgreSQL's answer (None: for ever, `babysit db copy`'s)."""
+        PostgreSQL's answer (None: for ever, `babysit db copy`'s). `own_runs`: the runs of this box's registry
+        (a request for one that no box holds yet is this box's: `_box_for`)."""
         self.url = url
+        self._own_runs = frozenset(own_runs)
         self.deadline_s = deadline_s
         self._setting = READ_DEADLINE_SETTING if reader else DEADLINE_SETTING
         self.where = redact(url)
@@ -503,8 +505,8 @@ class PostgresStore(Store):
         host = self._query("SELECT host FROM runs WHERE run=?", (run,))
         self._query("SELECT pg_notify(?, ?)", (CONTROL_CHANNEL, host[0][0] if host else ""))
 
-    def _this_box(self) -> str | None:
-        return self.host
+    def _box_for(self, run: str) -> str | None:
+        return self.host if run in self._own_runs else None
 
     def pending_requests(self) -> list[Row]:
         """The requests addressed to this box, claimed by it (`FOR UPDATE SKIP LOCKED`: two processes under

@@ -836,22 +836,22 @@ class Store:
         """Changes whenever another connection (another process) commits to the database."""
         return self._query("PRAGMA data_version")[0][0]
 
-    def request(self, run: str, action: str, requested_by: str, now: float, *, here: bool = False) -> int:
+    def request(self, run: str, action: str, requested_by: str, now: float) -> int:
         """Queue a control request, then wake the daemon (committed first: a wake finds it, and a daemon
-        that is not up finds it when it starts). `here`: the run is in this box's registry, so a request for
-        it while no box holds it yet (its daemon not up, or not yet come to it) is this box's to carry out,
-        not the first box's that looks (a fleet)."""
+        that is not up finds it when it starts). Addressed to the box that holds the run, else (a fleet) to
+        `_box_for(run)`: this box for a run of its registry whose daemon is not up or has not come to it yet,
+        not the first box that looks."""
         with self.tx() as db:
             # addressed to the box that owns the run (none on SQLite: the one daemon of the state directory)
             request_id = self._insert_id(db, "INSERT INTO control (run, action, requested_by, requested_at, host)"
                                          " VALUES (?, ?, ?, ?, COALESCE((SELECT host FROM runs WHERE run=?), ?))",
-                                         (run, action, requested_by, now, run, self._this_box() if here else None))
+                                         (run, action, requested_by, now, run, self._box_for(run)))
         self._wake_daemon(run)
         return request_id
 
-    def _this_box(self) -> str | None:
-        """The box a request is addressed to when the run is this box's and no box holds it yet (None on
-        SQLite: its one daemon takes every request)."""
+    def _box_for(self, run: str) -> str | None:
+        """The box a request for `run` is addressed to while no box holds the run (None on SQLite: its one
+        daemon takes every request)."""
         return None
 
     def _wake_daemon(self, run: str) -> None:

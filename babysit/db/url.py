@@ -56,7 +56,8 @@ def open_store(registry: Registry, environ: Mapping[str, str] | None = None, *, 
     settings = registry.store
     return PostgresStore(url, host=host_name(registry, environ), state_dir=registry.state_dir,
                          may_start_down=daemon, reader=reader,
-                         deadline_s=settings.read_deadline_seconds if reader else settings.deadline_seconds)
+                         deadline_s=settings.read_deadline_seconds if reader else settings.deadline_seconds,
+                         own_runs=registry.names)
 
 
 def open_existing(registry: Registry, environ: Mapping[str, str] | None = None, *,

@@ -102,6 +102,6 @@ def request(reg: registry.Registry, run: str, by: str, *, resume: bool) -> int:
     is a row of its PostgreSQL addressed to the run's box, as every control request is."""
     store = open_store(reg)
     try:
-        return store.request(run, ACTION_RESUME if resume else ACTION, by, time.time(), here=run in reg.names)
+        return store.request(run, ACTION_RESUME if resume else ACTION, by, time.time())
     finally:
         store.close()
