@@ -20,7 +20,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -187,15 +187,15 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, build:
         return value
 
 
-@pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """This worker's PostgreSQL server (tests/postgres.py); skips where the binaries are missing."""
+def _worker_server(tmp_path_factory: pytest.TempPathFactory, *, tcp: bool = False) -> Iterator[Any]:
+    """A server of this worker's on a copy of the session's cluster (tests/postgres.py), stopped and removed
+    at the session's end; skips where the binaries are missing."""
     from tests import postgres as pg
 
     pg.require()
     cluster = once_per_session(tmp_path_factory, "pg-cluster",
                                lambda: pg.make_cluster(shared_dir(tmp_path_factory, "pg")))
-    server = pg.start_worker_server(Path(cluster))
+    server = pg.start_worker_server(Path(cluster), tcp=tcp)
     try:
         yield server
     finally:
@@ -204,20 +204,16 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="session")
-def postgres_tcp(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """This worker's second server, on the same cluster, reached over TCP at 127.0.0.1 (as a fleet's boxes
-    reach theirs); started only for the tests that ask for it."""
-    from tests import postgres as pg
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This worker's PostgreSQL server, on its Unix socket."""
+    yield from _worker_server(tmp_path_factory)
 
-    pg.require()
-    cluster = once_per_session(tmp_path_factory, "pg-cluster",
-                               lambda: pg.make_cluster(shared_dir(tmp_path_factory, "pg")))
-    server = pg.start_worker_server(Path(cluster), tcp=True)
-    try:
-        yield server
-    finally:
-        server.stop(mode="immediate")
-        shutil.rmtree(server.root, ignore_errors=True)
+
+@pytest.fixture(scope="session")
+def postgres_tcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This worker's second server, reached over TCP at 127.0.0.1 (as a fleet's boxes reach theirs); started
+    only for the tests that ask for it."""
+    yield from _worker_server(tmp_path_factory, tcp=True)
 
 
 @pytest.fixture

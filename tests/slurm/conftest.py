@@ -22,33 +22,52 @@ REPO = Path(__file__).resolve().parents[2]
 JOBSCRIPT = Path(__file__).resolve().parent / "jobscript.py"
 
 
-def slurm_unavailable() -> str | None:
-    """Why the Slurm tests cannot run here, or None when a node is idle and takes jobs."""
+class NoSlurm(Exception):
+    """No Slurm to ask here: the message says how to start one."""
+
+
+def node_states() -> tuple[list[str], str]:
+    """The Slurm nodes' states (`sinfo -h -o %T`, without the `*` of a node not responding) and sinfo's
+    stderr; NoSlurm where its tools are missing or it does not answer."""
     for tool in ("sinfo", "sbatch", "scontrol", "scancel", "squeue"):
         if shutil.which(tool) is None:
-            return f"{tool} not on PATH: start a single-node Slurm with `sudo .ci/slurm-up.sh`"
+            raise NoSlurm(f"{tool} not on PATH: start a single-node Slurm with `sudo .ci/slurm-up.sh`")
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo did not answer ({exc}): is slurmctld running? (`.ci/slurm-up.sh`)"
-    states = out.stdout.split()
-    if not any(s.rstrip("*") in ("idle", "mixed") for s in states):
-        return f"no idle Slurm node (sinfo: {states or out.stderr.strip() or 'nothing'}): run `.ci/slurm-up.sh`"
-    return None
+        raise NoSlurm(f"sinfo did not answer ({exc}): is slurmctld running? (`.ci/slurm-up.sh`)") from exc
+    return [s.rstrip("*") for s in out.stdout.split()], out.stderr.strip()
 
 
-BUSY_WAIT_S = 120.0  # a node still allocated to an earlier job (another session's, a killed test's) frees up
+def slurm_unavailable() -> str | None:
+    """Why the Slurm tests cannot run here, or None when a node is idle and takes jobs."""
+    try:
+        states, stderr = node_states()
+    except NoSlurm as exc:
+        return str(exc)
+    if any(s in ("idle", "mixed") for s in states):
+        return None
+    return f"no idle Slurm node (sinfo: {states or stderr or 'nothing'}): run `.ci/slurm-up.sh`"
+
+
+def _busy() -> bool:
+    try:
+        return any(s in BUSY for s in node_states()[0])
+    except NoSlurm:
+        return False
+
+
+BUSY = ("allocated", "completing")  # a node still given to an earlier job (another session's, a killed test's)
+BUSY_WAIT_S = 120.0
 
 
 @pytest.fixture(scope="session")
 def cluster() -> None:
-    """Skips where no Slurm is up; a node that is up but allocated is waited for (BUSY_WAIT_S), not skipped
-    at once: the suite's jobs would queue behind the other job anyway."""
-    reason = slurm_unavailable()
+    """Skips where no Slurm is up; a node that is up but still busy with an earlier job is waited for
+    (BUSY_WAIT_S), not skipped at once: the suite's jobs would queue behind that job anyway."""
     deadline = time.monotonic() + BUSY_WAIT_S
-    while reason and reason.startswith("no idle Slurm node") and "alloc" in reason and time.monotonic() < deadline:
+    while (reason := slurm_unavailable()) and _busy() and time.monotonic() < deadline:
         time.sleep(2.0)
-        reason = slurm_unavailable()
     if reason:
         pytest.skip(reason)
 
