@@ -7,7 +7,10 @@
 Parts: the read; the timed worker's handoff (an empty job); the read's work on this thread (`_read_now`:
 the window's sample, the events, `_read_gpu`); `_read_gpu` alone; the health batch (`health.read_fields`);
 the round's fields through pynvml's `nvmlDeviceGetFieldValues` and through the array prepared once
-(probes/nvml_fields.py); and the NVML calls of a read one by one. Medians of `--n` calls. A part the code
+(probes/nvml_fields.py); the read's main NVML calls on this thread and as one job on the worker (their
+difference less the handoff: what running them on another thread costs; `taskset -c N python …`, every
+thread on one core, takes a second core's wake-up out of the handoff); and the NVML calls of a read one by
+one. Medians of `--n` calls. A part the code
 does not have (43c3b3c has no worker and no health batch) is "—". `--before DIR` runs this same script in a
 child with DIR first on PYTHONPATH, after this code's run: the same parts, the same machine, minutes apart.
 
@@ -37,6 +40,8 @@ PARTS = (
     ("read", "`NvmlGpuProbe.read([gpu])`"),
     ("read_cpu", "`NvmlGpuProbe.read([gpu])`: CPU of every thread (mean, `time.process_time`)"),
     ("handoff", "the timed worker's handoff (an empty job)"),
+    ("calls", "the read's main NVML calls (memory, processes, the round's fields) on this thread"),
+    ("calls_worker", "the same calls as one job on the timed worker"),
     ("read_now", "`_read_now` on this thread (sample, events, `_read_gpu`)"),
     ("sample", "the window's sample (`_sample_gpu`)"),
     ("read_gpu", "`_read_gpu` alone"),
@@ -114,6 +119,18 @@ def measure(n: int, gpu: int, window: str, nv: Any) -> dict[str, Any]:
                 wrapped = batches[0].answer(lib.nvmlDeviceGetFieldValues(h, ids))
                 out["same_answer"] = wrapped is not None and wrapped == batches[0].answer(batches[0].fetch(h))
             out["fields"] = names
+        if caller is not None:
+            fields = getattr(state, "batches", None)
+            fetch = fields[0].fetch if fields is not None and fields[0].fetch is not None else None
+
+            def calls() -> None:
+                lib.nvmlDeviceGetMemoryInfo(h)
+                lib.nvmlDeviceGetComputeRunningProcesses(h)
+                if fetch is not None:
+                    fetch(h)
+
+            timed["calls"] = calls
+            timed["calls_worker"] = lambda: caller.call(calls)
         timed["processes"] = lambda: lib.nvmlDeviceGetComputeRunningProcesses(h)
         timed["memory"] = lambda: lib.nvmlDeviceGetMemoryInfo(h)
         timed["utilization"] = lambda: lib.nvmlDeviceGetUtilizationRates(h)
