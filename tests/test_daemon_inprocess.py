@@ -276,13 +276,12 @@ def _dies_answering(d: Daemon) -> None:
 
 
 def test_an_owner_s_click_the_daemon_died_in_is_answered_as_interrupted_in_the_gateway_s_own_terms(
-        daemon, tmp_path: Path) -> None:
+        any_daemon, tmp_path: Path) -> None:
     """An owner's click (a control request the gateway reads as JSON, clicks.Answer) that the daemon began and
     died in: the next daemon's answer is one the gateway reads, said to the clicker alone, telling how to
     check and to click again (before: plain text, which the gateway showed as `Owner call: interrupted: … —
     ask again if it did not. Nothing was done.`, wrong where the decision had been made)."""
-    d, clock, executor, host, timers = daemon
-    store = Backend()
+    d, clock, executor, host, timers, store = any_daemon
     asker = store.asker(d.state_dir)
     again = None
     try:
