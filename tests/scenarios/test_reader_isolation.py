@@ -19,8 +19,9 @@ from tests.scenarios.conftest import PY, Daemon, babysit, wait_for
 
 STALL_MINUTES = 5  # 5 s under --accelerated
 GUARD_SECONDS = 0.5  # the default 30 s guard interval, accelerated
-# ~200 MB in a few seconds: far more than babysit reads before the checks below (~8 s in), on 2 cores quiet or
-# loaded (1.5 M lines were all read by then once, on a quiet box, and the SIGTERM came after the flood)
+# ~300 MB in a few seconds, begun once the other checks are done (the gate): the reader-behind incident comes
+# ~2 s in and the SIGTERM at once, far before babysit has read it all on 2 cores quiet or loaded (begun with
+# the daemon, 1.5 M and then 3 M lines were all read by the SIGTERM ~8 s in, on a quiet box)
 FLOOD_LINES = 3_000_000
 
 STALLS = """
@@ -37,7 +38,10 @@ for i in range(120):  # log-unreadable needs 100 lines and 5 declared minutes
 time.sleep(600)
 """
 FLOODS = f"""
-import sys, time
+import os, sys, time
+print("iter 0: loss 3.0000, waiting for the gate", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
 w = sys.stdout.write
 for i in range(1, {FLOOD_LINES} + 1):
     w(f"iter {{i}}: loss {{3 + (i % 1000) / 1000:.4f}}, time 1.00ms, mfu 1.20%, tokens/s 123456.7, lr 3e-4\\n")
@@ -46,11 +50,11 @@ time.sleep(600)
 """
 
 
-def register(root: Path, name: str, program: str, regex: str, stall_minutes: int) -> None:
+def register(root: Path, name: str, program: str, regex: str, stall_minutes: int, *args: str) -> None:
     spec = root / f"{name}.toml"
     spec.write_text(f"""[run]
 name = "{name}"
-command = {json.dumps([PY, "-c", program])}
+command = {json.dumps([PY, "-c", program, *args])}
 
 [guards]
 min_free_host_ram_gib = 0.1
@@ -73,7 +77,8 @@ regex = '{regex}'
 def test_a_pathological_pattern_and_a_flooding_run_leave_a_stalled_neighbour_stopped_on_time(
         workspace: Path) -> None:
     register(workspace, "backtracks", BACKTRACKS, "^(?P<step>(a|aa)+)$", stall_minutes=60)
-    register(workspace, "floods", FLOODS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=60)
+    gate = workspace / "flood.go"
+    register(workspace, "floods", FLOODS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", 60, str(gate))
     register(workspace, "stalls", STALLS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=STALL_MINUTES)
     daemon = Daemon(workspace, "--no-view", "--gpu-probe", "none")
     store = Store.in_dir(workspace / ".babysit")
@@ -87,6 +92,7 @@ def test_a_pathological_pattern_and_a_flooding_run_leave_a_stalled_neighbour_sto
         unreadable = wait_for(lambda: [i for i in store.incidents("backtracks") if i.kind == "log-unreadable"],
                               60, "the bad pattern's incident")[0]
         assert unreadable.body["records_parsed"] == 0 and unreadable.body["lines_seen"] >= 100
+        gate.touch()  # the flood now
         behind = wait_for(lambda: [i for i in store.incidents("floods") if i.kind == "reader-behind"], 60,
                           "the flooding run's reader-behind incident")[0]
         assert behind.body["unread_bytes"] > 0 and behind.body["unread_lines"] > 0, behind.body
