@@ -43,9 +43,20 @@ def tree() -> Iterator[tuple[subprocess.Popen, list[int]]]:
                             start_new_session=True)
     assert root.stdout is not None
     kids = [int(x) for x in root.stdout.readline().split()]
+    _wait_for_zombie(kids[-1])  # `true` may still be running under load: the tree is as described once it exited
     yield root, kids
     os.killpg(root.pid, signal.SIGKILL)
     root.wait(timeout=10)
+
+
+def _wait_for_zombie(pid: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] == "Z":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"`true` (pid {pid}) did not exit within 20 s")
 
 
 def _wait_for_grandchild(root: int) -> dict[int, proctree.Stat]:
