@@ -112,8 +112,7 @@ class DeferredWriter:
     def __init__(self, writer: JsonlWriter, delay: float = 0.1) -> None:
         self.writer = writer
         self.delay = delay
-        # what is waiting: (step, ts, fields) records (`put`) and (template, values) checked lines (`put_line`)
-        self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.queue: collections.deque[tuple[Any, float, Mapping[str, Any]]] = collections.deque()  # (step, ts, fields)
         self._lock = threading.Lock()  # one flush at a time: lines in queue order
         self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by a record that found the queue empty
         self._stop = threading.Event()
@@ -126,15 +125,6 @@ class DeferredWriter:
         q = self.queue
         q.append((step, time.time(), fields))
         if len(q) == 1:  # appended, then counted: a flush draining the queue meanwhile misses no ring
-            self.ring()
-
-    def put_line(self, template: bytes, values: tuple[Any, ...]) -> None:
-        """Queue one line checked by the caller: `client.line_template`'s template and its values (step, ts,
-        then the fields'), each a plain int or a finite float — formatted as they are, with no check and no
-        dict to read on the records' thread (a hook's step record, flattened where it was checked)."""
-        q = self.queue
-        q.append((template, values))
-        if len(q) == 1:
             self.ring()
 
     def ring(self) -> None:

@@ -20,12 +20,11 @@ before logging it; `grad_norm` and `eval_loss` still show the divergence, and th
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe, plain_finite
-from babysit.integrations.client import JsonlWriter, line_template
+from babysit.integrations import EXIT_DIVERGED, DeferredWriter, Diverged, NonfiniteWatch, describe
+from babysit.integrations.client import JsonlWriter
 
 try:
     from transformers import TrainerCallback
@@ -39,23 +38,15 @@ STEP_RECORDS_DELAY = 1.0  # seconds a step record may wait: babysit reads a sour
 
 def _eval_keys(keys: tuple[Any, ...]) -> bool:
     """Whether a record with these keys is one HF logs after an evaluation (`eval_loss`, `eval_accuracy`,
-    …; `test_*` from predict), remembered for the key set: a step's `on_log` then looks up one tuple instead
-    of testing every key (a generator and a `startswith` a key, ~15 µs of a cold step here). A step record's
-    key set is remembered with its line's template too (`_STEP_LINES`: its keys, then `total_steps`)."""
+    …; `test_*` from predict), remembered for the key set: a step's `on_log` then looks up one tuple."""
     is_eval = any(type(key) is str and key.startswith(("eval_", "test_")) for key in keys)
     if len(_EVAL_KEYS) < _MAX_KEY_SETS:
         _EVAL_KEYS[keys] = is_eval
-        if not is_eval and "total_steps" not in keys:
-            template = line_template((*keys, "total_steps"))
-            if template is not None:
-                _STEP_LINES[keys] = template
     return is_eval
 
 
 _EVAL_KEYS: dict[tuple[Any, ...], bool] = {}  # a record's keys -> an eval record's (_eval_keys)
-_STEP_LINES: dict[tuple[Any, ...], bytes] = {}  # a step record's keys -> its line's template, total_steps last
 _MAX_KEY_SETS = 1024  # a trainer logging ever new keys: past this, each new set is tested at each record
-_now = time.time
 
 
 class _AnyArguments:
@@ -106,11 +97,8 @@ class BabysitCallback(TrainerCallback):
     def __init__(self, path: str | None = None, *, watch: Sequence[str] | None = None,
                  exit_code: int | None = EXIT_DIVERGED) -> None:
         self.writer = JsonlWriter(path, all_ranks=True)  # HF says which process is the main one
-        # step records written off the training thread, a second later, one write a batch: a batch costs
-        # ~0.3 ms of CPU (a thread's wake-up, the encoding, the write), a tenth of a second's batches 0.3 %
-        # of a busy box's CPU, a second's 0.03 % (bench/README.md §10); evals go at once (on_log)
+        # step records are written off the training thread, one write a second; evals at once (on_log)
         self.records = DeferredWriter(self.writer, delay=STEP_RECORDS_DELAY)
-        self._put_line = self.records.put_line  # bound once: on_log's one call for a step's record
         self.watch = None if watch is None else tuple(watch)
         self.nonfinite = NonfiniteWatch(self.watch)
         self.exit_code = exit_code
@@ -125,29 +113,13 @@ class BabysitCallback(TrainerCallback):
     on_init_end = on_train_begin = on_epoch_begin = on_epoch_end = on_evaluate = on_predict = _ignore
     on_prediction_step = on_save = on_push_begin = _ignore
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, model: Any = None,
-               processing_class: Any = None, optimizer: Any = None, lr_scheduler: Any = None,
-               train_dataloader: Any = None, eval_dataloader: Any = None, **kwargs: Any) -> None:
-        """A step's record queued as its line's values (the common case, in one pass: its keys seen before as
-        a step record's, its values plain finite numbers, nothing pending, the main process, HF's int step and
-        max_steps); anything else `_log`, the same record. The values are read here, into a tuple: a callback
-        after this one changing HF's dict (`PrinterCallback` pops `total_flos`) changes nothing written."""
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """One record a `Trainer.log`: an eval's is on disk before this returns, a step's is queued. The
+        record is a copy: a callback after this one changing HF's dict (`PrinterCallback` pops
+        `total_flos`) changes nothing written."""
         if not logs:
             return
         keys = tuple(logs)
-        template = _STEP_LINES.get(keys)
-        if template is not None and state.is_world_process_zero and not self.nonfinite.pending:
-            step, total = state.global_step, state.max_steps
-            # plain_finite: NonfiniteWatch.check has nothing to see, the line's values go as they are
-            if type(step) is int and type(total) is int and total > 0 and plain_finite(logs):
-                self._put_line(template, (step, _now(), *logs.values(), total))
-                return
-        self._log(state, control, logs, keys)
-
-    def _log(self, state: Any, control: Any, logs: dict[str, Any], keys: tuple[Any, ...]) -> None:
-        """Every record `on_log`'s one pass does not take: an eval (on disk before it returns), a value to
-        check (a non-finite one, a numpy/torch scalar), a pending grad norm, another rank's record, a key set
-        seen for the first time."""
         is_eval = _EVAL_KEYS.get(keys)
         if is_eval is None:
             is_eval = _eval_keys(keys)
