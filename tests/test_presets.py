@@ -173,25 +173,33 @@ def test_lightning_preset_reads_real_tqdm_bar_output_with_prog_bar_metrics(tmp_p
     assert not got.problems
 
 
-def test_auto_says_none_matched_and_what_would(tmp_path):
+def test_auto_reads_with_the_general_reader_when_no_preset_matches(tmp_path):
     src = source({"kind": "stdout", "preset": "auto"})
     got = read_lines(src, tmp_path, "loading data\nEpoch 3 step 120 loss=0.52 acc 0.91\n")
+    assert [(i.step, i.metrics) for i in got.items] == [(120, {"loss": 0.52, "acc": 0.91})]
+    assert got.notices == (("preset", "general"),) and got.state["preset"] == "general"
+
+
+def test_auto_says_none_matched_and_what_would(tmp_path):
+    """A counter no reader knows (`upd`): nothing reads the line, and the message says what would."""
+    src = source({"kind": "stdout", "preset": "auto"})
+    got = read_lines(src, tmp_path, "loading data\nupd 120 loss=0.52 acc 0.91\n")
     assert got.items == () and got.notices == ()
     message = unreadable(src, Evidence(lines_seen=got.lines, records_parsed=0, output_bytes=100, sample=got.sample),
                          log=tmp_path / "records.jsonl")
-    assert "no preset matched" in message and "nanogpt" in message
+    assert "no preset matched" in message and "nanogpt" in message and "general reader" in message
     would = suggest(got.sample)
     assert would in message
     follow = source({"kind": "stdout", "patterns": [{"regex": would}]})
-    again = read_lines(follow, tmp_path / "b", "Epoch 3 step 120 loss=0.52 acc 0.91\n")
-    assert [(i.step, i.metrics) for i in again.items] == [(120, {"epoch": 3.0, "loss": 0.52, "acc": 0.91})]
+    again = read_lines(follow, tmp_path / "b", "upd 120 loss=0.52 acc 0.91\n")
+    assert [(i.step, i.metrics) for i in again.items] == [(120, {"loss": 0.52, "acc": 0.91})]
 
 
-def test_a_more_specific_preset_replaces_tqdm_when_its_line_comes(tmp_path):
+def test_a_more_specific_preset_replaces_the_general_reader_when_its_line_comes(tmp_path):
     src = source({"kind": "stdout", "preset": "auto"})
     bar = " 33%|███▎      | 10/30 [00:01<00:02,  9.50it/s]\n"
     first = read_lines(src, tmp_path, "", bar)
-    assert first.notices == (("preset", "tqdm"),) and first.items[0].step == 10
+    assert first.notices == (("preset", "general"),) and first.items[0].step == 10
     later = read_lines(src, tmp_path, "{'loss': '3.908', 'grad_norm': '0.8837', 'learning_rate': '0.0008667', "
                        "'epoch': '0.8333'}\n", state=first.state)
     assert later.notices == (("preset", "huggingface"),)

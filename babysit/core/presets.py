@@ -19,6 +19,10 @@ AUTO = "auto"
 # Most specific first: the first preset that matches a printed line is the run's. tqdm is last: a
 # progress bar is printed by trainers whose own lines say more.
 ORDER = ("nanogpt", "word_language_model", "torchtitan", "lightning", "huggingface", "tqdm")
+# What `auto` tries, in order, before the general reader (core/printed.py), which reads what the rest do
+# not. tqdm is left to `preset = "tqdm"`: the general reader reads a bar's step and its postfix metrics too.
+AUTO_ORDER = tuple(n for n in ORDER if n != "tqdm")
+GENERAL = "general"  # the reader `auto` falls back on: not a preset file, core/printed.py
 
 
 def _folder() -> Any:
@@ -30,6 +34,11 @@ def names() -> tuple[str, ...]:
     """The presets shipped, in the order `auto` tries them (any not in ORDER after, by name)."""
     found = sorted(e.name[:-5] for e in _folder().iterdir() if e.name.endswith(".toml"))
     return tuple(n for n in ORDER if n in found) + tuple(n for n in found if n not in ORDER)
+
+
+def auto_names() -> tuple[str, ...]:
+    """The presets `auto` tries on a line before the general reader, in order."""
+    return tuple(n for n in names() if n in AUTO_ORDER)
 
 
 def display(name: str) -> str:

@@ -177,8 +177,8 @@ def parse_source(t: Table | None, *, workdir: Path, name: str, log: Path | None)
     candidates: tuple[tuple[str, tuple[SourcePattern, ...]], ...] = ()
     detect: dict[str, str] = {}
     if preset == AUTO:
-        candidates = tuple((n, preset_patterns(n, t)) for n in presets.names())
-        detect = {n: presets.load(n)["detect"] for n in presets.names() if "detect" in presets.load(n)}
+        candidates = tuple((n, preset_patterns(n, t)) for n in presets.auto_names())
+        detect = {n: presets.load(n)["detect"] for n in presets.auto_names() if "detect" in presets.load(n)}
     elif preset is not None:
         if preset not in presets.names():
             raise t.error("preset", "one of " + ", ".join(f'"{n}"' for n in presets.names()) + ' or "auto"', preset)
@@ -287,6 +287,9 @@ def describe(source: SourceSpec) -> dict[str, Any]:
 
 def preset_line(name: str) -> str:
     """What `auto` (or `preset = NAME`) reads, said once in the run's thread, status and `babysit run`."""
+    if name == presets.GENERAL:
+        return ("no preset matched its printed lines: the general reader reads them (a step counter such as "
+                "`step 10`, `iter 10/500` or `epoch 1 batch 20/100`, and `name value` metrics; docs/your-trainer.md)")
     table = presets.load(name)
     metrics = sorted({g for p in preset_patterns(name) for g in p.metric_groups})
     return (f'its printed lines match preset "{name}" ({table.get("description", name)}): reading '

@@ -12,7 +12,8 @@ import re
 NUMBER = re.compile(r"(?P<name>[A-Za-z_][\w/]*)?(?P<sep>[\s:=]*)"
                     r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)",
                     re.IGNORECASE)
-STEP_WORDS = ("step", "iter", "iteration", "it", "global_step", "batch", "epoch")
+STEP_WORDS = ("global_step", "step", "iter", "iteration", "it", "update", "updates", "upd", "batch", "epoch")
+_UNNAMED = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def suggest(line: str) -> str | None:
@@ -38,12 +39,24 @@ def suggest(line: str) -> str | None:
     parts, pos, used = [], found[0][0].start(), set()
     for k, (m, name) in enumerate(found):
         start = m.start("num")
-        parts.append(re.escape(line[pos:start]).replace("\\ ", r"\s*") if pos < start else "")
+        parts.append(_literal(line[pos:start]) if pos < start else "")
         group = "step" if k == step_at else _unique(name, used)
         parts.append(r"(?P<step>\d+)" if k == step_at else rf"(?P<{group}>[-+.\w]+)")
         used.add(group)
         pos = m.end("num")
     return "".join(parts)
+
+
+def _literal(text: str) -> str:
+    """The text between two named numbers as a regex: spaces loose, a number no word names (`/3` of
+    `epoch 1/3`) any number, never the one printed on this line."""
+    out, pos = [], 0
+    for m in _UNNAMED.finditer(text):
+        out.append(re.escape(text[pos:m.start()]).replace("\\ ", r"\s*"))
+        out.append(r"[-+.\w]+")
+        pos = m.end()
+    out.append(re.escape(text[pos:]).replace("\\ ", r"\s*"))
+    return "".join(out)
 
 
 def _unique(name: str, used: set[str]) -> str:

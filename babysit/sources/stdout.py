@@ -30,7 +30,8 @@ from typing import Any
 
 import re2
 
-from babysit.core import expr
+from babysit.core import expr, printed
+from babysit.core.presets import GENERAL
 from babysit.core.source_spec import (
     AUTO,
     RESERVED,
@@ -148,6 +149,7 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     sample: bytes | None = None
     more = False
     own, compiled, candidates = _prepared(source, preset)
+    general = printed.Progress.from_dict(state.get("general")) if _general_on(source, preset) else None
     ctx.track = _computes(compiled, candidates)
     filters = _filters(compiled)
     attempt = state.get("attempt")
@@ -159,6 +161,8 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
             break
         if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
             attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
+            if general is not None:
+                general = printed.Progress()
         before = ln.Cursor.from_dict(cursors.get(key))
         twins = _twins(compiled) if not candidates and not ctx.track else None
         whole = FAST_LINE_BYTES if twins is not None and all(t.edges for t in twins) else 0
@@ -214,11 +218,44 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
                         filters = _filters(compiled)
                         ctx.notices.append(("preset", name))
                         break
+            if not matched and general is not None and preset in (None, GENERAL):
+                # no preset reads it: the general reader (core/printed.py) may
+                matched = _read_general(general, text, items, source.step_offset, ctx)
+                if matched and preset is None:
+                    preset = GENERAL
+                    ctx.notices.append(("preset", GENERAL))
             if not matched:
                 sample = text
+    if general is not None:
+        ctx.notices.extend(general.notices)
+        general.notices.clear()
     new_state = {"cursors": new_cursors, "context": ctx.to_dict(), "preset": preset, "attempt": attempt}
+    if general is not None and preset in (None, GENERAL):
+        new_state["general"] = general.to_dict()
     return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more, new_state,
                       tuple(ctx.notices))
+
+
+def _general_on(source: SourceSpec, preset: str | None) -> bool:
+    """`auto` falls back on the general reader while no preset has read a line."""
+    return source.preset == AUTO and preset in (None, GENERAL)
+
+
+def _read_general(progress: printed.Progress, raw: bytes, out: list[Item | Block], offset: int,
+                  ctx: LineContext) -> bool:
+    """One line no preset read, through the general reader: its record appended; whether it was one. Its
+    step is kept as the latest `step`, where a preset that places its records at the step read last (HF's
+    dicts) finds it."""
+    text = raw.decode("utf-8", errors="replace")
+    parsed = printed.parse(text)
+    if parsed is None:
+        return False
+    got = progress.step(parsed, text)
+    if got is None:
+        return False
+    out.append(Item(got[0] + offset, got[1]))
+    ctx.values["step"] = float(got[0])
+    return True
 
 
 _PREPARED: dict[tuple[int, str | None], tuple[SourceSpec, list[Matcher], list[Matcher], list[Any]]] = {}
@@ -570,7 +607,7 @@ def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[
     if source.preset != AUTO:
         return []
     names = [name for name, _ in source.candidates]
-    ahead = names if chosen is None else names[:names.index(chosen)] if chosen in names else []
+    ahead = names if chosen is None or chosen == GENERAL else names[:names.index(chosen)] if chosen in names else []
     pats = dict(source.candidates)
     return [(name, matchers(source, pats[name]), compile_regex(source.detect[name]) if name in source.detect
              else None) for name in ahead]
@@ -666,8 +703,9 @@ class StdoutKind(Kind):
         if chosen is not None:
             return "📄 " + preset_line(chosen)
         would = suggest(sample) if sample else None
-        return ("📄 no preset matched its printed lines yet (tried " + ", ".join(n for n, _ in source.candidates) + ")"
-                + (f"; a line none matched: {sample!r}; a pattern that would read it: regex = '{would}'"
+        return ("📄 nothing reads its printed lines yet (presets tried: " + ", ".join(n for n, _ in source.candidates)
+                + "; the general reader found no step counter with metrics)"
+                + (f"; a line none read: {sample!r}; a pattern that would read it: regex = '{would}'"
                    if would else "") + " (docs/your-trainer.md)")
 
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
@@ -675,9 +713,11 @@ class StdoutKind(Kind):
         if source.preset == AUTO and not source.patterns:
             would = suggest(evidence.sample) if evidence.sample else None
             return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed: no preset matched them (tried "
-                    + ", ".join(name for name, _ in source.candidates) + ")."
-                    + sample(evidence, "A line none matched")
-                    + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else "")
+                    + ", ".join(name for name, _ in source.candidates) + ") and the general reader found no step "
+                    "counter (`step 10`, `iter 10/500`, `epoch 1 batch 20/100`) with `name value` metrics in them."
+                    + sample(evidence, "A line none read")
+                    + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else
+                       " Print a step counter beside the metrics (`step 10 loss 0.52`).")
                     + " Write [source] kind = \"stdout\" with [[source.patterns]] in run.toml (docs/your-trainer.md), "
                     "or log with babysit.log(step, loss=…).")
         tried = "; ".join(f"{i}) {p.regex}" for i, p in enumerate(source.patterns, start=1))
