@@ -54,6 +54,10 @@ class AttemptStatus(StrEnum):
         return self is not AttemptStatus.ENDED
 
 
+# The stored run states a lost (or stopped) box's run is shown `host-lost` (`host-down`) in: it may well
+# still train. An ended run keeps its own status; the lost alert names only these.
+SHOWN_OUT_OF_SIGHT = ("pending", "running", "stopping", "retrying", "registered")
+
 _ENDED = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.STOPPED})
 _TERMINAL = _ENDED | {RunStatus.REFUSED}
 _LIVE = frozenset({RunStatus.RUNNING, RunStatus.STOPPING})

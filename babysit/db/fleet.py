@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 import structlog
 
+from babysit.core.status import SHOWN_OUT_OF_SIGHT
 from babysit.db.deadline import bounded, check_client
 from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL, DEADLINE_S
 
@@ -233,16 +234,18 @@ class FleetMember:
                 f"WITH renewed AS (UPDATE hosts SET renewed_at = {NOW}, lease_until = {NOW} + %s,"
                 " info = COALESCE(%s, info) WHERE name = %s AND pid = %s RETURNING 1),"
                 f" lost AS (UPDATE hosts SET lost_at = {NOW} WHERE %s AND lease_until < {NOW} AND lost_at IS NULL"
-                " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%' RETURNING name, renewed_at, started_at)"
+                " AND name <> %s AND info NOT LIKE '%%\"stopped\": true%%'"
+                " RETURNING name, lost_at - renewed_at AS silent, started_at)"
                 " SELECT (SELECT count(*) FROM renewed),"
-                " (SELECT json_agg(json_build_array(name, renewed_at, started_at)) FROM lost)",
+                " (SELECT json_agg(json_build_array(name, silent, started_at)) FROM lost)",
                 (self.lease_s, info, self.host, self.pid, judge, self.host)).fetchone()
         self.queries += 1
         renewed, lost = row[0], row[1] or []
-        for name, renewed_at, started_at in lost:
+        for name, silent, started_at in lost:  # silent: on the database's clock, as the lapse was judged
             with bounded(conn, self.deadline_s):
-                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (name,))]
-            silent = time.time() - renewed_at
+                runs = [r[0] for r in conn.execute(
+                    "SELECT r.run FROM runs r LEFT JOIN run_state s ON s.run = r.run WHERE r.host = %s"
+                    " AND COALESCE(s.status, 'pending') = ANY(%s) ORDER BY r.run", (name, list(SHOWN_OUT_OF_SIGHT)))]
             text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
                     + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
             with bounded(conn, self.deadline_s):
