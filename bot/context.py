@@ -42,7 +42,7 @@ def wait_result(store: Store, request_id: int, wait_s: float, run: str | None = 
     """The answer to a control request, waited for up to `wait_s` (None: no daemon answered yet). In a
     fleet, a request for a run (`run`) whose box is lost or stopped is not waited for: no daemon can answer it
     before that box is back (`unanswered` says so)."""
-    if run is not None and box_away(store, run) is not None:
+    if run is not None and runview.box_away(store, run) is not None:
         return store.request_result(request_id)
     deadline = time.monotonic() + wait_s
     while True:
@@ -62,23 +62,11 @@ def owner_elsewhere(store: Store, run: str) -> str | None:
     return owner
 
 
-def box_away(store: Store, run: str) -> tuple[str, str] | None:
-    """(the box, its staleness line) when `run`'s box of the fleet is lost or its daemon was stopped; None
-    on one box, or while that box is up."""
-    if store.host is None:
-        return None
-    owner = store.run_hosts().get(run)
-    host = next((h for h in store.hosts() if h.name == owner), None) if owner is not None else None
-    if host is None:
-        return None
-    return None if host.state == "up" else (host.name, runview.box_staleness(host, host.state, store.now()))
-
-
 def unanswered(store: Store, run: str, action: str, request_id: int, wait_s: float,
                shown: str | None = None) -> Rendered:
     """What the asker is told when no daemon answered: the box out of sight named with its staleness (the
     request waits for it), else that no daemon took it within the wait."""
-    away = box_away(store, run)
+    away = runview.box_away(store, run)
     if away is not None:
         return msg.request_for_away_box(shown or run, action, request_id, *away)
     return msg.request_unanswered(shown or run, action, request_id, wait_s)

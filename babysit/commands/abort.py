@@ -12,6 +12,7 @@ from babysit.core.status import ENDED_STATUSES
 from babysit.db.url import fleet_owner, open_existing, open_store
 from babysit.runtime import registry
 from babysit.runtime.registry import utc_timestamp
+from babysit.view import runview
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +25,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     store = open_store(reg)
     request = store.request(args.run, "abort", f"cli:{getpass.getuser()}", time.time())
+    away = runview.box_away(store, args.run)
+    if away is not None:  # no daemon answers before that box is back: say so now, with its staleness
+        box, staleness = away
+        print(f"abort {args.run}: queued (request {request}) for box {box}, out of sight now ({staleness}); "
+              f"it is carried out when box {box} is back (its daemon takes its requests up when it starts). "
+              "`babysit status` shows the fleet's boxes.")
+        return 0
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         result = store.request_result(request)

@@ -28,7 +28,7 @@ from babysit.core.progress import Progress, ProgressFields, declared_end, eta_se
 from babysit.core.records import LogRecord, seconds_per_step
 from babysit.core.run_events import Relaunch
 from babysit.core.spec import RunSpec, load_spec
-from babysit.core.status import ENDED_STATUSES, RunStatus
+from babysit.core.status import ENDED_STATUSES, SHOWN_OUT_OF_SIGHT, RunStatus
 from babysit.db.url import open_existing
 from babysit.runtime import registry
 from babysit.sources import logtail
@@ -228,7 +228,7 @@ class _Bulk:
                    store.latest_verdicts())
 
 
-LIVE_STATUSES = ("pending", "running", "stopping", "retrying", "registered")
+LIVE_STATUSES = SHOWN_OUT_OF_SIGHT
 
 
 def out_of_sight(row: RunRow, box_state: str) -> RunRow:
@@ -359,6 +359,18 @@ def fleet_boxes(reg: registry.Registry, store: Store | None = None) -> list[str]
         lines.append(box_staleness(h, states[h.name], now) + f", {len(runs)} run(s)"
                      + (f": {', '.join(runs)}" if runs else ""))
     return lines
+
+
+def box_away(store: Store, run: str) -> tuple[str, str] | None:
+    """(the box, its staleness line) when `run`'s box of the fleet is lost or its daemon was stopped: no
+    daemon answers a request for it before that box is back. None on one box, or while that box is up."""
+    if store.host is None:
+        return None
+    owner = store.run_hosts().get(run)
+    host = next((h for h in store.hosts() if h.name == owner), None) if owner is not None else None
+    if host is None or host.state == "up":
+        return None
+    return host.name, box_staleness(host, host.state, store.now())
 
 
 def box_staleness(host: HostLease, state: str, now: float) -> str:
