@@ -247,7 +247,8 @@ class FleetMember:
                     "SELECT r.run FROM runs r LEFT JOIN run_state s ON s.run = r.run WHERE r.host = %s"
                     " AND COALESCE(s.status, 'pending') = ANY(%s) ORDER BY r.run", (name, list(SHOWN_OUT_OF_SIGHT)))]
             text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
-                    + (f"; its runs {', '.join(runs)} show host-lost until it comes back" if runs else ""))
+                    + (f"; its run{'s' if len(runs) > 1 else ''} {', '.join(runs)} show{'' if len(runs) > 1 else 's'}"
+                       " host-lost until it comes back" if runs else ""))
             with bounded(conn, self.deadline_s):
                 _queue_alert(conn, self.host, text, f"host-lost:{name}:{started_at}")
             self.lost_seen.append(name)

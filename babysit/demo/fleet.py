@@ -5,8 +5,9 @@ A throwaway PostgreSQL is started from the machine's own server binaries (`apt-g
 on a Unix socket in a temporary directory; two projects, `box-a` and `box-b`, each with one small run and
 its own `babysit up` (host names box-a and box-b, the same `[store] url`, one console channel each: the
 same Slack channel when SLACK_BOT_TOKEN is set). Then, as a user would: `babysit status` on box-a lists
-both boxes' runs; `babysit abort` asked on box-a stops box-b's run (box-b carries it out, woken by
-NOTIFY); box-b's daemon is killed and box-a posts that box-b is lost, once. Everything is removed at the
+both boxes' runs; `babysit abort` asked on box-b stops box-a's run (box-a carries it out, woken by
+NOTIFY); box-b's daemon is killed and box-a posts that box-b is lost, once; its run shows `host-lost`, and
+an abort of it asked on box-a is told at once that it waits for box-b. Everything is removed at the
 end (the server stopped, the runs killed). Without the server binaries it stops at once, saying what to
 install (`require_server`).
 """
@@ -151,9 +152,9 @@ def _demo(root: Path, server: LocalPostgres) -> int:
         say("`babysit status` on box-a: both boxes' runs, and each box's lease")
         print(babysit(root / "box-a", "status"))
 
-        say("`babysit abort train-b` asked on box-a: box-b's daemon stops it (woken by NOTIFY)")
+        say("`babysit abort train-a` asked on box-b: box-a's daemon stops it (woken by NOTIFY)")
         started = time.monotonic()
-        answer = babysit(root / "box-a", "abort", "train-b").strip()
+        answer = babysit(root / "box-b", "abort", "train-a").strip()
         print(answer, f"({time.monotonic() - started:.1f} s, the CLI's start included)")
 
         say("box-b's daemon is killed (SIGKILL): box-a notices its lease lapse and posts it, once")
@@ -167,7 +168,11 @@ def _demo(root: Path, server: LocalPostgres) -> int:
                 print("   box-a's channel:", lost[0])
                 break
             time.sleep(0.5)
+        say("`babysit status` on box-a: box-b LOST, its run host-lost (it may well still train)")
         print(babysit(root / "box-a", "status"))
+
+        say("`babysit abort train-b` asked on box-a: queued for box-b, and said so at once")
+        print(babysit(root / "box-a", "abort", "train-b").strip())
 
         say("the channel: both boxes' posts, in the order the fleet's outbox wrote them (with SLACK_BOT_TOKEN "
             "and one [daemon].channel they land in one Slack channel)")

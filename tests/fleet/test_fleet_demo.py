@@ -1,6 +1,7 @@
 """`babysit demo --fleet` (and docs/fleet.md's `python examples/fleet_demo.py`, the same demo) runs as
 written: two boxes on one throwaway PostgreSQL, a status listing both, an abort asked on one box carried
-out by the other, a killed box posted lost once, and both boxes' posts as one channel. Without the
+out by the other, a killed box posted lost once and its run shown host-lost, an abort of that run told at
+once that it waits for the lost box, and both boxes' posts as one channel. Without the
 PostgreSQL server binaries it stops at once with exit 2, naming what to install."""
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ def test_babysit_demo_fleet_runs_as_the_docs_say(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "box box-a: up" in text and "box box-b: up" in text  # status on box-a lists both boxes
-    assert "abort train-b: stopping" in text  # asked on box-a, carried out by box-b
+    assert "abort train-a: stopping" in text  # asked on box-b, carried out by box-a
     assert text.count("🚨 box box-b lost") == 2  # the killed box, posted once (shown, then in the channel)
-    assert "box box-b: LOST" in text
+    lost = text.split("== `babysit status` on box-a: box-b LOST", 1)[1].split("\n== ", 1)[0]
+    # docs/demo.md: status shows the killed box's run host-lost (before: train-b was aborted, so `stopped`)
+    assert "box box-b: LOST" in lost and "train-b" in lost and "host-lost" in lost, lost
+    assert "abort train-b: queued (request" in text and "for box box-b, out of sight now (box box-b: LOST" in text
     channel = text.split("== the channel", 1)[1]
     assert "[box-a] 🚨 box box-b lost" in channel and "[box-b]" in channel, channel  # both boxes' posts, one list
 
