@@ -275,3 +275,22 @@ def test_a_stop_that_reached_a_trainer_which_had_logged_its_completion_is_comple
                            f"{reason}) reached it while it exited (killed by SIGTERM)")
     assert got.detail["completed_before_stop"] == reason
     assert run(exit_code=None, sig=15, stop=True, stop_reason=reason, records=[rec(60)]).outcome != "completed"
+
+
+@pytest.mark.parametrize(("reason", "outcome"), [("abort", "stopped"), ("gpu-held", "stopped"),
+                                                 ("stalled", "stalled")])
+def test_an_exit_0_after_babysit_s_stop_before_the_end_step_is_the_stop_not_a_completion(reason, outcome):
+    """A trainer that saves and exits 0 on babysit's SIGTERM (an abort, a guard stop): before, `completed` ✅,
+    the stop shown as a success and the run as done."""
+    got = run(exit_code=0, stop=True, stop_reason=reason, records=[rec(40)], end_step=100)
+    assert got.outcome == outcome, got
+    assert got.summary.startswith(f"{outcome} on request") and got.summary.endswith("exit 0"), got.summary
+    assert got.detail["clean_stop"]["clean"] is True
+    assert run(exit_code=0, stop=True, stop_reason=reason, records=[rec(40)]).outcome == outcome  # no end known
+
+
+def test_an_exit_0_after_a_stop_is_completed_once_the_run_had_reached_its_end_step():
+    assert run(exit_code=0, stop=True, stop_reason="abort", records=[rec(100)], end_step=100).outcome == "completed"
+    done = LogRecord(60, 100.0, {}, "completed", {})
+    assert run(exit_code=0, stop=True, stop_reason="abort", records=[done], end_step=100).outcome == "completed"
+    assert run(exit_code=0, records=[rec(40)], end_step=100).outcome == "completed"  # no stop asked: its own end

@@ -2,8 +2,9 @@
 
 Pure: the daemon passes what it saw; the result decides the incident kind and feeds `retry`. Order:
 
-1. exit 0 → completed (diverged when a watched metric went non-finite in the log meanwhile); a stop
-   the daemon requested → stopped (or the stop's reason: stalled, gpu-fault, diverged), unless the
+1. exit 0 → completed (diverged when a watched metric went non-finite in the log meanwhile), unless
+   the daemon had asked for a stop and the run had not reached its end step; a stop the daemon
+   requested → stopped (or the stop's reason: stalled, gpu-fault, diverged), unless the
    trainer had logged its completion (`"event": "completed"`) already: a stop that reached it while it
    was exiting did not end its work (a gpu-fault retry would train it again). User rules
    name *failure* classes, so they never turn a success or a requested stop into a failure that
@@ -78,7 +79,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                   host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
                   nonfinite_metrics: Sequence[str] | None = None,
                   stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None,
-                  gpu_evidence: Sequence[Mapping[str, Any]] = ()) -> ExitClass:
+                  gpu_evidence: Sequence[Mapping[str, Any]] = (), end_step: int | None = None) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
@@ -95,6 +96,8 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     stop_sent_at, checkpoint_after_stop: when the stop signal was sent, and the newest checkpoint file
     written after it (its name, seconds after the signal): what tells a clean stop behind a launcher that
     exits 1 on any signal (torchrun) from a rank that died without saving (see `_stop_evidence`).
+    end_step: the run's last step (`progress.end_step`): an exit 0 after a requested stop is `completed`
+    only once the last records reached it (or logged their completion), else `stopped`.
     """
     if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
         exit_code, signal = None, -exit_code
@@ -106,14 +109,17 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                                "stderr_tail": tail, "matched_rule": None}
     status = _status(exit_code, signal)
 
+    done = [r for r in last_records if getattr(r, "event", None) == "completed"]
     if exit_code == 0 and signal is None:
         if nonfinite_seen:
             return ExitClass("diverged", None, f"diverged: {nonfinite_seen} (it exited 0 anyway)",
                              {**base, "nonfinite": nonfinite_seen})
-        return ExitClass("completed", None, "completed (exit 0)", base)
+        # a trainer that exits 0 on babysit's SIGTERM (it saved and left) was stopped, not completed,
+        # unless it had reached its end already: a stop shown as a success hides that the work is undone
+        if not stop_requested or done or _reached(last_records, end_step):
+            return ExitClass("completed", None, "completed (exit 0)", base)
     # A trainer that died of its own failure (OOM, divergence) while babysit was stopping it died of
     # that failure: the stop did not cause it, and retry.on must see the real class.
-    done = [r for r in last_records if getattr(r, "event", None) == "completed"]
     if stop_requested and done:
         said = f" (stop: {stop_reason})" if stop_reason else ""
         return ExitClass("completed", None,
@@ -122,7 +128,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                          {**base, "completed_before_stop": stop_reason or "stop"})
     if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
         outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
-        clean = exit_code == EXIT_STOPPED or signal in (_signal.SIGTERM, _signal.SIGKILL)
+        clean = exit_code in (0, EXIT_STOPPED) or signal in (_signal.SIGTERM, _signal.SIGKILL)
         evidence = {"clean": True, "by": "exit", "evidence": status} if clean else \
             _stop_evidence(stderr_tail, last_records, stop_sent_at, checkpoint_after_stop)
         if clean:
@@ -296,6 +302,12 @@ def _nonfinite(records: Iterable[Any], declared: Sequence[str] | None) -> dict[s
             return {"diverged_step": step, "nonfinite_keys": sorted(bad),
                     "nonfinite": f"{nonfinite.describe(bad)} at step {step}"}
     return {}
+
+
+def _reached(last_records: Sequence[Any], end_step: int | None) -> bool:
+    """Whether the last records reached the run's end step (False when no end is known)."""
+    steps = [s for s in (getattr(r, "step", None) for r in last_records) if isinstance(s, int)]
+    return end_step is not None and bool(steps) and max(steps) >= end_step
 
 
 def _status(exit_code: int | None, signal: int | None) -> str:

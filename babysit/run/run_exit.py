@@ -158,7 +158,7 @@ class RunExits:
                 nonfinite_metrics=spec.guards.nonfinite_metrics,
                 stop_sent_at=sent_at,
                 checkpoint_after_stop=stopcheck.written_after(spec.checkpoints, sent_at) if sent_at else None,
-                gpu_evidence=evidence)
+                gpu_evidence=evidence, end_step=self.runlog.end_step(fresh))
             summary = cls.summary
             vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known
