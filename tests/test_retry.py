@@ -50,6 +50,17 @@ def test_next_attempt(history, retry, n, profile, reason_has):
     assert reason_has in d.reason
 
 
+def test_a_diverged_run_is_not_retried_with_the_identical_command():
+    """No [[attempts]]: the next attempt would be the same command, which diverges the same way; an OOM
+    or a crash still retries as declared (its cause may be the machine's)."""
+    plain = replace(SPEC, attempts=(), retry=replace(SPEC.retry, on=("oom", "diverged", "crashed")))
+    d = next_attempt([past(1, "diverged")], plain)
+    assert not d.retry and "no [[attempts]] are declared" in d.reason and "identical command" in d.reason
+    assert next_attempt([past(1, "oom")], plain).retry and next_attempt([past(1, "crashed")], plain).retry
+    again = next_attempt([past(1, "oom"), past(2, "diverged")], SPEC)  # profile 3 is profile 2 again
+    assert not again.retry and "fallback-bs1-gc again" in again.reason
+
+
 @pytest.mark.parametrize(("resume", "expected"), [("fresh", False), ("latest-checkpoint", True)])
 def test_resume_follows_the_spec(resume, expected):
     spec = replace(SPEC, retry=replace(SPEC.retry, resume=resume))

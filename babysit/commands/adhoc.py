@@ -1,7 +1,7 @@
 """`babysit run [OPTIONS] -- CMD ARGS…`: babysit one command in the foreground, with no run.toml to write.
 
-It writes the run's run.toml (next to the registry, in runs/NAME.toml: edit it, add a [prereg],
-`babysit register` it), registers it through `babysit register`'s path, and babysits it: with a
+It writes the run's run.toml (under the state directory, `adhoc/NAME.toml`: a refused run leaves none), registers
+it through `babysit register`'s path, and babysits it: with a
 `babysit up` already holding the registry's state, that daemon takes it and this process follows it;
 without one, a daemon runs in this process for this run alone. Either way the run's stdout and stderr
 come through, the live view shows its row, and the exit code says how it ended (core/adhoc.py).
@@ -26,7 +26,8 @@ from babysit.channels.notify import Channel, ConsoleChannel
 from babysit.commands import register
 from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
-from babysit.core.presets import names as preset_names
+from babysit.core.presets import auto_names as preset_names
+from babysit.core.source_spec import regex_error
 from babysit.core.spec import RUN_NAME
 from babysit.core.status import RunStatus
 from babysit.db.store import Store
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(f"babysit run: {'--gpus' if 'GPU' in str(exc) else '--retry-on'}: {exc}",
                        hint="`babysit run --help`") from None
+    patterns = tuple(args.pattern or ())
     path = registry.resolve_registry_path(args.registry)
     reg = registry.load(path)
     now = datetime.now(timezone.utc)
@@ -65,24 +67,34 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"babysit run: --name: a run named {name} is registered in {path} already",
                        hint=f"pick another --name (or leave it out: one is made from the script and the time); "
                             f"`babysit status {name}` shows that one")
-    spec_dir = Path(os.path.abspath(path)).parent / "runs"
-    spec_path = spec_dir / f"{name}.toml"
+    for i, regex in enumerate(patterns, start=1):
+        problem = regex_error(regex)
+        if problem is not None:
+            raise BadInput(f"babysit run: --pattern {i}: {problem}: {regex!r}",
+                           hint="a regular expression with a named group (?P<step>\\d+) and one named group per "
+                                "metric, e.g. 'step (?P<step>\\d+) loss (?P<loss>[-+.\\w]+)'")
+    spec_path = adhoc.spec_path(reg.state_dir, name)  # under the state directory: ./runs/ gathers no litter
     if spec_path.exists():
         raise BadInput(f"babysit run: {spec_path} exists already; it is not overwritten",
-                       hint=f"`babysit register {spec_path}` registers it as it is, or pick another --name")
-    spec_dir.mkdir(parents=True, exist_ok=True)
+                       hint="pick another --name")
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(adhoc.run_toml(adhoc.AdHoc(
-        name=name, command=tuple(command), workdir=os.path.relpath(os.getcwd(), spec_dir), gpus=gpus,
-        retry_on=retry_on, executor=args.executor, written_at=registry.utc_timestamp(now))), encoding="utf-8")
-    shown = os.path.relpath(spec_path)
-    print(f"{SAY} {name}: wrote {shown} (edit it, add a [prereg] for a verdict, then `babysit register {shown}`)")
-    done = registration.register(spec_path, path, shown=shown, accelerated=args.accelerated)  # the one way in
+        name=name, command=tuple(command), workdir=os.getcwd(), gpus=gpus, retry_on=retry_on,
+        executor=args.executor, written_at=registry.utc_timestamp(now), patterns=patterns)), encoding="utf-8")
+    try:
+        done = registration.register(spec_path, path, shown=str(spec_path), accelerated=args.accelerated)
+    except BaseException:
+        spec_path.unlink(missing_ok=True)  # refused (a misspelt program, a bad flag): nothing is left behind
+        raise
+    print(f"{SAY} {name}: its run.toml is {spec_path}")
     register.say(done)
     print(f"{SAY} {done.outcome}: {name} in {path}; no [prereg]: babysat without a verdict")
     reg = registry.load(path)
     state_dir = reg.state_dir
-    print(f"{SAY} its printed lines are read by the first preset that matches them ("
-          + ", ".join(preset_names()) + "); records it writes with babysit.log(step, …) count too")
+    reading = "your --pattern regexes, then " if patterns else ""
+    print(f"{SAY} its printed lines are read by {reading}the first preset that matches them ("
+          + ", ".join(preset_names()) + "), else by the general reader (a step counter and `name value` metrics: "
+          "docs/your-trainer.md); babysit says which within seconds")
     if wake.daemon_pid(state_dir) is None:
         try:
             return _babysit_here(path, reg, name, args)
@@ -101,23 +113,28 @@ def _babysit_here(path: Path, reg: registry.Registry, name: str, args: argparse.
     out = watcher.view.out if watcher is not None else sys.stdout
     follower = Follower(state_dir, name, out, out if watcher is not None else sys.stderr,
                         open_store=lambda: open_existing(reg))
-    logs.configure(state_dir, stream=out if watcher is not None and watcher.view.live else None)
+    channel = _channel(reg, out)
+    # a message the console channel prints is not printed again as a raw log line
+    logs.configure(state_dir, stream=out if watcher is not None and watcher.view.live else None,
+                   hide_posted=isinstance(channel, ConsoleChannel))
     daemon: Daemon | None = None
 
     def interrupted(count: int) -> None:
         assert daemon is not None
+        by = f"babysit run ({daemon.last_interrupt})"  # Ctrl-C, or a SIGTERM sent to babysit run
         if count == 1:
-            _request_stop(reg, name, "babysit run (Ctrl-C)")
-            print(f"{SAY} stopping {name} gracefully; Ctrl-C again kills it now", file=out, flush=True)
+            _request_stop(reg, name, by)
+            print(f"{SAY} {daemon.last_interrupt}: stopping {name} gracefully; Ctrl-C again kills it now", file=out,
+                  flush=True)
             return
         supervisor = daemon.supervisors.get(name)
         if supervisor is not None and supervisor.is_running():
-            print(f"{SAY} killing {name} (SIGKILL)", file=out, flush=True)
-            supervisor.request("abort", "babysit run (Ctrl-C)")  # recorded as asked: the exit reads stopped
+            print(f"{SAY} {daemon.last_interrupt} again: killing {name} (SIGKILL)", file=out, flush=True)
+            supervisor.request("abort", by)  # recorded as asked: the exit reads stopped
             supervisor.executor.kill(supervisor.attempt)
 
     try:
-        daemon = Daemon(path, gpu_probe=open_gpu_probe(args.gpu_probe), channel=_channel(reg, out),
+        daemon = Daemon(path, gpu_probe=open_gpu_probe(args.gpu_probe), channel=channel,
                         accelerated=args.accelerated, exit_when_idle=True, only=frozenset({name}),
                         on_interrupt=interrupted)
         follower.start()
@@ -126,7 +143,7 @@ def _babysit_here(path: Path, reg: registry.Registry, name: str, args: argparse.
         follower.stop()
         if watcher is not None:
             watcher.stop()
-    return _ended(reg, name)
+    return _ended(reg, name, path)
 
 
 def _follow_daemon(path: Path, reg: registry.Registry, name: str) -> int:
@@ -157,7 +174,7 @@ def _follow_daemon(path: Path, reg: registry.Registry, name: str) -> int:
     finally:
         follower.stop()
         store.close()
-    return _ended(reg, name)
+    return _ended(reg, name, path)
 
 
 def _view(path: Path, state_dir: Path, name: str, args: argparse.Namespace) -> Watcher | None:
@@ -195,8 +212,8 @@ def _is_over(store: Store, name: str) -> bool:
     return RunStatus.of(status).terminal
 
 
-def _ended(reg: registry.Registry, name: str) -> int:
-    """Say how the run ended and return its exit code."""
+def _ended(reg: registry.Registry, name: str, path: Path) -> int:
+    """Say how the run ended, whether any record was read, and return its exit code."""
     store = open_store(reg)
     try:
         status, facts = store.run_state(name)
@@ -215,4 +232,15 @@ def _ended(reg: registry.Registry, name: str) -> int:
         status = f"stopped on request ({stop.get('reason')}), exiting 0"
     code = adhoc.exit_code(outcome)
     print(f"{SAY} {name} {status}: {outcome} after {len(attempts)} attempt(s) (exit {code}; docs/your-trainer.md)")
+    if outcome != "completed" and facts.get("end_reason"):
+        print(f"{SAY} not retried: {facts['end_reason']}")
+    if facts.get("reading"):
+        print(f"{SAY} {facts['reading']} was the first record read")
+    else:
+        print(f"{SAY} no record was read from its output: babysit could not watch its losses (a log-unreadable "
+              f"incident says why; `babysit status {name}`)", file=sys.stderr)
+    spec_file = reg.state_dir / "adhoc" / f"{name}.toml"
+    registry_flag = "" if path == Path(registry.DEFAULT_FILE) else f" --registry {os.path.abspath(path)}"
+    print(f"{SAY} its run.toml: {spec_file} — to babysit it under `babysit up` with a verdict, copy it, give "
+          f"[run].name a new name, add a [prereg], then `babysit register COPY{registry_flag}`")
     return code

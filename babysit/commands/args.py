@@ -100,9 +100,10 @@ def add_gpu_probe_option(parser: argparse.ArgumentParser) -> None:
 
 def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="babysit one command in the foreground: babysit run -- python train.py",
-                       description="Write a run.toml for CMD (runs/NAME.toml beside the registry: edit it, add a "
-                                   "[prereg], `babysit register` it), register it and babysit it here: its output "
-                                   "passed through, its row live, its printed metrics read by a preset. A running "
+                       description="Write a run.toml for CMD (adhoc/NAME.toml under the state directory), register "
+                                   "it and babysit it here: its output passed through, its row live, its printed "
+                                   "metrics read by a preset or the general reader (babysit says which within "
+                                   "seconds; --pattern for a format neither reads). A running "
                                    "`babysit up` takes it; without one, a daemon runs in this process for it alone. "
                                    "Ctrl-C stops it gracefully (checkpoint); twice: kills it (no `babysit up`) or "
                                    "leaves it to `babysit up`. Exit 0 completed, 1 failed, 2 bad input, 3 diverged, "
@@ -116,6 +117,9 @@ def add_run(sub: argparse._SubParsersAction) -> None:
                    help="where it runs (slurm: sbatch; docs/slurm.md)")
     p.add_argument("--accelerated", action="store_true", help="declared minutes become seconds (demos and tests)")
     add_gpu_probe_option(p)
+    p.add_argument("--pattern", action="append", metavar="REGEX",
+                   help="read its printed lines with this regex (named groups: step and one a metric; repeat for "
+                        "more), before the presets and the general reader (docs/your-trainer.md)")
     p.add_argument("--no-view", action="store_true", help="no live row: its output and the messages only")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command, after --")
     add_registry_option(p)

@@ -55,16 +55,24 @@ def _show(args: argparse.Namespace, reg: registry.Registry, reader: runview.Read
     if quarantined:
         print("quarantined GPUs (`babysit gpu release UUID` lifts one):")
         print("\n".join("  " + line for line in quarantined))
+    adhoc_dir = reg.state_dir / "adhoc"
     for r in rows:
         if r.note:  # e.g. a run.toml edited into something invalid: the table is the store's word only
             print(f"{r.run}: {r.note}")
+        entry = reg.find(r.run)
+        spec = reg.spec_path(entry) if entry is not None else None
+        if spec is not None and spec.parent == adhoc_dir:
+            print(f"{r.run}: written by `babysit run`: {spec}")
         if r.preset:
             print(f"{r.run}: {preset_line(r.preset)}")
         elif r.log_hint:
             print(f"{r.run}: {r.log_hint.removeprefix('📄 ')}")
+        elif r.preset_pending and r.ended is not None:
+            print(f"{r.run}: no printed line gave a record: babysit never read its losses (its log-unreadable "
+                  "incident says what it saw and what would read it)")
         elif r.preset_pending:
-            print(f'{r.run}: preset = "auto": no printed line has matched a preset yet (a log-unreadable '
-                  "incident says what would, once enough lines are in)")
+            print(f'{r.run}: preset = "auto": no printed line has given a record yet; babysit says what reads them, '
+                  "or what would, by the 20th line or 10 s after the first")
         if r.hardware_profile:
             hp = r.hardware_profile
             print(f"{r.run}: attempt 1 profile '{hp.get('profile')}' selected by smoke run {hp.get('measured_at')} "

@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from babysit.core.spec import FAILURE_CLASSES, RUN_NAME
 
@@ -34,11 +35,17 @@ def exit_code(outcome: str | None) -> int:
 class AdHoc:
     name: str
     command: tuple[str, ...]
-    workdir: str  # relative to the run.toml's directory
+    workdir: str  # where the command was typed (absolute: the run.toml lives under the state directory)
     gpus: tuple[int, ...] = ()
     retry_on: tuple[str, ...] = ()
     executor: str = "local"
     written_at: str = ""
+    patterns: tuple[str, ...] = ()  # `babysit run --pattern REGEX`: read before the presets
+
+
+def spec_path(state_dir: Path, name: str) -> Path:
+    """Where an ad-hoc run's run.toml is kept: under the state directory, listed by `babysit status`."""
+    return Path(state_dir) / "adhoc" / f"{name}.toml"
 
 
 def run_name(command: Sequence[str], stamp: str) -> str:
@@ -96,9 +103,14 @@ def run_toml(run: AdHoc) -> str:
         lines.append(f"executor = {q(run.executor)}       # docs/slurm.md; add a [slurm] table for its options")
     lines += [
         "",
-        "[source]                 # its printed lines, read by the first preset that matches them",
-        'kind = "stdout"          # (docs/your-trainer.md); babysit.log(step, …) records are read too',
+        "[source]                 # its printed lines: the first preset that matches them, else the general",
+        'kind = "stdout"          # reader (docs/your-trainer.md); babysit.log(step, …) records are read too',
         'preset = "auto"',
+    ]
+    for regex in run.patterns:
+        lines += ["[[source.patterns]]      # babysit run --pattern: read before the presets",
+                  f"regex = {q(regex)}"]
+    lines += [
         "",
         "[guards]",
         "stall_minutes = 20       # no new record and no new output byte this long: stack dump, graceful stop",

@@ -195,7 +195,7 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
     if facts.process_alive and facts.nonfinite is not None:
         step, metric, value = facts.nonfinite
         out.append(Action("stop", "diverged", f"{metric} = {value} at step {step} — stopping the run; it ends "
-                          "classified diverged (retried per retry.on)",
+                          "classified diverged",
                           {"step": step, "metric": metric, "value": str(value)}))
     stall_s = guards.stall_minutes * facts.minute_seconds  # a declared limit, in real seconds
     since = facts.seconds_since_last_record

@@ -10,7 +10,8 @@ A `gpu-fault` (the machine's fault, never the method's) has its own budget: `[re
 retries, which do not count against `max_attempts`; the supervisor quarantines the faulty GPU and
 relaunches on healthy ones (a run with `gpus = "any N"` or spare GPUs) or waits for it.
 
-Never retried: a completed attempt, a stop on request, a guard stop (gpu-held, gpu-hours-cap,
+Never retried: a diverged attempt whose next profile is the same one (no [[attempts]] declared: the
+identical command diverges the same way), a completed attempt, a stop on request, a guard stop (gpu-held, gpu-hours-cap,
 abort), an outcome outside `[retry].on` unless a `[[classify]]` rule said retry = true, and any
 outcome a rule marked retry = false.
 """
@@ -90,6 +91,11 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     if last.outcome != "gpu-fault" and last.n >= most:
         return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1
+    if last.outcome == "diverged" and spec.profile_for(n - after) == spec.profile_for(last.n - after):
+        same = "no [[attempts]] are declared" if not spec.attempts else \
+            f"the next profile is {spec.profile_for(n - after).profile} again"
+        return no(f"attempt {last.n} diverged and {same}: a retry would run the identical command, which diverges "
+                  "the same way; declare [[attempts]] with another profile (a lower learning rate, fp32) to retry it")
     halve = last.host_memory_pressure and bool(spec.machinery_knobs)
     halvings = last.halved_knobs + (1 if halve else 0)
     resume = spec.retry.resume == "latest-checkpoint"

@@ -8,6 +8,7 @@ them is kept literally (escaped), and the step is the integer after `step`/`iter
 from __future__ import annotations
 
 import re
+import shlex
 
 NUMBER = re.compile(r"(?P<name>[A-Za-z_][\w/]*)?(?P<sep>[\s:=]*)"
                     r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)",
@@ -67,3 +68,23 @@ def _unique(name: str, used: set[str]) -> str:
     while out in used:
         out, n = f"{name}_{n}", n + 1
     return out
+
+
+def unread_answer(command: tuple[str, ...], spec_file: str, sample: str | None, lines: int,
+                  presets_tried: tuple[str, ...]) -> str:
+    """What `babysit run` and the run's thread say when no printed line has given a record yet: a line,
+    the pattern that would read it, where to put it, and the one command that runs again with it."""
+    tried = ", ".join(presets_tried)
+    head = (f"nothing reads its printed lines yet: {lines} line{'s' if lines != 1 else ''}, no record "
+            f"(presets tried: {tried}; then the general reader, which needs a step counter such as `step 10`, "
+            "`iter 10/500` or `epoch 1 batch 20/100` beside `name value` metrics).")
+    if sample is None:
+        return head + " Print a step and metrics (`step 10 loss 0.52`), or log with babysit.log(step, loss=…)."
+    would = suggest(sample)
+    quoted = f" A line: {sample[:200]!r}."
+    if would is None:
+        return (head + quoted + " It shows no step counter: print one beside the metrics (`step 10 loss 0.52`), "
+                "or log with babysit.log(step, loss=…) (docs/your-trainer.md).")
+    again = "babysit run --pattern " + shlex.quote(would) + " -- " + shlex.join(command)
+    return (head + quoted + f" A pattern that would read it: '{would}'. Put it in {spec_file} under [source] as "
+            f"[[source.patterns]] regex = '{would}', or run again with: {again}")

@@ -179,6 +179,7 @@ class RunLauncher:
                                pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         row = host.attempt = ctx.store.attempt(self.run, attempt.n)
         host.runlog.new_attempt(ctx.now())  # a new attempt's pace is its own
+        ctx.reads.nudge()  # its printed output is watched from now on
         self.record_enforced()
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
         host.feed(ev.Launched(ctx.now(), row.n, row.profile, row.gpus, row.started_at or ctx.now(),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from babysit import sources
-from babysit.core import nonfinite, progress, readable, snapshot
+from babysit.core import nonfinite, presets, printed, progress, readable, snapshot, suggest
 from babysit.core.records import LogRecord, ProgressPoint
 from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
@@ -33,6 +33,9 @@ from babysit.sources.sniff import sniff
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
 READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
+ANSWER_LINES = 20  # printed lines with no record: say now that nothing reads them, not at the first poll
+ANSWER_SECONDS = 10.0  # real seconds after the first printed line: the same
+STOPPED_LINES = 500  # printed lines with no record after records came (and 5 declared minutes): said
 
 
 class _NameRole(NamedTuple):
@@ -59,6 +62,8 @@ class LogHost(Protocol):
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def note_attempt(self, attempt: Attempt, **facts: Any) -> None: ...
     def failed(self, where: str, exc: BaseException) -> None: ...
+    def later(self, key: str, delay: float, fn: Any, where: str) -> None: ...
+    def guard(self) -> None: ...
 
 
 class RunLog:
@@ -85,6 +90,8 @@ class RunLog:
         self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
         self.last_output_wall: float | None = None
         self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
+        self.answered: set[str] = {"read"} if facts.get("reading") else set()  # "read", "unread": said
+        self.lines_at_record: int | None = None  # the output's line count when the newest record came
 
     @property
     def spec(self) -> RunSpec:
@@ -118,6 +125,7 @@ class RunLog:
         self.latest_shown.clear()
         self.last_record_wall = now
         self.first_output_wall = None
+        self.lines_at_record = None
 
     # -- reading ----------------------------------------------------------------------------------------
     def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
@@ -202,6 +210,10 @@ class RunLog:
             self.last_output_wall = self.ctx.now()
             if self.first_output_wall is None:
                 self.first_output_wall = self.last_output_wall
+                if "read" not in self.answered and self.pump.kind.reads_captured:
+                    self.host.later(f"reading:{self.run}", ANSWER_SECONDS * 1.01, self.answer_late,
+                                    "saying how its output is read")
+        self._tell_reading(read.records, pumped)
         if read.missing:
             if grew:
                 self._save_tail()
@@ -259,10 +271,92 @@ class RunLog:
         for kind, text in notices:
             if kind == "preset":
                 self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
-                self.host.message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
-                                  key=f"{self.run}:preset:{text}")
-            elif kind == "step-backwards":
+                if "read" in self.answered:  # a switch (a preset's line came after the general reader's): said
+                    self.host.message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
+                                      key=f"{self.run}:preset:{text}")
+            elif kind in ("step-backwards", "general-backwards"):
                 self.host.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
+            elif kind.startswith("general-"):  # how the general reader counts the steps (core/printed.py)
+                self.host.message("text", {"text": f"📄 {self.run}: {text}"}, key=f"{self.run}:{n}:{kind}")
+
+    # -- the answer about reading ------------------------------------------------------------------------
+    def _tell_reading(self, records: Sequence[LogRecord], pumped: sources.PumpResult | None) -> None:
+        """After each chunk: the first record said (what reads the output, one record), or that nothing
+        reads it by the 20th line; a source that stops giving records while output goes on, said."""
+        lines = pumped.evidence.lines_seen if pumped is not None else None
+        if records:
+            self.lines_at_record = lines
+            if "read" not in self.answered:
+                first = records[0]
+                self._answer(first.step, dict(first.metrics))
+        elif "read" not in self.answered and "unread" not in self.answered:
+            self._answer_unread()
+        elif pumped is not None and pumped.output_grew and lines is not None and self.host.attempt is not None:
+            self._check_records_stopped(self.host.attempt, lines)
+
+    def _answer(self, step: int, metrics: dict[str, float]) -> None:
+        """Said once a run, with its first record: what reads its output, and one record it read."""
+        self.answered.add("read")
+        self.ctx.timers.cancel(f"reading:{self.run}")
+        line = f"reading {printed.describe_record(step, metrics)}"
+        what = self._reader_name()
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=line)
+        self.host.message("text", {"text": f"📖 {self.run}: {what}: {line}"}, key=f"{self.run}:reading")
+
+    def _reader_name(self) -> str:
+        source = self.spec.source
+        chosen = self.pump.preset
+        if chosen == presets.GENERAL:
+            return "its printed lines are read by the general reader (docs/your-trainer.md)"
+        if chosen is not None:
+            return f'its printed lines are read by preset "{chosen}"'
+        if source.kind == "stdout":
+            return "its printed lines are read by its [[source.patterns]]"
+        return f"its {source.kind} log is read" + (f" ({source.path})" if source.path else "")
+
+    def _answer_unread(self, *, late: bool = False) -> None:
+        """By the 20th printed line with no record, or 10 s after the first (`late`): that nothing reads
+        them yet, a line, the pattern that would, where to put it, the command that runs again with it."""
+        pumped = self.pumped
+        if pumped is None or not self.pump.kind.reads_captured or self.host.attempt is None:
+            return
+        lines = pumped.evidence.lines_seen or 0
+        if not lines or (not late and lines < ANSWER_LINES):
+            return
+        self.answered.add("unread")
+        spec = self.spec
+        message = suggest.unread_answer(spec.command, str(spec.spec_file), pumped.evidence.sample, lines,
+                                        tuple(name for name, _ in spec.source.candidates))
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=None)
+        self.host.message("text", {"text": f"📖 {self.run}: {message}"}, key=f"{self.run}:reading-none")
+
+    def _check_records_stopped(self, attempt: Attempt, lines: int) -> None:
+        """A source that read records and then stops while the output goes on is said, once an attempt: the
+        trainer changed what it prints (a new phase, a crash loop), or the format drifted."""
+        if self.lines_at_record is None or not self.points:
+            return
+        since = lines - self.lines_at_record
+        quiet = self.ctx.now() - (self.last_record_wall or self.ctx.now())
+        if since < STOPPED_LINES or quiet < readable.MIN_MINUTES * self.ctx.scale:
+            return
+        sample = self.pumped.evidence.sample if self.pumped is not None else None
+        last = self.points[-1].step
+        self.host.incident("log-unreadable",
+                           f"its output goes on but gives no record: {since} lines since the last record (step {last}, "
+                           f"{quiet:.0f} s ago)" + (f"; the newest line no reader read: {sample!r}" if sample else "")
+                           + ". babysit goes on reading; if the format changed, write [[source.patterns]] for it "
+                           "(docs/your-trainer.md)",
+                           {"lines_since_record": since, "last_step": last, "seconds_since_record": round(quiet, 1),
+                            "line": sample}, key=f"{self.run}:{attempt.n}:records-stopped")
+
+    def answer_late(self) -> None:
+        """10 s after the first printed line: read what is there, then answer if no record came."""
+        if "read" in self.answered or "unread" in self.answered:
+            return
+        self.read_log(wait=False)
+        with self.host.lock:
+            if "read" not in self.answered and "unread" not in self.answered:
+                self._answer_unread(late=True)
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
@@ -319,7 +413,9 @@ class RunLog:
                 self._divergence(record, numbers)
 
     def _divergence(self, record: LogRecord, numbers: Mapping[str, object]) -> None:
-        """A record with a non-finite number, or after a grad norm went non-finite: the watched metrics judged."""
+        """A record with a non-finite number, or after a grad norm went non-finite: the watched metrics judged.
+        The run's guards are checked at once (on the timers, once this read lets go of the run), not at the
+        next guard round: a NaN stops the run within a second of being printed."""
         counted, self.nonfinite_pending = nonfinite.divergence(numbers, self.spec.guards.nonfinite_metrics,
                                                                self.nonfinite_pending)
         bad = next(iter(counted.items()), None)
@@ -327,6 +423,8 @@ class RunLog:
         if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
             self.nonfinite = (record.step, bad[0], bad[1])
             self.host.note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
+            self.host.later(f"nonfinite:{self.run}", 0.0, self.host.guard,
+                            "checking its guards after a non-finite value")
 
     # -- what the reading tells -------------------------------------------------------------------------
     def check_reader(self, attempt: Attempt) -> None:
@@ -375,6 +473,26 @@ class RunLog:
                                {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
                                 "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
                                key=f"{self.run}:{attempt.n}:log-unreadable")
+
+    def check_unread_at_exit(self, attempt: Attempt) -> None:
+        """Never silent: an attempt that ended with no record read says so at its end, whatever the
+        thresholds of the live check (a short run never reaches them)."""
+        if self.points:
+            return
+        pumped = self.pumped
+        evidence = self.pump.kind.evidence(pumped.evidence, self.tail.records, self.tail.garbage) \
+            if pumped is not None else None
+        message = sources.unreadable(self.spec.source, evidence, log=self.records_log) if evidence else None
+        lines = evidence.lines_seen if evidence is not None else None
+        if message is None:
+            printed_lines = "" if not lines else f" (it printed {lines} line{'s' if lines != 1 else ''})"
+            message = (f"babysit reads {describe(self.spec.source).get('kind')} records "
+                       f"({self.spec.source.path or 'its printed lines'}){printed_lines}.")
+        message = message.replace(" The run is not stopped for this.", "")
+        self.host.incident("log-unreadable", f"attempt {attempt.n} ended with no record read: its losses were never "
+                           f"watched. {message}",
+                           {"lines_seen": lines, "records_parsed": 0, "at_exit": True, "log": str(self.records_log)},
+                           key=f"{self.run}:{attempt.n}:log-unreadable")
 
     def end_step(self, attempt: Attempt) -> int | None:
         """The run's last step, by the rule status and the web page apply (`progress.end_step`); the

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,18 +149,24 @@ class ReadInterrupted(BabysitError):
     the next daemon, adopting the attempt, drains it and handles it."""
 
 
+WATCH_SECONDS = 0.25  # how often the reader thread looks whether a watched run printed (a stat a file)
+
+
 class ReadWorker:
     """The daemon's reader thread: the runs whose reading a guard or a tick left unfinished (a backlog)
     are read here, one slice of `slice_seconds` each in turn, so one run's backlog neither delays the
     others' reading for long nor ever a guard. Until `start`, wishes are only kept (in-process tests
     read on the guard path alone)."""
 
-    def __init__(self, slice_seconds: float = 0.2) -> None:
+    def __init__(self, slice_seconds: float = 0.2, watch_seconds: float = WATCH_SECONDS) -> None:
         self.slice_seconds = slice_seconds
+        self.watch_seconds = watch_seconds
         self._wanted: dict[str, Any] = {}  # run -> its supervisor, in the order wished
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self.closed = False
+        self.watched: Callable[[], Iterable[Any]] = tuple  # the logs of the running runs that print
+        self._seen: dict[str, int] = {}  # run -> its unread bytes at the last look
 
     def want(self, supervisor: Any) -> None:
         with self._cv:
@@ -180,11 +186,38 @@ class ReadWorker:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def nudge(self) -> None:
+        """A run started or ended: look again whether any is watched (an idle reader sleeps untimed)."""
+        with self._cv:
+            self._cv.notify()
+
+    def _any_watched(self) -> bool:
+        try:
+            return any(True for _ in self.watched())
+        except Exception:
+            return False
+
+    def _look(self) -> None:
+        """The watched runs' captured output, a stat a file: a run that printed since the last look is read
+        now, not at the next tick (a NaN line stops the run within a second of being printed)."""
+        seen: dict[str, int] = {}
+        for runlog in self.watched():
+            try:
+                unread = runlog.reader.pump.unread_bytes()
+            except Exception:  # a run being set up or torn down: looked at next time
+                continue
+            seen[runlog.run] = unread
+            if unread and unread != self._seen.get(runlog.run):
+                self._wanted.setdefault(runlog.run, runlog)
+        self._seen = seen
+
     def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._wanted and not self.closed:
-                    self._cv.wait()
+                    watching = bool(self._seen) or self._any_watched()
+                    if not self._cv.wait(self.watch_seconds if watching else None) and watching:
+                        self._look()
                 if self.closed:
                     return
                 run = next(iter(self._wanted))

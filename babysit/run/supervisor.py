@@ -238,7 +238,8 @@ class RunSupervisor:
     def _forget(self) -> None:
         """The run is over: nothing of it stays scheduled, and its GPU poll window stops being fed."""
         self.ctx.polls.cancel(self.run)
-        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}", f"gpu-wait:{self.run}"):
+        for key in (f"kill:{self.run}", f"recheck:{self.run}", f"exit-check:{self.run}", f"gpu-wait:{self.run}",
+                    f"reading:{self.run}", f"nonfinite:{self.run}"):
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.observer.poll_window)
 

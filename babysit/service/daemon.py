@@ -93,6 +93,7 @@ class Daemon:
         self.on_interrupt = on_interrupt
         self.on_gateway = on_gateway  # `up --bot` in a fleet: the bot's connection follows the gateway lease
         self._interrupts = 0
+        self.last_interrupt = "Ctrl-C"  # what the last interrupt was: Ctrl-C (SIGINT) or SIGTERM
         self._interrupts_handled = 0
         self.scale = 1.0 if accelerated else 60.0  # seconds per declared minute
         # The read interval of runs stamped at read time (docs/your-trainer.md); every other log is read
@@ -124,6 +125,7 @@ class Daemon:
                                  default_channel=self.registry.daemon.channel, clock=clock,
                                  host_probe=host_probe or ProcHostProbe(), timers=timers or ThreadTimers(),
                                  exits=self.exits)
+        self.ctx.reads.watched = self._printing_runs
         self.delivery = DeliveryWorker(self.store, channel)
         # runs only while a run with GPUs is active
         self.sampler = sampler_for(gpu_probe, self.registry.daemon.gpu_sample_seconds)
@@ -273,6 +275,11 @@ class Daemon:
             else:
                 self.sampler.stop()
             self._keep_job("read", any(s.spec.source.copies for s in active), self.read_logs, self.tick_seconds)
+        self.ctx.reads.nudge()  # a run started or ended: the reader thread looks whether it watches any
+
+    def _printing_runs(self) -> list[Any]:
+        """The logs of the running runs whose printed output babysit reads (the reader thread watches it grow)."""
+        return [s.runlog for s in list(self.supervisors.values()) if s.spec.source.copies and s.is_running()]
 
     def _keep_job(self, job_id: str, wanted: bool, fn: Callable[[], None], seconds: float) -> None:
         have = self.scheduler.get_job(job_id) is not None
@@ -352,7 +359,8 @@ class Daemon:
             self.stop_event.set()
             self._wakeup.set()
 
-        def interrupt(*_: object) -> None:
+        def interrupt(signum: int, _frame: object) -> None:
+            self.last_interrupt = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
             self._interrupts += 1
             self._wakeup.set()
 

@@ -51,6 +51,7 @@ from babysit.sources.records import Block, Item
 STREAMS = ("stdout.log", "stderr.log")
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (torchtitan colours its metrics)
 SAMPLE_CHARS = 200
+DIGIT = re.compile(rb"\d")
 FAST_LINES = 64  # reads of more lines than this look only at the lines a pattern's literal is in
 FAST_LINE_BYTES = 4096  # a read with a longer line is matched by RE2 (`re`'s time on a line may grow with it)
 UNANCHORED = re2._Anchor.UNANCHORED
@@ -224,8 +225,8 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
                 if matched and preset is None:
                     preset = GENERAL
                     ctx.notices.append(("preset", GENERAL))
-            if not matched:
-                sample = text
+            if not matched and (sample is None or DIGIT.search(text)):
+                sample = text  # the newest line no reader read, one with a number if any: what to quote
     if general is not None:
         ctx.notices.extend(general.notices)
         general.notices.clear()

@@ -5,8 +5,10 @@ and without a `babysit up`; and an unmodified word_language_model printer read t
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,10 +48,11 @@ def channel(root: Path, kind: str | None = None) -> list[dict]:
 def test_an_unmodified_nanogpt_is_babysat_with_no_run_toml_and_exits_0(workspace: Path) -> None:
     code, out = finish(start(workspace, *NANOGPT, "--iters", "400", "--eval-every", "100", "--sleep", "0.02"))
     assert code == adhoc.EXIT_COMPLETED, out
-    spec = workspace / "runs" / "nano.toml"
-    assert f"wrote {os.path.relpath(spec, workspace)}" in out and 'preset = "auto"' in spec.read_text()
+    spec = workspace / ".babysit" / "adhoc" / "nano.toml"  # under the state directory: no ./runs/ litter
+    assert f"its run.toml is {spec}" in out and 'preset = "auto"' in spec.read_text()
+    assert not (workspace / "runs").exists()
     assert "iter 399: loss" in out  # its stdout passed through
-    assert 'its printed lines match preset "nanogpt"' in out
+    assert 'read by preset "nanogpt": reading step 0: val_loss=5.05' in out
     polls = channel(workspace, "poll")
     assert polls, out
     first = polls[0]["text"]
@@ -60,8 +63,7 @@ def test_an_unmodified_nanogpt_is_babysat_with_no_run_toml_and_exits_0(workspace
     assert {r["step"] for r in records if "train_loss" in r} == set(range(401))
     assert [r["val_loss"] for r in records if "val_loss" in r][:1] == [5.05]
     # the spec it wrote registers as it is, under another name: the file is the user's to edit
-    text = spec.read_text().replace('name = "nano"', 'name = "nano2"')
-    (workspace / "nano2.toml").write_text(text.replace('workdir = ".."', f'workdir = "{workspace}"'))
+    (workspace / "nano2.toml").write_text(spec.read_text().replace('name = "nano"', 'name = "nano2"'))
     assert babysit("register", str(workspace / "nano2.toml"), "--registry", str(workspace / "babysit.toml"),
                    cwd=workspace).returncode == 0
 
@@ -124,6 +126,82 @@ def test_with_babysit_up_running_the_daemon_takes_it_and_babysit_run_follows(wor
     finally:
         daemon.proc.send_signal(signal.SIGINT)
         daemon.wait(timeout=30)
+
+
+SHAPES = [PY, "-m", "babysit.demo.printed_shapes"]
+
+
+@pytest.mark.parametrize("shape, steps", [
+    ("pipes", list(range(10, 301, 10))),
+    ("epoch-batch", [e * 100 + b for e in range(3) for b in range(10, 101, 10)]),
+    ("keras", [100, 200, 300]),
+    ("tqdm", [e * 100 + b for e in range(3) for b in range(10, 101, 10)]),
+])
+def test_a_script_of_your_own_is_read_with_no_flag(workspace: Path, shape: str, steps: list[int]) -> None:
+    """Hand-written printers in the shapes people print, under `babysit run` with no flag: the right steps
+    (a per-epoch counter counted on across epochs) and losses, and the answer about reading said early."""
+    code, out = finish(start(workspace, *SHAPES, "--shape", shape, "--steps", "300", "--every", "10",
+                             "--sleep", "0.002"))
+    assert code == adhoc.EXIT_COMPLETED, out
+    assert "read by the general reader (docs/your-trainer.md): reading step" in out
+    records = [json.loads(x) for x in (workspace / ".babysit" / "runs" / "nano" / "records.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records] == steps
+    assert all("loss" in r for r in records)
+    assert records[-1]["loss"] == pytest.approx(2.0 * math.exp(-300 / 150) + 0.1, abs=1e-4)
+    assert "no record was read" not in out and store_of(workspace).incidents("nano") == []
+
+
+@pytest.mark.parametrize("shape", ["pipes", "epoch-batch"])
+def test_a_nan_printed_in_a_general_shape_stops_the_run_and_exits_3_without_a_retry(workspace: Path,
+                                                                                     shape: str) -> None:
+    """--retry-on diverged with no [[attempts]]: the identical command would diverge again, so no retry."""
+    code, out = finish(start(workspace, *SHAPES, "--shape", shape, "--steps", "100000", "--nan-at", "120",
+                             "--sleep", "0.01", extra=("--retry-on", "diverged")))
+    assert code == adhoc.EXIT_DIVERGED, out
+    assert "after the first nan line" in out  # the stop reached it while it ran
+    (attempt,) = store_of(workspace).attempts("nano")
+    assert attempt.outcome == "diverged"
+    assert "identical command" in out and "retried per retry.on" not in out
+
+
+def test_an_unreadable_script_says_so_early_and_at_its_end(workspace: Path) -> None:
+    code, out = finish(start(workspace, *SHAPES, "--shape", "no-step", "--steps", "300", "--every", "10",
+                             "--sleep", "0.01"))
+    assert code == adhoc.EXIT_COMPLETED, out
+    early = out.index("nothing reads its printed lines yet")
+    assert early < out.index("done\n")  # said while it ran, not at its end
+    assert "A line: 'loss " in out and "It shows no step counter" in out
+    assert "ended with no record read" in out  # the incident at its end
+    assert "no record was read from its output" in out  # beside the outcome
+    (incident,) = store_of(workspace).incidents("nano")
+    assert incident.kind == "log-unreadable"
+    status = babysit("status", "--registry", str(workspace / "babysit.toml"), cwd=workspace, env=ENV).stdout
+    assert "no printed line gave a record" in status and "once enough lines are in" not in status
+
+
+def test_an_unknown_format_is_answered_with_a_pattern_and_the_command_that_uses_it(workspace: Path) -> None:
+    (workspace / "upd.py").write_text("import time\nfor i in range(1, 40):\n    print(f'upd {i * 10} "
+                                      "loss={1 / i:.4f}', flush=True)\n    time.sleep(0.01)\n")
+    printer = [PY, "upd.py"]
+    code, out = finish(start(workspace, *printer))
+    assert code == adhoc.EXIT_COMPLETED, out
+    assert "A pattern that would read it:" in out and "babysit run --pattern " in out
+    command = out.split("or run again with: ")[1].splitlines()[0]
+    pattern = shlex.split(command)[3]
+    again = start(workspace, *printer, name="nano2", extra=("--pattern", pattern))
+    code, out = finish(again)
+    assert code == adhoc.EXIT_COMPLETED, out
+    assert "read by its [[source.patterns]]: reading step 10: loss=1" in out
+
+
+def test_a_refused_run_leaves_no_file_behind(workspace: Path) -> None:
+    for _ in range(2):
+        res = babysit("run", "--registry", str(workspace / "babysit.toml"), "--", "pythn", "train.py",
+                      cwd=workspace, env=ENV)
+        assert res.returncode == 2 and "did you mean 'python" in res.stderr
+    assert not (workspace / "runs").exists()
+    assert list((workspace / ".babysit" / "adhoc").glob("*.toml")) == [] if (workspace / ".babysit").exists() else True
 
 
 @pytest.mark.parametrize("args, wanted", [
