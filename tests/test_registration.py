@@ -1,5 +1,6 @@
 """`babysit register`'s checks of the command (registration.register, the one function the CLI, the
-campaign's launches and a relaunch call): a program that is not there is refused naming `run.command`;
+campaign's launches and a relaunch call): a program, or the script an interpreter is given, that is not
+there is refused naming `run.command`;
 a read_step past the run's end and a log folder nobody makes are warned about."""
 
 from __future__ import annotations
@@ -72,6 +73,39 @@ def test_a_relative_program_is_looked_for_in_the_workdir_and_must_be_executable(
     assert code == 0 and out.startswith("added: r")
 
 
+@pytest.mark.parametrize("command", [
+    '["python", "trian.py"]', '["python3", "-u", "trian.py", "--steps", "10"]', '["bash", "trian.py"]',
+    '["torchrun", "--nproc-per-node", "2", "trian.py"]'])
+def test_a_script_that_is_not_in_the_workdir_is_refused_naming_run_command_and_the_nearest_file(
+        tmp_path: Path, command: str) -> None:
+    """`python trian.py` registered, launched, exited 2 and was classified `crashed`: refused now, as a
+    missing program is."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for name in ("python", "python3", "bash", "torchrun"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = write(tmp_path, f'{command}\nenv = {{PATH = "{folder}"}}')
+    code, out, err = register(tmp_path, spec)
+    assert code == 2 and out == "", err
+    assert err.splitlines()[0] == (f"ERROR: {spec}: run.command: expected a script that exists (a path relative to "
+                                   f"run.workdir {tmp_path}), got <'trian.py': {tmp_path / 'trian.py'} does not exist>")
+    assert err.splitlines()[1] == ("HINT: did you mean 'train.py'? fix the script's path in run.command (a path is "
+                                   "relative to run.workdir)")
+    assert registry.load(tmp_path / "babysit.toml").runs == (), "nothing registered"
+    fixed = write(tmp_path, f'{command.replace("trian.py", "train.py")}\nenv = {{PATH = "{folder}"}}')
+    assert register(tmp_path, fixed)[0] == 0
+
+
+@pytest.mark.parametrize("command", ['["python", "-m", "trainer"]', '["python", "-c", "pass"]',
+                                     '["bash", "-c", "python trian.py"]'])
+def test_a_module_or_inline_code_names_no_script_to_look_for(tmp_path: Path, command: str) -> None:
+    code, out, err = register(tmp_path, write(tmp_path, f'{command}\nenv = {{PATH = "{Path(sys.executable).parent}'
+                                                        f'{os.pathsep}{os.environ.get("PATH", "")}"}}'))
+    assert code == 0 and out.startswith("added: r"), err
+
+
 def test_a_program_on_path_registers(tmp_path: Path) -> None:
     code, out, _ = register(tmp_path, write(tmp_path, f'["{Path(sys.executable).name}", "-c", "pass"]\n'
                                                       f'env = {{PATH = "{Path(sys.executable).parent}{os.pathsep}'
@@ -125,6 +159,7 @@ def test_every_door_in_checks_and_records_a_run_the_same_way(tmp_path: Path) -> 
     folder.mkdir()
     (folder / "python").write_text("#!/bin/sh\n")
     (folder / "python").chmod(0o755)
+    (tmp_path / "train.py").write_text("")
     good = f'["python", "train.py"]\nenv = {{PATH = "{folder}"}}'
     bad = f'["pythn", "train.py"]\nenv = {{PATH = "{folder}"}}'
     prereg = PREREG.format(read=100)

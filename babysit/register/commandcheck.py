@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,58 @@ def check_program(spec: RunSpec, shown: str, environ: Mapping[str, str] | None =
         return f"run.command: {problem} here; make sure it exists on the {spec.executor} node"
     raise SpecError(shown, "run.command", "a program that exists (on PATH, or a path relative to run.workdir "
                     f"{spec.workdir})", f"<{program!r}: {problem}>", hint=hint)
+
+
+def check_script(spec: RunSpec, shown: str) -> str | None:
+    """Raise SpecError (exit 2) naming `run.command` when the script an interpreter or a launcher is given
+    (`python trian.py`, `torchrun … train.py`) is not in the workdir: it would fail only at launch, exit
+    2 and `crashed`. On Slurm (another node's filesystem, maybe) a warning instead."""
+    script = script_of([a.replace("{name}", spec.name).replace("{attempt}", "1") for a in spec.command])
+    if script is None:
+        return None
+    file = Path(script) if os.path.isabs(script) else spec.workdir / script
+    if file.exists():
+        return None
+    problem = f"{file} does not exist"
+    if spec.executor != "local":
+        return f"run.command: {problem} here; make sure it exists on the {spec.executor} node"
+    near = _near(Path(script).name, [p.name for p in file.parent.iterdir()] if file.parent.is_dir() else [])
+    hint = ((f"did you mean {near}? " if near else "")
+            + "fix the script's path in run.command (a path is relative to run.workdir)")
+    raise SpecError(shown, "run.command", f"a script that exists (a path relative to run.workdir {spec.workdir})",
+                    f"<{script!r}: {problem}>", hint=hint)
+
+
+_PYTHON = re.compile(r"(python|pypy)[0-9.]*")
+_SHELL = re.compile(r"bash|sh|dash|zsh")
+_TAKES_VALUE = {"python": {"-W", "-X"}, "shell": {"-o", "-O"}}  # options whose value is the next item
+_LAUNCHERS = ("torchrun", "deepspeed")
+
+
+def script_of(argv: Sequence[str]) -> str | None:
+    """The script file a command runs through its interpreter (`python -u train.py` → train.py) or launcher
+    (`torchrun --nproc-per-node 2 train.py`, `accelerate launch train.py`); None for a module (`-m`), inline
+    code (`-c`), or a program that is the trainer itself."""
+    if not argv:
+        return None
+    program, args = Path(argv[0]).name, list(argv[1:])
+    family = "python" if _PYTHON.fullmatch(program) else "shell" if _SHELL.fullmatch(program) else None
+    if family is not None:
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "-" or arg.startswith(("-m", "-c")):
+                return None
+            if arg.startswith("-"):
+                i += 2 if arg in _TAKES_VALUE[family] else 1
+                continue
+            return arg
+        return None
+    if program in _LAUNCHERS or (program == "accelerate" and args[:1] == ["launch"]):
+        if any(a in ("-m", "--module", "--no-python", "--no_python") for a in args):
+            return None
+        return next((a for a in args if a.endswith(".py") and not a.startswith("-")), None)
+    return None
 
 
 def _problem(program: str, workdir: Path, path: str) -> tuple[str | None, str]:

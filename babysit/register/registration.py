@@ -80,9 +80,9 @@ def check(spec: RunSpec, shown: str, *, accelerated: bool) -> tuple[list[str], l
     check_cadence(spec, accelerated)
     sources.adapter(spec.source.kind).require()  # exit 2 naming the extra it reads with, before anything is frozen
     warnings: list[str] = []
-    program = commandcheck.check_program(spec, shown)
-    if program is not None:
-        warnings.append(program)
+    for problem in (commandcheck.check_program(spec, shown), commandcheck.check_script(spec, shown)):
+        if problem is not None:
+            warnings.append(problem)
     notes: list[str] = []
     if spec.prereg is not None and spec.prereg.fixture is not None:
         result = check_fixture(spec.prereg)
