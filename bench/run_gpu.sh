@@ -8,7 +8,7 @@
 # overhead, scale and abort benches measure it too, in the same run, beside the code now.
 # Issue 26's 1,000-run figures are a separate call: python3 bench/scale.py --sizes 1000 --ticks 5
 # (launching 1,000 shims takes minutes; with --before, twice that). Both codes' guard and poll rounds in the
-# same minutes: python3 bench/scale_together.py --runs 1000 --before DIR (~8 min; bench/README.md 000c).
+# same minutes: python3 bench/scale_together.py --runs 1000 --before DIR (~8 min; bench/README.md, section 4).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"

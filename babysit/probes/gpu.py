@@ -21,7 +21,7 @@ measured instead from the GPU's own activity counters, one snapshot at each end 
 exact over the whole window, where samples are an estimate, and with no timer between (the sampler
 leaves such GPUs alone, `samples_needed`). On the H200 over 10-60 s windows of a 4-s-on/4-s-off load it
 read 51.7 % where a 1-s sampler read 51.3 and the driver's 200-ms samples 52-57; a snapshot costs ~46 µs
-and the metrics ~0.9 ms, once a poll (bench/README.md, section 0000). Other windows (the guards', which
+and the metrics ~0.9 ms, once a poll (bench/README.md, section 11). Other windows (the guards', which
 decide on no utilization; the fleet report's) keep the rate, read when they read.
 
 GPU indices are NVML indices (nvidia-smi order, i.e. PCI bus order): the executor should export
