@@ -182,14 +182,28 @@ _FLAG_TEXT: dict[str, Callable[[Snapshot], str]] = {
     "stalled?": lambda s: f"no new log record for {_since(s.seconds_since_last_record)} — the stall guard "
                           f"stops the run at {_since(s.stall_seconds)}",
     "waiting-for-first-record": lambda s: (
-        f"waiting for the first record in {s.log_path or 'the log'} "
+        f"waiting for the first record in {_records_from(s)} "
         f"({_since(s.seconds_since_launch)} since launch; start-up is normal)"),
     "no-log-records-yet": lambda s: (
-        f"no record in {s.log_path or 'the log'} yet, {_since(s.seconds_since_launch)} after launch "
-        f"— is the trainer writing there? (the stall guard stops the run at {_since(s.stall_seconds)})"),
+        f"no record in {_records_from(s)} yet, {_since(s.seconds_since_launch)} after launch "
+        f"— {_records_question(s)} (the stall guard stops the run at {_since(s.stall_seconds)})"),
     "gpu-hours-projection": lambda s: progress.projection_sentence(s.progress)
     or "GPU-hours projected past the cap",
 }
+
+
+def _records_from(s: Snapshot) -> str:
+    """Where the run's records come from, as the trainer sees it: its output for a stdout source (the file
+    babysit copies them into is babysit's own), else the file the trainer writes."""
+    if s.source_kind == "stdout":
+        return "the trainer's output (stdout and stderr)"
+    return s.log_path or "the log"
+
+
+def _records_question(s: Snapshot) -> str:
+    if s.source_kind == "stdout":
+        return "is it printing lines the run's [source] patterns match?"
+    return "is the trainer writing there?"
 
 
 def _incident(p: Mapping[str, Any]) -> Rendered:

@@ -93,6 +93,7 @@ class Snapshot(ProgressFields):
     total_ram_bytes: int | None = None
     note: str | None = None  # the executor's word (e.g. "PENDING (Resources)" on Slurm)
     log_path: str | None = None  # where records are read from: named in every "no records" line
+    source_kind: str | None = None  # the run's [source] kind ("stdout": its output, not a file; None: jsonl)
     seconds_since_launch: float | None = None  # real seconds (what a person reads), never declared ones
     seconds_since_last_record: float | None = None  # real seconds
     stall_seconds: float | None = None  # the stall guard's limit, in real seconds
@@ -127,6 +128,8 @@ class Snapshot(ProgressFields):
             "data_wait_frac": self.data_wait_frac,
             "shown_metrics": None if self.shown_metrics is None
             else {k: list(v) for k, v in self.shown_metrics.items()},
+            # only when known: a row stored before it existed is written back byte for byte
+            **({} if self.source_kind is None else {"source_kind": self.source_kind}),
         }
 
     @classmethod
@@ -145,7 +148,8 @@ class Snapshot(ProgressFields):
             run_cpu_pct=d.get("run_cpu_pct"), latest_eval=mapping("latest_eval"),
             latest_eval_step=d.get("latest_eval_step"), provisional=mapping("provisional"),
             flags=tuple(d.get("flags") or ()), total_ram_bytes=d.get("total_ram_bytes"), note=d.get("note"),
-            log_path=d.get("log_path"), seconds_since_launch=d.get("seconds_since_launch"),
+            log_path=d.get("log_path"), source_kind=d.get("source_kind"),
+            seconds_since_launch=d.get("seconds_since_launch"),
             seconds_since_last_record=d.get("seconds_since_last_record"), stall_seconds=d.get("stall_seconds"),
             data_wait_frac=d.get("data_wait_frac"),
             shown_metrics=None if d.get("shown_metrics") is None
@@ -172,7 +176,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
                    provisional: Mapping[str, object] | None = None, starvation_util_pct: float = 50.0,
                    steps_advanced: bool | None = None, min_free_host_ram_gib: float | None = None,
                    seconds_since_last_record: float | None = None, stall_seconds: float | None = None,
-                   note: str | None = None, log_path: str | None = None,
+                   note: str | None = None, log_path: str | None = None, source_kind: str | None = None,
                    seconds_since_launch: float | None = None, data_wait_frac: float | None = None,
                    shown_metrics: Mapping[str, Sequence[float]] | None = None,
                    reading: str | None = None) -> Snapshot:
@@ -223,7 +227,8 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
         provisional=None if provisional is None else dict(provisional),
         flags=tuple(dict.fromkeys(flags)),
         total_ram_bytes=host.total_ram_bytes if host else None, note=note, log_path=log_path,
-        seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds, data_wait_frac=data_wait_frac,
+        source_kind=source_kind, seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds,
+        data_wait_frac=data_wait_frac,
         seconds_since_last_record=seconds_since_last_record,
         shown_metrics=None if shown_metrics is None else dict(shown_metrics), reading=reading,
     )

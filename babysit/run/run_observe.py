@@ -95,7 +95,9 @@ class RunObserver:
             seconds_since_last_record=obs.seconds_since_last_record,
             stall_seconds=spec.guards.stall_minutes * obs.minute_seconds,
             note=self.host.executor.status_note(attempt) if attempt is not None else None,
-            log_path=str(runlog.records_log), seconds_since_launch=obs.seconds_since_launch,
+            log_path=str(spec.source.path if spec.source.copies and spec.source.path is not None
+                         else runlog.records_log),
+            source_kind=spec.source.kind, seconds_since_launch=obs.seconds_since_launch,
             data_wait_frac=obs.data_wait_frac,
             shown_metrics={k: [step, v] for k, (step, v) in runlog.latest_shown.items()},
             reading=runlog.reading_line() if kind == "first" else None)
