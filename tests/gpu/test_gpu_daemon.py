@@ -2,7 +2,7 @@
 
 Real NVML, real CUDA processes: a foreign process blocks a launch and stops a live run, torchrun's
 workers are the run's own, a real CUDA OOM is classified and retried with the fallback profile.
-Each test prints one `H200:` line for docs/guards.md.
+Each test prints one `H200:` line for bench/README.md (section 14).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ never see a false foreign holder. Run on the GPU machine: `pytest -m gpu tests/g
 
 Each stop — `babysit abort`, a foreign CUDA process, the GPU-hour cap — must reach the trainer's main
 process alone (its workers keep feeding it until it has checkpointed), end with exit 10 and a
-checkpoint, and the checkpoint must resume. Each test prints one `H200:` line for docs/guards.md.
+checkpoint, and the checkpoint must resume. Each test prints one `H200:` line for bench/README.md (section 14).
 BABYSIT_OOM_TRIALS sets how many OOM→fallback trials run (default 10).
 """
 

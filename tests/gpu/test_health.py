@@ -2,8 +2,8 @@
 
 Every health call read on a healthy GPU (values and per-call cost), the events registered, and a CUDA
 illegal-address kernel in a child process producing an application-side Xid that babysit classifies as
-the trainer's fault, not the machine's. Each test prints `H200:` lines for docs/guards.md and
-bench/README.md. Skipped with a reason where NVML cannot start (no driver).
+the trainer's fault, not the machine's. Each test prints `H200:` lines for
+bench/README.md (sections 11 and 14). Skipped with a reason where NVML cannot start (no driver).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Skipped with a reason where `pynvml.nvmlInit()` fails (no driver) or torch.cuda is unavailable.
 GPU_INDEX (env BABYSIT_TEST_GPU, default 0) must be idle: the tests start their own matmul load.
-Each test prints one `H200:` line with what it measured, for the "On an H200" table in docs/guards.md.
+Each test prints one `H200:` line with what it measured, for bench/README.md (section 14).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ On the two-GPU machine (nvidia-h200-x2): `python3 -m pytest -m gpu tests/gpu/tes
 On one GPU only the one-GPU variants run (the others skip, saying they need two devices):
 `python3 -m pytest -m gpu tests/gpu/test_two_gpus.py -s -k one_gpu`.
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0, in the runs' env and this process's). Each test prints
-`H200:` lines for docs/guards.md and bench/README.md. The same scenarios on CPU (gloo, simulated GPUs):
+`H200:` lines for bench/README.md (section 13). The same scenarios on CPU (gloo, simulated GPUs):
 tests/scenarios/test_two_gpus_on_cpu.py.
 """
 
