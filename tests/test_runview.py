@@ -190,3 +190,34 @@ def test_a_log_tail_is_read_again_only_when_the_log_changes(tmp_path: Path) -> N
     with open(log, "a") as f:
         f.write(json.dumps({"step": 2, "ts": T0 + 1}) + "\n")
     assert [r.step for r in cache.get(log)] == [1, 2]
+
+
+def test_another_box_s_run_shows_its_attempt_out_of_its_max_as_a_local_run_does(tmp_path: Path) -> None:
+    """ATTEMPT was `1/2 default` for a run whose run.toml is here and `1 default` for one read from the
+    fleet's database alone (its run.toml on its box): its daemon now stores the max it enforces, and both
+    read `1/2 default`. The run launched by a real supervisor (in process, the tests' executor)."""
+    from babysit.probes.gpu import FileGpuProbe
+    from babysit.run.context import DaemonContext
+    from babysit.run.supervisor import RunSupervisor
+    from babysit.view.runtable import cells
+    from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+
+    (tmp_path / "run.toml").write_text(SPEC)
+    (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}]}))
+    clock, host = FakeClock(), FakeHostProbe()
+    store = Store.in_dir(tmp_path / ".babysit")
+    try:
+        ctx = DaemonContext(store=store, state_dir=tmp_path / ".babysit",
+                            gpu_probe=FileGpuProbe(tmp_path / "gpus.json"),
+                            executors={"local": FakeExecutor(clock, host)}, scale=1.0, clock=clock,
+                            host_probe=host, timers=ManualTimers(clock))
+        spec = load_spec(tmp_path / "run.toml")
+        RunSupervisor(ctx, spec, None).start()
+        status, facts = store.run_state("r")
+        shown = {where: cells(build_row("r", status=status, facts=ShownFacts.from_dict(facts),
+                                        attempts=store.attempts("r"), poll=None, incident=None, verdict=None,
+                                        now=clock.now, spec=s, records=None), clock.now)["ATTEMPT"]
+                 for where, s in (("here", spec), ("another box", None))}
+    finally:
+        store.close()
+    assert shown == {"here": "1/2 default", "another box": "1/2 default"}, shown  # before: "1 default" there

@@ -210,5 +210,6 @@ class RunLauncher:
     def record_enforced(self) -> None:
         """What this daemon enforces from the spec it loaded, for `status` and the web page to show (the
         run.toml may have been edited since: the daemon reads it again only when it starts the run)."""
-        enforced = {"gpu_hours_cap": self.host.spec.guards.gpu_hours_cap}
+        enforced = {"gpu_hours_cap": self.host.spec.guards.gpu_hours_cap,
+                    "max_attempts": self.host.spec.retry.max_attempts}  # another box's status shows "1/3" too
         self.ctx.store.merge_run_facts(self.run, self.ctx.now(), enforced=enforced)

@@ -133,6 +133,7 @@ class ShownFacts:
     step: int | None = None  # the daemon's last reading of the log
     enforced: bool = False  # the daemon stored the spec it enforces (then `enforced_cap` is its cap)
     enforced_cap: float | None = None
+    enforced_max_attempts: int | None = None  # [retry] max_attempts as its daemon loaded it
     relaunch: Relaunch | None = None  # `babysit relaunch`: attempts after `relaunch.after` are a new sequence
     ended: str | None = None  # how the run ended, in the daemon's word
     end_reason: str | None = None
@@ -145,6 +146,7 @@ class ShownFacts:
         enforced = facts.get("enforced")
         return cls(step=facts.get("step"), enforced=isinstance(enforced, Mapping),
                    enforced_cap=enforced.get("gpu_hours_cap") if isinstance(enforced, Mapping) else None,
+                   enforced_max_attempts=enforced.get("max_attempts") if isinstance(enforced, Mapping) else None,
                    relaunch=Relaunch.from_dict(facts.get("relaunched")), ended=facts.get("ended"),
                    end_reason=facts.get("end_reason"), hardware_profile=facts.get("hardware_profile"),
                    preset=facts.get("preset"), log_hint=facts.get("log_hint"))
@@ -188,10 +190,12 @@ def build_row(name: str, *, status: str, facts: ShownFacts, attempts: Sequence[A
     utils = tuple(g.util_pct for g in this_poll.snapshot.measured if g.util_pct is not None) \
         if this_poll is not None else ()
     v = verdict.body if verdict is not None else None
+    # as its daemon loaded it, else its run.toml (another box's run has none here: its daemon's word alone)
+    most = facts.enforced_max_attempts or (spec.retry.max_attempts if spec is not None else None)
     return RunRow(
         run=name, status=shown_status, attempt=last.n if last else None,
-        max_attempts=((facts.relaunch.after if facts.relaunch else 0) + spec.retry.max_attempts
-                      if spec is not None else None),  # a relaunched run's sequence goes on from its last attempt
+        max_attempts=((facts.relaunch.after if facts.relaunch else 0) + most
+                      if most is not None else None),  # a relaunched run's sequence goes on from its last attempt
         profile=last.profile if last else None, outcome=last.outcome if last else None,
         progress=progressed, progress_from=source, last_record_ts=last_ts, gpus=n_gpus, gpu_util_pct=utils,
         gpu_hours_cap_file=file_cap if spec is not None and file_cap != cap else None,

@@ -33,6 +33,8 @@ def test_babysit_demo_fleet_runs_as_the_docs_say(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "box box-a: up" in text and "box box-b: up" in text  # status on box-a lists both boxes
+    rows = [line.split() for line in text.splitlines() if line.startswith(("train-a ", "train-b "))]
+    assert rows and all(r[2:4] == ["1/3", "default"] for r in rows), rows  # before: train-b's was "1 default"
     assert "abort train-a: stopping" in text  # asked on box-b, carried out by box-a
     assert text.count("🚨 box box-b lost") == 2  # the killed box, posted once (shown, then in the channel)
     lost = text.split("== `babysit status` on box-a: box-b LOST", 1)[1].split("\n== ", 1)[0]
