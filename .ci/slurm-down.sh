@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop what .ci/slurm-up.sh started: cancel leftover jobs, then slurmd, slurmctld and munged, by the
-# pids in their pid files (never by name). Safe to run twice or when nothing runs. Packages and the
+# Stop what .ci/slurm-up.sh started: cancel leftover jobs, then every node's slurmd (n1..n3), slurmctld
+# and munged, by the pids in their pid files (never by name). Safe to run twice or when nothing runs. Packages and the
 # config stay, so the next slurm-up.sh is fast.
 set -uo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -23,7 +23,9 @@ stop_pidfile() {  # name pidfile: TERM, wait up to 10 s, then KILL
   rm -f "$file"
 }
 
-stop_pidfile slurmd /run/slurm/slurmd.pid
+for pidfile in /run/slurm/slurmd-*.pid /run/slurm/slurmd.pid; do  # the nodes; slurmd.pid: a 1-node cluster's
+  [ -f "$pidfile" ] && stop_pidfile "$(basename "$pidfile" .pid)" "$pidfile"
+done
 stop_pidfile slurmctld /run/slurm/slurmctld.pid
 stop_pidfile munged /run/munge/munged.pid
 exit 0

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Start a single-node Slurm on this machine for babysit's `pytest -m slurm` tests.
+# Start a 3-node Slurm on this one machine for babysit's `pytest -m slurm` tests.
 #
-# Debian's slurmctld + slurmd + munge, one partition ("debug") holding this host, no accounting
-# daemon (so babysit's no-sacct path is what CI exercises) and jobcomp/filetxt so finished jobs
-# leave a line after they age out of slurmctld. Runs as root on a fresh Debian 12; idempotent: a
-# second run rewrites the same config, leaves running daemons alone and only waits for "idle".
-# Exit 0: `sinfo` says the node is idle. Exit non-zero: the reason is printed last.
+# Debian's slurmctld + munge and three slurmd (Debian builds Slurm with MULTIPLE_SLURMD): nodes n1, n2,
+# n3, each `NodeHostname` this host, `NodeAddr=127.0.0.1` and its own port, started as `slurmd -N nX`,
+# so `srun -N 3` runs one task on each and a node can be lost on its own (kill its slurmd). Each node
+# has 2 stand-in GPUs (gres whose "device files" are empty files in /run/slurm/gpu: Slurm drops a GPU
+# without a file) so GPU requests (--gres=gpu:N) are real. One
+# partition ("debug") holds them all; no accounting daemon (babysit's no-sacct path is what CI
+# exercises); jobcomp/filetxt so finished jobs leave a line after they age out of slurmctld; a node
+# silent for SlurmdTimeout (10 s) is DOWN and its jobs end NODE_FAIL, not requeued (babysit
+# resubmits). Runs as root on a fresh Debian 12; idempotent: a second run rewrites the same config,
+# leaves running daemons alone and only waits for "idle"; a changed config restarts the daemons.
+# Exit 0: `sinfo` says every node is idle. Exit non-zero: the reason is printed last.
 set -euo pipefail
 
 die() { echo "slurm-up: FAILED: $*" >&2; exit 1; }
@@ -15,6 +21,9 @@ say() { echo "slurm-up: $*"; }
 
 host=$(hostname -s)
 conf=/etc/slurm/slurm.conf
+gres_conf=/etc/slurm/gres.conf
+nodes=(n1 n2 n3)
+first_port=17001  # n1's slurmd port; n2 and n3 take the next ones
 
 # -- packages ---------------------------------------------------------------------------------------
 need=()
@@ -54,13 +63,14 @@ fi
 mem_total=$(free -m | awk '/^Mem:/ {print $2}')
 real_mem=$(( mem_total > 2048 ? mem_total - 1024 : mem_total * 3 / 4 ))  # leave the OS a margin
 install -d -m 0755 /etc/slurm /var/log/slurm /run/slurm
-install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld /var/spool/slurmd 2>/dev/null \
-  || install -d -m 0755 /var/spool/slurmctld /var/spool/slurmd
+node_mem=$(( real_mem / ${#nodes[@]} ))  # the host's memory shared out, so no node promises it twice
+install -d -m 0755 /var/spool/slurmctld /var/spool/slurmd
+for n in "${nodes[@]}"; do install -d -m 0755 "/var/spool/slurmd/$n"; done
 touch /var/log/slurm/jobcomp.txt
 chown slurm:slurm /var/log/slurm /var/log/slurm/jobcomp.txt 2>/dev/null || true
 
 wanted=$(cat <<EOF
-# Written by babysit's .ci/slurm-up.sh: a single-node cluster for tests. Edits are overwritten.
+# Written by babysit's .ci/slurm-up.sh: a 3-node cluster on one host for tests. Edits are overwritten.
 ClusterName=babysit-ci
 SlurmctldHost=${host}
 SlurmUser=root
@@ -75,10 +85,10 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SlurmctldPidFile=/run/slurm/slurmctld.pid
-SlurmdPidFile=/run/slurm/slurmd.pid
+SlurmdPidFile=/run/slurm/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+SlurmdSpoolDir=/var/spool/slurmd/%n
 StateSaveLocation=/var/spool/slurmctld
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
@@ -88,47 +98,71 @@ MinJobAge=300
 KillWait=5
 InactiveLimit=0
 Waittime=0
+SlurmdTimeout=10
+JobRequeue=0
+GresTypes=gpu
 SchedulerParameters=sched_interval=2
 DefMemPerCPU=512
-NodeName=${host} CPUs=$(nproc) RealMemory=${real_mem} State=UNKNOWN
+NodeName=n[1-${#nodes[@]}] NodeHostname=${host} NodeAddr=127.0.0.1 Port=[${first_port}-$(( first_port + ${#nodes[@]} - 1 ))] CPUs=$(nproc) RealMemory=${node_mem} Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 )
+gres_wanted=$(for n in "${nodes[@]}"; do echo "NodeName=$n Name=gpu File=/run/slurm/gpu/$n-[0-1]"; done)
+install -d -m 0755 /run/slurm/gpu
+for n in "${nodes[@]}"; do touch "/run/slurm/gpu/$n-0" "/run/slurm/gpu/$n-1"; done
 changed=0
-if [ ! -f "$conf" ] || [ "$(cat "$conf")" != "$wanted" ]; then
+if [ ! -f "$conf" ] || [ "$(cat "$conf")" != "$wanted" ] || [ "$(cat "$gres_conf" 2>/dev/null)" != "$gres_wanted" ]; then
   printf '%s\n' "$wanted" > "$conf"
+  printf '%s\n' "$gres_wanted" > "$gres_conf"
   changed=1
-  say "wrote $conf (node ${host}: $(nproc) CPUs, ${real_mem} MiB)"
+  say "wrote $conf and $gres_conf (nodes ${nodes[*]} on ${host}: $(nproc) CPUs, ${node_mem} MiB, 2 GPUs each)"
 fi
 # Debian's slurmd wants cgroup.conf only with cgroup plugins; none are configured here.
 
 # -- daemons ----------------------------------------------------------------------------------------
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-if running /run/slurm/slurmctld.pid && [ "$changed" = 1 ]; then
-  say "config changed: reconfiguring"
-  scontrol reconfigure || true
+stop_pidfile() {  # TERM, wait up to 10 s, KILL; by the pid in the file, never by name
+  local pid
+  running "$1" || { rm -f "$1"; return 0; }
+  pid=$(cat "$1")
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  rm -f "$1"
+}
+if [ "$changed" = 1 ]; then
+  # nodes added or renamed: slurmctld must start afresh with the new node table (reconfigure cannot)
+  for pidfile in /run/slurm/slurmd.pid /run/slurm/slurmd-*.pid /run/slurm/slurmctld.pid; do
+    [ -f "$pidfile" ] || continue
+    say "config changed: stopping $(basename "$pidfile" .pid)"
+    stop_pidfile "$pidfile"
+  done
 fi
 if ! running /run/slurm/slurmctld.pid; then
   say "starting slurmctld"
   /usr/sbin/slurmctld || die "slurmctld did not start: $(tail -n 5 /var/log/slurm/slurmctld.log 2>/dev/null)"
 fi
-if ! running /run/slurm/slurmd.pid; then
-  say "starting slurmd"
-  /usr/sbin/slurmd || die "slurmd did not start: $(tail -n 5 /var/log/slurm/slurmd.log 2>/dev/null)"
-fi
+for n in "${nodes[@]}"; do
+  if ! running "/run/slurm/slurmd-$n.pid"; then
+    say "starting slurmd -N $n"
+    /usr/sbin/slurmd -N "$n" || die "slurmd -N $n did not start: $(tail -n 5 "/var/log/slurm/slurmd-$n.log" 2>/dev/null)"
+  fi
+done
 
-# -- wait for idle (bounded) ------------------------------------------------------------------------
-state=""
+# -- wait until every node is idle (bounded) --------------------------------------------------------
+states=""
 for i in $(seq 1 60); do
-  state=$(sinfo -h -o %T 2>/dev/null | head -n 1 || true)
-  case "$state" in
-    idle|mixed|allocated) say "node ${host} is ${state} after ${i} s"; exit 0 ;;
-    down*|drain*|fail*)
-      # ReturnToService=2 brings a node back once slurmd registers; nudge it once it is up.
-      scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true ;;
-  esac
+  states=$(sinfo -h -N -o '%N=%T' 2>/dev/null | sort -u | tr '\n' ' ' || true)
+  idle=$(sinfo -h -N -o '%T' 2>/dev/null | grep -cE '^(idle|mixed|allocated)$' || true)
+  if [ "${idle:-0}" -ge "${#nodes[@]}" ]; then say "nodes ${states}after ${i} s"; exit 0; fi
+  for n in "${nodes[@]}"; do
+    case "$(sinfo -h -n "$n" -o %T 2>/dev/null)" in
+      down*|drain*|fail*)  # ReturnToService=2 brings a node back once slurmd registers; nudge it
+        scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;
+    esac
+  done
   sleep 1
 done
 reason=$(sinfo -h -R 2>/dev/null | head -n 3 || true)
-die "node ${host} is '${state:-unknown}' after 60 s, not idle. sinfo -R: ${reason:-none}. Logs: \
-$(tail -n 3 /var/log/slurm/slurmctld.log 2>/dev/null | tr '\n' ' ') | $(tail -n 3 /var/log/slurm/slurmd.log 2>/dev/null | tr '\n' ' ')"
+die "nodes are '${states:-unknown}' after 60 s, not all idle. sinfo -R: ${reason:-none}. Logs: \
+$(tail -n 3 /var/log/slurm/slurmctld.log 2>/dev/null | tr '\n' ' ') | $(tail -n 3 /var/log/slurm/slurmd-n1.log 2>/dev/null | tr '\n' ' ')"

@@ -1,7 +1,7 @@
 """Helpers for the Slurm tests: is a cluster here, and a temp registry whose runs use `executor = "slurm"`.
 
 The end-to-end tests run the real daemon (`babysit up --accelerated`) as a subprocess against a real
-single-node Slurm (`.ci/slurm-up.sh`), and read what happened from its state database.
+Slurm of 3 nodes on this one host (`.ci/slurm-up.sh`), and read what happened from its state database.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def node_states() -> tuple[list[str], str]:
     stderr; NoSlurm where its tools are missing or it does not answer."""
     for tool in ("sinfo", "sbatch", "scontrol", "scancel", "squeue"):
         if shutil.which(tool) is None:
-            raise NoSlurm(f"{tool} not on PATH: start a single-node Slurm with `sudo .ci/slurm-up.sh`")
+            raise NoSlurm(f"{tool} not on PATH: start a Slurm with `sudo .ci/slurm-up.sh`")
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -1,4 +1,4 @@
-"""The Slurm backend against a real single-node Slurm, driven by the real daemon (`babysit up`).
+"""The Slurm backend against a real Slurm (`.ci/slurm-up.sh`: 3 nodes on one host), driven by the real daemon (`babysit up`).
 
 Each test registers a run with `executor = "slurm"` in a temp registry, runs `babysit up --accelerated
 --exit-when-idle` as a subprocess and reads what happened from the state database and from Slurm.
@@ -222,4 +222,4 @@ def test_babysit_run_with_the_slurm_executor_submits_it_follows_it_and_exits_0(b
     attempt = only_attempt(bench, name)
     assert attempt.job_id and attempt.outcome == "completed"
     assert "iter 60: loss" in res.stdout and 'preset "nanogpt"' in res.stdout
-    assert 'executor = "slurm"' in (bench.root / "runs" / f"{name}.toml").read_text()
+    assert 'executor = "slurm"' in (bench.state_dir / "adhoc" / f"{name}.toml").read_text()
