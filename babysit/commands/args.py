@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Protocol
 
 REGISTRY_HELP = "the registry file (default: $BABYSIT_REGISTRY or ./babysit.toml); before or after the command"
 SMOKE_TIMEOUT_S = 1800.0  # `babysit smoke --timeout-s`: per profile
+
+
+class Subcommands(Protocol):
+    """What `ArgumentParser.add_subparsers()` returns, as the functions below use it (argparse names its
+    class only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +64,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: Subcommands) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
                 add_relaunch, add_smoke,
@@ -98,7 +106,7 @@ def add_gpu_probe_option(parser: argparse.ArgumentParser) -> None:
                         help="where GPU readings come from (default: $BABYSIT_GPU_PROBE or nvml)")
 
 
-def add_run(sub: argparse._SubParsersAction) -> None:
+def add_run(sub: Subcommands) -> None:
     p = sub.add_parser("run", help="babysit one command in the foreground: babysit run -- python train.py",
                        description="Write a run.toml for CMD (adhoc/NAME.toml under the state directory), register "
                                    "it and babysit it here: its output passed through, its row live, its printed "
@@ -126,7 +134,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("adhoc", "run"))
 
 
-def add_register(sub: argparse._SubParsersAction) -> None:
+def add_register(sub: Subcommands) -> None:
     p = sub.add_parser("register", help="validate a run.toml and record it in the registry",
                        description="Validate RUN.toml, check its verdict instrument on the fixture, freeze the "
                                    "[prereg] hash and record the run in babysit.toml. Launches nothing.")
@@ -137,7 +145,7 @@ def add_register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("register", "run"))
 
 
-def add_up(sub: argparse._SubParsersAction) -> None:
+def add_up(sub: Subcommands) -> None:
     p = sub.add_parser("up", help="run the daemon: launch registered runs and babysit them",
                        description="Launch every registered run that is not finished and babysit it: polls, "
                                    "guards, retries, verdicts, messages. Ctrl-C stops the daemon, not the runs; "
@@ -162,7 +170,7 @@ def add_up(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("up", "run"))
 
 
-def add_status(sub: argparse._SubParsersAction) -> None:
+def add_status(sub: Subcommands) -> None:
     p = sub.add_parser("status", help="runs, attempt, step, s/step, ETA, last poll, last incident (--watch: live)",
                        description="What every registered run is doing (or RUN alone), read from the state "
                                    "database: status, attempt, step, s/step, ETA, GPU-hours, last poll, the last "
@@ -179,7 +187,7 @@ def add_status(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("status", "run"))
 
 
-def add_verdict(sub: argparse._SubParsersAction) -> None:
+def add_verdict(sub: Subcommands) -> None:
     p = sub.add_parser("verdict", help="read a run's pre-registered verdict (card or --json) and draw its chart",
                        description="Read the pre-registered verdict of a registered run (NAME) or, offline, of a "
                                    "RUN.toml against a log. Writes the chart PNG and says where.")
@@ -201,7 +209,7 @@ def add_verdict(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("verdict", "run"))
 
 
-def add_amend(sub: argparse._SubParsersAction) -> None:
+def add_amend(sub: Subcommands) -> None:
     p = sub.add_parser("amend", help="append an amendment (e.g. a scale rule) to a run's pre-registration",
                        description="Append FILE (title, rationale, scale, combine) to the run's amendment chain. "
                                    "Nothing in the frozen [prereg] is edited; the amendment adds a rule.")
@@ -211,7 +219,7 @@ def add_amend(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("amend", "run"))
 
 
-def add_prereg(sub: argparse._SubParsersAction) -> None:
+def add_prereg(sub: Subcommands) -> None:
     p = sub.add_parser("prereg", help="show a run's frozen pre-registration and amendment chain",
                        description="The pre-registration of a registered run, as `register` froze it.")
     add_registry_option(p)
@@ -227,7 +235,7 @@ def add_prereg(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=("prereg", "run"))
 
 
-def add_abort(sub: argparse._SubParsersAction) -> None:
+def add_abort(sub: Subcommands) -> None:
     p = sub.add_parser("abort", help="stop a run gracefully (the trainer checkpoints); no retry follows",
                        description="Ask the daemon to stop RUN gracefully: the run's stop signal ([run].stop_signal, "
                                    "SIGTERM by default), [guards].stop_grace_seconds for the trainer to checkpoint, "
@@ -240,7 +248,7 @@ def add_abort(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("abort", "run"))
 
 
-def add_relaunch(sub: argparse._SubParsersAction) -> None:
+def add_relaunch(sub: Subcommands) -> None:
     p = sub.add_parser("relaunch", help="run an ended run again, its run.toml re-read (a fixed command, a raised cap)",
                        description="Run RUN again after it ended (failed, stopped, finished without a FINAL "
                                    "verdict): its run.toml is re-read and checked as `register` checks it, its "
@@ -258,7 +266,7 @@ def add_relaunch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("relaunch", "run"))
 
 
-def add_gpu(sub: argparse._SubParsersAction) -> None:
+def add_gpu(sub: Subcommands) -> None:
     p = sub.add_parser("gpu", help="list, quarantine or release the GPUs babysit keeps off runs",
                        description="A GPU a machine fault hit (an Xid the catalog blames on the machine, a "
                                    "double-bit ECC error, a lost GPU) is quarantined by UUID: no run launches on "
@@ -272,7 +280,7 @@ def add_gpu(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("gpu", "run"))
 
 
-def add_smoke(sub: argparse._SubParsersAction) -> None:
+def add_smoke(sub: Subcommands) -> None:
     p = sub.add_parser("smoke", help="try the run's profiles for N steps; write hardware_profile.json",
                        description="Try the [[attempts]] profiles (or [smoke].candidates) in order, each for N "
                                    "steps with eval off on the run's GPUs, stop at the first that completes, and "
@@ -293,7 +301,7 @@ def add_smoke(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("smoke", "run"))
 
 
-def add_bot(sub: argparse._SubParsersAction) -> None:
+def add_bot(sub: Subcommands) -> None:
     p = sub.add_parser("bot", help="run the Slack bot (slash commands): Socket Mode, or HTTP with --http PORT",
                        description="Answer /verdict and /babysit from the registry's state. Needs SLACK_BOT_TOKEN, "
                                    "and SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET (HTTP). "
@@ -309,7 +317,7 @@ def add_bot(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("bot", "run"))
 
 
-def add_slack(sub: argparse._SubParsersAction) -> None:
+def add_slack(sub: Subcommands) -> None:
     p = sub.add_parser("slack", help="check the Slack setup: token, scopes, channels, a test post",
                        description="Slack setup (docs/slack.md).")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -326,7 +334,7 @@ def add_slack(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(handler=("slack", "run_check_command"))
 
 
-def add_probe(sub: argparse._SubParsersAction) -> None:
+def add_probe(sub: Subcommands) -> None:
     p = sub.add_parser("probe", help="sample GPUs and host where a job runs, appending JSONL (Slurm sidecar)",
                        description="Sample NVML and psutil on this node every --interval seconds and append "
                                    "one JSON record per sample to --out. The Slurm executor starts it inside "
@@ -345,7 +353,7 @@ def add_probe(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("probe", "run"))
 
 
-def add_demo(sub: argparse._SubParsersAction) -> None:
+def add_demo(sub: Subcommands) -> None:
     p = sub.add_parser("demo", help="babysit real CPU training runs end to end (a few minutes)",
                        description="Register two runs of the reference trainer and one trainer babysit did not "
                                    "write (nanoGPT-style printed lines) in a fresh workspace and babysit them to "
@@ -360,7 +368,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("demo", "run"))
 
 
-def add_web(sub: argparse._SubParsersAction) -> None:
+def add_web(sub: Subcommands) -> None:
     p = sub.add_parser("web", help="serve a read-only web page of runs, curves and verdicts, and /metrics",
                        description="Serve the runs table (refreshing itself), a page a run (its curve against the "
                                    "frozen bands, incidents, attempts, verdict, pre-registration) and /metrics for "
@@ -375,7 +383,7 @@ def add_web(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=("web", "run"))
 
 
-def add_campaign(sub: argparse._SubParsersAction) -> None:
+def add_campaign(sub: Subcommands) -> None:
     p = sub.add_parser("campaign", help="campaigns: suspects, single-delta runs, owner calls (docs/campaigns.md)",
                        description="A campaign is a saga of single-delta runs testing suspects, each with a "
                                    "pre-registered interpretation grid. See docs/campaigns.md.")
@@ -397,7 +405,7 @@ def add_campaign(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=("campaign", "run_show"))
 
 
-def add_db(sub: argparse._SubParsersAction) -> None:
+def add_db(sub: Subcommands) -> None:
     p = sub.add_parser("db", help="the state database: its schema version, upgrade, copy to PostgreSQL (docs/fleet.md)",
                        description="The state database: SQLite in the state directory, or the PostgreSQL of "
                                    "[store] url / $BABYSIT_STORE_URL. See docs/fleet.md.")
