@@ -88,6 +88,15 @@ def run(args: argparse.Namespace) -> int:
               "--iters 40   (no run.toml, no regex)\n")
         adhoc.run(parse(["run", "--accelerated", "--no-view", "--gpu-probe", "none", "--name", runner.ADHOC_RUN,
                          "--registry", str(reg), "--", *command]))
+        # a format no preset knows, read by the general reader: the per-epoch batch counter counted on, and
+        # the NaN it prints at step 250 stopping it within a second, not retried with the same command
+        shapes = [sys.executable, "-m", "babysit.demo.printed_shapes", "--shape", "epoch-batch", "--steps", "300",
+                  "--nan-at", "250", "--sleep", "0.01"]
+        print(f"\n$ babysit run --retry-on diverged --name {runner.GENERAL_RUN} -- python -m "
+              "babysit.demo.printed_shapes --shape epoch-batch --nan-at 250   (prints `[epoch 1/3][batch 20/100] "
+              "loss=…`: no preset knows it)\n")
+        adhoc.run(parse(["run", "--no-view", "--gpu-probe", "none", "--name", runner.GENERAL_RUN, "--retry-on",
+                         "diverged", "--registry", str(reg), "--", *shapes]))
         print()
     status.run(parse(["status", "--registry", str(reg)]))
     verdict_json = reading.verdict_json_path(reading.final_dir(state_dir), runner.DRIFT_RUN)

@@ -19,6 +19,7 @@ AUG_RUN = "drift_aug"  # the campaign's single-delta run: drift_disc with --imag
 RETRY_RUN = "retry_demo"
 STDOUT_RUN = "nanogpt_stdout"
 ADHOC_RUN = "nanogpt_run"  # `babysit run -- CMD`: no run.toml written by hand
+GENERAL_RUN = "shapes_run"  # `babysit run -- CMD` of a format no preset knows: the general reader
 AMEND_AFTER_STEP = 250  # declared with eval data seen only through step 250 (docs/demo.md)
 
 
