@@ -46,6 +46,8 @@ def test_nan_and_inf_are_values_when_printed_as_values():
     got, _ = read("step 10 | loss nan | grad_norm inf", "step 11 loss=NaN lr=-inf")
     assert got[0][0] == 10 and math.isnan(got[0][1]["loss"]) and got[0][1]["grad_norm"] == math.inf
     assert math.isnan(got[1][1]["loss"]) and got[1][1]["lr"] == -math.inf
+    lightning, _ = read("step 12 | train_loss=nan.0")  # Lightning's bar formats a NaN so
+    assert math.isnan(lightning[0][1]["train_loss"])
 
 
 @pytest.mark.parametrize("line", [

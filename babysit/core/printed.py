@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-NONFINITE = r"[-+]?(?:nan|inf(?:inity)?)"
+NONFINITE = r"[-+]?(?:nan|inf(?:inity)?)(?:\.0+)?"  # Lightning's bar prints `nan.0`
 
 # Noise that is never a metric: dates and clock times (a log prefix, tqdm's elapsed<remaining, an eta),
 # log levels. Replaced by a separator, so the words around them do not join into one name.
@@ -86,6 +86,7 @@ _PHASE_SEGMENT = re.compile(r"(?:^|\|)\s*(?P<phase>valid|validation|val|eval|eva
 IDENTIFIERS = frozenset({"rank", "local_rank", "gpu", "device", "node", "worker", "pid", "seed", "epoch"}
                         | set(_COUNTER_WORDS))
 UNIT_NAMES = {"%": "pct"}
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 MAX_NAME_WORDS = 6
 
 
@@ -451,6 +452,7 @@ class Progress:
         self.max_n = 0
 
     def _say(self, key: str, text: str) -> None:
+        text = _CONTROL.sub("", text)  # a Keras line's backspaces are no part of what is quoted
         if key not in self.told:
             self.told.add(key)
             self.notices.append(("general-" + key, text))

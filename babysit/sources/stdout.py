@@ -648,7 +648,14 @@ def number(text: bytes | str) -> float | None:
     try:
         return float(text.strip())
     except ValueError:
-        return None
+        pass
+    word = text.strip().lower()  # Lightning's bar prints a NaN loss as `nan.0`
+    if isinstance(word, bytes):
+        word = word.decode("ascii", errors="replace")
+    head, dot, tail = word.partition(".")
+    if dot and tail.strip("0") == "" and head.lstrip("+-") in ("nan", "inf"):
+        return float(head)
+    return None
 
 
 def _step(text: bytes | str | None) -> int | None:
