@@ -261,13 +261,18 @@ def _metrics(text: str) -> tuple[dict[str, float], dict[str, float]]:
             if words:
                 name = _name(words, unit, tok.group("unit"))
                 if name and name not in out:
-                    out[name] = float(tok.group("num"))
+                    out[name] = _float(tok.group("num"))
                     if separated:
                         explicit[name] = out[name]
             words, unit, closed, separated = [], "", False, False
         else:  # a ratio, punctuation, a bar: the words before it name nothing
             words, unit, closed, separated = [], "", False, False
     return out, explicit
+
+
+def _float(text: str) -> float:
+    """A value as printed: `nan.0` (Lightning's) is nan."""
+    return float(text.split(".")[0]) if text[-1:] == "0" and "n" in text.lower() else float(text)
 
 
 def _name(words: list[str], unit: str, attached: str | None) -> str | None:
