@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from babysit.core.readings import HostReading
+from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.probes.gpu import GpuProbe
@@ -134,6 +135,9 @@ class FakeExecutor:
         self.launches: list[tuple[str, int, list[str], dict[str, str]]] = []
         self.kills: list[int] = []
         self._pids = itertools.count(700_001)
+
+    def charged_gpus(self, spec: RunSpec) -> int:
+        return len(spec.gpus)
 
     # -- the test's side
     def process(self, run: str, n: int) -> FakeProcess:

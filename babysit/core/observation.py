@@ -45,13 +45,15 @@ def observe(*, run: str, attempt: int, at: float, points: Sequence[ProgressPoint
             host: HostReading | None, run_pids: frozenset[int], past_run_pids: frozenset[int],
             seconds_since_last_record: float | None, seconds_since_launch: float | None,
             data_wait_frac: float | None, nonfinite: tuple[int, str, float] | None,
-            gpu_hours_cap: float | None = None, minute_seconds: float = 60.0) -> Observation:
-    """The observation from what the supervisor read: its progress derived here, once."""
+            gpu_hours_cap: float | None = None, minute_seconds: float = 60.0,
+            n_gpus: int | None = None) -> Observation:
+    """The observation from what the supervisor read: its progress derived here, once. `n_gpus`: the GPUs
+    the attempt holds on all its nodes (the projection's rate), default len(gpus)."""
     pts = tuple(points)
     progress = derive(step=pts[-1].step if pts else None,
                       seconds_per_step=seconds_per_step(pts) if len(pts) >= 2 else None,
                       read_step=read_step, end_step=end_step, gpu_hours_used=gpu_hours_used,
-                      gpu_hours_cap=gpu_hours_cap, n_gpus=len(gpus))
+                      gpu_hours_cap=gpu_hours_cap, n_gpus=len(gpus) if n_gpus is None else n_gpus)
     return Observation(run=run, attempt=attempt, at=at, points=pts, progress=progress, gpus=tuple(gpus),
                        view=view, host=host, run_pids=run_pids, past_run_pids=past_run_pids,
                        seconds_since_last_record=seconds_since_last_record,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.probes.gpu import GpuProbe
 
@@ -41,6 +42,9 @@ class Executor(Protocol):
     allocates_gpus: bool  # a scheduler picks the GPUs on a node the daemon cannot see: no launch check here
     runs_here: bool  # the attempt's processes are on this machine: the host probe reads its tree
     exit_poll_seconds: float  # how often exit_info is asked for an attempt without an exit_fd
+
+    def charged_gpus(self, spec: RunSpec) -> int:
+        """GPUs an attempt holds on all its nodes together: what its GPU-hours and the cap count."""
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """Environment the trainer needs from this executor (local: CUDA_VISIBLE_DEVICES in NVML order)."""

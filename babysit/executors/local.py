@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from babysit.core import tails
+from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.executors.shim import is_shim, shim_argv
@@ -89,6 +90,9 @@ class LocalExecutor:
             return None
         pid = int(info["pid"])
         return Launched(started_at=float(info["started_at"]), pid=pid, pid_create_time=process_create_time(pid))
+
+    def charged_gpus(self, spec: RunSpec) -> int:
+        return len(spec.gpus)  # one box: the run's own GPUs
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """CUDA numbers the GPUs as NVML does (PCI bus order), which is what the guards read."""

@@ -36,7 +36,7 @@ from pathlib import Path
 import structlog
 
 from babysit.core.errors import BabysitError
-from babysit.core.spec import SlurmSpec, load_spec
+from babysit.core.spec import RunSpec, SlurmSpec, load_spec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script
@@ -270,6 +270,10 @@ class SlurmExecutor:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return None
+
+    def charged_gpus(self, spec: RunSpec) -> int:
+        """Nodes × GPUs per node (`slurm_script.requested_gpus`): a 2-node × 8-GPU job holds 16."""
+        return script.requested_gpus(spec.slurm or SlurmSpec(), len(spec.gpus))
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the GPUs it allocates

@@ -155,7 +155,7 @@ class RunLauncher:
         profile = spec.profile_for(n - after)
         adir = ctx.state_dir / "runs" / self.run / f"attempt-{n}"
         attempt = ctx.store.begin_attempt(self.run, n, profile.profile, argv, host.spec.executor,
-                                          len(host.spec.gpus), str(adir), ctx.now())
+                                          self.executor.charged_gpus(host.spec), str(adir), ctx.now())
         crash_point("after-begin-attempt")
         if halvings:
             ctx.store.merge_attempt_detail(attempt.id, {"halvings": halvings})

@@ -73,7 +73,7 @@ class RunObserver:
         return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
             run=self.run, attempt=attempt.n, at=now, points=tuple(runlog.points),
             read_step=prereg.read_step if prereg else None, end_step=runlog.end_step(attempt), gpus=spec.gpus,
-            gpu_hours_used=self.gpu_hours(attempt, now), gpu_hours_cap=spec.guards.gpu_hours_cap,
+            gpu_hours_used=self.gpu_hours(attempt, now), gpu_hours_cap=spec.guards.gpu_hours_cap, n_gpus=attempt.gpus,
             view=view, host=host, run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
             seconds_since_last_record=runlog.quiet_seconds(now),
             seconds_since_launch=None if attempt.started_at is None else now - attempt.started_at,

@@ -87,7 +87,7 @@ def test_the_gpu_hour_guard_stops_the_job_with_term_first(bench: Bench, tmp_path
     signals_file = tmp_path / "signals.txt"
     bench.run_toml(name, jobscript("term", str(signals_file)), gpus=[0],
                    guards={"gpu_hours_cap": 0.002, "stop_grace_seconds": 30, "exclusive_gpu": False},
-                   slurm={"gpus_per_node": 0, "time_limit": "00:05:00"})  # no GPU on the CI node: ask for none
+                   slurm={"time_limit": "00:05:00"})  # --gres=gpu:1: the CI's nodes have stand-in GPUs
     bench.up(timeout=120)
 
     attempt = only_attempt(bench, name)
@@ -104,6 +104,27 @@ def test_the_gpu_hour_guard_stops_the_job_with_term_first(bench: Bench, tmp_path
     used = attempt.gpu_seconds(time.time())
     assert 6 <= used < 60, used
     assert list((Path(attempt.attempt_dir)).glob("probe-*.jsonl")), "the probe sidecar wrote nothing"
+
+
+def test_the_gpu_hour_cap_counts_every_node_of_a_two_node_job(bench: Bench, tmp_path: Path) -> None:
+    """2 nodes × 1 GPU: the attempt is charged 2 GPUs, so the 0.002 GPU-hour cap (7.2 GPU-seconds) stops
+    the job after about 3.6 s of wall time, and its GPU-seconds are twice Slurm's run time."""
+    name = unique("tcap2")
+    signals_file = tmp_path / "signals.txt"
+    bench.run_toml(name, jobscript("term", str(signals_file)), gpus=[0],
+                   guards={"gpu_hours_cap": 0.002, "stop_grace_seconds": 30, "exclusive_gpu": False},
+                   slurm={"nodes": 2, "torchrun": False, "time_limit": "00:05:00"})
+    bench.up(timeout=120)
+
+    attempt = only_attempt(bench, name)
+    assert attempt.outcome == "stopped", attempt.detail
+    assert bench.store().run_state(name)[1].get("stop", {}).get("reason") == "gpu-hours-cap"
+    assert attempt.gpus == 2
+    job = slurm_job(attempt.job_id or "")
+    assert job.get("NumNodes") == "2" and job.get("NodeList") == "n[1-2]", job
+    wall = parse_time(job["EndTime"]) - parse_time(job["StartTime"])
+    assert attempt.gpu_seconds(time.time()) == pytest.approx(2 * wall)
+    assert 6 <= attempt.gpu_seconds(time.time()) < 60  # Slurm counts whole seconds: 3 s × 2 GPUs at least
 
 
 def test_a_pending_job_is_shown_pending_with_its_reason_and_costs_nothing(bench: Bench) -> None:

@@ -91,6 +91,33 @@ def test_requested_gpus_is_nodes_times_per_node() -> None:
     assert script.requested_gpus(SlurmSpec(), 0) == 0
 
 
+def test_gpu_hours_and_the_cap_count_nodes_times_gpus_over_every_attempt() -> None:
+    """The executor charges an attempt nodes × GPUs per node; the store's attempts carry it, and the cap's
+    sum runs over every attempt: two 1-hour attempts of a 2-node × 8-GPU job are 32 GPU-hours, not 8."""
+    from babysit.core import progress
+    from babysit.core.spec import RunSpec
+    from babysit.db.store import Attempt
+    from babysit.executors.local import LocalExecutor
+    from babysit.executors.slurm import SlurmExecutor
+
+    def spec(gpus: tuple[int, ...], slurm: SlurmSpec) -> RunSpec:
+        return RunSpec(name="r", command=("true",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                       checkpoints=Path("ckpt"), gpus=gpus, executor="slurm", slurm=slurm)
+
+    charged = SlurmExecutor().charged_gpus(spec(tuple(range(8)), SlurmSpec(nodes=2)))
+    assert charged == 16
+    assert SlurmExecutor().charged_gpus(spec((0,), SlurmSpec(nodes=3, gres="gpu:h200:4"))) == 12
+    assert SlurmExecutor().charged_gpus(spec((0,), SlurmSpec(nodes=2, gres=""))) == 0  # asks for no GPU
+    assert LocalExecutor().charged_gpus(spec(tuple(range(8)), SlurmSpec(nodes=2))) == 8  # one box: its own GPUs
+
+    def attempt(n: int, start: float, end: float | None) -> Attempt:
+        return Attempt(n, "r", n, "default", (), "slurm", charged, f"/a/{n}", "ended", None, None, str(n), start,
+                       start, end, 0, None, "crashed", {})
+
+    attempts = [attempt(1, 0.0, 3600.0), attempt(2, 7200.0, None)]
+    assert progress.gpu_hours_used(attempts, now=10800.0) == pytest.approx(32.0)
+
+
 def test_a_whitespace_option_is_double_quoted_and_a_line_break_refused() -> None:
     text = script.render(request(attempt_dir="/st dir/a"))
     assert '#SBATCH --output="/st dir/a/stdout.log"' in text
