@@ -50,16 +50,17 @@ def test_offline_json_is_exactly_spec_section_5(project: Path, capsys):
 def test_offline_card_ignores_garbage_and_names_the_chart(project: Path, capsys):
     assert main(["verdict", "run.toml", "--chart", "c.png"]) == 0
     out = capsys.readouterr().out
-    assert f"{RUN}: SAME-DRIFT  [FINAL]" in out
-    assert "+2.0317" in out and "1 garbage line(s) ignored" in out
+    assert f"⚖️ {RUN}: SAME-DRIFT  (FINAL)" in out  # the post's words (core/render.verdict_text)
+    assert "Δ +2.0317" in out and "1 garbage line(s) ignored" in out
     assert "chart: c.png" in out and (project / "c.png").is_file()
 
 
 def test_provisional_is_a_banner_and_prefixes_the_label(project: Path, capsys):
     assert main(["verdict", "run.toml", "--at-step", "800", "--compare", "rigonly=rigonly_train_log.jsonl"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[1].startswith("PROVISIONAL: read at step 750")
-    assert "PROVISIONAL AMBIGUOUS" in out and "rigonly: delta +0.6929" in out
+    assert out.splitlines()[1] == "⏳ PROVISIONAL — read as of step 750, before read step 1000: NOT a verdict"
+    assert out.splitlines()[0] == out.splitlines()[2] == "=" * 78  # fenced
+    assert "AMBIGUOUS  (PROVISIONAL)" in out and "rigonly: Δ +0.6929" in out
 
 
 def test_registered_read_uses_recorded_amendments_and_the_state_dir_chart(project: Path, capsys):
@@ -212,7 +213,7 @@ def test_poison_values_read_offline_give_json_and_a_clipped_chart(project: Path,
                                         '{"step": 1000, "ts": 1.0, "eval_chunk_mae": 1.7e308}\n')
     assert main(["verdict", "run.toml", "--log", "same.jsonl", "--chart", "same.png"]) == 0  # old: chart crashed
     out = capsys.readouterr().out
-    assert "HEALTHY  [FINAL]" in out and "chart: same.png" in out
+    assert "HEALTHY  (FINAL)" in out and "chart: same.png" in out and "1.7e+308" in out
     assert (project / "same.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -258,3 +259,50 @@ def test_a_read_mid_run_says_the_run_is_still_running_and_when_the_read_step_is_
     assert main(["verdict", RUN]) == 0
     assert "run:       failed (crashed) at step 750, before read step 1000: no read will come from this run " \
            f"(`babysit relaunch {RUN}` runs it again)" in capsys.readouterr().out
+
+
+DRIFT = """[run]
+name = "drift"
+command = ["python", "-m", "trainer"]
+log = "drift.jsonl"
+[prereg]
+metric = "eval_chunk_mae"
+baseline_step = 500
+read_step = 1000
+precision = 4
+[prereg.references]
+drift_ref = 0.0205
+[[prereg.bands]]
+label = "HEALTHY"
+max = 0.005
+[[prereg.bands]]
+label = "SAME-DRIFT"
+min = "0.5 * drift_ref"
+[prereg.otherwise]
+label = "AMBIGUOUS"
+"""
+
+
+def test_the_cli_card_says_the_verdict_in_the_post_s_words_and_digits(tmp_path: Path, monkeypatch, capsys):
+    """`babysit verdict` printed `<=`, `->`, `x2.5000` and `SAME-DRIFT >= +0.01025` where the post wrote
+    `≤ → ×2.5` and `≥ +0.0103`, and a `combine: agree (a disagreement is AMBIGUOUS-BY-INSTRUMENT)` line
+    right above the interpretation saying the rules disagree: one renderer now, one rounding (each bound
+    as the verdict JSON rounded it, core.verdict.shown_bound: 0.01025, never re-rounded by the post)."""
+    from babysit.core.render import render
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(DRIFT)
+    (tmp_path / "drift.jsonl").write_text(line(500, eval_chunk_mae=0.262) + line(1000, eval_chunk_mae=0.2825))
+    (tmp_path / "a.toml").write_text('title = "t"\nrationale = "r"\nscale = "2.5"\ncombine = "agree"\n')
+    assert main(["verdict", "run.toml", "--amendment", "a.toml", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["label"] == "AMBIGUOUS-BY-INSTRUMENT" and body["rules"][0]["bounds"]["SAME-DRIFT"] == {"min": 0.01025}
+    assert main(["verdict", "run.toml", "--amendment", "a.toml"]) == 0
+    out = capsys.readouterr().out
+    post = render("verdict", {"verdict": body, "precision": 4}).text
+    missing = [x for x in post.splitlines() if x not in out.splitlines()]
+    assert not missing, (missing, out)  # every line of the post, word for word
+    assert "  rule original: HEALTHY ≤ +0.0050, SAME-DRIFT ≥ +0.01025 → SAME-DRIFT" in post.splitlines()
+    assert "  rule amendment-1 (×2.5): HEALTHY ≤ +0.0125, SAME-DRIFT ≥ +0.02562 → AMBIGUOUS" in post.splitlines()
+    for old in ("<=", ">=", "->", "x2.5", "combine"):
+        assert old not in out, (old, out)

@@ -21,9 +21,10 @@ from babysit import sources
 from babysit.core.amendment import check_against, load_amendment, what_if
 from babysit.core.errors import BadInput, PreregTampered
 from babysit.core.fmt import fmt_delta, fmt_duration
+from babysit.core.render import verdict_text
 from babysit.core.spec import load_spec
 from babysit.core.status import RunStatus
-from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, FINAL, PROVISIONAL, decimal_of, evaluate, fmt_bound
+from babysit.core.verdict import FINAL, PROVISIONAL, decimal_of, evaluate
 from babysit.db.url import open_store
 from babysit.runtime.registry import resolve_registry_path
 from babysit.verdict import reading
@@ -161,47 +162,17 @@ def _chart_path(args: argparse.Namespace, run: str, log: Path, final_dir: Path |
 
 def card(body: dict[str, Any], verdict: Any, prereg: Any, *, log: Path, garbage: int, matches: bool,
          offline: bool, comparators: dict[str, Any] | None = None, progress: str | None = None) -> str:
-    """The human-readable verdict; PROVISIONAL is a banner and prefixes the label, so it cannot be missed."""
+    """The verdict as the post says it (`core.render.verdict_text`: the same words, symbols and digits),
+    with what only a terminal shows around it. PROVISIONAL is fenced top and bottom, so it cannot be missed."""
     p = prereg.precision
-    lines: list[str] = []
-    bar = "=" * 78
+    extra = ([f"question:  {prereg.question}"] if prereg.question else []) + (
+        [f"run:       {progress}"] if progress else [])
+    lines = verdict_text(body, p, extra=extra).splitlines()
     if body["status"] == PROVISIONAL:
-        lines += [bar, f"PROVISIONAL: read at step {body['at_step']}, before read_step {prereg.read_step}. "
-                       "NOT the verdict.", bar]
-    label = body["label"] or "no read"
-    shown = f"PROVISIONAL {label}" if body["status"] == PROVISIONAL else label
-    lines.append(f"{body['run']}: {shown}  [{body['status']}]")
-    if prereg.question:
-        lines.append(f"question:  {prereg.question}")
-    if progress:
-        lines.append(f"run:       {progress}")
-    if body["status"] == "NO-READ":
-        lines.append(f"reason:    {body['reason']}")
-    else:
-        lines.append(f"delta:     {fmt_delta(body['delta'], p)} = {prereg.metric}({body['at_step']}) "
-                     f"{body['read']:.{p}f} - {prereg.metric}({prereg.baseline_step}) {body['baseline']:.{p}f}"
-                     "  (rounded once, then compared)")
-    lines.append("rules:")
-    for rule in verdict.rules:
-        bands = []
-        for b in rule.bands:
-            parts = [f"<= {fmt_bound(b.max, p, 'max')}" if b.max is not None else "",
-                     f">= {fmt_bound(b.min, p, 'min')}" if b.min is not None else ""]
-            bands.append(f"{b.label} " + " and ".join(x for x in parts if x))
-        bands.append(f"else {rule.otherwise}")
-        name = rule.name if rule.scale is None else f"{rule.name} (x{float(rule.scale):.{p}f})"
-        said = rule.label or "—"
-        lines.append(f"  {name}: {'; '.join(bands)}  ->  {said}")
-    if len(verdict.rules) > 1:
-        lines.append("  combine: agree (a disagreement is " + AMBIGUOUS_BY_INSTRUMENT + ")")
-    if body["interpretation"]:
-        lines.append(f"meaning:   {body['interpretation']}")
-    c = body["corroboration"]
-    rise = {True: "yes", False: "no", None: "— (fewer than 2 evals)"}[c["monotone_rise"]]
-    lines.append(f"corroboration (never a gate): train delta {fmt_delta(c['train_delta'], p)}; "
-                 f"monotone rise {rise}")
+        bar = "=" * 78
+        lines = [bar, lines[0], bar, *lines[1:]]
     for name, delta in (comparators or {}).items():
-        lines.append(f"compare:   {name}: delta {fmt_delta(delta, p)} over the same window")
+        lines.append(f"compare:   {name}: Δ {fmt_delta(delta, p)} over the same window")
     sha = body["prereg_sha256"] or "—"
     lines.append(f"prereg:    sha256 {sha}" + (" (offline: not checked against a registration)" if offline
                                                 else " (matches the registration)" if matches else ""))
@@ -222,8 +193,8 @@ def _fixture(args: argparse.Namespace, spec: Any, prereg: Any, frozen_sha: str |
                           "expected_label": result.expected_label, "got_label": result.got_label,
                           "verdict": result.verdict.to_json(spec.name, frozen_sha)}, indent=2))
     else:
-        print(f"fixture {prereg.fixture.log}: expected {fmt_delta(result.expected_delta, p)} -> "
-              f"{result.expected_label}; got {fmt_delta(result.got_delta, p)} -> {result.got_label or 'no read'}: "
+        print(f"fixture {prereg.fixture.log}: expected {fmt_delta(result.expected_delta, p)} → "
+              f"{result.expected_label}; got {fmt_delta(result.got_delta, p)} → {result.got_label or 'no read'}: "
               + ("OK" if result.ok else "MISMATCH"))
     if not result.ok:
         reading.check_fixture(prereg)  # raises FixtureMismatch with both numbers (exit 1)

@@ -281,25 +281,25 @@ def _provisional(p: Mapping[str, Any]) -> Rendered:
     return Rendered(text, verdict_blocks(v, p.get("precision", 4)))
 
 
-def verdict_text(v: Mapping[str, Any], precision: int = 4) -> str:
+PROVISIONAL_LINE = "⏳ PROVISIONAL — read as of step {at}, before read step {read}: NOT a verdict"
+
+
+def verdict_text(v: Mapping[str, Any], precision: int = 4, *, extra: Sequence[str] = ()) -> str:
+    """The verdict in words, from its JSON (docs/verdicts.md): the post, `/verdict` and `babysit verdict`
+    say it alike, every number rounded as the verdict rounded it. `extra`: lines after the label line
+    (the CLI's question and the run's progress)."""
     status = v.get("status")
     lines = []
     if status == "PROVISIONAL":
-        lines.append(f"⏳ PROVISIONAL — read as of step {v.get('at_step')}, before read step {v.get('read_step')}:"
-                     " NOT a verdict")
+        lines.append(PROVISIONAL_LINE.format(at=v.get("at_step"), read=v.get("read_step")))
     if status == "NO-READ":
         lines.append(f"∅ {v['run']}: NO-READ — {v.get('reason', '')}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *extra])
     lines.append(f"⚖️ {v['run']}: {v.get('label')}  ({status})")
-    lines.append(f"{v.get('metric')}: {v.get('baseline')} @{v.get('baseline_step')} → {v.get('read')} "
-                 f"@{v.get('at_step')}  Δ {fmt_delta(v.get('delta'), precision)}")
-    for rule in v.get("rules") or ():
-        bounds = ", ".join(
-            f"{label} " + " & ".join(f"{'≤' if k == 'max' else '≥'} {b:+.{precision}f}" for k, b in bs.items())
-            for label, bs in rule.get("bounds", {}).items()
-        )
-        scale = f" (×{rule['scale']:.4g})" if rule.get("scale") else ""
-        lines.append(f"  rule {rule['name']}{scale}: {bounds} → {rule.get('label')}")
+    lines += extra
+    lines.append(f"{v.get('metric')}: {_value(v.get('baseline'), precision)} @{v.get('baseline_step')} → "
+                 f"{_value(v.get('read'), precision)} @{v.get('at_step')}  Δ {fmt_delta(v.get('delta'), precision)}")
+    lines += ["  " + line for line in rule_lines(v, precision)]
     if v.get("interpretation"):
         lines.append(f"means: {v['interpretation']}")
     corr = v.get("corroboration") or {}
@@ -307,6 +307,40 @@ def verdict_text(v: Mapping[str, Any], precision: int = 4) -> str:
         lines.append(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}, "
                      f"monotone rise {fmt_rise(corr.get('monotone_rise'))}")
     return "\n".join(lines)
+
+
+def rule_lines(v: Mapping[str, Any], precision: int = 4) -> list[str]:
+    """One line a rule: `rule amendment-1 (×2.5): HEALTHY ≤ +0.0125, SAME-DRIFT ≥ +0.02563 → AMBIGUOUS`."""
+    out = []
+    for rule in v.get("rules") or ():
+        bounds = ", ".join(
+            f"{label} " + " & ".join(f"{'≤' if k == 'max' else '≥'} {bound_text(b, precision)}" for k, b in bs.items())
+            for label, bs in rule.get("bounds", {}).items()
+        )
+        scale = f" (×{_trimmed(rule['scale'], precision)})" if rule.get("scale") else ""
+        out.append(f"rule {rule['name']}{scale}: {bounds} → {rule.get('label')}")
+    return out
+
+
+def bound_text(bound: float, precision: int) -> str:
+    """A bound of the verdict JSON with the decimals it was rounded to (`core.verdict.shown_bound`: the
+    precision, or more where rounding would have lied), never re-rounded to fewer: `+0.01025`."""
+    for digits in range(precision, precision + 16):
+        if round(bound, digits) == bound:
+            return f"{bound:+.{digits}f}"
+    return f"{bound:+.{precision + 16}f}"
+
+
+def _value(value: Any, precision: int) -> str:
+    """A metric's value at the verdict's precision (a huge one in exponent form, not 300 digits)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return MISSING
+    return f"{value:.{precision}f}" if abs(value) < 1e15 else f"{value:.{precision}g}"
+
+
+def _trimmed(value: float, precision: int) -> str:
+    """A scale at the verdict's precision, without trailing zeros: ×2.5, ×3.6128."""
+    return f"{value:.{precision}f}".rstrip("0").rstrip(".")
 
 
 def _verdict(p: Mapping[str, Any]) -> Rendered:
@@ -340,7 +374,7 @@ def verdict_blocks(v: Mapping[str, Any], precision: int = 4) -> list[dict[str, A
     blocks.append(section(f"*label:* {v.get('label')}{' (provisional)' if status == 'PROVISIONAL' else ''}"
                           f"   *status:* {status}\n*{v.get('metric')}:* {v.get('baseline')} @{v.get('baseline_step')}"
                           f" → {v.get('read')} @{v.get('at_step')}   *Δ {fmt_delta(v.get('delta'), precision)}*"))
-    rules = [line.strip() for line in verdict_text(v, precision).splitlines() if line.startswith("  rule ")]
+    rules = rule_lines(v, precision)
     if rules:
         blocks.append(section("*pre-registered rules:*\n" + "\n".join(f"• {r}" for r in rules)))
     if v.get("interpretation"):

@@ -267,7 +267,7 @@ def test_a_value_not_known_is_spelt_the_same_in_the_cli_card_and_the_slack_card(
     spec = tiny_run(tmp_path, "spelt", steps=10, extra=PREREG_FIXTURE.format(delta=0.05))  # no train_metric
     code, out, _ = run_cli("verdict", str(spec), "--log", str(tmp_path / "fixture.jsonl"),
                            "--chart", str(tmp_path / "c.png"))
-    assert code == 0 and "corroboration (never a gate): train delta —; monotone rise yes" in out
+    assert code == 0 and "corroboration (not a gate): train Δ —, monotone rise yes" in out
     body = {"run": "spelt", "status": "FINAL", "label": "HEALTHY", "metric": "eval_chunk_mae", "baseline": 1.0,
             "baseline_step": 2, "read": 1.05, "at_step": 4, "delta": 0.05, "rules": [],
             "corroboration": {"train_delta": None, "monotone_rise": None}}
