@@ -77,7 +77,8 @@ def unread_answer(command: tuple[str, ...], spec_file: str, sample: str | None, 
     tried = ", ".join(presets_tried)
     head = (f"nothing reads its printed lines yet: {lines} line{'s' if lines != 1 else ''}, no record "
             f"(presets tried: {tried}; then the general reader, which needs a step counter such as `step 10`, "
-            "`iter 10/500` or `epoch 1 batch 20/100` beside `name value` metrics).")
+            "`iter 10/500` or `epoch 1 batch 20/100` beside `name value` metrics). A preamble before the first "
+            "metrics is normal: babysit says so when a record comes.")
     if sample is None:
         return head + " Print a step and metrics (`step 10 loss 0.52`), or log with babysit.log(step, loss=…)."
     would = suggest(sample)
