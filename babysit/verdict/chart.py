@@ -241,11 +241,13 @@ def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[s
                                    f"(amendment {n})", colour))
     ax.axhline(0.0, color="#999999", lw=0.8)
 
-    read_x = prereg.read_step
+    # a banked reference Δ: a mark on the right edge pointing at its height, never on the read's own point
+    # (at the read step it hid the FINAL point whenever the run read what was banked)
+    edge = ax.get_yaxis_transform()  # x in axes fraction, y in data
     for name, value in prereg.references.items():
         if not _fits(_float(value)):
             continue
-        ax.plot([read_x], [value], marker="_", ms=22, mew=2.2, color="#444444", zorder=4, clip_on=False)
+        ax.plot([1.0], [value], marker="<", ms=8, color="#444444", zorder=4, clip_on=False, transform=edge)
         labels.append((float(value), f"ref {name} {fmt_delta(value, p)}", "#444444"))
 
     if deltas:
@@ -304,8 +306,8 @@ def _band_legend(fig: Any, ax: Any, verdict: Verdict) -> None:
     for j, rule in enumerate(verdict.rules[1:]):
         handles.append(Line2D([], [], color=_AMENDMENT_COLOURS[j % len(_AMENDMENT_COLOURS)], ls="--",
                               label=f"{rule.name}: bounds ×{float(rule.scale):.3f}"))
-    handles.append(Line2D([], [], color="#444444", marker="_", ms=14, mew=2, ls="none",
-                          label="reference deltas (at read step)"))
+    handles.append(Line2D([], [], color="#444444", marker="<", ms=8, ls="none",
+                          label="banked reference deltas (right edge)"))
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.41, 0.0), ncol=min(len(handles), 3),
                fontsize=8.5, frameon=False)
 

@@ -15,6 +15,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT
 from babysit.db.store import Attempt
 from babysit.view.runtable import NONE, cells, fmt_duration
 from babysit.view.runview import RunRow
@@ -68,9 +69,18 @@ def verdict_html(row: RunRow, text: str) -> str:
     v = row.verdict
     if v is None or not v.status or text == NONE:
         return NONE
-    kind = {"FINAL": "final", "PROVISIONAL": "provisional"}.get(v.status, "noread")
     rest = text[len(v.status):] if text.startswith(v.status) else text
-    return f'<span class="badge {kind}">{esc(v.status)}</span>{esc(rest)}'
+    return badge(v.status, v.label) + esc(rest)
+
+
+def badge(status: str, label: str | None) -> str:
+    """A read's status as a badge: green only for a FINAL read that concludes; a FINAL AMBIGUOUS-BY-INSTRUMENT
+    (the rules disagree: nothing is claimed) is grey, as is said on hover."""
+    kind = {"FINAL": "final", "PROVISIONAL": "provisional"}.get(status, "noread")
+    if status == "FINAL" and label == AMBIGUOUS_BY_INSTRUMENT:
+        return (f'<span class="badge final undecided" title="the FINAL read: the rules disagree, so it concludes '
+                f'nothing">{esc(status)}</span>')
+    return f'<span class="badge {kind}">{esc(status)}</span>'
 
 
 def degraded_html(banner: str | None) -> str:
@@ -165,9 +175,8 @@ def _verdict_section(d: RunDetail) -> str:
         out.append('<p class="empty">no read yet</p></section>')
         return "".join(out)
     status = str(v.get("status") or "")
-    kind = {"FINAL": "final", "PROVISIONAL": "provisional"}.get(status, "noread")
     where = f" at step {v.get('at_step')}" if v.get("at_step") is not None else ""
-    out.append(f'<p class="read"><span class="badge {kind}">{esc(status)}</span> '
+    out.append(f'<p class="read">{badge(status, v.get("label"))} '
                f'<strong>{esc(v.get("label") or "no read")}</strong>{esc(where)}'
                + (f" · Δ {esc(v.get('delta'))}" if v.get("delta") is not None else "") + "</p>")
     if status == "PROVISIONAL":

@@ -19,6 +19,7 @@ from typing import Any
 Point = tuple[int, float]
 CLIP = 1e15
 WIDTH, PANEL_H, GAP, LEFT, RIGHT, TOP = 960, 220, 46, 70, 250, 30
+REF_GAP = 11  # a reference's mark starts this far right of the panel: past the read's circle (r 8) on its edge
 BAND_COLOURS = ("#2ca02c", "#d62728", "#1f77b4", "#9467bd", "#8c564b", "#e377c2")
 AMENDMENT_COLOURS = ("#ff7f0e", "#17becf", "#bcbd22", "#7f7f7f")
 
@@ -276,13 +277,14 @@ def _delta_panel(c: CurveChart, x_lo: float, x_hi: float) -> list[str]:
                     text = f"{b.label} {sign} {v:+.4g} ({_short(rule.name)} ×{rule.scale:.3g})"
                     labels.append((p.y(v), text, colour))
     out.append(f'<line class="zero" x1="{p.left}" x2="{p.right}" y1="{_n(p.y(0))}" y2="{_n(p.y(0))}" stroke="#999"/>')
-    if c.read_step is not None:
-        for name, v in c.references:
-            if fits(v):
-                x, y = p.x(c.read_step), p.y(v)
-                out.append(f'<line class="reference" x1="{_n(x - 10)}" x2="{_n(x + 10)}" y1="{_n(y)}" y2="{_n(y)}" '
-                           f'stroke="#444" stroke-width="3"><title>reference {escape(name)} {v:+.6g}</title></line>')
-                labels.append((y, f"ref {name} {v:+.4g}", "#444444"))
+    # a banked reference Δ: a mark in the margin pointing at its height, clear of the curve and of the read's
+    # circle (drawn at the read step, it sat on the final point whenever the run read what was banked)
+    for name, v in c.references:
+        if fits(v):
+            y, x = p.y(v), p.right + REF_GAP
+            out.append(f'<path class="reference" d="M {_n(x + 7)} {_n(y - 4)} L {_n(x)} {_n(y)} L {_n(x + 7)} '
+                       f'{_n(y + 4)} Z" fill="#444"><title>reference {escape(name)} {v:+.6g}</title></path>')
+            labels.append((y, f"ref {name} {v:+.4g}", "#444444"))
     out += _curve(p, ds, "delta", "#000000", f"Δ {c.metric}")
     if c.delta is not None and c.at_step is not None and fits(c.delta):
         tag = f"{c.status} " if c.status else ""
@@ -313,5 +315,5 @@ def _margin(labels: list[tuple[float, str, str]], p: _Panel) -> list[str]:
     for y, text, colour in sorted(labels):
         y = max(y, last + 13)
         last = y
-        out.append(_text(p.right + 6, y + 4, text, "bound-label", fill=colour))
+        out.append(_text(p.right + REF_GAP + 10, y + 4, text, "bound-label", fill=colour))
     return out

@@ -91,3 +91,25 @@ def test_the_batched_store_reads_equal_the_per_run_ones(site_root: Path) -> None
         assert store.incident_counts() == {RUN: {"diverged": 1, "retrying": 1}, HOSTILE: {"crashed": 1}}
     finally:
         store.close()
+
+
+def test_a_final_ambiguous_by_instrument_read_is_not_shown_green(tmp_path: Path) -> None:
+    """The FINAL badge was green (the colour of a conclusion) for AMBIGUOUS-BY-INSTRUMENT, whose rules
+    disagree and which concludes nothing: grey now, in the runs table and on the run's page, and said on hover."""
+    from babysit.db.store import Store
+
+    build(tmp_path, final=False)
+    site_root = tmp_path
+    store = Store.in_dir(site_root / ".babysit")
+    try:
+        store.save_verdict(RUN, {"run": RUN, "status": "FINAL", "at_step": 150, "label": "AMBIGUOUS-BY-INSTRUMENT",
+                                 "delta": 0.06, "interpretation": "the rules disagree"}, time.time(), final=True)
+    finally:
+        store.close()
+    site, now = Site(site_root / "babysit.toml"), time.time()
+    table = pages.runs_fragment(site.rows(now), now)
+    page = pages.run_page(site.run(RUN, now), now, "footer")
+    for text in (table, page):
+        assert '<span class="badge final undecided" title="the FINAL read: the rules disagree' in text, text
+        assert '<span class="badge final">FINAL' not in text  # before: green
+    assert "AMBIGUOUS-BY-INSTRUMENT Δ +0.0600" in table

@@ -99,3 +99,16 @@ def test_any_series_and_bounds_render_well_formed_svg(series: list, low: float |
 def test_nice_ticks_are_round_and_cover_the_range() -> None:
     assert svg.nice_ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert svg.nice_ticks(3.0, 3.0) == [3.0]
+
+
+def test_a_reference_is_marked_in_the_margin_not_on_the_read_s_point() -> None:
+    """The run read exactly its banked reference (Δ +0.06, the drift reproduced): the reference's mark sat on
+    the FINAL point at the read step, hiding it. It points from the margin now, right of the read's circle."""
+    root = parse(svg.render(chart(references=(("drift_ref", 0.06),))))
+    (point,) = by_class(root, "verdict-point")
+    (ref,) = by_class(root, "reference")
+    xs = [float(v) for v in ref.get("d").replace("M", " ").replace("L", " ").replace("Z", " ").split()[0::2]]
+    right_of_circle = float(point.get("cx")) + float(point.get("r"))
+    assert min(xs) > right_of_circle, (xs, right_of_circle)  # before: a line from cx - 10 to cx + 10
+    texts = " ".join("".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "ref drift_ref +0.06" in texts
