@@ -83,7 +83,7 @@ def campaign_post(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         head = (f"⏳ {p['campaign']}: {p['run']} FINAL {p['label']} — outcome PENDING: nothing moves, is banked or "
                 f"proposed until its parent settles; waiting for {baseline.get('why')}")
         done = [f"if it lands usable (FINAL, not AMBIGUOUS-BY-INSTRUMENT) the grid says: {p['sentence']}",
-                *_would(p, "then")]
+                *_would(p, "PENDING, not done yet")]  # each line says so: quoted alone, none reads as done
         title = f"⏳ {p['campaign']}: {p['run']} → {p['label']} (PENDING)"
     elif outcome == "suspend":
         head = (f"⏸ {p['campaign']}: {p['run']} FINAL {p['label']} — conclusion SUSPENDED: {baseline.get('why')}")

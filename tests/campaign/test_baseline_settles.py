@@ -162,7 +162,12 @@ def test_a_child_landing_before_its_parent_is_pending_then_suspended_by_an_instr
     (post,) = demo.posts(CHILD_RUN)
     assert "outcome PENDING" in post and f"waiting for {PARENT_RUN}'s FINAL verdict at step 1000" in post
     assert "CONVICTED" not in post.split("\n")[0]
-    assert f"then: suspect {SUSPECT} → convicted" in post
+    # every line naming an effect says in itself that it has not happened (before: `then: suspect … → convicted`,
+    # which quoted alone, in a notification or a search hit, reads as the conviction)
+    assert f"  PENDING, not done yet: suspect {SUSPECT} → convicted" in post.splitlines(), post
+    effects = [x for x in post.splitlines() if any(w in x for w in ("→ convicted", "→ exonerated", "bank", "propos"))]
+    assert effects and all("PENDING" in x or "not done" in x or x.lstrip().startswith("if it lands") for x in effects), \
+        effects
     assert any(h.startswith("PENDING: → convicted by drift_aug (HEALTHY)") for h in demo.suspect()["held"])
     shown = demo.show(capsys=capsys)
     assert f"outcome PENDING: {PARENT_RUN}'s FINAL verdict at step 1000" in shown
