@@ -24,7 +24,8 @@ from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, g
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise BadInput(f"--interval: expected a positive number of seconds, got {args.interval}")
-    host = socket.gethostname().split(".")[0]
+    # the Slurm node's name: several slurmd may share one host (and a node's name is what Slurm reports)
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     out = args.out.replace("{host}", host)
     job_id = args.job_id or os.environ.get("SLURM_JOB_ID") or None
     probe = open_gpu_probe(args.gpu_probe)

@@ -79,22 +79,24 @@ def uses_torchrun(slurm: SlurmSpec, n_gpus: int) -> bool:
     return gpus_per_node(slurm, n_gpus) > 1 or slurm.nodes > 1
 
 
-def torchrun_argv(argv: Sequence[str], nodes: int, per_node: int) -> list[str]:
-    """The run's argv as a torchrun launch.
+RANK_ARGV_ENV = "BABYSIT_RANK_ARGV"  # the run's argv, shell-quoted, for each torchrun worker to exec
+RANK_EXEC = ("bash", "-c", f'eval "exec ${RANK_ARGV_ENV}"')
 
-    `python -m pkg args` → `python -m torch.distributed.run <opts> -m pkg args` (torchrun's own
-    program, run by the run's interpreter so the job's venv is the one used); `python script.py args`
-    → `… <opts> script.py args`; anything else → `torchrun <opts> --no-python prog args`.
+
+def torchrun_argv(argv: Sequence[str], nodes: int, per_node: int) -> list[str]:
+    """The run's argv as a torchrun launch: `python -m torch.distributed.run <opts> --no-python bash -c
+    'eval "exec $BABYSIT_RANK_ARGV"'`, each worker exec-ing the run's own argv from the environment.
+
+    torchrun never sees the run's words: its argparse takes a trainer's `--log` for an abbreviation of its
+    own `--log-dir`/`--logs-specs` and refuses to start. torchrun is run by the run's interpreter when the
+    command starts with `python` (so the job's venv is the one used), else by `torchrun` on PATH.
     """
     opts = ["--nnodes", str(nodes), "--nproc-per-node", str(max(per_node, 1)),
             "--rdzv-id", _Expand("$SLURM_JOB_ID"), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", _Expand("$BABYSIT_RDZV")]
     prog = argv[0].rsplit("/", 1)[-1]
-    if _PYTHON.fullmatch(prog) and len(argv) >= 3 and argv[1] == "-m":
-        return [argv[0], "-m", "torch.distributed.run", *opts, "-m", *argv[2:]]
-    if _PYTHON.fullmatch(prog) and len(argv) >= 2 and not argv[1].startswith("-"):
-        return [argv[0], "-m", "torch.distributed.run", *opts, *argv[1:]]
-    return ["torchrun", *opts, "--no-python", *argv]
+    launcher = [argv[0], "-m", "torch.distributed.run"] if _PYTHON.fullmatch(prog) else ["torchrun"]
+    return [*launcher, *opts, "--no-python", *RANK_EXEC]
 
 
 def stop_scope(slurm: SlurmSpec, n_gpus: int) -> str:
@@ -154,9 +156,12 @@ def render(req: BatchRequest) -> str:
         port = f"${{BABYSIT_RDZV_PORT:-{DEFAULT_RDZV_PORT}}}"
         lines += [
             'babysit_head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'export BABYSIT_RDZV="$babysit_head:{port}"',
+            "# the head node's address as Slurm reaches it (NodeAddr: its host name unless the cluster names one)",
+            'babysit_addr=$(scontrol show node -o "$babysit_head" 2>/dev/null | sed -n \'s/.* NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+            f'export BABYSIT_RDZV="${{babysit_addr:-$babysit_head}}:{port}"',
         ]
         words = torchrun_argv(req.argv, s.nodes, per_node)
+        lines.append(f"export {RANK_ARGV_ENV}={q(' '.join(q(w) for w in req.argv))}")
         command = "srun --kill-on-bad-exit=1 " + " ".join(_word(w) for w in words)
     else:
         command = " ".join(q(w) for w in req.argv)
@@ -190,7 +195,8 @@ def render(req: BatchRequest) -> str:
         probe = " ".join(q(w) for w in req.probe_argv)
         interval = q(f"{req.probe_interval:g}")
         if s.nodes > 1:
-            lines.append(f"srun --overlap --ntasks-per-node=1 --nodes={s.nodes} {probe} "
+            # --mem=0: the trainer's step holds the job's memory; an overlapping step asks for none of its own
+            lines.append(f"srun --overlap --mem=0 --ntasks-per-node=1 --nodes={s.nodes} {probe} "
                          f"--out \"$babysit_dir/probe-{{host}}.jsonl\" --interval {interval} "
                          f"--job-id \"$SLURM_JOB_ID\" >>\"$babysit_dir/probe.log\" 2>&1 &")
         else:

@@ -76,6 +76,8 @@ def toml_value(value: Any) -> str:
     """JSON strings, numbers, booleans and lists are TOML too; tables are written by `Bench.run_toml`."""
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(value)
 
 

@@ -7,6 +7,7 @@ import json
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -133,15 +134,26 @@ def test_torchrun_only_for_several_gpus_per_node_or_nodes_unless_forced() -> Non
     assert script.uses_torchrun(SlurmSpec(torchrun=True), 1)
 
 
-def test_torchrun_strips_python_dash_m_and_keeps_the_runs_interpreter() -> None:
-    argv = script.torchrun_argv(["/venv/bin/python", "-m", "trainer", "--recipe", "x y"], 2, 8)
+def test_torchrun_keeps_the_runs_interpreter_and_never_sees_the_runs_words() -> None:
+    argv = script.torchrun_argv(["/venv/bin/python", "-m", "trainer", "--log", "x y"], 2, 8)
     assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
-    assert argv[-4:] == ["-m", "trainer", "--recipe", "x y"]
-    assert script.torchrun_argv(["python3", "train.py", "-a"], 1, 2)[-2:] == ["train.py", "-a"]
-    other = script.torchrun_argv(["./run.sh", "x"], 1, 2)
-    assert other[0] == "torchrun" and other[-3:] == ["--no-python", "./run.sh", "x"]
+    assert argv[-4:] == ["--no-python", "bash", "-c", 'eval "exec $BABYSIT_RANK_ARGV"']
+    assert "--log" not in argv and "trainer" not in argv
+    assert script.torchrun_argv(["python3", "train.py", "-a"], 1, 2)[:3] == ["python3", "-m", "torch.distributed.run"]
+    assert script.torchrun_argv(["./run.sh", "x"], 1, 2)[0] == "torchrun"
+
+
+def test_each_torchrun_worker_execs_the_runs_exact_argv(tmp_path: Path) -> None:
+    """The worker command (`bash -c 'eval "exec $BABYSIT_RANK_ARGV"'`) run by a real shell with the script's
+    export: the program gets every word as written, the nasty ones too."""
+    text = script.render(request(argv=(sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))",
+                                       *NASTY), slurm=SlurmSpec(nodes=2)))
+    export = next(ln for ln in text.splitlines() if ln.startswith("export BABYSIT_RANK_ARGV="))
+    out = subprocess.run(["bash", "-c", f"{export}\n{' '.join(shlex.quote(w) for w in script.RANK_EXEC)}"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == NASTY
 
 
 def test_torchrun_line_runs_under_srun_with_the_head_node_endpoint() -> None:
@@ -149,8 +161,28 @@ def test_torchrun_line_runs_under_srun_with_the_head_node_endpoint() -> None:
                                  slurm=SlurmSpec(nodes=2, gpus_per_node=4)))
     line = next(ln for ln in text.splitlines() if ln.startswith("srun --kill-on-bad-exit"))
     assert '--rdzv-endpoint "$BABYSIT_RDZV"' in line and '--rdzv-id "$SLURM_JOB_ID"' in line
-    assert line.endswith("-m trainer '$SLURM_JOB_ID' &")  # a user's word is never expanded
-    assert 'export BABYSIT_RDZV="$babysit_head:${BABYSIT_RDZV_PORT:-29500}"' in text
+    assert line.endswith("""--no-python bash -c 'eval "exec $BABYSIT_RANK_ARGV"' &""")
+    assert "trainer" not in line  # the run's words reach the workers through $BABYSIT_RANK_ARGV alone
+    assert 'export BABYSIT_RDZV="${babysit_addr:-$babysit_head}:${BABYSIT_RDZV_PORT:-29500}"' in text
+
+
+def test_the_rendezvous_endpoint_is_the_head_nodes_address_as_slurm_knows_it(tmp_path: Path) -> None:
+    """A node name need not resolve (several slurmd on one host, or a cluster's own names): the endpoint is
+    the head's NodeAddr from `scontrol show node`, else its name. A stand-in scontrol answers here."""
+    text = script.render(request(slurm=SlurmSpec(nodes=2)))
+    setup = [ln for ln in text.splitlines() if ln.startswith(("babysit_head=", "babysit_addr=", "export BABYSIT_RDZV"))]
+    fake = tmp_path / "scontrol"
+    fake.write_text('#!/bin/bash\nif [ "$2" = hostnames ]; then echo n2; echo n3; '
+                    'else echo "NodeName=n2 Arch=x86_64 NodeAddr=10.0.0.2 NodeHostName=vm Port=17002"; fi\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[2-3]"}
+    out = subprocess.run(["bash", "-c", "\n".join([*setup, 'echo "$BABYSIT_RDZV"'])], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "10.0.0.2:29500"
+    fake.write_text("#!/bin/bash\n[ \"$2\" = hostnames ] && echo n2\nexit 0\n")  # no NodeAddr: the name
+    out = subprocess.run(["bash", "-c", "\n".join([*setup, 'echo "$BABYSIT_RDZV"'])], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "n2:29500"
 
 
 def test_script_waits_through_a_term_and_exits_with_the_childs_code(tmp_path: Path) -> None:
