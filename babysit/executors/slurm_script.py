@@ -157,7 +157,8 @@ def render(req: BatchRequest) -> str:
         lines += [
             'babysit_head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "# the head node's address as Slurm reaches it (NodeAddr: its host name unless the cluster names one)",
-            'babysit_addr=$(scontrol show node -o "$babysit_head" 2>/dev/null | sed -n \'s/.* NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+            'babysit_addr=$(scontrol show node -o "$babysit_head" 2>/dev/null '
+            '| sed -n \'s/.* NodeAddr=\\([^ ]*\\).*/\\1/p\')',
             f'export BABYSIT_RDZV="${{babysit_addr:-$babysit_head}}:{port}"',
         ]
         words = torchrun_argv(req.argv, s.nodes, per_node)
