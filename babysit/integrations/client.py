@@ -241,7 +241,11 @@ class _AppendFile:
             fd = _open(path)
         except OSError as exc:
             raise _CannotOpen from exc
-        now = os.fstat(fd)
+        try:
+            now = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
         self.path, self.fd, self.file_id = path, fd, (now.st_dev, now.st_ino)
 
     def after_fork_in_child(self) -> None:
