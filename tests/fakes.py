@@ -139,6 +139,9 @@ class FakeExecutor:
     def charged_gpus(self, spec: RunSpec) -> int:
         return len(spec.gpus)
 
+    def node_rows(self, attempt: Attempt) -> tuple:
+        return ()
+
     # -- the test's side
     def process(self, run: str, n: int) -> FakeProcess:
         return self.by_attempt[(run, n)]

@@ -31,7 +31,7 @@ from trainer import checkpoint, distributed, exitcodes
 from trainer.batches import Batcher, Layout, StepData, samples
 from trainer.data import ACTION_DIM, STATE_DIM, load_or_compute_stats, load_or_generate
 from trainer.evaluate import eval_record, fixed_train_slice, probe_set
-from trainer.log import RunLog
+from trainer.log import RANK_LOG_ENV, RankBeat, RunLog
 from trainer.model import ModelArgs, build
 from trainer.recipe import Recipe, TrainConfig
 
@@ -148,6 +148,7 @@ def run(cfg: RunConfig) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     log = RunLog(cfg.log_path, enabled=d.is_main)
+    beats = RankBeat(os.environ.get(RANK_LOG_ENV), d.rank)
     stop = StopFlag()
 
     # Data: rank 0 generates and caches the corpus, the other ranks read the cache.
@@ -252,6 +253,7 @@ def run(cfg: RunConfig) -> int:
         optimizer.zero_grad(set_to_none=True)
         window_time += time.perf_counter() - t0
         window_steps += 1
+        beats.beat(step, time.perf_counter() - t0)
 
         if step % t.log_every == 0 or step == t.steps:
             record = {"train_loss": loss_value, "lr": lr, "grad_norm": round(float(grad_norm), 6),

@@ -18,6 +18,7 @@ import babysit.core.campaign_render as campaign_words  # pure (tests/test_layeri
 from babysit.core import progress, tails
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise
+from babysit.core.nodes import node_line
 from babysit.core.snapshot import GpuRow, Snapshot
 
 
@@ -128,6 +129,7 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     s = Snapshot.from_dict(p["snapshot"])
     title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.kind, "poll")
     lines = [f"📊 {s.run} {title}: " + snapshot_line(s)]
+    lines += [node_line(n) for n in s.nodes]
     for flag in s.flags:
         lines.append(flag_line(flag, s))
     if s.shown_metrics:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from babysit.core.guards import Holder, below_ram_floor, foreign_holders, low_util_flag
+from babysit.core.nodes import NodeRow
 from babysit.core.observation import project_gpu_hours
 from babysit.core.progress import Progress, ProgressFields, derive, steps_from_argv
 from babysit.core.readings import GpuView, HostReading
@@ -100,6 +101,7 @@ class Snapshot(ProgressFields):
     data_wait_frac: float | None = None  # the trainer's own share of step time spent waiting for input
     shown_metrics: Mapping[str, Sequence[float]] | None = None  # metric -> [step, value], newest ([poll].show)
     reading: str | None = None  # how its printed lines are read (a preset), said in the first poll
+    nodes: tuple[NodeRow, ...] = ()  # a job across nodes: one row a node (core/nodes.py); () on one box
 
     @property
     def measured(self) -> tuple[GpuRow, ...]:
@@ -130,6 +132,7 @@ class Snapshot(ProgressFields):
             else {k: list(v) for k, v in self.shown_metrics.items()},
             # only when known: a row stored before it existed is written back byte for byte
             **({} if self.source_kind is None else {"source_kind": self.source_kind}),
+            **({"nodes": [n.to_dict() for n in self.nodes]} if self.nodes else {}),
         }
 
     @classmethod
@@ -154,7 +157,7 @@ class Snapshot(ProgressFields):
             data_wait_frac=d.get("data_wait_frac"),
             shown_metrics=None if d.get("shown_metrics") is None
             else {k: list(v) for k, v in d["shown_metrics"].items()},
-            reading=d.get("reading"))
+            reading=d.get("reading"), nodes=tuple(NodeRow.from_dict(n) for n in d.get("nodes") or ()))
 
 
 def shown(show: Sequence[str] | None, prereg_metric: str | None, name: str) -> bool:
@@ -179,7 +182,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
                    note: str | None = None, log_path: str | None = None, source_kind: str | None = None,
                    seconds_since_launch: float | None = None, data_wait_frac: float | None = None,
                    shown_metrics: Mapping[str, Sequence[float]] | None = None,
-                   reading: str | None = None) -> Snapshot:
+                   reading: str | None = None, nodes: Sequence[NodeRow] = ()) -> Snapshot:
     """Assemble a snapshot. `progress` is the observation's (`core.progress`: one derivation for the poll,
     the guards and every surface); without it, it is derived here from `points` (records or
     ProgressPoints with .step/.ts) unless `step` / `seconds_per_step` are given. `run_pids` defaults to
@@ -208,7 +211,8 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
     if util_flag:
         flags.append(util_flag)
     available = host.available_ram_bytes if host else None
-    if below_ram_floor(available, min_free_host_ram_gib):
+    if below_ram_floor(available, min_free_host_ram_gib) or any(
+            below_ram_floor(n.available_ram_bytes, min_free_host_ram_gib) for n in nodes):
         flags.append("host-memory-pressure")
     if seconds_since_last_record is not None and stall_seconds and seconds_since_last_record >= stall_seconds / 2:
         flags.append("stalled?")
@@ -230,7 +234,7 @@ def build_snapshot(*, run: str, attempt: int, at: float, kind: str, progress: Pr
         source_kind=source_kind, seconds_since_launch=seconds_since_launch, stall_seconds=stall_seconds,
         data_wait_frac=data_wait_frac,
         seconds_since_last_record=seconds_since_last_record,
-        shown_metrics=None if shown_metrics is None else dict(shown_metrics), reading=reading,
+        shown_metrics=None if shown_metrics is None else dict(shown_metrics), reading=reading, nodes=tuple(nodes),
     )
 
 

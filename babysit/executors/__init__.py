@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from babysit.core.nodes import NodeRow
 from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.probes.gpu import GpuProbe
@@ -45,6 +46,9 @@ class Executor(Protocol):
 
     def charged_gpus(self, spec: RunSpec) -> int:
         """GPUs an attempt holds on all its nodes together: what its GPU-hours and the cap count."""
+
+    def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
+        """A job across nodes: one row a node for polls (core/nodes.py); () for a job on one box."""
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """Environment the trainer needs from this executor (local: CUDA_VISIBLE_DEVICES in NVML order)."""

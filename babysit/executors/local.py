@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from babysit.core import tails
+from babysit.core.nodes import NodeRow
 from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
@@ -93,6 +94,9 @@ class LocalExecutor:
 
     def charged_gpus(self, spec: RunSpec) -> int:
         return len(spec.gpus)  # one box: the run's own GPUs
+
+    def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
+        return ()  # one box: the poll's host line is the node
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """CUDA numbers the GPUs as NVML does (PCI bus order), which is what the guards read."""

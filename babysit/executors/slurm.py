@@ -36,6 +36,7 @@ from pathlib import Path
 import structlog
 
 from babysit.core.errors import BabysitError
+from babysit.core.nodes import NodeRow, node_rows
 from babysit.core.spec import RunSpec, SlurmSpec, load_spec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
@@ -43,7 +44,7 @@ from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.executors.local import tail_lines
 from babysit.probes.gpu import GpuProbe
-from babysit.probes.remote import SidecarGpuProbe
+from babysit.probes.remote import SidecarGpuProbe, recent_records
 from babysit.runtime.atomic import write_atomic
 
 log = structlog.get_logger("babysit.slurm")
@@ -51,6 +52,7 @@ log = structlog.get_logger("babysit.slurm")
 COMMAND_TIMEOUT_S = 30.0
 POLL_ENV = "BABYSIT_SLURM_POLL_SECONDS"  # how often the state is asked (default 5 s; tests use 1)
 PROBE_INTERVAL_ENV = "BABYSIT_PROBE_INTERVAL"  # the sidecar's sampling interval (default 10 s)
+BEATS_READ = 20  # a rank's newest beats a node's pace is measured over
 
 
 class SlurmError(BabysitError):
@@ -117,7 +119,7 @@ class SlurmExecutor:
         for stale in ("job.json", "exit.json", "state.json", "stdout.log", "stderr.log"):
             with contextlib.suppress(FileNotFoundError):
                 (adir / stale).unlink()
-        for old in adir.glob("probe-*.jsonl"):
+        for old in (*adir.glob("probe-*.jsonl"), *adir.glob("rank-*.jsonl")):
             old.unlink()
         spec = load_spec(_spec_path(env))
         token = secrets.token_hex(4)
@@ -274,6 +276,18 @@ class SlurmExecutor:
     def charged_gpus(self, spec: RunSpec) -> int:
         """Nodes × GPUs per node (`slurm_script.requested_gpus`): a 2-node × 8-GPU job holds 16."""
         return script.requested_gpus(spec.slurm or SlurmSpec(), len(spec.gpus))
+
+    def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
+        """Each node's row from its sidecar's newest record and its ranks' recent beats (`rank-<r>.jsonl`,
+        which the trainer writes where `$BABYSIT_RANK_LOG` says); () for a job on one node."""
+        adir = Path(attempt.attempt_dir)
+        beats = {}
+        for path in adir.glob("rank-*.jsonl"):
+            rank = path.stem.removeprefix("rank-")
+            if rank.isdigit():
+                beats[int(rank)] = recent_records(path, BEATS_READ)
+        rows = node_rows(SidecarGpuProbe(adir).records(), beats, time.time())
+        return rows if len(rows) > 1 else ()
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the GPUs it allocates

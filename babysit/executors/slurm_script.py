@@ -79,6 +79,7 @@ def uses_torchrun(slurm: SlurmSpec, n_gpus: int) -> bool:
     return gpus_per_node(slurm, n_gpus) > 1 or slurm.nodes > 1
 
 
+RANK_LOG_ENV = "BABYSIT_RANK_LOG"  # where each rank writes a line a step (a trainer that wants per-node rows)
 RANK_ARGV_ENV = "BABYSIT_RANK_ARGV"  # the run's argv, shell-quoted, for each torchrun worker to exec
 RANK_EXEC = ("bash", "-c", f'eval "exec ${RANK_ARGV_ENV}"')
 
@@ -163,6 +164,7 @@ def render(req: BatchRequest) -> str:
         ]
         words = torchrun_argv(req.argv, s.nodes, per_node)
         lines.append(f"export {RANK_ARGV_ENV}={q(' '.join(q(w) for w in req.argv))}")
+        lines.append(f'export {RANK_LOG_ENV}="$babysit_dir/rank-{{rank}}.jsonl"  # every rank\'s step beats')
         command = "srun --kill-on-bad-exit=1 " + " ".join(_word(w) for w in words)
     else:
         command = " ".join(q(w) for w in req.argv)

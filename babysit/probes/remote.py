@@ -116,6 +116,22 @@ def latest_record(path: Path, max_bytes: int = 256 * 1024) -> dict[str, Any] | N
     return None
 
 
+def recent_records(path: Path, n: int, max_bytes: int = 64 * 1024) -> list[dict[str, Any]]:
+    """The newest `n` complete JSON lines of a JSONL file, oldest first (a partial last line is skipped)."""
+    data = tail_bytes(path, max_bytes)
+    out: list[dict[str, Any]] = []
+    for line in reversed((data or b"").split(b"\n")):
+        if len(out) >= n:
+            break
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out[::-1]
+
+
 def view_from_records(records: Sequence[Mapping[str, Any]], indices: Sequence[int], now: float,
                       stale_after: float) -> GpuView:
     """The run's GPUs from the newest record of each node (pure). See the module docstring."""
@@ -196,4 +212,4 @@ def _opt_int(value: Any) -> int | None:
 
 
 __all__ = ["RECORD_VERSION", "SidecarGpuProbe", "belongs_to_job", "choose_gpus", "gpu_record", "latest_record",
-           "view_from_records"]
+           "recent_records", "view_from_records"]

@@ -95,6 +95,7 @@ class RunObserver:
             seconds_since_last_record=obs.seconds_since_last_record,
             stall_seconds=spec.guards.stall_minutes * obs.minute_seconds,
             note=self.host.executor.status_note(attempt) if attempt is not None else None,
+            nodes=self.host.executor.node_rows(attempt) if attempt is not None else (),
             log_path=str(spec.source.path if spec.source.copies and spec.source.path is not None
                          else runlog.records_log),
             source_kind=spec.source.kind, seconds_since_launch=obs.seconds_since_launch,

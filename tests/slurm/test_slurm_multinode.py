@@ -29,7 +29,7 @@ def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, **tables: d
     env = {"BABYSIT_TRAINER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "BABYSIT_RDZV_PORT": str(29500 + secrets.randbelow(2000))}
     tables.setdefault("slurm", {"nodes": 2, "time_limit": "00:05:00"})
-    tables.setdefault("guards", {"exclusive_gpu": False})
+    tables.setdefault("guards", {"exclusive_gpu": False, "stall_minutes": 90})  # torch + gloo start slowly on busy cores
     return bench.run_toml(name, command, gpus=[0], env=env, **tables)
 
 
@@ -54,3 +54,14 @@ def test_a_two_node_ddp_run_reaches_its_final_verdict_with_a_poll_row_per_node(b
     assert any(n.endswith("RUNNING on n[1-2]") for n in notes), notes
     adir = Path(attempt.attempt_dir)
     assert sorted(p.name for p in adir.glob("probe-*.jsonl")) == ["probe-n1.jsonl", "probe-n2.jsonl"]
+    assert sorted(p.name for p in adir.glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+
+    # a poll with one row a node: each node's ranks, step, own pace and free RAM, rendered in the message
+    polls = [p.snapshot for p in store.polls(name)]
+    rows = next((s.nodes for s in polls if len(s.nodes) == 2 and all(n.seconds_per_step for n in s.nodes)), None)
+    assert rows is not None, [s.nodes for s in polls]
+    assert [(n.node, n.ranks) for n in rows] == [("n1", (0,)), ("n2", (1,))]
+    assert all(n.step and n.available_ram_bytes and n.total_ram_bytes for n in rows), rows
+    posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
+    text = "\n".join(m.get("text", "") for m in posted if m.get("kind") == "poll")
+    assert "node n1 (rank 0): step " in text and "node n2 (rank 1): step " in text, text[-2000:]

@@ -1,0 +1,58 @@
+"""core/nodes.py: a job across nodes, one row a node, from the sidecars' records and the ranks' beats."""
+
+from __future__ import annotations
+
+from babysit.core.nodes import NodeRow, node_line, node_rows
+from babysit.core.render import render
+from babysit.core.snapshot import Snapshot, build_snapshot
+
+GIB = 2**30
+
+
+def probe(node: str, free_gib: float) -> dict:
+    return {"host": node, "ts": 100.0, "host_mem": {"available_ram_bytes": int(free_gib * GIB),
+                                                   "total_ram_bytes": 32 * GIB}}
+
+
+def beats(node: str, steps: range, every: float, start: float = 0.0) -> list[dict]:
+    return [{"node": node, "step": s, "ts": start + i * every} for i, s in enumerate(steps)]
+
+
+def test_each_node_has_its_own_ranks_step_pace_and_free_ram() -> None:
+    rows = node_rows([probe("n2", 3.0), probe("n1", 20.0)],
+                     {0: beats("n1", range(1, 11), 0.5), 1: beats("n1", range(1, 11), 0.5),
+                      2: beats("n2", range(1, 9), 2.0)}, now=20.0)
+    assert [r.node for r in rows] == ["n1", "n2"]
+    n1, n2 = rows
+    assert (n1.ranks, n1.step, n1.seconds_per_step) == ((0, 1), 10, 0.5)
+    assert (n2.ranks, n2.step, n2.seconds_per_step) == ((2,), 8, 2.0)
+    assert n2.available_ram_bytes == 3 * GIB and n2.quiet_seconds == 6.0
+
+
+def test_a_node_nothing_speaks_for_is_not_measured_never_borrowed() -> None:
+    rows = node_rows([probe("n1", 20.0), probe("n2", 20.0)], {0: beats("n1", range(1, 5), 1.0)}, now=5.0)
+    assert rows[1] == NodeRow("n2", available_ram_bytes=20 * GIB, total_ram_bytes=32 * GIB)
+    assert node_line(rows[1]) == "node n2: step — · — s/step · free RAM 20.0 GiB"
+    one_beat = node_rows([], {3: beats("n3", range(7, 8), 1.0)}, now=1.0)
+    assert one_beat[0].step == 7 and one_beat[0].seconds_per_step is None  # a pace needs two beats
+
+
+def test_a_node_slowest_rank_sets_its_step_and_a_quiet_node_says_so() -> None:
+    rows = node_rows([], {0: beats("n1", range(1, 21), 0.5), 1: beats("n1", range(1, 13), 0.5)}, now=30.0)
+    assert rows[0].step == 12 and rows[0].quiet_seconds == 24.5
+    assert node_line(rows[0]) == "node n1 (ranks 0, 1): step 12 · 0.5 s/step · free RAM — · no step for 24s"
+
+
+def test_a_poll_lists_every_node_and_a_node_under_the_ram_floor_flags_the_run() -> None:
+    rows = node_rows([probe("n1", 20.0), probe("n2", 0.5)],
+                     {0: beats("n1", range(1, 5), 1.0), 1: beats("n2", range(1, 5), 1.0)}, now=4.0)
+    snap = build_snapshot(run="r", attempt=1, at=4.0, kind="periodic", step=4, min_free_host_ram_gib=1.0,
+                          nodes=rows)
+    assert "host-memory-pressure" in snap.flags
+    again = Snapshot.from_dict(snap.to_dict())
+    assert again.nodes == rows
+    text = render("poll", {"snapshot": snap.to_dict()}).text
+    assert "node n1 (rank 0): step 4 · 1 s/step · free RAM 20.0 GiB" in text
+    assert "node n2 (rank 1): step 4 · 1 s/step · free RAM 0.5 GiB" in text
+    one_box = build_snapshot(run="r", attempt=1, at=4.0, kind="periodic", step=4)
+    assert "nodes" not in one_box.to_dict()  # a one-box poll is stored as before
