@@ -128,6 +128,16 @@ def test_outbox_releases_one_message_per_run_in_order_and_dedupes(store: Store) 
     assert store.pending_count() == 2
 
 
+def test_the_last_message_of_a_kind_among_some_runs_is_the_newest_of_them(store: Store) -> None:
+    assert store.last_message("campaign", ["a", "b"]) is None and store.last_message("campaign", []) is None
+    store.enqueue("a", "campaign", {"n": 1}, now=0.0)
+    store.enqueue("b", "campaign", {"n": 2}, now=1.0)
+    store.enqueue("b", "poll", {"n": 3}, now=2.0)
+    store.enqueue("c", "campaign", {"n": 4}, now=3.0)  # another campaign's run
+    found = store.last_message("campaign", ["a", "b"])
+    assert found is not None and (found.run, found.payload) == ("b", {"n": 2})
+
+
 def test_the_final_verdict_is_stored_once(store: Store) -> None:
     store.save_verdict("r", {"status": "PROVISIONAL", "at_step": 500}, now=1.0, final=False)
     first = store.save_verdict("r", {"status": "FINAL", "label": "A", "at_step": 1000}, now=2.0, final=True)

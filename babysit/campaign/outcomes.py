@@ -177,7 +177,9 @@ def _take(step: settle.Step, store: Store, campaign: Campaign, joined: Mapping[s
         store.add_campaign_event(campaign.name, run, settle.SUSPENDED, body, now, dedupe_key=f"{key}:suspended")
         post["withdrawn"] = body["withdrawn"]
     chart, chart_error = actions.saga_step(store, state_dir, campaign)
-    post.update(suspects=_suspects(store, campaign), chart_path=str(chart) if chart else None,
+    suspects = _suspects(store, campaign)
+    post.update(suspects=suspects, table_as_in=_table_as_last_posted(store, campaign, suspects),
+                chart_path=str(chart) if chart else None,
                 chart_error=chart_error, would={"bank_to": plan.bank_to, "proposals": _would_propose(plan)})
     store.enqueue(run, "campaign", post, now, dedupe_key=f"{key}:{step.action}-post")
 
@@ -196,7 +198,9 @@ def _carry(store: Store, campaign: Campaign, spec: RunSpec, plan: grid_mod.Plan,
                              {"label": label, "parent": post["baseline"]["parent"], "why": post["baseline"]["why"]},
                              now, dedupe_key=f"{key}:carried")
     chart, chart_error = actions.saga_step(store, state_dir, campaign)
-    post.update(bank=bank, proposals=proposals, suspects=_suspects(store, campaign),
+    suspects = _suspects(store, campaign)
+    post.update(bank=bank, proposals=proposals, suspects=suspects,
+                table_as_in=_table_as_last_posted(store, campaign, suspects),
                 chart_path=str(chart) if chart else None, chart_error=chart_error)
     store.enqueue(run, "campaign", post, now, dedupe_key=f"{key}:post")
     if plan.question:
@@ -246,6 +250,13 @@ def _would_propose(plan: grid_mod.Plan) -> list[str]:
     if plan.extend_to is not None:
         out.append(f"an extension to step {plan.extend_to}")
     return out
+
+
+def _table_as_last_posted(store: Store, campaign: Campaign, suspects: list[dict[str, Any]]) -> str | None:
+    """The run whose campaign post came last, when that post showed this very suspect table (two verdicts
+    read in one round post one after the other): the new post says so instead of printing it again."""
+    last = store.last_message("campaign", [joined["run"] for joined in store.campaign_runs(campaign.name)])
+    return last.run if last is not None and last.payload.get("suspects") == suspects else None
 
 
 def _suspects(store: Store, campaign: Campaign) -> list[dict[str, Any]]:

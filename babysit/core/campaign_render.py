@@ -20,6 +20,8 @@ HOLD_ACTION_ID = "babysit_owner_call_hold"
 ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
 ICON = {"live": "🔴", "convicted": "⚖️", "exonerated": "✅", "untested": "⚪"}
 HELD_ICON = {"PENDING": "⏳", "SUSPENDED": "⏸"}
+OWNER_CALL_WORDS = ("A decision babysit does not take itself: one of the campaign's owners answers it (a button "
+                    "in Slack); until then nothing runs.")
 
 
 def suspect_lines(suspects: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -102,7 +104,9 @@ def campaign_post(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             done.append(f"read against: {baseline.get('why')}")
         title = f"🧭 {p['campaign']}: {p['run']} → {p['label']}"
     table = "\n".join(suspect_lines(p.get("suspects") or ()))
-    text = "\n".join([head, *(f"  {d}" for d in done), "suspects:", table])
+    same = p.get("table_as_in")  # the campaign's previous post showed this very table: said, not repeated
+    shown = f"suspects: unchanged since {same}'s post (`babysit campaign show {p['campaign']}`)" if same else None
+    text = "\n".join([head, *(f"  {d}" for d in done), *([shown] if shown else ["suspects:", table])])
     if p.get("chart_path"):
         text += f"\nsaga chart: {p['chart_path']}"
     elif p.get("chart_error"):
@@ -110,7 +114,7 @@ def campaign_post(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     blocks = [header(title[:150]), section(head if outcome != "carry" else f"*grid:* {p['sentence']}")]
     if done:
         blocks.append(section("\n".join(f"• {d}" for d in done)))
-    blocks.append(section("*suspects:*\n" + code(table)))
+    blocks.append(section(shown if shown else "*suspects:*\n" + code(table)))
     blocks.append(context(f"`/babysit campaign {p['campaign']}` shows the table · docs/campaigns.md"))
     return text, blocks
 
@@ -167,7 +171,7 @@ def render_call(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The owner-call post: the question, the proposals, one button an option."""
     owners = " ".join(f"<@{u}>" for u in p.get("owners") or ())
     head = f"🙋 owner call #{p['call_id']} — {p['campaign']}: {p['run']} FINAL {p['label']}"
-    lines = [head, f"question: {p['question']}"]
+    lines = [head, OWNER_CALL_WORDS, f"question: {p['question']}"]
     for kind, path in (p.get("proposals") or {}).items():
         lines.append(f"{kind}: {path} (written, not launched)")
     lines.append("answer: " + " / ".join(p.get("options") or ()) + " — only the campaign's owners can; nothing "
@@ -185,7 +189,8 @@ def render_call(p: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                                  "text": {"type": "mrkdwn", "text": f"Register {option} of *{p['run']}*: the "
                                           "daemon launches it and it spends GPU-hours."}}
         buttons.append(button)
-    blocks = [header(head[:150]), section(f"*question:* {p['question']}" + (f"\n{owners}" if owners else ""))]
+    blocks = [header(head[:150]), section(f"{OWNER_CALL_WORDS}\n*question:* {p['question']}"
+                                          + (f"\n{owners}" if owners else ""))]
     proposals = [f"• *{k}*: `{v}`" for k, v in (p.get("proposals") or {}).items()]
     if proposals:
         blocks.append(section("*written, not launched:*\n" + "\n".join(proposals)))

@@ -306,9 +306,18 @@ def verdict_text(v: Mapping[str, Any], precision: int = 4, *, extra: Sequence[st
         lines.append(f"means: {v['interpretation']}")
     corr = v.get("corroboration") or {}
     if corr:
-        lines.append(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}, "
-                     f"monotone rise {fmt_rise(corr.get('monotone_rise'))}")
+        lines.append(corroboration_line(corr, precision))
     return "\n".join(lines)
+
+
+CORROBORATION_WORDS = ("shown beside the label, never deciding it: how the train metric moved over the same "
+                       "window, and whether every eval rose")
+
+
+def corroboration_line(corr: Mapping[str, Any], precision: int = 4) -> str:
+    """The corroboration figures, with a plain sentence saying what they are and that they decide nothing."""
+    return (f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}, "
+            f"monotone rise {fmt_rise(corr.get('monotone_rise'))} — {CORROBORATION_WORDS}")
 
 
 def rule_lines(v: Mapping[str, Any], precision: int = 4) -> list[str]:
@@ -383,8 +392,7 @@ def verdict_blocks(v: Mapping[str, Any], precision: int = 4) -> list[dict[str, A
         blocks.append(section(f"*means:* {v['interpretation']}"))
     corr = v.get("corroboration") or {}
     if corr:
-        blocks.append(context(f"corroboration (not a gate): train Δ {fmt_delta(corr.get('train_delta'), precision)}"
-                              f", monotone rise {fmt_rise(corr.get('monotone_rise'))}"))
+        blocks.append(context(corroboration_line(corr, precision)))
     if status == "PROVISIONAL":
         blocks.append(context(f"⏳ PROVISIONAL — the verdict is read at step {v.get('read_step')}, not before"))
     return blocks

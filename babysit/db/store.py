@@ -716,6 +716,14 @@ class Store:
             return self._messages(self._query("SELECT * FROM outbox ORDER BY id"))
         return self._messages(self._query("SELECT * FROM outbox WHERE run=? ORDER BY id", (run,)))
 
+    def last_message(self, kind: str, runs: Sequence[str]) -> OutboxMessage | None:
+        """The newest message of `kind` posted for any of `runs` (a campaign's last post), else None."""
+        if not runs:
+            return None
+        rows = self._query(f"SELECT * FROM outbox WHERE kind=? AND run IN ({','.join('?' * len(runs))})"
+                           " ORDER BY id DESC LIMIT 1", (kind, *runs))
+        return self._messages(rows)[0] if rows else None
+
     def _messages(self, rows: list[sqlite3.Row]) -> list[OutboxMessage]:
         """Messages as the channels render them: a poll's post and header (which name the poll since
         `record_polls`; older rows carry the snapshot itself) get the poll's snapshot."""

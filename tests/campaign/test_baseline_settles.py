@@ -184,6 +184,10 @@ def test_a_child_landing_before_its_parent_is_pending_then_suspended_by_an_instr
     assert "conclusion SUSPENDED" in post.split("\n")[0] and f"parent {PARENT_RUN} read FINAL AMBIGUOUS" in post
     assert "nothing was moved, banked or proposed on it" in post
     assert f"not done: suspect {SUSPECT} → convicted" in post
+    # the parent's own post, right after, shows the same suspect table: said, not printed a second time
+    (parent_post,) = demo.posts(PARENT_RUN)
+    assert f"suspects: unchanged since {CHILD_RUN}'s post (`babysit campaign show {CAMPAIGN}`)" in parent_post
+    assert "SUSPENDED: → convicted" in post and "SUSPENDED: → convicted" not in parent_post, parent_post
     # visibly suspended everywhere the campaign is shown
     shown = demo.show(capsys=capsys)
     assert f"⏸ outcome SUSPENDED: parent {PARENT_RUN} read FINAL AMBIGUOUS-BY-INSTRUMENT" in shown
