@@ -73,6 +73,10 @@ def parser() -> argparse.ArgumentParser:
                    help="where generated demos are cached (env BABYSIT_TRAINER_CACHE)")
     p.add_argument("--inject-nan-at-step", type=int, metavar="N",
                    help="TEST HOOK: make the loss non-finite at step N (exercises exit code 11)")
+    p.add_argument("--inject-step-delay", type=float, metavar="S", default=0.0,
+                   help="TEST HOOK: sleep S seconds each step (a long run from a tiny recipe; a slow node)")
+    p.add_argument("--inject-delay-node", metavar="NODE",
+                   help="TEST HOOK: only the ranks on this Slurm node ($SLURMD_NODENAME) sleep: a straggler")
     return p
 
 
@@ -104,6 +108,12 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
+def _step_delay(args: argparse.Namespace) -> float:
+    """--inject-step-delay, on every rank, or only on the ranks of --inject-delay-node."""
+    node = os.environ.get("SLURMD_NODENAME")
+    return args.inject_step_delay if args.inject_delay_node in (None, node) else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--"]:  # `torchrun … -m trainer -- FLAGS` passes the separator through
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path("outputs") / recipe.name
         config = RunConfig(recipe=recipe, log_path=args.log or out / "train_log.jsonl",
                            checkpoint_dir=args.checkpoints or out / "checkpoints", data_cache=args.data_cache,
-                           resume=args.resume is not None, inject_nan_at_step=args.inject_nan_at_step)
+                           resume=args.resume is not None, inject_nan_at_step=args.inject_nan_at_step,
+                           inject_step_delay=_step_delay(args))
         return run(config)
     except RecipeError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)

@@ -44,6 +44,7 @@ class RunConfig:
     data_cache: Path
     resume: bool
     inject_nan_at_step: int | None = None
+    inject_step_delay: float = 0.0  # test hook: seconds slept each step (--inject-step-delay)
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -231,6 +232,8 @@ def run(cfg: RunConfig) -> int:
     model.train()
     for step in range(start + 1, t.steps + 1):
         t0 = time.perf_counter()
+        if cfg.inject_step_delay:
+            time.sleep(cfg.inject_step_delay)
         torch.manual_seed(step_seed(t.seed, step, d.rank))
         lr = lr_at(step, t)
         for group in optimizer.param_groups:

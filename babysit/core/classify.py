@@ -9,8 +9,9 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
    was exiting did not end its work (a gpu-fault retry would train it again). User rules
    name *failure* classes, so they never turn a success or a requested stop into a failure that
    would earn a retry.
-2. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
-3. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
+2. a node the scheduler lost under the job (Slurm NODE_FAIL, BOOT_FAIL) → gpu-fault: the machine's.
+3. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
+4. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
    timeouts on the others), GPU faults (a machine-side signal on one of the run's GPUs during the
    attempt — an Xid the catalog blames on the machine, double-bit/uncorrectable ECC, GPU lost or
@@ -79,8 +80,13 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                   host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
                   nonfinite_metrics: Sequence[str] | None = None,
                   stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None,
-                  gpu_evidence: Sequence[Mapping[str, Any]] = (), end_step: int | None = None) -> ExitClass:
+                  gpu_evidence: Sequence[Mapping[str, Any]] = (), end_step: int | None = None,
+                  lost_nodes: Sequence[str] = (), node_fail: str | None = None) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
+
+    node_fail: the scheduler's end state when it lost a node under the job (Slurm NODE_FAIL, BOOT_FAIL),
+    lost_nodes: which ones. The machine's fault, never the trainer's: `gpu-fault` (its own retry budget;
+    the executor leaves those nodes out of the next attempt).
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
     class so that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on
@@ -140,6 +146,10 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",
                          {**base, "stop_reason": stop_reason, "clean_stop": evidence})
 
+    if node_fail:
+        which = ", ".join(lost_nodes) or "a node of the job"
+        return ExitClass("gpu-fault", None, f"the machine's fault: Slurm lost {which} under the job ({node_fail}); "
+                         "not the trainer's", {**base, "node_fail": node_fail, "lost_nodes": list(lost_nodes)})
     text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
     for rule in rules:
         match = re.search(rule.pattern, text, re.M)

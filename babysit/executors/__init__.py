@@ -34,6 +34,7 @@ class ExitInfo:
     stderr_tail: str
     note: str = ""  # e.g. "killed before it could record its exit"
     state: str = ""  # the scheduler's final state (slurm), e.g. OUT_OF_MEMORY
+    lost_nodes: tuple[str, ...] = ()  # nodes the scheduler lost under the job (slurm NODE_FAIL): the machine's
 
 
 class Executor(Protocol):

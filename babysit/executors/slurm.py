@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -127,6 +127,7 @@ class SlurmExecutor:
         request = script.BatchRequest(
             run=attempt.run, attempt=attempt.n, token=token, attempt_dir=str(adir), workdir=workdir,
             argv=tuple(argv), env=tuple(sorted(run_env.items())), slurm=spec.slurm or _default_slurm(),
+            exclude=excluded_nodes(adir),
             n_gpus=len(spec.gpus), probe_argv=(sys.executable, "-m", "babysit", "probe"),
             probe_interval=float(os.environ.get(PROBE_INTERVAL_ENV) or 10.0))
         try:
@@ -311,7 +312,24 @@ class SlurmExecutor:
         state = self.job_state(attempt)
         if state is None or not state.terminal:
             return None
-        return st.exit_info(state, tail_lines(Path(attempt.attempt_dir) / "stderr.log"))
+        info = st.exit_info(state, tail_lines(Path(attempt.attempt_dir) / "stderr.log"))
+        if state.state in st.MACHINE_LOST:
+            info = replace(info, lost_nodes=self._lost_nodes(Path(attempt.attempt_dir), state))
+        return info
+
+    def _lost_nodes(self, adir: Path, state: st.JobState) -> tuple[str, ...]:
+        """Which of the job's nodes Slurm lost, asked once (`sinfo`) and kept in `lost_nodes.json`: the
+        next attempts of the run are submitted with `--exclude` of them (`excluded_nodes`)."""
+        kept = _read_json(adir / "lost_nodes.json")
+        if kept is not None:
+            return tuple(kept.get("nodes") or ())
+        found: tuple[str, ...] = ()
+        if state.nodes:
+            with contextlib.suppress(SlurmError):
+                found = st.lost_nodes(_slurm(["sinfo", "-h", "-N", "-n", state.nodes, "-o", "%N %T"]).stdout)
+        _write_json(adir / "lost_nodes.json", {"nodes": list(found), "job_id": state.job_id, "state": state.state,
+                                               "job_nodes": state.nodes})
+        return found
 
     def wait(self, attempt: Attempt, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -387,6 +405,17 @@ class SlurmExecutor:
     def _job_id_from_dir(self, attempt: Attempt) -> str | None:
         job = _read_json(Path(attempt.attempt_dir) / "job.json")
         return str(job["job_id"]) if job and job.get("job_id") else None
+
+
+def excluded_nodes(adir: Path) -> tuple[str, ...]:
+    """Nodes an earlier attempt of this run lost (NODE_FAIL): `attempt-<k>/lost_nodes.json` for k < n."""
+    here = adir.name.removeprefix("attempt-")
+    lost: set[str] = set()
+    for other in adir.parent.glob("attempt-*/lost_nodes.json"):
+        k = other.parent.name.removeprefix("attempt-")
+        if k.isdigit() and here.isdigit() and int(k) < int(here):
+            lost.update(str(n) for n in (_read_json(other) or {}).get("nodes") or ())
+    return tuple(sorted(lost))
 
 
 def _probe_interval() -> float:

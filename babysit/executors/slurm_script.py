@@ -48,6 +48,7 @@ class BatchRequest:
     n_gpus: int  # len(run.gpus): the default GPUs per node
     probe_argv: tuple[str, ...] = ()  # the sidecar (`python -m babysit probe`); () = no sidecar
     probe_interval: float = 10.0
+    exclude: tuple[str, ...] = ()  # nodes an earlier attempt lost: `--exclude`
 
 
 def job_name(run: str, attempt: int, token: str) -> str:
@@ -116,6 +117,8 @@ def directives(req: BatchRequest) -> list[str]:
         if value:
             opts.append(f"--{flag}={value}")
     opts.append(f"--nodes={s.nodes}")
+    if req.exclude:
+        opts.append(f"--exclude={','.join(req.exclude)}")
     if uses_torchrun(s, req.n_gpus):
         opts.append("--ntasks-per-node=1")  # one torchrun agent per node; it starts a worker per GPU
     g = gres(s, req.n_gpus)

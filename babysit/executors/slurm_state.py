@@ -263,6 +263,19 @@ def exit_info(job: JobState, stderr_tail: str) -> ExitInfo:
                     state=job.state)
 
 
+MACHINE_LOST = ("NODE_FAIL", "BOOT_FAIL")  # ends that are a node's fault: the run is resubmitted without it
+
+
+def lost_nodes(sinfo_text: str) -> tuple[str, ...]:
+    """The nodes `sinfo -h -N -o "%N %T"` shows down, failed, drained or not responding (`*`), sorted."""
+    lost = set()
+    for line in sinfo_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and (parts[1].endswith("*") or parts[1].startswith(("down", "fail", "drain"))):
+            lost.add(parts[0])
+    return tuple(sorted(lost))
+
+
 def status_note(job: JobState | None) -> str | None:
     """One line for polls: why a job waits, or where it runs."""
     if job is None:

@@ -144,7 +144,7 @@ class RunExits:
             attempt, spec = self.sync_start(attempt), self.host.spec
             # the last records (a diverged event, the final eval) belong to it, an unterminated last line too
             self.runlog.read_log(drain=True, final=True)
-            self.runlog.check_unread_at_exit(attempt)  # no record read: said now, never silently
+            self.runlog.teller.check_unread_at_exit(attempt)  # no record read: said now, never silently
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
@@ -159,7 +159,8 @@ class RunExits:
                 nonfinite_metrics=spec.guards.nonfinite_metrics,
                 stop_sent_at=sent_at,
                 checkpoint_after_stop=stopcheck.written_after(spec.checkpoints, sent_at) if sent_at else None,
-                gpu_evidence=evidence, end_step=self.runlog.end_step(fresh))
+                gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
+                node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None)
             summary = cls.summary
             vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known

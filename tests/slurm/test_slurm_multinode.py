@@ -7,8 +7,12 @@ daemon from register to its FINAL verdict. One rank a node, one thread a rank: t
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,11 +25,11 @@ PREREG = {"metric": "eval_chunk_mae", "baseline_step": 10, "read_step": 30,
           "bands": [{"label": "LEARNS", "max": 0.0}], "otherwise": {"label": "FLAT"}}
 
 
-def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, **tables: dict) -> Path:
+def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, *extra: str, **tables: dict) -> Path:
     """A 2-node run of the reference trainer (tiny recipe), evaluating every 10 steps, saving every 10."""
     command = [sys.executable, "-m", "trainer", "--recipe", "tiny", "--steps", str(steps), "--eval-every", "10",
                "--save-every", "10", "--log", f"outputs/{name}/train_log.jsonl",
-               "--checkpoints", f"outputs/{name}/ckpt"]
+               "--checkpoints", f"outputs/{name}/ckpt", *extra]
     env = {"BABYSIT_TRAINER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "BABYSIT_RDZV_PORT": str(29500 + secrets.randbelow(2000))}
     tables.setdefault("slurm", {"nodes": 2, "time_limit": "00:05:00"})
@@ -65,3 +69,67 @@ def test_a_two_node_ddp_run_reaches_its_final_verdict_with_a_poll_row_per_node(b
     posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
     text = "\n".join(m.get("text", "") for m in posted if m.get("kind") == "poll")
     assert "node n1 (rank 0): step " in text and "node n2 (rank 1): step " in text, text[-2000:]
+
+
+def records(tmp_path: Path, name: str) -> list[dict]:
+    path = tmp_path / "outputs" / name / "train_log.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def slurmd_pid(node: str) -> int:
+    return int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())
+
+
+def restart_slurmd(node: str) -> None:
+    """Bring a node whose slurmd a test killed back (ReturnToService=2: it is idle once it registers; its
+    orphaned job steps are killed when it does)."""
+    pidfile = Path(f"/run/slurm/slurmd-{node}.pid")
+    alive = pidfile.exists() and Path(f"/proc/{pidfile.read_text().strip()}").exists()
+    if not alive:
+        subprocess.run(["slurmd", "-N", node], check=True, timeout=30,
+                       env={**os.environ, "PATH": os.environ["PATH"] + ":/usr/sbin:/sbin"})
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if state == "idle":
+            return
+        if state.startswith(("down", "drain")):
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
+        time.sleep(1)
+
+
+def test_a_lost_node_is_the_machines_fault_and_the_run_resumes_without_it(bench: Bench, tmp_path: Path) -> None:
+    """node n2's slurmd killed mid-run: Slurm ends the job NODE_FAIL; babysit calls it the machine's fault
+    (never the trainer's), resubmits once with --exclude=n2 from the latest checkpoint, and the run ends."""
+    name = f"lost-{secrets.token_hex(3)}"
+    trainer_run(bench, tmp_path, name, 150, "--inject-step-delay", "0.15",
+                retry={"max_attempts": 1, "on": ["gpu-fault"], "resume": "latest-checkpoint"})
+    daemon = bench.start_up()
+    try:
+        bench.until("step 25 (a checkpoint at step 20)",
+                    lambda: any(r.get("step", 0) >= 25 and "train_loss" in r for r in records(tmp_path, name)),
+                    timeout=150)
+        first = bench.store().attempts(name)[0]
+        assert slurm_job(first.job_id or "").get("NodeList") == "n[1-2]"
+        os.kill(slurmd_pid("n2"), signal.SIGKILL)
+        assert daemon.wait(timeout=300) == 0, bench.daemon_logs()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        restart_slurmd("n2")
+    attempts = bench.store().attempts(name)
+    assert [a.outcome for a in attempts] == ["gpu-fault", "completed"], [(a.outcome, a.detail) for a in attempts]
+    lost, again = attempts
+    assert lost.detail.get("state") == "NODE_FAIL" and lost.detail.get("lost_nodes") == ["n2"], lost.detail
+    assert "the machine's fault: Slurm lost n2" in lost.detail["summary"]
+    assert "--exclude=n2" in (Path(again.attempt_dir) / "job.sbatch").read_text()
+    assert slurm_job(again.job_id or "").get("NodeList") == "n[1,3]"
+    assert list(again.argv[-2:]) == ["--resume", "latest"]
+    starts = [r for r in records(tmp_path, name) if r.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["config"]["resumed_from_step"] >= 20, starts
+    assert starts[1]["config"]["world_size"] == 2
+    assert records(tmp_path, name)[-1].get("event") == "completed"
+    assert bench.store().run_state(name)[0] == "finished"
+    kinds = [i.kind for i in bench.store().incidents(name)]
+    assert "crashed" not in kinds, kinds

@@ -414,3 +414,40 @@ def test_sidecar_probe_reads_the_newest_complete_line_of_each_node(tmp_path: Pat
 ])
 def test_sidecar_picks_the_jobs_gpus(visible: list[int], env: dict[str, str], want: tuple[int, ...]) -> None:
     assert choose_gpus(visible, env) == want
+
+
+# -- a lost node ----------------------------------------------------------------------------------------
+
+
+def test_sinfo_names_the_lost_nodes_down_drained_or_not_responding() -> None:
+    text = "n1 allocated\nn2 down*\nn3 idle\nn4 drained\nn5 idle*\nn6 mixed\n"
+    assert st.lost_nodes(text) == ("n2", "n4", "n5")
+    assert st.lost_nodes("") == ()
+
+
+def test_a_node_fail_is_the_machines_fault_whatever_the_exit_and_stderr_say() -> None:
+    cls = classify_exit(exit_code=None, signal=None, stderr_tail="RuntimeError: Connection closed by peer\n"
+                        "babysit: Slurm ended job 7 NODE_FAIL: a node of the job failed", last_records=[], rules=[],
+                        stop_requested=False, lost_nodes=("n2",), node_fail="NODE_FAIL")
+    assert cls.outcome == "gpu-fault" and cls.detail["lost_nodes"] == ["n2"]
+    assert "the machine's fault: Slurm lost n2 under the job (NODE_FAIL)" in cls.summary
+    unknown = classify_exit(exit_code=None, signal=None, stderr_tail="", last_records=[], rules=[],
+                            stop_requested=False, node_fail="NODE_FAIL")
+    assert unknown.outcome == "gpu-fault" and "Slurm lost a node of the job" in unknown.summary
+    timeout = classify_exit(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 7 TIMEOUT",
+                            last_records=[], rules=[], stop_requested=False)
+    assert timeout.outcome == "crashed"  # not a node's fault
+
+
+def test_the_next_attempt_excludes_the_nodes_earlier_attempts_lost(tmp_path: Path) -> None:
+    from babysit.executors.slurm import excluded_nodes
+
+    run = tmp_path / "runs" / "r"
+    for n, lost in ((1, ["n2"]), (2, ["n4", "n2"]), (4, ["n9"])):
+        (run / f"attempt-{n}").mkdir(parents=True)
+        (run / f"attempt-{n}" / "lost_nodes.json").write_text(json.dumps({"nodes": lost}))
+    assert excluded_nodes(run / "attempt-3") == ("n2", "n4")  # attempt 4's loss is not before attempt 3
+    assert excluded_nodes(run / "attempt-1") == ()
+    opts = script.directives(request(exclude=("n2", "n4"), slurm=SlurmSpec(nodes=2)))
+    assert "--exclude=n2,n4" in opts and opts.index("--exclude=n2,n4") == opts.index("--nodes=2") + 1
+    assert not any(o.startswith("--exclude") for o in script.directives(request()))
