@@ -144,7 +144,7 @@ class RunExits:
             attempt, spec = self.sync_start(attempt), self.host.spec
             # the last records (a diverged event, the final eval) belong to it, an unterminated last line too
             self.runlog.read_log(drain=True, final=True)
-            self.runlog.check_unread_at_exit(attempt)  # no record read: said now, never silently
+            self.runlog.teller.check_unread_at_exit(attempt)  # no record read: said now, never silently
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None

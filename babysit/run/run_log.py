@@ -18,24 +18,19 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from babysit import sources
-from babysit.core import nonfinite, presets, printed, progress, readable, snapshot, suggest
+from babysit.core import nonfinite, progress, snapshot
 from babysit.core.records import LogRecord, ProgressPoint
-from babysit.core.source_spec import describe
 from babysit.core.spec import RunSpec
 from babysit.db.store import Attempt
 from babysit.run.context import DaemonContext
+from babysit.run.log_telling import LogTeller
 from babysit.run.run_verdict import RunVerdicts
 from babysit.run.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.sources import logtail
 from babysit.sources.records import ColumnSegment, RecordBatch
-from babysit.sources.sniff import sniff
 
 DATA_WAIT_METRICS = ("data_wait_frac",)  # a trainer's input-wait share of step time (the reference trainer logs it)
 READ_BUDGET_SECONDS = 0.05  # a guard's or a tick's read of one run at most (real seconds); the reader thread reads on
-READER_BEHIND_MINUTES = 2.0  # declared minutes behind without catching up: the reader-behind incident (2 s accelerated)
-ANSWER_LINES = 20  # printed lines with no record: say now that nothing reads them, not at the first poll
-ANSWER_SECONDS = 10.0  # real seconds after the first printed line: the same
-STOPPED_LINES = 500  # printed lines with no record after records came (and 5 declared minutes): said
 
 
 class _NameRole(NamedTuple):
@@ -90,8 +85,7 @@ class RunLog:
         self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
         self.last_output_wall: float | None = None
         self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
-        self.answered: set[str] = {"read"} if facts.get("reading") else set()  # "read", "unread": said
-        self.lines_at_record: int | None = None  # the output's line count when the newest record came
+        self.teller = LogTeller(self, facts)  # what the reading found, said once each
 
     @property
     def spec(self) -> RunSpec:
@@ -125,7 +119,7 @@ class RunLog:
         self.latest_shown.clear()
         self.last_record_wall = now
         self.first_output_wall = None
-        self.lines_at_record = None
+        self.teller.new_attempt()
 
     # -- reading ----------------------------------------------------------------------------------------
     def read_log(self, *, budget: float = READ_BUDGET_SECONDS, drain: bool = False, wait: bool = True,
@@ -210,10 +204,8 @@ class RunLog:
             self.last_output_wall = self.ctx.now()
             if self.first_output_wall is None:
                 self.first_output_wall = self.last_output_wall
-                if "read" not in self.answered and self.pump.kind.reads_captured:
-                    self.host.later(f"reading:{self.run}", ANSWER_SECONDS * 1.01, self.answer_late,
-                                    "saying how its output is read")
-        self._tell_reading(read.records, pumped)
+                self.teller.first_output()
+        self.teller.after_chunk(read.records, pumped)
         if read.missing:
             if grew:
                 self._save_tail()
@@ -271,92 +263,13 @@ class RunLog:
         for kind, text in notices:
             if kind == "preset":
                 self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
-                if "read" in self.answered:  # a switch (a preset's line came after the general reader's): said
+                if "read" in self.teller.answered:  # a switch (a preset's line came after the general reader's): said
                     self.host.message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
                                       key=f"{self.run}:preset:{text}")
             elif kind in ("step-backwards", "general-backwards"):
                 self.host.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
             elif kind.startswith("general-"):  # how the general reader counts the steps (core/printed.py)
                 self.host.message("text", {"text": f"📄 {self.run}: {text}"}, key=f"{self.run}:{n}:{kind}")
-
-    # -- the answer about reading ------------------------------------------------------------------------
-    def _tell_reading(self, records: Sequence[LogRecord], pumped: sources.PumpResult | None) -> None:
-        """After each chunk: the first record said (what reads the output, one record), or that nothing
-        reads it by the 20th line; a source that stops giving records while output goes on, said."""
-        lines = pumped.evidence.lines_seen if pumped is not None else None
-        if records:
-            self.lines_at_record = lines
-            if "read" not in self.answered:
-                first = records[0]
-                self._answer(first.step, dict(first.metrics))
-        elif "read" not in self.answered and "unread" not in self.answered:
-            self._answer_unread()
-        elif pumped is not None and pumped.output_grew and lines is not None and self.host.attempt is not None:
-            self._check_records_stopped(self.host.attempt, lines)
-
-    def _answer(self, step: int, metrics: dict[str, float]) -> None:
-        """Said once a run, with its first record: what reads its output, and one record it read."""
-        self.answered.add("read")
-        self.ctx.timers.cancel(f"reading:{self.run}")
-        line = f"reading {printed.describe_record(step, metrics)}"
-        what = self._reader_name()
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=line)
-        self.host.message("text", {"text": f"📖 {self.run}: {what}: {line}"}, key=f"{self.run}:reading")
-
-    def _reader_name(self) -> str:
-        source = self.spec.source
-        chosen = self.pump.preset
-        if chosen == presets.GENERAL:
-            return "its printed lines are read by the general reader (docs/your-trainer.md)"
-        if chosen is not None:
-            return f'its printed lines are read by preset "{chosen}"'
-        if source.kind == "stdout":
-            return "its printed lines are read by its [[source.patterns]]"
-        return f"its {source.kind} log is read" + (f" ({source.path})" if source.path else "")
-
-    def _answer_unread(self, *, late: bool = False) -> None:
-        """By the 20th printed line with no record, or 10 s after the first (`late`): that nothing reads
-        them yet, a line, the pattern that would, where to put it, the command that runs again with it."""
-        pumped = self.pumped
-        if pumped is None or not self.pump.kind.reads_captured or self.host.attempt is None:
-            return
-        lines = pumped.evidence.lines_seen or 0
-        if not lines or (not late and lines < ANSWER_LINES):
-            return
-        self.answered.add("unread")
-        spec = self.spec
-        message = suggest.unread_answer(spec.command, str(spec.spec_file), pumped.evidence.sample, lines,
-                                        tuple(name for name, _ in spec.source.candidates))
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=None)
-        self.host.message("text", {"text": f"📖 {self.run}: {message}"}, key=f"{self.run}:reading-none")
-
-    def _check_records_stopped(self, attempt: Attempt, lines: int) -> None:
-        """A source that read records and then stops while the output goes on is said, once an attempt: the
-        trainer changed what it prints (a new phase, a crash loop), or the format drifted."""
-        if self.lines_at_record is None or not self.points:
-            return
-        since = lines - self.lines_at_record
-        quiet = self.ctx.now() - (self.last_record_wall or self.ctx.now())
-        if since < STOPPED_LINES or quiet < readable.MIN_MINUTES * self.ctx.scale:
-            return
-        sample = self.pumped.evidence.sample if self.pumped is not None else None
-        last = self.points[-1].step
-        self.host.incident("log-unreadable",
-                           f"its output goes on but gives no record: {since} lines since the last record (step {last}, "
-                           f"{quiet:.0f} s ago)" + (f"; the newest line no reader read: {sample!r}" if sample else "")
-                           + ". babysit goes on reading; if the format changed, write [[source.patterns]] for it "
-                           "(docs/your-trainer.md)",
-                           {"lines_since_record": since, "last_step": last, "seconds_since_record": round(quiet, 1),
-                            "line": sample}, key=f"{self.run}:{attempt.n}:records-stopped")
-
-    def answer_late(self) -> None:
-        """10 s after the first printed line: read what is there, then answer if no record came."""
-        if "read" in self.answered or "unread" in self.answered:
-            return
-        self.read_log(wait=False)
-        with self.host.lock:
-            if "read" not in self.answered and "unread" not in self.answered:
-                self._answer_unread(late=True)
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
@@ -426,74 +339,6 @@ class RunLog:
             self.host.later(f"nonfinite:{self.run}", 0.0, self.host.guard,
                             "checking its guards after a non-finite value")
 
-    # -- what the reading tells -------------------------------------------------------------------------
-    def check_reader(self, attempt: Attempt) -> None:
-        """A reader that cannot keep up says so, once an attempt: how far behind (bytes, about how many
-        lines, since when), the time spent reading, and what it reads with. Nothing is dropped: it reads on."""
-        reader = self.reader
-        since = reader.behind_since
-        if since is None or self.ctx.now() - since < READER_BEHIND_MINUTES * self.ctx.scale:
-            return
-        behind = reader.unread_bytes()
-        per_line = reader.bytes_per_line()
-        lines = int(behind / per_line) if per_line else None
-        seconds = self.ctx.now() - since
-        source = describe(self.spec.source)
-        sample = (self.pumped.evidence.sample if self.pumped is not None else None)
-        message = (f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind (~{lines:,} lines) and has "
-                   f"been behind for {seconds:.0f} s ({reader.read_seconds:.1f} s spent reading): the trainer "
-                   "writes faster than babysit reads, or a line is slow to match. Nothing is dropped; the "
-                   "guards act on the records read so far" if lines is not None else
-                   f"babysit's reading of this run is {behind / 2**20:.1f} MiB behind and has been for "
-                   f"{seconds:.0f} s: nothing is dropped; the guards act on the records read so far")
-        self.host.incident("reader-behind", message,
-                           {"unread_bytes": behind, "unread_lines": lines, "behind_seconds": round(seconds, 1),
-                            "read_seconds": round(reader.read_seconds, 2), "source": source,
-                            "line": sample, "log": str(self.records_log)},
-                           key=f"{self.run}:{attempt.n}:reader-behind")
-
-    def check_readable(self, attempt: Attempt) -> None:
-        """Fail loud, never kill: output grows but the source yields nothing → `log-unreadable`, once."""
-        pumped = self.pumped
-        if pumped is None:
-            return
-        evidence = self.pump.kind.evidence(pumped.evidence, self.tail.records, self.tail.garbage)
-        if not self.spec.source.copies and not evidence.lines_seen:
-            return  # a JSONL log not written yet: the poll's "waiting for the first record" says so
-        # A preamble (nanoGPT's ~55 lines, HF's config dumps) before the first record is normal: only
-        # enough lines AND enough time since the first one make a source unreadable (core.readable).
-        first = self.first_output_wall
-        waited = readable.judge(evidence.lines_seen, None if first is None else self.ctx.now() - first,
-                                self.ctx.scale)
-        if waited is None:
-            return
-        message = sources.unreadable(self.spec.source, evidence, log=self.records_log)
-        if message:
-            self.host.incident("log-unreadable", f"{message} ({waited.phrase()})",
-                               {"lines_seen": evidence.lines_seen, "records_parsed": evidence.records_parsed,
-                                "waited_seconds": round(waited.seconds, 1), "log": str(self.records_log)},
-                               key=f"{self.run}:{attempt.n}:log-unreadable")
-
-    def check_unread_at_exit(self, attempt: Attempt) -> None:
-        """Never silent: an attempt that ended with no record read says so at its end, whatever the
-        thresholds of the live check (a short run never reaches them)."""
-        if self.points:
-            return
-        pumped = self.pumped
-        evidence = self.pump.kind.evidence(pumped.evidence, self.tail.records, self.tail.garbage) \
-            if pumped is not None else None
-        message = sources.unreadable(self.spec.source, evidence, log=self.records_log) if evidence else None
-        lines = evidence.lines_seen if evidence is not None else None
-        if message is None:
-            printed_lines = "" if not lines else f" (it printed {lines} line{'s' if lines != 1 else ''})"
-            message = (f"babysit reads {describe(self.spec.source).get('kind')} records "
-                       f"({self.spec.source.path or 'its printed lines'}){printed_lines}.")
-        message = message.replace(" The run is not stopped for this.", "")
-        self.host.incident("log-unreadable", f"attempt {attempt.n} ended with no record read: its losses were never "
-                           f"watched. {message}",
-                           {"lines_seen": lines, "records_parsed": 0, "at_exit": True, "log": str(self.records_log)},
-                           key=f"{self.run}:{attempt.n}:log-unreadable")
-
     def end_step(self, attempt: Attempt) -> int | None:
         """The run's last step, by the rule status and the web page apply (`progress.end_step`); the
         command's --steps parsed once an attempt, not at each of its guard rounds and polls."""
@@ -514,17 +359,3 @@ class RunLog:
             return None
         values = [r.metrics[k] for r in self.recent for k in DATA_WAIT_METRICS if k in r.metrics]  # finite floats
         return sum(values) / len(values) if values else None
-
-    def reading_line(self) -> str | None:
-        """How the run's printed lines are read, for the first poll: the preset, or that none matched yet
-        and what pattern would read the newest line."""
-        kind = self.pump.kind
-        if kind.sniffs:  # a log the trainer writes itself (jsonl): it prints, its log stays empty?
-            if self.points or self.first_output_wall is None:
-                return None
-            hint = sniff(self.pump.run_dir)  # would a preset read what it prints?
-            if hint is not None:
-                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
-            return hint
-        sample = self.pumped.evidence.sample if self.pumped is not None else None
-        return kind.reading_line(self.spec.source, self.pump.preset, sample)

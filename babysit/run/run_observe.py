@@ -57,7 +57,7 @@ class RunObserver:
         assert attempt is not None
         t0 = time.perf_counter()
         runlog.read_log(wait=False)  # a budget's worth at most: the reader thread reads a backlog
-        runlog.check_reader(attempt)
+        runlog.teller.check_reader(attempt)
         now = self.ctx.now()
         host = None
         if executor.runs_here:
@@ -101,7 +101,7 @@ class RunObserver:
             source_kind=spec.source.kind, seconds_since_launch=obs.seconds_since_launch,
             data_wait_frac=obs.data_wait_frac,
             shown_metrics={k: [step, v] for k, (step, v) in runlog.latest_shown.items()},
-            reading=runlog.reading_line() if kind == "first" else None)
+            reading=runlog.teller.reading_line() if kind == "first" else None)
 
     def run_pids(self, host: HostReading | None) -> frozenset[int]:
         """The run's tree now, remembered: a pid that ever was the run's is never a foreign holder."""

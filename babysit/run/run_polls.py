@@ -98,7 +98,7 @@ class RunPolls:
         attempt = self.host.attempt
         if attempt is None or not self.still_polled(poll):
             return
-        self.host.runlog.check_readable(attempt)
+        self.host.runlog.teller.check_readable(attempt)
         snap = poll.snapshot
         if "input-starvation" in snap.flags:
             wait = snap.data_wait_frac or 0.0
