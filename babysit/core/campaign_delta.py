@@ -12,7 +12,7 @@ other changed factor is one more. More than one delta is refused unless the run 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from babysit.core.campaign_spec import Campaign, RunLink
@@ -183,11 +183,3 @@ def _slurm(spec: RunSpec, key: str) -> str:
 def _fallbacks(spec: RunSpec) -> str:
     rest = spec.attempts[1:]
     return "; ".join(f"{p.profile} {' '.join(p.args)}".strip() for p in rest) or "none"
-
-
-def counted_factors(factors: Sequence[Factor]) -> Mapping[str, int]:
-    """How many factors of each role (for the JSON)."""
-    out: dict[str, int] = {}
-    for f in factors:
-        out[f.role] = out.get(f.role, 0) + 1
-    return out

@@ -59,11 +59,6 @@ def divergence(values: Mapping[str, object], declared: Sequence[str] | None,
     return counted, now_bad | carried
 
 
-def first_bad(values: Mapping[str, object], declared: Sequence[str] | None) -> tuple[str, float] | None:
-    """The first watched metric of a record that is a non-finite number, or None."""
-    return next(iter(bad_values(values, declared).items()), None)
-
-
 def describe(bad: Mapping[str, float]) -> str:
     """`grad_norm = nan, loss = inf`: how every message names what went non-finite."""
     return ", ".join(f"{k} = {v}" for k, v in bad.items())

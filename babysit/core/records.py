@@ -101,7 +101,3 @@ def seconds_per_step(points: Sequence[_HasStepTs], window: int = 20) -> float | 
             newer = first
         first = point
     return total_dt / total_steps if pairs else None
-
-
-def progress_points(records: Iterable[LogRecord]) -> tuple[ProgressPoint, ...]:
-    return tuple(ProgressPoint(r.step, r.ts) for r in records)

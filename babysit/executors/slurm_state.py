@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import signal as signals
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from babysit.executors import ExitInfo
 
@@ -287,10 +287,6 @@ def status_note(job: JobState | None) -> str | None:
     if job.terminal:
         return None
     return f"Slurm job {job.job_id} {job.state}" + (f" ({job.reason})" if job.reason else "")
-
-
-def with_seen(job: JobState, now: float) -> JobState:
-    return replace(job, seen_at=now)
 
 
 def _append(tail: str, line: str) -> str:
