@@ -142,6 +142,9 @@ class FakeExecutor:
     def node_rows(self, attempt: Attempt) -> tuple:
         return ()
 
+    def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
+        return None
+
     # -- the test's side
     def process(self, run: str, n: int) -> FakeProcess:
         return self.by_attempt[(run, n)]

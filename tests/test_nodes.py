@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from babysit.core.nodes import NodeRow, node_line, node_rows
+from babysit.core.nodes import NodeRow, node_line, node_rows, stacks_by_rank
 from babysit.core.render import render
 from babysit.core.snapshot import Snapshot, build_snapshot
 
@@ -56,3 +56,26 @@ def test_a_poll_lists_every_node_and_a_node_under_the_ram_floor_flags_the_run() 
     assert "node n2 (rank 1): step 4 · 1 s/step · free RAM 0.5 GiB" in text
     one_box = build_snapshot(run="r", attempt=1, at=4.0, kind="periodic", step=4)
     assert "nodes" not in one_box.to_dict()  # a one-box poll is stored as before
+
+
+def node_dump(node: str, *procs: tuple[int, int, str]) -> dict:
+    return {"node": node, "note": None,
+            "procs": [{"pid": pid, "rank": rank, "state": state, "stack": f"Thread {pid}\n  train (train.py:1)"}
+                      for pid, rank, state in procs]}
+
+
+def test_every_ranks_stack_from_every_node_and_the_stopped_rank_named() -> None:
+    stacks = stacks_by_rank([node_dump("n2", (20, 1, "T")), node_dump("n1", (10, 0, "S"))], {0: 7, 1: 7})
+    assert [k for k in stacks if " rank " in k] == ["n1 rank 0 pid 10", "n2 rank 1 pid 20"]
+    assert stacks["stalled"] == "rank 1 on n2 (pid 20): its process is stopped (state T: SIGSTOP or a debugger)"
+    assert "note" not in stacks
+
+
+def test_without_a_stopped_process_the_rank_behind_is_named_and_a_silent_node_noted() -> None:
+    stacks = stacks_by_rank([node_dump("n1", (10, 0, "S"), (11, 1, "S")), node_dump("n2", (20, 2, "S")),
+                             {"node": "n3", "procs": [], "note": "no rank of job 9 on n3"}], {0: 12, 1: 12, 2: 11})
+    assert stacks["stalled"] == "rank 2 on n2 (pid 20): last finished step 11, the others reached 12"
+    assert stacks["note"] == "n3: no rank of job 9 on n3"
+    level = stacks_by_rank([node_dump("n1", (10, 0, "S")), node_dump("n2", (20, 1, "S"))], {0: 5, 1: 5})
+    assert "stalled" not in level  # nothing tells them apart: no rank is named
+    assert stacks_by_rank([], {})["note"] == "no stack dump: no rank of the job found on any node"

@@ -90,3 +90,45 @@ def node_line(row: NodeRow) -> str:
             and row.quiet_seconds > max(10.0, 10 * row.seconds_per_step):
         parts.append(f"no step for {fmt_duration(row.quiet_seconds)}")
     return f"node {row.node}{who}: " + " · ".join(parts)
+
+
+STOPPED = ("T", "t")  # /proc state of a process stopped by a signal (SIGSTOP) or a debugger
+
+
+def stacks_by_rank(node_dumps: Sequence[Mapping[str, Any]], last_steps: Mapping[int, int]) -> dict[str, str]:
+    """Every rank's stack from every node (each node's `babysit.run.node_stacks` line) as a stall's
+    `stacks`: "n2 rank 1 pid 4242" -> its py-spy text; "stalled" names the rank the others wait for — a
+    stopped process (state T) first, else the rank whose last finished step is behind the others'
+    (`last_steps`: rank -> step, from the ranks' beats); "note" says what could not be dumped."""
+    out: dict[str, str] = {}
+    notes: list[str] = []
+    procs: list[tuple[str, Mapping[str, Any]]] = []
+    for dump in sorted(node_dumps, key=lambda d: str(d.get("node"))):
+        node = str(dump.get("node") or "?")
+        if dump.get("note"):
+            notes.append(f"{node}: {dump['note']}")
+        for proc in dump.get("procs") or ():
+            procs.append((node, proc))
+            key = f"{node} rank {proc.get('rank')} pid {proc.get('pid')}"
+            out[key] = str(proc.get("stack") or "(no stack: see the note)")
+    stopped = [f"rank {p.get('rank')} on {n} (pid {p.get('pid')}): its process is stopped (state "
+               f"{p.get('state')}: SIGSTOP or a debugger)" for n, p in procs if p.get("state") in STOPPED]
+    behind = _behind(procs, last_steps)
+    if stopped or behind:
+        out["stalled"] = "; ".join(stopped or behind)
+    if notes:
+        out["note"] = "; ".join(notes)
+    elif not procs:
+        out["note"] = "no stack dump: no rank of the job found on any node"
+    return out
+
+
+def _behind(procs: Sequence[tuple[str, Mapping[str, Any]]], last_steps: Mapping[int, int]) -> list[str]:
+    """The ranks whose last finished step is below the newest any rank finished."""
+    steps = {int(p.get("rank", -1)): last_steps[int(p.get("rank", -1))] for _, p in procs
+             if int(p.get("rank", -1)) in last_steps}
+    if len(set(steps.values())) < 2:
+        return []
+    top = max(steps.values())
+    return [f"rank {p.get('rank')} on {n} (pid {p.get('pid')}): last finished step {steps[int(p['rank'])]}, "
+            f"the others reached {top}" for n, p in procs if steps.get(int(p.get("rank", -1)), top) < top]

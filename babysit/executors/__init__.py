@@ -51,6 +51,10 @@ class Executor(Protocol):
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
         """A job across nodes: one row a node for polls (core/nodes.py); () for a job on one box."""
 
+    def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
+        """A stalled remote job's stacks, every rank on every node (`run.stackdump`'s shape); None where
+        the run's processes are on the daemon's host and it dumps them itself."""
+
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """Environment the trainer needs from this executor (local: CUDA_VISIBLE_DEVICES in NVML order)."""
 

@@ -98,6 +98,9 @@ class LocalExecutor:
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
         return ()  # one box: the poll's host line is the node
 
+    def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
+        return None  # the run's tree is here: the daemon dumps it itself
+
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         """CUDA numbers the GPUs as NVML does (PCI bus order), which is what the guards read."""
         return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}

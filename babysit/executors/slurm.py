@@ -36,7 +36,7 @@ from pathlib import Path
 import structlog
 
 from babysit.core.errors import BabysitError
-from babysit.core.nodes import NodeRow, node_rows
+from babysit.core.nodes import NodeRow, node_rows, stacks_by_rank
 from babysit.core.spec import RunSpec, SlurmSpec, load_spec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
@@ -52,6 +52,7 @@ log = structlog.get_logger("babysit.slurm")
 COMMAND_TIMEOUT_S = 30.0
 POLL_ENV = "BABYSIT_SLURM_POLL_SECONDS"  # how often the state is asked (default 5 s; tests use 1)
 PROBE_INTERVAL_ENV = "BABYSIT_PROBE_INTERVAL"  # the sidecar's sampling interval (default 10 s)
+STACKS_TIMEOUT_S = 40.0  # srun + py-spy on every node, side by side
 BEATS_READ = 20  # a rank's newest beats a node's pace is measured over
 
 
@@ -289,6 +290,37 @@ class SlurmExecutor:
                 beats[int(rank)] = recent_records(path, BEATS_READ)
         rows = node_rows(SidecarGpuProbe(adir).records(), beats, time.time())
         return rows if len(rows) > 1 else ()
+
+    def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
+        """Every rank's stack from every node of the running job: `python -m babysit.run.node_stacks` on
+        each node through `srun --overlap` (the daemon's host cannot see the job's processes), the stalled
+        rank named (`core.nodes.stacks_by_rank`)."""
+        job_id = attempt.job_id or self._job_id_from_dir(attempt)
+        state = self.job_state(attempt, fresh=True) if job_id else None
+        if job_id is None or state is None or state.state != "RUNNING" or not state.nodes:
+            return {"note": f"no stack dump: Slurm job {job_id} is {state.state if state else 'unknown'}, "
+                            "not running"}
+        try:
+            hosts = _slurm(["scontrol", "show", "hostnames", state.nodes]).stdout.split()
+            out = _slurm(["srun", "--overlap", "--mem=0", f"--jobid={job_id}", f"--nodelist={state.nodes}",
+                          f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                          sys.executable, "-m", "babysit.run.node_stacks", "--job-id", job_id],
+                         timeout=STACKS_TIMEOUT_S, check=False, cwd=attempt.attempt_dir)
+        except SlurmError as exc:
+            return {"note": f"no stack dump: {exc.message}"}
+        dumps = []
+        for line in out.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                dumps.append(json.loads(line))
+        if not dumps:
+            return {"note": f"no stack dump: srun --overlap on job {job_id} printed nothing "
+                            f"(exit {out.rc}): {out.stderr.strip()[-300:]}"}
+        last_steps = {}
+        for path in Path(attempt.attempt_dir).glob("rank-*.jsonl"):
+            beat = recent_records(path, 1)
+            if beat and path.stem.removeprefix("rank-").isdigit():
+                last_steps[int(path.stem.removeprefix("rank-"))] = int(beat[-1].get("step", 0))
+        return stacks_by_rank(dumps, last_steps)
 
     def launch_env(self, gpus: Sequence[int]) -> dict[str, str]:
         return {}  # Slurm sets CUDA_VISIBLE_DEVICES for the GPUs it allocates

@@ -9,7 +9,7 @@ as the trainer dies is counted even when no guard round saw it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def record(store: Store, attempt: Attempt, items: Sequence[Mapping[str, Any]]) -
 
 
 def examine(store: Store, attempt: Attempt, actions: Sequence[Action], run_pids: frozenset[int],
-            gpus: Sequence[int]) -> tuple[Action, ...]:
+            gpus: Sequence[int], dump: Callable[[frozenset[int]], dict[str, str]] = stack_dump) -> tuple[Action, ...]:
     """A guard round's actions, before the run's transition acts on them: the GPU evidence they carry
     recorded on the attempt; a stall's stacks taken now (before anything is killed) and, for a run of
     several ranks, its hung collective explained (babysit/run/nccl.py) — a missing rank on a GPU with a
@@ -59,7 +59,7 @@ def examine(store: Store, attempt: Attempt, actions: Sequence[Action], run_pids:
     for action in actions:
         if action.kind == "stop" and action.incident == "stalled":
             detail = dict(action.detail)
-            detail["stacks"] = stack_dump(run_pids)
+            detail["stacks"] = dump(run_pids)  # the executor's: every rank on every node of a Slurm job
             evidence = store.attempt(attempt.run, attempt.n).detail.get("gpu_evidence") or []
             hang = nccl.explain_stall(detail["stacks"], Path(attempt.attempt_dir), gpus, evidence)
             if hang is not None:

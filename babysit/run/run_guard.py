@@ -23,6 +23,7 @@ from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run import gpufault
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_part import RunPartHost
+from babysit.run.stackdump import stack_dump
 
 log = structlog.get_logger("babysit.run.supervisor")
 
@@ -62,7 +63,8 @@ class RunGuard:
                     self.sightings, guards.foreign_holders(obs.view, spec.gpus, obs.run_pids | obs.past_run_pids))
             actions = guards.live(spec.guards, self.live_facts(obs))
             run_pids = obs.host.run_pids if obs.host is not None else frozenset()
-            actions = gpufault.examine(self.ctx.store, attempt, actions, run_pids, spec.gpus)
+            actions = gpufault.examine(self.ctx.store, attempt, actions, run_pids, spec.gpus,
+                                       lambda pids: host.executor.remote_stacks(attempt) or stack_dump(pids))
             # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
             exited = any(a.kind == "stop" for a in actions) and host.executor.exit_info(attempt) is not None
             host.feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited, run_pids=run_pids))

@@ -6,6 +6,7 @@ daemon from register to its FINAL verdict. One rank a node, one thread a rank: t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -133,3 +134,43 @@ def test_a_lost_node_is_the_machines_fault_and_the_run_resumes_without_it(bench:
     assert bench.store().run_state(name)[0] == "finished"
     kinds = [i.kind for i in bench.store().incidents(name)]
     assert "crashed" not in kinds, kinds
+
+
+def test_a_stopped_rank_on_node_2_gives_every_ranks_stack_from_every_node_and_is_named(bench: Bench,
+                                                                                       tmp_path: Path) -> None:
+    """Rank 1 (on n2) SIGSTOPped mid-run: rank 0 waits in the all-reduce, no record comes, the stall guard
+    fires; before anything is killed babysit dumps both ranks' Python stacks from both nodes (py-spy
+    through `srun --overlap`) and names the stopped rank and its node."""
+    name = f"hang-{secrets.token_hex(3)}"
+    trainer_run(bench, tmp_path, name, 400, "--inject-step-delay", "0.1",
+                guards={"exclusive_gpu": False, "stall_minutes": 40, "stop_grace_seconds": 5})
+    daemon = bench.start_up()
+    rank_log = Path()
+    try:
+        bench.until("step 5", lambda: any(r.get("step", 0) >= 5 and "train_loss" in r
+                                          for r in records(tmp_path, name)), timeout=150)
+        attempt = bench.store().attempts(name)[0]
+        rank_log = Path(attempt.attempt_dir) / "rank-1.jsonl"
+        beat = json.loads(rank_log.read_text().splitlines()[-1])
+        assert beat["node"] == "n2"
+        os.kill(beat["pid"], signal.SIGSTOP)
+        assert daemon.wait(timeout=200) == 0, bench.daemon_logs()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if rank_log.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(json.loads(rank_log.read_text().splitlines()[-1])["pid"], signal.SIGCONT)
+    stalled = [i for i in bench.store().incidents(name) if i.kind == "stalled"]
+    assert stalled, [i.kind for i in bench.store().incidents(name)]
+    body = stalled[0].body
+    stacks = body.get("stacks") or body.get("detail", {}).get("stacks")
+    assert stacks, body
+    keys = sorted(k for k in stacks if " rank " in k)
+    assert [k.split(" pid ")[0] for k in keys] == ["n1 rank 0", "n2 rank 1"], stacks.keys()
+    assert "train.py" in stacks[keys[0]] and "train.py" in stacks[keys[1]], stacks
+    assert stacks[keys[1]].startswith("(process stopped")
+    assert stacks["stalled"].startswith("rank 1 on n2 (pid "), stacks["stalled"]
+    last = max(r["ts"] for r in records(tmp_path, name) if "train_loss" in r)
+    print(f"stacks taken {stalled[0].at - last:.1f} s after the last record (stall limit 40 s)")
