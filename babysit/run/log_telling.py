@@ -72,6 +72,8 @@ class LogTeller:
     def after_chunk(self, records: Sequence[LogRecord], pumped: sources.PumpResult | None) -> None:
         """After each chunk: the first record said (what reads the output, one record), or that nothing
         reads it by the 20th line; a source that stops giving records while output goes on, said."""
+        if not self.log.pump.kind.reads_captured:
+            return  # a log the trainer writes itself (JSONL, CSV, events): its first poll says what it read
         lines = pumped.evidence.lines_seen if pumped is not None else None
         if records:
             self.lines_at_record = lines
@@ -93,15 +95,12 @@ class LogTeller:
         self.host.message("text", {"text": f"📖 {self.run}: {what}: {line}"}, key=f"{self.run}:reading")
 
     def _reader_name(self) -> str:
-        source = self.log.spec.source
         chosen = self.log.pump.preset
         if chosen == presets.GENERAL:
             return "its printed lines are read by the general reader (docs/your-trainer.md)"
         if chosen is not None:
             return f'its printed lines are read by preset "{chosen}"'
-        if source.kind == "stdout":
-            return "its printed lines are read by its [[source.patterns]]"
-        return f"its {source.kind} log is read" + (f" ({source.path})" if source.path else "")
+        return "its printed lines are read by its [[source.patterns]]"
 
     def _answer_unread(self, *, late: bool = False) -> None:
         """By the 20th printed line with no record, or 10 s after the first (`late`): that nothing reads
