@@ -328,7 +328,7 @@ def rule_lines(v: Mapping[str, Any], precision: int = 4) -> list[str]:
             f"{label} " + " & ".join(f"{'≤' if k == 'max' else '≥'} {bound_text(b, precision)}" for k, b in bs.items())
             for label, bs in rule.get("bounds", {}).items()
         )
-        scale = f" (×{_trimmed(rule['scale'], precision)})" if rule.get("scale") else ""
+        scale = f" (×{scale_text(rule['scale'], precision)})" if rule.get("scale") else ""
         out.append(f"rule {rule['name']}{scale}: {bounds} → {rule.get('label')}")
     return out
 
@@ -349,8 +349,9 @@ def _value(value: Any, precision: int) -> str:
     return f"{value:.{precision}f}" if abs(value) < 1e15 else f"{value:.{precision}g}"
 
 
-def _trimmed(value: float, precision: int) -> str:
-    """A scale at the verdict's precision, without trailing zeros: ×2.5, ×3.6128."""
+def scale_text(value: float, precision: int) -> str:
+    """An amendment's scale at the verdict's precision, without trailing zeros: ×2.5, ×3.6128 (the card,
+    the post and the chart alike)."""
     return f"{value:.{precision}f}".rstrip("0").rstrip(".")
 
 

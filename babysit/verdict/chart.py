@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from babysit.core.fmt import fmt_delta
+from babysit.core.render import scale_text
 from babysit.core.spec import Prereg
 from babysit.core.verdict import FINAL, PROVISIONAL, Verdict, decimal_of, fmt_bound
 
@@ -237,7 +238,7 @@ def _delta_panel(ax: Any, prereg: Prereg, series: Series, comparators: Mapping[s
                 if v is not None and _fits(_float(v)):
                     ax.axhline(float(v), color=colour, lw=1.4, ls="--", zorder=1)
                     shown = fmt_bound(v, p, side, exact=False)
-                    labels.append((float(v), f"{b.label} {key} {shown}  ×{float(rule.scale):.3f} "
+                    labels.append((float(v), f"{b.label} {key} {shown}  ×{scale_text(float(rule.scale), p)} "
                                    f"(amendment {n})", colour))
     ax.axhline(0.0, color="#999999", lw=0.8)
 
@@ -305,7 +306,7 @@ def _band_legend(fig: Any, ax: Any, verdict: Verdict) -> None:
     handles.append(Patch(facecolor="white", edgecolor="#bbbbbb", label=f"{original.otherwise} (no band holds)"))
     for j, rule in enumerate(verdict.rules[1:]):
         handles.append(Line2D([], [], color=_AMENDMENT_COLOURS[j % len(_AMENDMENT_COLOURS)], ls="--",
-                              label=f"{rule.name}: bounds ×{float(rule.scale):.3f}"))
+                              label=f"{rule.name}: bounds ×{scale_text(float(rule.scale), verdict.precision)}"))
     handles.append(Line2D([], [], color="#444444", marker="<", ms=8, ls="none",
                           label="banked reference deltas (right edge)"))
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.41, 0.0), ncol=min(len(handles), 3),
