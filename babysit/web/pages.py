@@ -15,6 +15,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from babysit.core.fmt import fmt_delta
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT
 from babysit.db.store import Attempt
 from babysit.view.runtable import NONE, cells, fmt_duration
@@ -178,7 +179,8 @@ def _verdict_section(d: RunDetail) -> str:
     where = f" at step {v.get('at_step')}" if v.get("at_step") is not None else ""
     out.append(f'<p class="read">{badge(status, v.get("label"))} '
                f'<strong>{esc(v.get("label") or "no read")}</strong>{esc(where)}'
-               + (f" · Δ {esc(v.get('delta'))}" if v.get("delta") is not None else "") + "</p>")
+               + (f" · Δ {esc(fmt_delta(v['delta']))}" if isinstance(v.get("delta"), (int, float)) else "")
+               + "</p>")  # signed, 4 decimals: as the runs table and `babysit status` show it
     if status == "PROVISIONAL":
         out.append('<p class="note">PROVISIONAL: read before the read step; the verdict is the FINAL read</p>')
     if v.get("interpretation"):

@@ -113,3 +113,4 @@ def test_a_final_ambiguous_by_instrument_read_is_not_shown_green(tmp_path: Path)
         assert '<span class="badge final undecided" title="the FINAL read: the rules disagree' in text, text
         assert '<span class="badge final">FINAL' not in text  # before: green
     assert "AMBIGUOUS-BY-INSTRUMENT Δ +0.0600" in table
+    assert "<strong>AMBIGUOUS-BY-INSTRUMENT</strong> at step 150 · Δ +0.0600</p>" in page  # before: Δ 0.06
