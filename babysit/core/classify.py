@@ -9,7 +9,8 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
    was exiting did not end its work (a gpu-fault retry would train it again). User rules
    name *failure* classes, so they never turn a success or a requested stop into a failure that
    would earn a retry.
-2. a node the scheduler lost under the job (Slurm NODE_FAIL, BOOT_FAIL) → gpu-fault: the machine's.
+2. the job's time limit near, the trainer stopped for it → time-limit (chained); a node the scheduler lost
+   under the job (Slurm NODE_FAIL, BOOT_FAIL) → gpu-fault: the machine's.
 3. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
 4. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
@@ -81,12 +82,16 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                   nonfinite_metrics: Sequence[str] | None = None,
                   stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None,
                   gpu_evidence: Sequence[Mapping[str, Any]] = (), end_step: int | None = None,
-                  lost_nodes: Sequence[str] = (), node_fail: str | None = None) -> ExitClass:
+                  lost_nodes: Sequence[str] = (), node_fail: str | None = None,
+                  time_limit: bool = False) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     node_fail: the scheduler's end state when it lost a node under the job (Slurm NODE_FAIL, BOOT_FAIL),
     lost_nodes: which ones. The machine's fault, never the trainer's: `gpu-fault` (its own retry budget;
     the executor leaves those nodes out of the next attempt).
+    time_limit: the scheduler warned that the job's time limit was near and the trainer was stopped for
+    it (Slurm `--signal`): `time-limit`, continued in a new job from its checkpoint (core/retry.py) — only
+    when the trainer stopped cleanly (exit 10, or a `stopped` record): a chain must make progress.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
     class so that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on
@@ -116,6 +121,10 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     status = _status(exit_code, signal)
 
     done = [r for r in last_records if getattr(r, "event", None) == "completed"]
+    saved = exit_code == EXIT_STOPPED or any(getattr(r, "event", None) == "stopped" for r in last_records)
+    if time_limit and saved and not stop_requested and not done and not _reached(last_records, end_step):
+        return ExitClass("time-limit", None, f"reached its Slurm time limit: warned before it and stopped ({status}); "
+                         "the run continues in a new job from its checkpoint", {**base, "time_limit": True})
     if exit_code == 0 and signal is None:
         if nonfinite_seen:
             return ExitClass("diverged", None, f"diverged: {nonfinite_seen} (it exited 0 anyway)",

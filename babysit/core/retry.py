@@ -80,6 +80,11 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
         return no(f"attempt {last.n} was stopped on request")
     if last.retry_override is False:
         return no(f"a [[classify]] rule marked {last.outcome} as not retryable")
+    if last.outcome == "time-limit":  # one run across jobs: the next link resumes, whatever retry.on says
+        n = last.n + 1
+        return RetryDecision(True, f"attempt {last.n} reached its scheduler time limit: continued as attempt {n}, "
+                             "resuming from the latest checkpoint", n, spec.profile_for(n - after), True, False,
+                             last.halved_knobs)
     on = spec.retry.on
     if last.retry_override is not True and last.outcome not in on:
         return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
@@ -87,7 +92,8 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     if last.outcome == "gpu-fault" and faults > spec.retry.gpu_fault_max:
         return no(f"attempt {last.n} ended gpu-fault, the {_nth(faults)} machine fault: no gpu-fault retries left "
                   f"(retry.gpu_fault_max = {spec.retry.gpu_fault_max})")
-    most = after + spec.retry.max_attempts + faults  # a machine fault costs the method no attempt
+    links = sum(1 for a in history if a.outcome == "time-limit")
+    most = after + spec.retry.max_attempts + faults + links  # a machine fault, a time limit: no attempt lost
     if last.outcome != "gpu-fault" and last.n >= most:
         return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1

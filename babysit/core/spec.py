@@ -94,6 +94,8 @@ class SlurmSpec:
     mem: str | None = None
     sbatch_options: tuple[str, ...] = ()
     torchrun: bool | None = None  # None: wrap in torchrun when more than one GPU per node or several nodes
+    time_limit_warning_seconds: int = 300  # with time_limit: the trainer is stopped this long before it, and
+    # the run continues in a new job from its checkpoint (sbatch --signal)
 
 
 @dataclass(frozen=True)
@@ -410,6 +412,7 @@ def _slurm(t: Table | None) -> SlurmSpec | None:
         mem=t.str("mem", None),
         sbatch_options=t.str_list("sbatch_options", ()),
         torchrun=t.bool("torchrun", None),
+        time_limit_warning_seconds=t.int("time_limit_warning_seconds", 300, minimum=1),
     )
     t.finish()
     return s

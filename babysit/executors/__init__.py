@@ -35,6 +35,7 @@ class ExitInfo:
     note: str = ""  # e.g. "killed before it could record its exit"
     state: str = ""  # the scheduler's final state (slurm), e.g. OUT_OF_MEMORY
     lost_nodes: tuple[str, ...] = ()  # nodes the scheduler lost under the job (slurm NODE_FAIL): the machine's
+    time_limit: bool = False  # the scheduler warned that the job's time limit was near, and the run was stopped
 
 
 class Executor(Protocol):

@@ -117,7 +117,7 @@ class SlurmExecutor:
 
         adir = Path(attempt.attempt_dir)
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for stale in ("job.json", "exit.json", "state.json", "stdout.log", "stderr.log"):
+        for stale in ("job.json", "exit.json", "state.json", "stdout.log", "stderr.log", script.TIME_LIMIT_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (adir / stale).unlink()
         for old in (*adir.glob("probe-*.jsonl"), *adir.glob("rank-*.jsonl")):
@@ -128,7 +128,7 @@ class SlurmExecutor:
         request = script.BatchRequest(
             run=attempt.run, attempt=attempt.n, token=token, attempt_dir=str(adir), workdir=workdir,
             argv=tuple(argv), env=tuple(sorted(run_env.items())), slurm=spec.slurm or _default_slurm(),
-            exclude=excluded_nodes(adir),
+            exclude=excluded_nodes(adir), stop_signal=spec.stop_signal,
             n_gpus=len(spec.gpus), probe_argv=(sys.executable, "-m", "babysit", "probe"),
             probe_interval=float(os.environ.get(PROBE_INTERVAL_ENV) or 10.0))
         try:
@@ -347,6 +347,8 @@ class SlurmExecutor:
         info = st.exit_info(state, tail_lines(Path(attempt.attempt_dir) / "stderr.log"))
         if state.state in st.MACHINE_LOST:
             info = replace(info, lost_nodes=self._lost_nodes(Path(attempt.attempt_dir), state))
+        if (Path(attempt.attempt_dir) / script.TIME_LIMIT_FILE).exists():
+            info = replace(info, time_limit=True)  # the batch shell's trap saw Slurm's warning
         return info
 
     def _lost_nodes(self, adir: Path, state: st.JobState) -> tuple[str, ...]:

@@ -31,6 +31,12 @@ from babysit.core.spec import STOP_SIGNALS, SlurmSpec
 from babysit.executors.slurm_state import gpus_from_gres
 
 DEFAULT_RDZV_PORT = 29500
+# Slurm's warning that the time limit is near (`--signal=B:URG@SECONDS`): URG, whose default is to be
+# ignored and which no trainer uses, so it is never mistaken for a stop. The batch shell's trap writes
+# `timelimit.json` and passes the run's stop signal to the trainer, which checkpoints and exits; babysit
+# continues the run in a new job (classify: time-limit; retry: chained, resumed).
+TIME_LIMIT_SIGNAL = "URG"
+TIME_LIMIT_FILE = "timelimit.json"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -49,6 +55,7 @@ class BatchRequest:
     probe_argv: tuple[str, ...] = ()  # the sidecar (`python -m babysit probe`); () = no sidecar
     probe_interval: float = 10.0
     exclude: tuple[str, ...] = ()  # nodes an earlier attempt lost: `--exclude`
+    stop_signal: str = "SIGTERM"  # the run's stop signal: what the time-limit warning becomes for the trainer
 
 
 def job_name(run: str, attempt: int, token: str) -> str:
@@ -126,6 +133,7 @@ def directives(req: BatchRequest) -> list[str]:
         opts.append(f"--gres={g}")
     if s.time_limit:
         opts.append(f"--time={s.time_limit}")
+        opts.append(f"--signal=B:{TIME_LIMIT_SIGNAL}@{s.time_limit_warning_seconds}")  # the batch shell's
     if s.cpus_per_task:
         opts.append(f"--cpus-per-task={s.cpus_per_task}")
     if s.mem:
@@ -196,6 +204,14 @@ def render(req: BatchRequest) -> str:
             f"trap ':' {' '.join(stops)}",
             f"{command} &",
             "babysit_child=$!",
+        ]
+    if s.time_limit:
+        stop = req.stop_signal.removeprefix("SIG")
+        lines += [
+            "# the time limit is near (--signal): say so, then stop the trainer as babysit would; it checkpoints",
+            f'babysit_timelimit() {{ printf \'{{"at": %s, "signal": "{stop}"}}\\n\' "$(date +%s.%N)" '
+            f'> "$babysit_dir/{TIME_LIMIT_FILE}"; kill -s {stop} "$babysit_child" 2>/dev/null; }}',
+            f"trap babysit_timelimit {TIME_LIMIT_SIGNAL}",
         ]
     if req.probe_argv:
         probe = " ".join(q(w) for w in req.probe_argv)

@@ -160,7 +160,8 @@ class RunExits:
                 stop_sent_at=sent_at,
                 checkpoint_after_stop=stopcheck.written_after(spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
-                node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None)
+                node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None,
+                time_limit=info.time_limit)
             summary = cls.summary
             vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known

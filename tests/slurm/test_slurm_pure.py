@@ -451,3 +451,36 @@ def test_the_next_attempt_excludes_the_nodes_earlier_attempts_lost(tmp_path: Pat
     opts = script.directives(request(exclude=("n2", "n4"), slurm=SlurmSpec(nodes=2)))
     assert "--exclude=n2,n4" in opts and opts.index("--exclude=n2,n4") == opts.index("--nodes=2") + 1
     assert not any(o.startswith("--exclude") for o in script.directives(request()))
+
+
+# -- the time limit ---------------------------------------------------------------------------------------
+
+
+def test_a_time_limit_asks_slurm_to_warn_the_batch_shell_which_stops_the_trainer() -> None:
+    text = script.render(request(slurm=SlurmSpec(time_limit="02:00:00", time_limit_warning_seconds=600),
+                                 stop_signal="SIGUSR1"))
+    assert "#SBATCH --signal=B:URG@600" in text
+    assert "trap babysit_timelimit URG" in text and 'kill -s USR1 "$babysit_child"' in text
+    assert "#SBATCH --signal" not in script.render(request())  # no time limit: nothing to warn of
+
+
+def test_a_time_limit_stop_is_chained_only_when_the_trainer_saved() -> None:
+    saved = classify_exit(exit_code=10, signal=None, stderr_tail="stopped on SIGTERM; checkpoint saved",
+                          last_records=[], rules=[], stop_requested=False, time_limit=True)
+    assert saved.outcome == "time-limit"
+    died = classify_exit(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 3 TIMEOUT",
+                         last_records=[], rules=[], stop_requested=False, time_limit=True)
+    assert died.outcome == "crashed"  # killed before it saved: a chain would not move forward
+
+
+def test_a_time_limit_link_continues_the_run_resumed_and_costs_no_attempt() -> None:
+    from babysit.core.retry import PastAttempt, next_attempt
+    from babysit.core.spec import RetrySpec, RunSpec
+
+    spec = RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                   checkpoints=Path("c"), retry=RetrySpec(max_attempts=1, on=()))
+    links = [PastAttempt(n, "default", "time-limit") for n in (1, 2, 3)]
+    decision = next_attempt(links, spec)
+    assert decision.retry and decision.n == 4 and decision.resume  # retry.on empty, max_attempts 1: still on
+    crashed = next_attempt([*links, PastAttempt(4, "default", "crashed")], spec)
+    assert not crashed.retry  # the links cost no attempt, but a crash is still judged by retry.on
