@@ -26,3 +26,14 @@ def test_the_corroboration_line_says_what_it_is_and_that_it_decides_nothing() ->
     assert line == ("corroboration (not a gate): train Δ -0.0100, monotone rise no — shown beside the label, "
                     "never deciding it: how the train metric moved over the same window, and whether every eval rose")
     assert line in str(post.blocks)
+
+
+def test_campaign_show_says_what_its_decisions_are() -> None:
+    from babysit.core.campaign_render import show_text
+
+    view = {"campaign": "saga", "question": "why?", "suspects": [], "banked": [], "runs": [],
+            "decisions": [{"call": 1, "run": "r", "question": "extend?", "options": ["hold"]}]}
+    lines = show_text(view).splitlines()
+    head = lines.index("decisions (owner calls: questions only the campaign's owners answer; nothing runs until "
+                       "they do):")  # before: "decisions:" over "call #1 …", jargon alone
+    assert lines[head + 1] == "  • call #1 (r): OPEN — extend? [hold]"

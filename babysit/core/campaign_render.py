@@ -20,6 +20,7 @@ HOLD_ACTION_ID = "babysit_owner_call_hold"
 ACTION_IDS = {LAUNCH: LAUNCH_ACTION_ID, EXTEND: EXTEND_ACTION_ID, HOLD: HOLD_ACTION_ID}
 ICON = {"live": "🔴", "convicted": "⚖️", "exonerated": "✅", "untested": "⚪"}
 HELD_ICON = {"PENDING": "⏳", "SUSPENDED": "⏸"}
+DECISIONS_HEAD = "decisions (owner calls: questions only the campaign's owners answer; nothing runs until they do):"
 OWNER_CALL_WORDS = ("A decision babysit does not take itself: one of the campaign's owners answers it (a button "
                     "in Slack); until then nothing runs.")
 
@@ -71,7 +72,7 @@ def show_text(view: Mapping[str, Any]) -> str:
     if view["banked"]:
         lines += ["", "banked references: " + ", ".join(f"{b['name']} {b['delta']:+.4f}" for b in view["banked"])]
     lines += ["", "runs:"] + (["  " + line for line in run_lines(view["runs"])] or ["  none yet"])
-    lines += ["", "decisions:"] + (["  " + line for line in decision_lines(view["decisions"])] or ["  none yet"])
+    lines += ["", DECISIONS_HEAD] + (["  " + line for line in decision_lines(view["decisions"])] or ["  none yet"])
     return "\n".join(lines)
 
 
