@@ -170,7 +170,7 @@ class FleetMember:
                 (self.host, self.lease_s, self.pid, _version(), self._info()))
             was_lost = bool(row and row[0] is not None)
             if was_lost:
-                runs = [r[0] for r in conn.execute("SELECT run FROM runs WHERE host = %s ORDER BY run", (self.host,))]
+                runs = _live_runs(conn, self.host)  # what it re-adopts: not its runs that were over
                 text = (f"✅ box {self.host} is back: its daemon re-adopted its runs"
                         + (f" ({', '.join(runs)})" if runs else ""))
                 _queue_alert(conn, self.host, text, f"host-back:{self.host}:{row[0]}")
@@ -243,9 +243,7 @@ class FleetMember:
         renewed, lost = row[0], row[1] or []
         for name, silent, started_at in lost:  # silent: on the database's clock, as the lapse was judged
             with bounded(conn, self.deadline_s):
-                runs = [r[0] for r in conn.execute(
-                    "SELECT r.run FROM runs r LEFT JOIN run_state s ON s.run = r.run WHERE r.host = %s"
-                    " AND COALESCE(s.status, 'pending') = ANY(%s) ORDER BY r.run", (name, list(SHOWN_OUT_OF_SIGHT)))]
+                runs = _live_runs(conn, name)
             text = (f"🚨 box {name} lost: no lease renewal for {silent:.0f} s"
                     + (f"; its run{'s' if len(runs) > 1 else ''} {', '.join(runs)} show{'' if len(runs) > 1 else 's'}"
                        " host-lost until it comes back" if runs else ""))
@@ -300,6 +298,13 @@ class FleetMember:
                     host=self.host)
         if self.on_gateway is not None:
             self.on_gateway(held)
+
+
+def _live_runs(conn: psycopg.Connection[Any], host: str) -> list[str]:
+    """The box's runs that are not over: those `status` shows host-lost while it is away (one query)."""
+    return [r[0] for r in conn.execute(
+        "SELECT r.run FROM runs r LEFT JOIN run_state s ON s.run = r.run WHERE r.host = %s"
+        " AND COALESCE(s.status, 'pending') = ANY(%s) ORDER BY r.run", (host, list(SHOWN_OUT_OF_SIGHT)))]
 
 
 def _queue_alert(conn: psycopg.Connection[Any], sender: str, text: str, key: str) -> None:

@@ -1,7 +1,8 @@
 """The `🚨 box … lost` alert (docs/fleet.md): it names only the runs `status` then shows `host-lost` (not the
 box's finished runs), and its silence is measured on the database's clock, as the lapse itself is judged,
 so a box whose clock is an hour off still says how long the lost box was silent. A real PostgreSQL; box-b's
-rows as its daemon left them, box-a's lease (a real FleetMember) on the lookout."""
+rows as its daemon left them, box-a's lease (a real FleetMember) on the lookout. The `✅ box … is back`
+message names what the box re-adopts: its runs still going, not the finished ones."""
 
 from __future__ import annotations
 
@@ -43,16 +44,24 @@ def test_the_lost_alert_names_only_live_runs_and_its_silence_on_the_database_s_c
     member = FleetMember(pg_url, "box-a", on_wake=lambda: None, on_alert=lambda: None, lease_s=1.5)
     member._judge_after = 0.0  # box-a may judge at its first renewal (no outage behind it)
     member.start()
+    back: Any = None
     reader: Any = None
     try:
         wait_for("box-b marked lost", lambda: member.lost_seen == ["box-b"], timeout=30)
         monkeypatch.setattr(time, "time", real)
+        back = FleetMember(pg_url, "box-b", on_wake=lambda: None, on_alert=lambda: None, lease_s=1.5, pid=2)
+        back.start()  # box-b's daemon starts again: it takes its lease back and says so
         reader = PostgresStore(pg_url, host="box-c")
         (alert,) = [m.payload["text"] for m in reader.messages("") if "box box-b lost" in m.payload.get("text", "")]
+        (again,) = [m.payload["text"] for m in reader.messages("") if "box box-b is back" in m.payload.get("text", "")]
     finally:
-        member.close()
+        for m in (back, member):
+            if m is not None:
+                m.close()
         if reader is not None:
             reader.close()
+    # what it re-adopts, not its finished runs (before: done-b and stopped-b too)
+    assert again == "✅ box box-b is back: its daemon re-adopted its runs (live-b, new-b)", again
     # before: "its runs done-b, live-b, new-b, stopped-b show host-lost" (finished ones too)
     assert alert.endswith("; its runs live-b, new-b show host-lost until it comes back"), alert
     silent = int(re.search(r"no lease renewal for (\d+) s", alert).group(1))  # before: 3640 (box-a's clock)
