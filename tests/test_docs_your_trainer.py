@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.spec import RunSpec, load_spec
-from babysit.sources import stdout
+from babysit.sources import patterns
 from babysit.sources.records import Item
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "your-trainer.md"
@@ -45,13 +45,13 @@ def test_each_quoted_line_is_one_record_of_the_patterns_beside_it(tmp_path: Path
             continue  # a preset's patterns are tested on real output (tests/test_presets.py)
         examples = EXAMPLE.findall(block)
         assert len(examples) == len(spec.source.patterns), "quote an example line beside every pattern"
-        ctx = stdout.LineContext()  # in order: a computed step may use what an earlier line printed
+        ctx = patterns.LineContext()  # in order: a computed step may use what an earlier line printed
         ctx.track = True
         for line in examples:
             line = line.replace("…", "")
             items: list[Item] = []
             problems: list[str] = []
-            stdout.parse_line(spec.source, stdout.matchers(spec.source), line, items, problems, ctx)
+            patterns.parse_line(spec.source, patterns.matchers(spec.source), line, items, problems, ctx)
             assert not problems, (line, problems)
             assert len(items) == 1 and items[0].metrics, (spec.name, line, items)
             checked += 1

@@ -4,7 +4,6 @@ Lightning-style CSV rewritten whole, restarts that must neither lose nor duplica
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
 import json
 import math
@@ -21,10 +20,9 @@ from babysit.core.errors import SpecError
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.core.spec import RunSpec, load_spec
 from babysit.executors.shim import shim_argv
-from babysit.sources import SourcePump, records_path, stdout, unreadable
+from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.lines import Cursor, read_lines
 from babysit.sources.logtail import read_all
-from babysit.sources.records import Item
 
 RUN = """
 [run]
@@ -197,24 +195,6 @@ def test_a_pattern_that_backtracks_for_hours_in_re_costs_microseconds_here(tmp_p
     result = SourcePump(spec, sd).pump(now=1.0)
     assert result.lines_seen == 100 and result.records_added == 50
     assert [r.step for r in records(spec, sd)] == list(range(50))
-
-
-def test_the_python_api_fallback_reads_what_the_compiled_program_reads(tmp_path: Path) -> None:
-    """A google-re2 without `_regexp`: the same items through its public `search`."""
-    spec = spec_from(tmp_path, RUN + NANOGPT)
-    lines = [b"iter 10: loss 4.2345, time 35.12ms, mfu 1.20%", b"step 20: train loss 3.9100, val loss 3.9500",
-             b"iter 30: loss nan, time 1.0ms iter 40: loss 2.0, time 2.0ms", b"noise", b"iter x: loss 1, time 1ms"]
-    fast = stdout.matchers(spec.source)
-    slow = [dataclasses.replace(m, regexp=stdout._Searched(p.compiled)) for m, p in zip(fast, spec.source.patterns, strict=True)]
-    got = []
-    for matchers in (fast, slow):
-        items: list[Item] = []
-        problems: list[str] = []
-        hits = [stdout.parse_line(spec.source, matchers, line, items, problems) for line in lines]
-        got.append(([(it.step, repr(dict(it.metrics))) for it in items], hits, problems))
-    assert got[0] == got[1]
-    assert got[0][1] == [True, True, True, False, False]
-    assert [step for step, _ in got[0][0]] == [10, 20, 30, 40] and got[0][2] == []
 
 
 def test_without_a_source_run_log_is_still_required_and_its_typo_named(tmp_path: Path) -> None:

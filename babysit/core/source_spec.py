@@ -39,9 +39,9 @@ UNSUPPORTED = (("(?=", "lookahead (?=…)"), ("(?!", "negative lookahead (?!…)
                ("(?>", "an atomic group (?>…)"), ("\\Z", "\\Z (write \\z or $)"))
 
 
-def compile_regex(regex: str) -> re2._Regexp:
-    """A user's pattern compiled by RE2 (raises re2.error); errors are not logged to stderr by RE2
-    itself: the caller says them, naming the key."""
+def compile_regex(regex: str) -> Any:
+    """A user's pattern compiled by RE2 (`re2.compile`'s object; raises re2.error); errors are not logged
+    to stderr by RE2 itself: the caller says them, naming the key."""
     options = re2.Options()
     options.log_errors = False
     return re2.compile(regex, options)
@@ -88,7 +88,7 @@ class SourcePattern:
     forward_only: bool = False  # a match whose step is below this pattern's last is no record (a bar's reset)
 
     @cached_property
-    def compiled(self) -> re2._Regexp:
+    def compiled(self) -> Any:
         return compile_regex(self.regex)
 
     @cached_property
@@ -294,52 +294,3 @@ def preset_line(name: str) -> str:
     metrics = sorted({g for p in preset_patterns(name) for g in p.metric_groups})
     return (f'its printed lines match preset "{name}" ({table.get("description", name)}): reading '
             + ", ".join(metrics) + f' (write [source] kind = "stdout", preset = "{name}" to keep it)')
-
-
-_META = set(".^$*+?{}[]()|\\")
-_QUANT = set("*+?{")
-
-
-def required_literal(regex: str) -> bytes:
-    """Bytes every match of `regex` contains — its leading literal run (escaped punctuation included) —
-    or b"" when none can be told safely (a top-level `|`, inline flags, a quantified first char). A line
-    without them cannot match, so the matcher skips it without running the regex (a flood of progress
-    bars costs a substring test a line, not a regex per pattern)."""
-    if "(?" in regex.replace("(?P<", "").replace("(?:", "") or _top_level_bar(regex):
-        return b""
-    out: list[str] = []
-    i = 1 if regex.startswith("^") else 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\" and i + 1 < len(regex) and not regex[i + 1].isalnum():
-            char, width = regex[i + 1], 2
-        elif c in _META:
-            break
-        else:
-            char, width = c, 1
-        if i + width < len(regex) and regex[i + width] in _QUANT:
-            break  # this char may repeat or be absent: the run ends before it
-        out.append(char)
-        i += width
-    return "".join(out).encode("utf-8")
-
-
-def _top_level_bar(regex: str) -> bool:
-    depth, i, klass = 0, 0, False
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\":
-            i += 2
-            continue
-        if klass:
-            klass = c != "]"
-        elif c == "[":
-            klass = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            return True
-        i += 1
-    return False

@@ -26,8 +26,8 @@ from babysit.core.source_spec import RESERVED, SourceSpec
 from babysit.sources import lines as ln
 from babysit.sources import tailer
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample
+from babysit.sources.patterns import number
 from babysit.sources.records import Item
-from babysit.sources.stdout import number
 
 MAX_FILE_BYTES = 512 * 2**20  # a rewritten CSV is parsed whole; past this it is not a metrics CSV
 

@@ -9,12 +9,7 @@ named group a metric parsed as a float, `nan`/`inf` included. With `preset = "au
 tried on each line no pattern read until one matches: that preset reads the run from then on (said
 once, a notice), unless a more specific one (ahead of it in `core.presets.ORDER`) matches a line later.
 
-A read whose patterns all have a twin in Python's `re` (`sources.fastmatch`: the same matches, linear
-time) is matched in one pass over the whole read and comes as `Block`s of columns, no object a record:
-the same records, in the same order, as the line-at-a-time loop with RE2 (tests/test_sources.py).
-
-Long on purpose: the two matching paths (columns from one pass, lines one at a time) live side by side
-because they must give the same records; apart, one would drift from the other.
+Each pattern searches a whole read at once (`sources/patterns.py`), as it would search each line.
 """
 
 from __future__ import annotations
@@ -22,39 +17,36 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, repeat
 from pathlib import Path
 from typing import Any
 
-import re2
-
-from babysit.core import expr, printed
+from babysit.core import printed
 from babysit.core.presets import GENERAL
-from babysit.core.source_spec import (
-    AUTO,
-    RESERVED,
-    STEP_GROUP,
-    SourcePattern,
-    SourceSpec,
-    compile_regex,
-    preset_line,
-    required_literal,
-)
+from babysit.core.source_spec import AUTO, SourceSpec, preset_line
 from babysit.core.suggest import suggest
-from babysit.sources import fastmatch, records
 from babysit.sources import lines as ln
+from babysit.sources import records
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample
+from babysit.sources.patterns import (
+    SAMPLE_CHARS,
+    Hit,
+    LineContext,
+    Matcher,
+    Program,
+    hits,
+    hits_where,
+    matchers,
+    note,
+    program,
+    record,
+)
 from babysit.sources.records import Block, Item
 
 STREAMS = ("stdout.log", "stderr.log")
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes (torchtitan colours its metrics)
-SAMPLE_CHARS = 200
 DIGIT = re.compile(rb"\d")
-FAST_LINES = 64  # reads of more lines than this look only at the lines a pattern's literal is in
-FAST_LINE_BYTES = 4096  # a read with a longer line is matched by RE2 (`re`'s time on a line may grow with it)
-UNANCHORED = re2._Anchor.UNANCHORED
 
 
 @dataclass(frozen=True)
@@ -70,27 +62,8 @@ class StdoutRead:
 
     @property
     def items(self) -> tuple[Item, ...]:
-        """The records one `Item` each (blocks expanded): what the line loop makes."""
+        """The records one `Item` each (blocks expanded)."""
         return tuple(records.items_of(self.pieces))
-
-
-class LineContext:
-    """What parsing one line needs from the lines before it: the latest value of every group any
-    pattern captured (for step expressions), the last computed step (to say once that one went back),
-    the last step of each forward-only pattern."""
-
-    def __init__(self, state: Mapping[str, Any] | None = None) -> None:
-        state = state or {}
-        self.values: dict[str, float] = dict(state.get("values", {}))
-        self.last_step: int | None = state.get("last_step")
-        self.told_backwards: bool = bool(state.get("told_backwards"))
-        self.last_by_pattern: dict[str, int] = dict(state.get("last_by_pattern", {}))
-        self.notices: list[tuple[str, str]] = []
-        self.track = True  # keep the latest values: off when no pattern computes its step (the fast path)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"values": self.values, "last_step": self.last_step, "told_backwards": self.told_backwards,
-                "last_by_pattern": self.last_by_pattern}
 
 
 def attempt_dirs(run_dir: Path) -> list[Path]:
@@ -140,19 +113,12 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
     in memory at a time, whatever the backlog). `state`: the last read's `StdoutRead.state` ({} at
     first); `files`: the run's captured files when the caller has them listed already. `final`: every
     attempt has exited (its exit's drain), so a file's unterminated last line is read too."""
-    items: list[Item | Block] = []
-    problems: list[str] = []
     cursors = state.get("cursors", {})
     new_cursors: dict[str, dict[str, Any]] = dict(cursors)  # a file not reached keeps its cursor
-    ctx = LineContext(state.get("context"))
-    preset = state.get("preset")
+    matching = _Matching(source, state)
+    ctx = matching.ctx
     seen = 0
-    sample: bytes | None = None
     more = False
-    own, compiled, candidates = _prepared(source, preset)
-    general = printed.Progress.from_dict(state.get("general")) if _general_on(source, preset) else None
-    ctx.track = _computes(compiled, candidates)
-    filters = _filters(compiled)
     attempt = state.get("attempt")
     left = budget
     for path in captured_files(run_dir) if files is None else files:
@@ -162,79 +128,107 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
             break
         if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
             attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
-            if general is not None:
-                general = printed.Progress()
+            if matching.general is not None:
+                matching.general = printed.Progress()
         before = ln.Cursor.from_dict(cursors.get(key))
-        twins = _twins(compiled) if not candidates and not ctx.track else None
-        whole = FAST_LINE_BYTES if twins is not None and all(t.edges for t in twins) else 0
-        got = ln.read_lines(path, before, window=left, final=final, whole=whole)
+        got = ln.read_lines(path, before, window=left, final=final)
         new_cursors[key] = got.cursor.to_dict()
         left -= got.cursor.offset - (0 if got.reset else before.offset)
         more = more or got.more
         if got.dropped:
-            _note(problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
-        lines = got.lines
-        if got.whole is not None:  # a flood never split into lines: counted, matched whole
-            assert twins is not None
-            fast = _read_whole(got.whole, compiled, twins, source, ctx)
-            if fast is not None:
-                blocks, count, unmatched = fast
-                items.extend(blocks)
-                seen += count
-                sample = unmatched if unmatched is not None else sample
-                continue
-            lines = tuple(filter(None, got.whole.split(b"\n")))
-        if lines and twins is not None:
-            fast = _read_fast(lines, compiled, twins, source, ctx)
-            if fast is not None:  # one pass over the whole read (sources.fastmatch), the same records
-                blocks, count, unmatched = fast
-                items.extend(blocks)
-                seen += count
-                sample = unmatched if unmatched is not None else sample
-                continue
-        if filters is not None and not candidates and len(lines) > FAST_LINES:
-            # a flood (progress bars): only the lines holding a pattern's literal (or a colour code, which
-            # may split one) are looked at, found by C-speed searches of the whole read
-            lines, skipped, last_skipped = _worth_parsing(lines, filters)
-            seen += skipped
-            sample = last_skipped if last_skipped is not None else sample
-        for raw in lines:
-            text = (ANSI.sub(b"", raw) if b"\x1b" in raw else raw).strip()
-            if not text:
-                continue
-            seen += 1
-            if filters is not None and not any(lit in text for lit in filters):
-                matched = False  # no pattern can match it (each needs its literal): no call per line
-            else:
-                matched = parse_line(source, compiled, text, items, problems, ctx)
-            if candidates and not matched:
-                # no preset yet, or a line the chosen one does not read: a more specific preset ahead of it
-                # may (tqdm's bar first, then HF's dicts: HF prints that bar too)
-                for k, (name, tried, detect) in enumerate(candidates):
-                    if (detect is None or detect.search(text)) and parse_line(source, tried, text, items,
-                                                                               problems, ctx):
-                        preset, matched, candidates = name, True, candidates[:k]
-                        compiled = own + tried
-                        ctx.track = _computes(compiled, candidates)
-                        filters = _filters(compiled)
-                        ctx.notices.append(("preset", name))
-                        break
-            if not matched and general is not None and preset in (None, GENERAL):
-                # no preset reads it: the general reader (core/printed.py) may
-                matched = _read_general(general, text, items, source.step_offset, ctx)
-                if matched and preset is None:
-                    preset = GENERAL
-                    ctx.notices.append(("preset", GENERAL))
-            if not matched and (sample is None or DIGIT.search(text)):
-                sample = text  # the newest line no reader read, one with a number if any: what to quote
+            note(matching.problems, f"{key}: lines over {ln.MAX_LINE_BYTES} bytes were skipped")
+        lines = _visible(got.lines)
+        seen += len(lines)
+        matching.take(lines)
+    general, preset = matching.general, matching.preset
     if general is not None:
         ctx.notices.extend(general.notices)
         general.notices.clear()
     new_state = {"cursors": new_cursors, "context": ctx.to_dict(), "preset": preset, "attempt": attempt}
     if general is not None and preset in (None, GENERAL):
         new_state["general"] = general.to_dict()
-    return StdoutRead(tuple(items), seen, tuple(problems), _sample(sample), new_cursors, more, new_state,
-                      tuple(ctx.notices))
+    return StdoutRead(tuple(matching.pieces), seen, tuple(matching.problems), _sample(matching.sample), new_cursors,
+                      more, new_state, tuple(ctx.notices))
+
+
+def _visible(lines: Sequence[bytes]) -> list[bytes]:
+    """The lines as the patterns see them: colour codes out (none spans a line), stripped, blank ones gone."""
+    joined = b"\n".join(lines)
+    if b"\x1b" in joined:
+        lines = ANSI.sub(b"", joined).split(b"\n")
+    return list(filter(None, map(bytes.strip, lines)))
+
+
+class _Matching:
+    """One read's matching, file after file: the patterns in force, the presets `auto` still tries (and
+    the general reader behind them), and what was found: records, problems, the line to quote."""
+
+    def __init__(self, source: SourceSpec, state: Mapping[str, Any]) -> None:
+        self.source = source
+        self.ctx = LineContext(state.get("context"))
+        self.preset: str | None = state.get("preset")
+        self.own, self.compiled, self.candidates = _prepared(source, self.preset)
+        self.general = printed.Progress.from_dict(state.get("general")) if _general_on(source, self.preset) else None
+        self.ctx.track = _computes(self.compiled, self.candidates)
+        self.pieces: list[Item | Block] = []
+        self.problems: list[str] = []
+        self.sample: bytes | None = None  # the newest line no reader read, one with a number if any
+
+    def take(self, lines: list[bytes]) -> None:
+        """Read `lines` (visible ones, in order)."""
+        while lines:
+            lines = self._take_until_chosen(lines)
+
+    def _take_until_chosen(self, lines: list[bytes]) -> list[bytes]:
+        """Read `lines` with the patterns in force; returns the lines after the one where `auto` chose a
+        preset (the patterns change there), else []. A line's records: its patterns' in order, each one's
+        matches in order; a line none matched is tried by the presets `auto` still tries, in order, then
+        by the general reader."""
+        text = b"\n".join(lines)
+        own = hits(self.compiled, lines, text)
+        tries = [(k, name, tried, by) for k, (name, tried, detect) in enumerate(self.candidates)
+                 if (by := hits_where(tried, detect, lines, text))]
+        general = self.general if self.general is not None and self.preset in (None, GENERAL) else None
+        read = set(own)
+        # with no general reader, only the lines some pattern matched need a look
+        for i in range(len(lines)) if general is not None else sorted(own.keys() | {i for *_, by in tries for i in by}):
+            line = lines[i]
+            if i in own:
+                self._record(own[i], line)
+                continue
+            chosen = next(((k, name, tried, by[i]) for k, name, tried, by in tries if i in by), None)
+            if chosen is not None:  # a line the patterns in force do not read: a preset ahead of them does
+                k, name, tried, found = chosen
+                self._record(found, line)
+                read.add(i)
+                self._unread(lines[:i + 1], read)
+                self.preset, self.candidates = name, self.candidates[:k]
+                self.compiled = self.own + tried
+                self.ctx.track = _computes(self.compiled, self.candidates)
+                self.ctx.notices.append(("preset", name))
+                return lines[i + 1:]
+            if general is not None and _read_general(general, line, self.pieces, self.source.step_offset, self.ctx):
+                read.add(i)
+                if self.preset is None:
+                    self.preset = GENERAL
+                    self.ctx.notices.append(("preset", GENERAL))
+        self._unread(lines, read)
+        return []
+
+    def _record(self, found: list[Hit], line: bytes) -> None:
+        record(self.pieces, found, line, self.source.step_offset, self.ctx, self.problems)
+
+    def _unread(self, lines: list[bytes], read: set[int]) -> None:
+        """Keep the line to quote: the newest of `lines` not read that holds a number, else (when none is
+        kept yet) the first not read."""
+        if len(read) == len(lines):
+            return
+        newest = next((line for i in range(len(lines) - 1, -1, -1)
+                       if i not in read and DIGIT.search(line := lines[i])), None)
+        if newest is not None:
+            self.sample = newest
+        elif self.sample is None:
+            self.sample = next(line for i, line in enumerate(lines) if i not in read)
 
 
 def _general_on(source: SourceSpec, preset: str | None) -> bool:
@@ -285,324 +279,7 @@ def _computes(compiled: list[Matcher], candidates: list[tuple[str, list[Matcher]
         any(m.step_expr is not None for _, tried, _ in candidates for m in tried)
 
 
-def _twins(compiled: list[Matcher]) -> list[fastmatch.Twin] | None:
-    """Every pattern's `re` twin, or None when one has none (the read is matched with RE2)."""
-    twins = [fastmatch.twin(m.key) for m in compiled]
-    return None if not twins or any(t is None for t in twins) else twins  # type: ignore[return-value]
-
-
-def _read_fast(lines: tuple[bytes, ...] | list[bytes], compiled: list[Matcher], twins: list[fastmatch.Twin],
-               source: SourceSpec, ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
-    """(the read's records as blocks, in the order the line loop makes them; lines counted; the newest
-    line no pattern matched), or None when this read must go the line loop's way: a `\\v` or a line
-    over FAST_LINE_BYTES, non-ASCII text for a twin that holds over ASCII only, a step or a value that
-    is no number (the loop says which). The lines are joined by `\\n` (as latin-1 text: a byte a
-    character, and `float` of a str is twice as fast) and each twin runs once over the whole; a match's
-    line is the count of newlines before it. Stripped first, unless every twin's matches keep off a
-    line's edges (`Twin.edges`: then stripping changes no match, and a flood of progress bars costs no
-    Python step a line); blank lines are not lines, as in the loop."""
-    raw = b"\n".join(lines)
-    if b"\x0b" in raw:
-        return None
-    if b"\x1b" in raw:  # colour codes never span a line: removed from the whole read at once
-        lines = ANSI.sub(b"", raw).split(b"\n")
-        raw = b""
-    if raw and all(t.edges for t in twins):
-        body, blob = list(lines), raw  # lines are never empty; whitespace-only ones are no lines
-        blank = len(list(filter(bytes.isspace, body)))
-    else:
-        body, blank = list(filter(None, map(bytes.strip, lines))), 0
-        blob = b"\n".join(body)
-    if len(body) == blank:
-        return [], 0, None
-    if max(map(len, body)) > FAST_LINE_BYTES:
-        return None
-    if not blob.isascii() and any(t.ascii_text for t in twins):
-        return None
-    return _match_text(blob.decode("latin-1"), len(body), blank, ((i, body[i - 1]) for i in range(len(body), 0, -1)),
-                       compiled, twins, source, ctx)
-
-
-def _read_whole(blob: bytes, compiled: list[Matcher], twins: list[fastmatch.Twin], source: SourceSpec,
-                ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
-    """`_read_fast` of a read never split into lines (`lines.read_lines(whole=...)`: every line ends in
-    `\n`, none empty or over FAST_LINE_BYTES), for twins whose matches keep off a line's edges: the
-    lines are counted with one `count`, only the newest unmatched one is cut out. None: split it and
-    take `_read_fast`'s way (a colour code, a `\v`, non-ASCII for an ASCII twin)."""
-    if b"\x1b" in blob or b"\x0b" in blob:
-        return None
-    if not blob.isascii() and any(t.ascii_text for t in twins):
-        return None
-    n = blob.count(b"\n")
-    text = blob[:-1].decode("latin-1")
-
-    def newest_first() -> Iterator[tuple[int, bytes]]:
-        end = len(text)
-        for i in range(n, 0, -1):
-            start = text.rfind("\n", 0, end) + 1
-            yield i, text[start:end].encode("latin-1")
-            end = start - 1
-
-    return _match_text(text, n, 0, newest_first(), compiled, twins, source, ctx)
-
-
-def _match_text(text: str, n: int, blank: int, newest_first: Iterator[tuple[int, bytes]], compiled: list[Matcher],
-                twins: list[fastmatch.Twin], source: SourceSpec,
-                ctx: LineContext) -> tuple[list[Block], int, bytes | None] | None:
-    """The twins run over `text` (`n` lines joined by `\n`, `blank` of them blanks only); `newest_first`:
-    (line number, line) from the last line back, for the newest line no pattern matched."""
-    offset = source.step_offset
-    last_by = dict(ctx.last_by_pattern)
-    hits: list[tuple[Matcher, list[str], list[int], list[records.Column], list[int] | None, str]] = []
-    for m, tw in zip(compiled, twins, strict=True):
-        if m.literal and not all(map(text.__contains__, _chars(m.literal))):
-            continue  # a byte every match holds is in no line: no scan (a one-byte `in` is memchr's, ~free)
-        # split, not finditer: the groups and the text between matches in one C call, no match object
-        # (a match's groups are parts[1 + k * stride:][:groups], the gap before it parts[k * stride])
-        parts = tw.compiled.split(text)
-        if len(parts) == 1:
-            continue
-        stride = tw.compiled.groups + 1
-        try:
-            steps = list(map(int, parts[m.step_group::stride]))
-            columns: list[records.Column] = []
-            for index, _, _ in m.groups:  # a printed decimal is written as it is printed (records.json_texts)
-                texts = parts[index::stride]
-                columns.append(records.json_texts(texts) or list(map(float, texts)))
-        except (TypeError, ValueError):  # no step, a group that took no part or no number: the loop says so
-            return None
-        kept = None
-        if m.forward_only:
-            last = last_by.get(m.key)
-            keep = []
-            for j, step in enumerate(steps):
-                if last is None or step >= last:
-                    keep.append(j)
-                    last = step
-            if last is not None:
-                last_by[m.key] = last
-            if len(keep) < len(steps):
-                kept = keep
-                steps = [steps[j] for j in keep]
-                columns = [[col[j] for j in keep] for col in columns]
-        if offset:
-            steps = [step + offset for step in steps]
-        hits.append((m, parts[:-1:stride], steps, columns, kept, parts[-1]))
-    ctx.last_by_pattern.update(last_by)
-    if len(hits) == 1 and (newest := _newest_after(text, hits[0][5])) is not None:
-        # one pattern's records, and the last line is none of them: it is the newest line no pattern matched,
-        # and no match's line number is needed (a flood's second pass over the read, saved)
-        m, _, steps, columns, _, _ = hits[0]
-        block = Block(tuple(name for _, _, name in m.groups), steps, tuple(columns))
-        return [block] if block.steps else [], n - blank, newest
-    matched: set[int] = set()
-    wheres = []
-    for _, gaps, _, _, kept, _ in hits:  # 1 + each match's line: the newlines before it, counted gap by gap in C
-        where = list(accumulate(map(str.count, gaps, repeat("\n")), initial=1))[1:]
-        matched.update(where)
-        wheres.append(where if kept is None else [where[j] for j in kept])
-    blocks: list[Block] = []
-    if len(hits) == 1:
-        m, _, steps, columns, _, _ = hits[0]
-        blocks.append(Block(tuple(name for _, _, name in m.groups), steps, tuple(columns)))
-    elif hits:  # a line's records: pattern by pattern, each pattern's matches in order; lines in order
-        order = sorted((line, k, j) for k, where in enumerate(wheres) for j, line in enumerate(where))
-        run = 0
-        while run < len(order):
-            k, first = order[run][1], order[run][2]
-            end = run
-            while end + 1 < len(order) and order[end + 1][1] == k:
-                end += 1
-            m, _, steps, columns, _, _ = hits[k]
-            stop = order[end][2] + 1
-            blocks.append(Block(tuple(name for _, _, name in m.groups), steps[first:stop],
-                                tuple(col[first:stop] for col in columns)))
-            run = end + 1
-    unmatched = None
-    if len(matched) < n:
-        unmatched = next((text for i, line in newest_first if i not in matched and (text := line.strip())), None)
-    return [b for b in blocks if b.steps], n - blank, unmatched
-
-
-def _newest_after(text: str, tail: str) -> bytes | None:
-    """The last line of `text` (lines joined by `\n`), stripped, when it lies wholly in `tail` (the text after
-    the last match: no match is on that line) and is not blank; else None (the caller counts lines)."""
-    cut = tail.rfind("\n")
-    if cut < 0:
-        return None
-    line = tail[cut + 1:].encode("latin-1").strip()  # bytes' strip: the line loop's (str's also takes \x85, \xa0)
-    return line or None
-
-
-_CHARS: dict[bytes, tuple[str, ...]] = {}
-
-
-def _chars(literal: bytes) -> tuple[str, ...]:
-    """The distinct characters of a required literal, as the latin-1 text the twins run over holds them."""
-    got = _CHARS.get(literal)
-    if got is None:
-        got = _CHARS[literal] = tuple(dict.fromkeys(literal.decode("latin-1")))
-    return got
-
-
-def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
-               problems: list[str], ctx: LineContext | None = None) -> bool:
-    """Append one item per match of every pattern (as `finditer` finds them); returns whether any
-    pattern matched. `text` is one stripped line, as its bytes (what the files hold) or a str. `ctx`:
-    what earlier lines captured, for step expressions (updated with this line's values)."""
-    if isinstance(text, str):
-        text = text.encode("utf-8")
-    ctx = ctx if ctx is not None else LineContext()
-    matched = False
-    end = len(text)
-    offset = source.step_offset
-    for m in matchers:
-        if m.literal and m.literal not in text:
-            continue  # it cannot match: no regex run (core.source_spec.required_literal)
-        match, groups = m.regexp.Match, m.groups
-        pos = 0
-        while True:
-            spans = match(UNANCHORED, text, pos, end)
-            start, stop = spans[0]
-            if start < 0:
-                break
-            matched = True
-            step = _match_step(m, spans, text, ctx, problems)
-            if step is not None:
-                metrics: dict[str, float] = {}
-                for index, group, name in groups:
-                    a, b = spans[index]
-                    if a < 0:  # an optional group that did not take part
-                        continue
-                    value = number(text[a:b])
-                    if value is None:
-                        _note(problems, f'pattern {m.number}: group "{group}" captured text that is not a number: '
-                                        f"make it match the number only, e.g. (?P<{group}>[-+.\\w]+)")
-                        continue
-                    metrics[name] = value
-                out.append(Item(step + offset, metrics))
-            if stop >= end:
-                break
-            pos = stop if stop > pos else pos + 1  # an empty match: on from the next byte
-    return matched
-
-
-def _match_step(m: Matcher, spans: list[tuple[int, int]], text: bytes, ctx: LineContext,
-                problems: list[str]) -> int | None:
-    """The step of one match: its `step` group, or its step expression over this match's groups and the
-    latest values of earlier lines; None (said in `problems`) when there is none, or when a forward-only
-    pattern's step is below its last (a progress bar starting the next epoch, a nested eval bar)."""
-    captured: dict[str, float] = {}
-    if ctx.track:
-        for index, group in m.all_groups:
-            a, b = spans[index]
-            if a >= 0 and (value := number(text[a:b])) is not None:
-                captured[group] = value
-    if m.step_expr is None:
-        a, b = spans[m.step_group]
-        step = _step(text[a:b]) if a >= 0 else None
-        if step is None:
-            _note(problems, f'pattern {m.number}: group "step" captured text that is not an integer: '
-                            r'make it match digits only, e.g. (?P<step>\d+)')
-            return None
-    else:
-        step = _computed_step(m, {**ctx.values, **captured}, problems)
-        if step is None:
-            ctx.values.update(captured)
-            return None
-    if m.forward_only:
-        last = ctx.last_by_pattern.get(m.key)
-        if last is not None and step < last:
-            return None
-        ctx.last_by_pattern[m.key] = step
-    if m.step_expr is not None:
-        if ctx.last_step is not None and step < ctx.last_step and not ctx.told_backwards:
-            ctx.told_backwards = True
-            line = text.decode("utf-8", errors="replace")[:SAMPLE_CHARS]
-            ctx.notices.append(("step-backwards", f'pattern {m.number}: step = "{m.step_expr.source}" went '
-                                f"backwards, {ctx.last_step} → {step}, at the line {line!r}; records keep the "
-                                "steps as computed, in the order printed (said once)"))
-        ctx.last_step = step
-    if captured:
-        ctx.values.update(captured)
-    return step
-
-
-def _computed_step(m: Matcher, values: Mapping[str, float], problems: list[str]) -> int | None:
-    """The step a pattern's expression gives, or None (said in `problems`): a name no line captured yet,
-    a value that is not an integer."""
-    assert m.step_expr is not None
-    try:
-        value = m.step_expr.evaluate(values)
-    except expr.ExprError as exc:
-        _note(problems, f'pattern {m.number}: step = "{m.step_expr.source}" could not be computed ({exc}): such '
-                        "lines are skipped until an earlier line has printed every name it uses")
-        return None
-    step = round(value)
-    if abs(value - step) > 1e-6:
-        _note(problems, f'pattern {m.number}: step = "{m.step_expr.source}" gave {value}, not an integer')
-        return None
-    return step
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One pattern, ready for the line loop: RE2's matcher, the `step` group's index (-1: a step
-    expression instead), and (index, group, metric name) of every metric group, renames resolved once
-    rather than per line."""
-
-    number: int
-    regexp: Any  # RE2's compiled program: .Match(anchor, bytes, pos, endpos) -> [(start, end)] per group
-    step_group: int
-    groups: tuple[tuple[int, str, str], ...]
-    step_expr: expr.Expr | None = None
-    forward_only: bool = False
-    key: str = ""  # the regex: a forward-only pattern's last step is kept under it
-    all_groups: tuple[tuple[int, str], ...] = ()  # (index, name) of every named group, for step expressions
-    literal: bytes = b""  # in every match: a line without it is skipped unmatched
-
-
-def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = None) -> list[Matcher]:
-    """The source's patterns (or `patterns`: a preset's) ready for the line loop."""
-    out = []
-    for i, p in enumerate(source.patterns if patterns is None else patterns, start=1):
-        index = p.compiled.groupindex
-        groups = tuple((index[g], g, source.rename(g)) for g in p.metric_groups if source.rename(g) not in RESERVED)
-        out.append(Matcher(i, _program(p.compiled), index.get(STEP_GROUP, -1), groups, p.step, p.forward_only,
-                           p.regex, tuple(sorted(((n, g) for g, n in index.items()), key=lambda x: x[0])),
-                           required_literal(p.regex)))
-    return out
-
-
-def _worth_parsing(lines: tuple[bytes, ...], filters: tuple[bytes, ...]) -> tuple[list[bytes], int, bytes | None]:
-    """(the lines that may match, in order; how many were skipped, blank ones not counted; the newest
-    skipped one not blank). A line is skipped when it holds none of `filters` and no escape byte. The lines
-    are found by searching the read joined back together, each from the hit to its newlines."""
-    blob = b"\n".join(lines)
-    found: dict[int, bytes] = {}  # line start -> line
-    for needle in (*filters, b"\x1b"):
-        pos = blob.find(needle)
-        while pos != -1:
-            start = blob.rfind(b"\n", 0, pos) + 1
-            end = blob.find(b"\n", pos)
-            end = len(blob) if end == -1 else end
-            found.setdefault(start, blob[start:end])
-            pos = blob.find(needle, end)
-    needles = (*filters, b"\x1b")
-    last = next((text for line in reversed(lines) if not any(n in line for n in needles) and (text := line.strip())),
-                None)  # the newest skipped line that is not blank (the line loop counts no blank line either)
-    blanks = len(lines) - len(list(filter(None, map(bytes.strip, lines))))
-    blanks -= sum(1 for line in found.values() if not line.strip())  # those the loop is handed skips itself
-    return [found[k] for k in sorted(found)], len(lines) - len(found) - blanks, last
-
-
-def _filters(compiled: list[Matcher]) -> tuple[bytes, ...] | None:
-    """The literals a line must hold one of to be worth parsing; None when some pattern has none."""
-    literals = tuple(m.literal for m in compiled)
-    return literals if literals and all(literals) else None
-
-
-def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[Matcher], Any]]:
+def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[Matcher], Program | None]]:
     """The presets `auto` still tries on a line: all of them before one is chosen, then those ahead of the
     chosen one in order (more specific: HF's dicts over tqdm's bar, which HF prints too)."""
     if source.preset != AUTO:
@@ -610,66 +287,12 @@ def _candidates(source: SourceSpec, chosen: str | None) -> list[tuple[str, list[
     names = [name for name, _ in source.candidates]
     ahead = names if chosen is None or chosen == GENERAL else names[:names.index(chosen)] if chosen in names else []
     pats = dict(source.candidates)
-    return [(name, matchers(source, pats[name]), compile_regex(source.detect[name]) if name in source.detect
-             else None) for name in ahead]
-
-
-class _Searched:
-    """RE2's Python API (`search` and its match object), for a google-re2 whose compiled object keeps no
-    `_regexp`: the same spans, at about ten times the cost a line."""
-
-    def __init__(self, compiled: Any) -> None:
-        self.compiled = compiled
-        self.n = compiled.groups
-
-    def Match(self, anchor: Any, text: bytes, pos: int, end: int) -> list[tuple[int, int]]:  # RE2's name
-        found = self.compiled.search(text, pos, end)
-        if found is None:
-            return NO_MATCH
-        return [found.span(i) for i in range(self.n + 1)]
-
-
-def _program(compiled: Any) -> Any:
-    """The compiled program's own matcher: google-re2's Python wrapper builds a match object and maps
-    offsets per call (~30 µs a line); its `_regexp.Match` over bytes returns the spans (~3 µs)."""
-    program = getattr(compiled, "_regexp", None)
-    return program if program is not None and hasattr(program, "Match") else _Searched(compiled)
-
-
-NO_MATCH = [(-1, -1)]
+    return [(name, matchers(source, pats[name]), program(source.detect[name]) if name in source.detect else None)
+            for name in ahead]
 
 
 def _sample(text: bytes | None) -> str | None:
     return None if text is None else text.decode("utf-8", errors="replace")[:SAMPLE_CHARS]
-
-
-def number(text: bytes | str) -> float | None:
-    """A metric's text as a float; `nan`, `inf`, `-inf` (any case) are numbers and stay non-finite."""
-    try:
-        return float(text.strip())
-    except ValueError:
-        pass
-    word = text.strip().lower()  # Lightning's bar prints a NaN loss as `nan.0`
-    if isinstance(word, bytes):
-        word = word.decode("ascii", errors="replace")
-    head, dot, tail = word.partition(".")
-    if dot and tail.strip("0") == "" and head.lstrip("+-") in ("nan", "inf"):
-        return float(head)
-    return None
-
-
-def _step(text: bytes | str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _note(problems: list[str], text: str) -> None:
-    if text not in problems:
-        problems.append(text)
 
 
 class StdoutReader:
