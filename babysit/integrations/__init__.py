@@ -14,7 +14,6 @@ traceback; an interactive session can catch it (`except Diverged`).
 
 from __future__ import annotations
 
-import _thread
 import atexit
 import collections
 import os
@@ -90,23 +89,20 @@ def describe(bad: Mapping[str, float]) -> str:
 
 
 class DeferredWriter:
-    """A hook's records, handed over in a microsecond and written a tenth of a second later by a thread of
-    their own, all that came in one `write` (same lines, same file, same order, as `JsonlWriter` writes).
+    """A hook's records, queued on the training thread and written by a thread of their own, a batch in one
+    write: the same lines, file and order as `JsonlWriter` writes.
 
-    Why: a hook that logs every step of a small model pays its record on the training thread — the float
-    reprs and the write, ~10 µs, more than 0.1 % of a ~10 ms step (bench/logger_cost.py). Here the training
-    thread only queues (step, time, values); the time is taken then, so s/step is as exact. What it
-    costs: a record reaches the file up to `delay` later (babysit reads a source every 0.25–5 s), and a
-    process killed with SIGKILL loses the records of its last `delay`. `flush()` writes what is queued now
-    (before a `diverged` record, at the end of training); a normal interpreter exit flushes too; a forked
-    child (a DataLoader worker) never writes its parent's queue.
+    Why: a hook that logs every step of a small model would otherwise pay each record's encoding and write
+    on the training thread. Here the training thread only queues (step, time, values); the time is taken
+    then, so s/step stays exact. The price: a record reaches the file up to `delay` later (babysit reads a
+    source every 0.25–5 s), and a process killed with SIGKILL loses the records of its last `delay`.
+    `flush()` writes what is queued now (before a `diverged` record, at the end of training), and a normal
+    interpreter exit flushes too. A forked child (a DataLoader worker) never writes its parent's queue.
 
-    The thread wakes as little as it can (each wake-up of a sleeping thread is ~50 µs of CPU on a busy
-    box, more than encoding a record): while records come it sleeps `delay` (`time.sleep`, half the CPU of
-    an `Event.wait` with a timeout) and writes the batch, one wake-up a batch; when a sleep brought none it
-    blocks until a record rings it (a `queue.SimpleQueue`, rung by a record that finds the queue empty; no
-    thread waits on it while records come, so ringing it costs the training thread no system call), so a
-    run that logs every 500 steps, or evaluates for an hour, wakes it twice a record, not ten times a second.
+    The thread wakes as little as it can. While records come, it sleeps `delay` and writes the batch: one
+    wake-up a batch. When a sleep brought none, it blocks until a record rings it (a `queue.SimpleQueue`,
+    rung by the record that finds the queue empty). So a run that logs every 500 steps, or evaluates for an
+    hour, wakes it twice a record, not ten times a second.
     """
 
     def __init__(self, writer: JsonlWriter, delay: float = 0.1) -> None:
@@ -156,12 +152,11 @@ class DeferredWriter:
         self.flush()
 
     def _start(self) -> None:
-        """Start the records' thread without waiting for it to run: `threading.Thread.start` waits until the new
-        thread has signalled it started, a switch to it and back on the training thread at its first record
-        (50–350 µs of its CPU here, milliseconds of its time on a busy box) against ~16 µs for the start alone.
-        The thread is a daemon's (`_thread`'s: the interpreter's exit does not wait for it; atexit flushes)."""
+        """Start the records' thread, a daemon one: the interpreter's exit does not wait for it (atexit flushes)."""
         self._stop = threading.Event()
-        self._thread_id = _thread.start_new_thread(self._run, (self._stop,))
+        thread = threading.Thread(target=self._run, args=(self._stop,), name="babysit-records", daemon=True)
+        thread.start()
+        self._thread_id = thread.ident
 
     def _run(self, stop: threading.Event) -> None:
         q, bell, sleep = self.queue, self._bell, time.sleep
