@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Start a 3-node Slurm on this one machine for babysit's `pytest -m slurm` tests.
+# Start a 6-node Slurm on this one machine for babysit's `pytest -m slurm` tests.
 #
-# Debian's slurmctld + munge and three slurmd (Debian builds Slurm with MULTIPLE_SLURMD): nodes n1, n2,
-# n3, each `NodeHostname` this host, `NodeAddr=127.0.0.1` and its own port, started as `slurmd -N nX`,
-# so `srun -N 3` runs one task on each and a node can be lost on its own (kill its slurmd). Each node
+# Debian's slurmctld + munge and six slurmd (Debian builds Slurm with MULTIPLE_SLURMD): nodes n1..n6,
+# each `NodeHostname` this host, `NodeAddr=127.0.0.1` and its own port, started as `slurmd -N nX`, so
+# `srun -N 3` runs one task on each and a node can be lost on its own (kill its slurmd). Partition
+# "debug" (the default) holds n1-n3; "faults" holds n4-n6, for the tests that kill a node's slurmd, so
+# no other test's job runs where a node is lost on purpose (CI runs tests side by side). Each node
 # has 2 stand-in GPUs (gres whose "device files" are empty files in /run/slurm/gpu: Slurm drops a GPU
-# without a file) so GPU requests (--gres=gpu:N) are real. One
-# partition ("debug") holds them all; no accounting daemon (babysit's no-sacct path is what CI
-# exercises); jobcomp/filetxt so finished jobs leave a line after they age out of slurmctld; a node
+# without a file) so GPU requests (--gres=gpu:N) are real. No accounting daemon (babysit's no-sacct
+# path is what CI exercises); jobcomp/filetxt so finished jobs leave a line after they age out of slurmctld; a node
 # silent for SlurmdTimeout (10 s) is DOWN and its jobs end NODE_FAIL, not requeued (babysit
 # resubmits). Runs as root on a fresh Debian 12; idempotent: a second run rewrites the same config,
 # leaves running daemons alone and only waits for "idle"; a changed config restarts the daemons.
@@ -22,7 +23,7 @@ say() { echo "slurm-up: $*"; }
 host=$(hostname -s)
 conf=/etc/slurm/slurm.conf
 gres_conf=/etc/slurm/gres.conf
-nodes=(n1 n2 n3)
+nodes=(n1 n2 n3 n4 n5 n6)  # debug: n1-n3, every test's; faults: n4-n6, for tests that kill a node
 first_port=17001  # n1's slurmd port; n2 and n3 take the next ones
 
 # -- packages ---------------------------------------------------------------------------------------
@@ -104,7 +105,8 @@ GresTypes=gpu
 SchedulerParameters=sched_interval=2
 DefMemPerCPU=512
 NodeName=n[1-${#nodes[@]}] NodeHostname=${host} NodeAddr=127.0.0.1 Port=[${first_port}-$(( first_port + ${#nodes[@]} - 1 ))] CPUs=$(nproc) RealMemory=${node_mem} Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=n[1-3] Default=YES MaxTime=INFINITE State=UP
+PartitionName=faults Nodes=n[4-6] MaxTime=INFINITE State=UP
 EOF
 )
 gres_wanted=$(for n in "${nodes[@]}"; do echo "NodeName=$n Name=gpu File=/run/slurm/gpu/$n-[0-1]"; done)
@@ -153,7 +155,7 @@ done
 states=""
 for i in $(seq 1 60); do
   states=$(sinfo -h -N -o '%N=%T' 2>/dev/null | sort -u | tr '\n' ' ' || true)
-  idle=$(sinfo -h -N -o '%T' 2>/dev/null | grep -cE '^(idle|mixed|allocated)$' || true)
+  idle=$(printf '%s' "$states" | tr ' ' '\n' | grep -cE '=(idle|mixed|allocated)$' || true)
   if [ "${idle:-0}" -ge "${#nodes[@]}" ]; then say "nodes ${states}after ${i} s"; exit 0; fi
   for n in "${nodes[@]}"; do
     case "$(sinfo -h -n "$n" -o %T 2>/dev/null)" in

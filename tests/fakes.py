@@ -145,6 +145,9 @@ class FakeExecutor:
     def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
         return None
 
+    def straggler(self, attempt: Attempt) -> str | None:
+        return None
+
     # -- the test's side
     def process(self, run: str, n: int) -> FakeProcess:
         return self.by_attempt[(run, n)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from babysit.core.nodes import NodeRow, node_line, node_rows, stacks_by_rank
+from babysit.core.nodes import NodeRow, node_line, node_rows, stacks_by_rank, straggler
 from babysit.core.render import render
 from babysit.core.snapshot import Snapshot, build_snapshot
 
@@ -79,3 +79,17 @@ def test_without_a_stopped_process_the_rank_behind_is_named_and_a_silent_node_no
     level = stacks_by_rank([node_dump("n1", (10, 0, "S")), node_dump("n2", (20, 1, "S"))], {0: 5, 1: 5})
     assert "stalled" not in level  # nothing tells them apart: no rank is named
     assert stacks_by_rank([], {})["note"] == "no stack dump: no rank of the job found on any node"
+
+
+def test_a_node_slow_to_join_the_all_reduce_is_a_straggler_and_an_even_job_has_none() -> None:
+    def rows(ready_n2: float, beats_n: int = 12) -> tuple[NodeRow, ...]:
+        def seq(node: str, ready: float) -> list[dict]:
+            return [{**b, "ready_s": ready} for b in beats(node, range(1, beats_n + 1), 0.4)]
+        return node_rows([], {0: seq("n1", 0.01), 1: seq("n2", ready_n2)}, now=5.0)
+
+    said = straggler(rows(0.3), beats_seen=12)
+    assert said is not None and said.startswith("straggler: node n2 takes 0.3 s a step before it joins")
+    assert "they wait for it 72% of each 0.4 s step" in said
+    assert straggler(rows(0.02), beats_seen=12) is None  # 2x slower, but 2.5% of a step: noise
+    assert straggler(rows(0.3), beats_seen=5) is None  # too few steps to say
+    assert straggler(rows(0.3)[:1], beats_seen=12) is None  # one node: nobody waits

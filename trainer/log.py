@@ -56,11 +56,14 @@ class RankBeat:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = path.open("a", encoding="utf-8")
 
-    def beat(self, step: int, step_time_s: float) -> None:
+    def beat(self, step: int, step_time_s: float, ready_s: float) -> None:
+        """`ready_s`: the step's time before this rank joined its all-reduce (data, an injected delay):
+        in a synchronous step every rank's wall time is the same, this is where a slow node shows."""
         if self._fh is None:
             return
         self._fh.write(json.dumps({"rank": self.rank, "node": self.node, "step": int(step), "ts": time.time(),
-                                   "step_time_s": round(step_time_s, 6), "pid": os.getpid()}) + "\n")
+                                   "step_time_s": round(step_time_s, 6), "ready_s": round(ready_s, 6),
+                                   "pid": os.getpid()}) + "\n")
         self._fh.flush()
 
     def close(self) -> None:

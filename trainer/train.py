@@ -243,6 +243,7 @@ def run(cfg: RunConfig) -> int:
             tw = time.perf_counter()
             micro_batches.append(_to_device(next(batches), d.device))
             window_wait += time.perf_counter() - tw
+        ready_s = time.perf_counter() - t0  # this rank's own share before it joins the step's all-reduce
         loss = backward_chunks(model, micro_batches, autocast, t.chunk_grad_allreduce,
                                nan_now=cfg.inject_nan_at_step == step)
         loss_value = float(distributed.all_mean(loss, d))
@@ -256,7 +257,7 @@ def run(cfg: RunConfig) -> int:
         optimizer.zero_grad(set_to_none=True)
         window_time += time.perf_counter() - t0
         window_steps += 1
-        beats.beat(step, time.perf_counter() - t0)
+        beats.beat(step, time.perf_counter() - t0, ready_s)
 
         if step % t.log_every == 0 or step == t.steps:
             record = {"train_loss": loss_value, "lr": lr, "grad_norm": round(float(grad_norm), 6),

@@ -25,18 +25,20 @@ class NodeRow:
     quiet_seconds: float | None = None  # since the node's slowest rank last finished a step
     available_ram_bytes: int | None = None  # from the node's probe sidecar
     total_ram_bytes: int | None = None
+    ready_seconds: float | None = None  # a step's time before the node's slowest rank joined the all-reduce
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "ranks": list(self.ranks), "step": self.step,
                 "seconds_per_step": self.seconds_per_step, "quiet_seconds": self.quiet_seconds,
-                "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes}
+                "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes,
+                "ready_seconds": self.ready_seconds}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeRow:
         return cls(node=str(d.get("node") or "?"), ranks=tuple(int(r) for r in d.get("ranks") or ()),
                    step=d.get("step"), seconds_per_step=d.get("seconds_per_step"),
                    quiet_seconds=d.get("quiet_seconds"), available_ram_bytes=d.get("available_ram_bytes"),
-                   total_ram_bytes=d.get("total_ram_bytes"))
+                   total_ram_bytes=d.get("total_ram_bytes"), ready_seconds=d.get("ready_seconds"))
 
 
 def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Sequence[Mapping[str, Any]]],
@@ -64,8 +66,42 @@ def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Se
             step=min(int(b["step"]) for b in lasts) if lasts else None,
             seconds_per_step=_pace(seqs),
             quiet_seconds=max(0.0, now - min(float(b["ts"]) for b in lasts)) if lasts else None,
-            available_ram_bytes=mem.get("available_ram_bytes"), total_ram_bytes=mem.get("total_ram_bytes")))
+            available_ram_bytes=mem.get("available_ram_bytes"), total_ram_bytes=mem.get("total_ram_bytes"),
+            ready_seconds=_ready(seqs)))
     return tuple(rows)
+
+
+def _ready(seqs: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
+    """The node's slowest rank's mean `ready_s` over its recent beats; None where no beat carries it."""
+    means = []
+    for seq in seqs:
+        values = [float(b["ready_s"]) for b in seq if isinstance(b.get("ready_s"), (int, float))]
+        if values:
+            means.append(sum(values) / len(values))
+    return max(means) if means else None
+
+
+STRAGGLER_RATIO = 3.0  # a node this many times slower to join the all-reduce than every other node …
+STRAGGLER_SHARE = 0.25  # … by at least this share of a step: the others wait for it
+STRAGGLER_BEATS = 10  # and over at least this many recent beats
+
+
+def straggler(rows: Sequence[NodeRow], beats_seen: int) -> str | None:
+    """The sentence naming a node that holds the others back, or None. Every step of a synchronous job
+    takes the same wall time on every rank; a straggler shows in the time before it joins the step's
+    all-reduce (`ready_seconds`), which the fast nodes spend waiting for it."""
+    timed = [r for r in rows if r.ready_seconds is not None]
+    if len(timed) < 2 or beats_seen < STRAGGLER_BEATS:
+        return None
+    slow = max(timed, key=lambda r: r.ready_seconds or 0.0)
+    others = max(r.ready_seconds or 0.0 for r in timed if r is not slow)
+    pace = slow.seconds_per_step
+    gap = (slow.ready_seconds or 0.0) - others
+    if pace is None or (slow.ready_seconds or 0.0) < STRAGGLER_RATIO * others or gap < STRAGGLER_SHARE * pace:
+        return None
+    return (f"straggler: node {slow.node} takes {slow.ready_seconds:.3g} s a step before it joins the all-reduce, "
+            f"the other nodes {others:.3g} s: they wait for it {gap / pace:.0%} of each {pace:.3g} s step — "
+            f"check {slow.node} (a slower GPU, thermal throttling, its data loading, a noisy neighbour)")
 
 
 def _pace(seqs: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:

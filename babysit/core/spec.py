@@ -94,8 +94,30 @@ class SlurmSpec:
     mem: str | None = None
     sbatch_options: tuple[str, ...] = ()
     torchrun: bool | None = None  # None: wrap in torchrun when more than one GPU per node or several nodes
-    time_limit_warning_seconds: int = 300  # with time_limit: the trainer is stopped this long before it, and
-    # the run continues in a new job from its checkpoint (sbatch --signal)
+    time_limit_warning_seconds: int | None = None  # with time_limit: the trainer is stopped this long before
+    # it and the run continues in a new job from its checkpoint (sbatch --signal); None: `warning_seconds`
+
+    def warning_seconds(self) -> int | None:
+        """Seconds before the time limit the trainer is stopped: as written, else 300 s or a tenth of
+        the limit when that is shorter; None without a time limit."""
+        if self.time_limit is None:
+            return None
+        if self.time_limit_warning_seconds is not None:
+            return self.time_limit_warning_seconds
+        return max(1, min(300, slurm_seconds(self.time_limit) // 10))
+
+
+def slurm_seconds(text: str) -> int:
+    """A Slurm time limit in seconds: "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
+    days, _, clock = text.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        h, m, s = (*parts, 0, 0)[:3]
+    elif len(parts) == 3:  # HH:MM:SS
+        h, m, s = parts
+    else:  # MM[:SS]
+        h, m, s = 0, parts[0], parts[1] if len(parts) > 1 else 0
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 @dataclass(frozen=True)
@@ -412,8 +434,12 @@ def _slurm(t: Table | None) -> SlurmSpec | None:
         mem=t.str("mem", None),
         sbatch_options=t.str_list("sbatch_options", ()),
         torchrun=t.bool("torchrun", None),
-        time_limit_warning_seconds=t.int("time_limit_warning_seconds", 300, minimum=1),
+        time_limit_warning_seconds=t.int("time_limit_warning_seconds", None, minimum=1),
     )
+    if s.time_limit_warning_seconds is not None and (
+            s.time_limit is None or s.time_limit_warning_seconds >= slurm_seconds(s.time_limit)):
+        raise t.error("time_limit_warning_seconds", f"a number of seconds under time_limit "
+                      f"({s.time_limit or 'not set'})", s.time_limit_warning_seconds)
     t.finish()
     return s
 

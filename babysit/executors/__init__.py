@@ -52,6 +52,9 @@ class Executor(Protocol):
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
         """A job across nodes: one row a node for polls (core/nodes.py); () for a job on one box."""
 
+    def straggler(self, attempt: Attempt) -> str | None:
+        """A node of a multi-node job that holds the others back, in a sentence naming it; else None."""
+
     def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
         """A stalled remote job's stacks, every rank on every node (`run.stackdump`'s shape); None where
         the run's processes are on the daemon's host and it dumps them itself."""

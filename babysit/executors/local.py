@@ -98,6 +98,9 @@ class LocalExecutor:
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
         return ()  # one box: the poll's host line is the node
 
+    def straggler(self, attempt: Attempt) -> str | None:
+        return None  # one box: no node to wait for
+
     def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
         return None  # the run's tree is here: the daemon dumps it itself
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import structlog
 
 from babysit.core.errors import BabysitError
-from babysit.core.nodes import NodeRow, node_rows, stacks_by_rank
+from babysit.core.nodes import NodeRow, node_rows, stacks_by_rank, straggler
 from babysit.core.spec import RunSpec, SlurmSpec, load_spec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
@@ -290,6 +290,13 @@ class SlurmExecutor:
                 beats[int(rank)] = recent_records(path, BEATS_READ)
         rows = node_rows(SidecarGpuProbe(adir).records(), beats, time.time())
         return rows if len(rows) > 1 else ()
+
+    def straggler(self, attempt: Attempt) -> str | None:
+        """A node that holds the others back (`core.nodes.straggler`), from the ranks' recent beats."""
+        beats = {int(p.stem.removeprefix("rank-")): recent_records(p, BEATS_READ)
+                 for p in Path(attempt.attempt_dir).glob("rank-*.jsonl") if p.stem.removeprefix("rank-").isdigit()}
+        rows = node_rows((), beats, time.time())
+        return straggler(rows, min((len(b) for b in beats.values()), default=0))
 
     def remote_stacks(self, attempt: Attempt) -> dict[str, str] | None:
         """Every rank's stack from every node of the running job: `python -m babysit.run.node_stacks` on

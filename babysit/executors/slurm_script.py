@@ -133,7 +133,7 @@ def directives(req: BatchRequest) -> list[str]:
         opts.append(f"--gres={g}")
     if s.time_limit:
         opts.append(f"--time={s.time_limit}")
-        opts.append(f"--signal=B:{TIME_LIMIT_SIGNAL}@{s.time_limit_warning_seconds}")  # the batch shell's
+        opts.append(f"--signal=B:{TIME_LIMIT_SIGNAL}@{s.warning_seconds()}")  # the batch shell's
     if s.cpus_per_task:
         opts.append(f"--cpus-per-task={s.cpus_per_task}")
     if s.mem:

@@ -9,7 +9,7 @@ What it keeps between checks: how many reads in a row each foreign-looking (GPU,
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -38,6 +38,8 @@ class GuardedRun(RunPartHost, Protocol):
     attempt: Attempt | None
     state: RunState
     observer: RunObserver
+
+    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
 
 
 class RunGuard:
@@ -68,6 +70,9 @@ class RunGuard:
             # a stop of an attempt that already exited with its own code: that is its outcome, not the stop
             exited = any(a.kind == "stop" for a in actions) and host.executor.exit_info(attempt) is not None
             host.feed(ev.GuardReading(self.ctx.now(), attempt.n, actions, exited=exited, run_pids=run_pids))
+            slow = host.executor.straggler(attempt)  # a node of a multi-node job the others wait for: said once
+            if slow:
+                host.incident("straggler", slow, {"attempt": attempt.n}, key=f"{self.run}:{attempt.n}:straggler")
         finally:
             host.lock.release()
 

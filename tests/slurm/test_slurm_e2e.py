@@ -121,7 +121,7 @@ def test_the_gpu_hour_cap_counts_every_node_of_a_two_node_job(bench: Bench, tmp_
     assert bench.store().run_state(name)[1].get("stop", {}).get("reason") == "gpu-hours-cap"
     assert attempt.gpus == 2
     job = slurm_job(attempt.job_id or "")
-    assert job.get("NumNodes") == "2" and job.get("NodeList") == "n[1-2]", job
+    assert job.get("NumNodes") == "2", job
     wall = parse_time(job["EndTime"]) - parse_time(job["StartTime"])
     assert attempt.gpu_seconds(time.time()) == pytest.approx(2 * wall)
     assert 6 <= attempt.gpu_seconds(time.time()) < 60  # Slurm counts whole seconds: 3 s × 2 GPUs at least

@@ -33,7 +33,8 @@ def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, *extra: str
                "--checkpoints", f"outputs/{name}/ckpt", *extra]
     env = {"BABYSIT_TRAINER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "BABYSIT_RDZV_PORT": str(29500 + secrets.randbelow(2000))}
-    tables.setdefault("slurm", {"nodes": 2, "time_limit": "00:05:00"})
+    # pinned to n1 and n2 (queued while another test holds them): the tests name the nodes
+    tables.setdefault("slurm", {"nodes": 2, "time_limit": "00:05:00", "sbatch_options": ["--nodelist=n[1-2]"]})
     tables.setdefault("guards", {"exclusive_gpu": False, "stall_minutes": 90})  # torch + gloo start slowly on busy cores
     return bench.run_toml(name, command, gpus=[0], env=env, **tables)
 
@@ -100,32 +101,34 @@ def restart_slurmd(node: str) -> None:
 
 
 def test_a_lost_node_is_the_machines_fault_and_the_run_resumes_without_it(bench: Bench, tmp_path: Path) -> None:
-    """node n2's slurmd killed mid-run: Slurm ends the job NODE_FAIL; babysit calls it the machine's fault
-    (never the trainer's), resubmits once with --exclude=n2 from the latest checkpoint, and the run ends."""
+    """The job's second node's slurmd killed mid-run (n5, in the "faults" partition no other test uses):
+    Slurm ends the job NODE_FAIL; babysit calls it the machine's fault (never the trainer's), resubmits
+    once with --exclude=n5 from the latest checkpoint, and the run completes on n4 and n6."""
     name = f"lost-{secrets.token_hex(3)}"
-    trainer_run(bench, tmp_path, name, 150, "--inject-step-delay", "0.15",
-                retry={"max_attempts": 1, "on": ["gpu-fault"], "resume": "latest-checkpoint"})
+    trainer_run(bench, tmp_path, name, 150, "--inject-step-delay", "0.15",  # on n4-n6: no other test's nodes
+                retry={"max_attempts": 1, "on": ["gpu-fault"], "resume": "latest-checkpoint"},
+                slurm={"nodes": 2, "partition": "faults", "time_limit": "00:05:00"})
     daemon = bench.start_up()
     try:
         bench.until("step 25 (a checkpoint at step 20)",
                     lambda: any(r.get("step", 0) >= 25 and "train_loss" in r for r in records(tmp_path, name)),
                     timeout=150)
         first = bench.store().attempts(name)[0]
-        assert slurm_job(first.job_id or "").get("NodeList") == "n[1-2]"
-        os.kill(slurmd_pid("n2"), signal.SIGKILL)
+        assert slurm_job(first.job_id or "").get("NodeList") == "n[4-5]"
+        os.kill(slurmd_pid("n5"), signal.SIGKILL)
         assert daemon.wait(timeout=300) == 0, bench.daemon_logs()[-3000:]
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        restart_slurmd("n2")
+        restart_slurmd("n5")
     attempts = bench.store().attempts(name)
     assert [a.outcome for a in attempts] == ["gpu-fault", "completed"], [(a.outcome, a.detail) for a in attempts]
     lost, again = attempts
-    assert lost.detail.get("state") == "NODE_FAIL" and lost.detail.get("lost_nodes") == ["n2"], lost.detail
-    assert "the machine's fault: Slurm lost n2" in lost.detail["summary"]
-    assert "--exclude=n2" in (Path(again.attempt_dir) / "job.sbatch").read_text()
-    assert slurm_job(again.job_id or "").get("NodeList") == "n[1,3]"
+    assert lost.detail.get("state") == "NODE_FAIL" and lost.detail.get("lost_nodes") == ["n5"], lost.detail
+    assert "the machine's fault: Slurm lost n5" in lost.detail["summary"]
+    assert "--exclude=n5" in (Path(again.attempt_dir) / "job.sbatch").read_text()
+    assert slurm_job(again.job_id or "").get("NodeList") == "n[4,6]"
     assert list(again.argv[-2:]) == ["--resume", "latest"]
     starts = [r for r in records(tmp_path, name) if r.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["config"]["resumed_from_step"] >= 20, starts
@@ -204,3 +207,18 @@ def test_a_time_limited_job_is_warned_checkpointed_and_chained_to_completion(ben
     assert starts[1] > 0 and starts[1:] == sorted(set(starts[1:])), starts  # each link further than the last
     assert log[-1].get("event") == "completed" and log[-1]["step"] == 300
     assert bench.store().run_state(name)[0] == "finished"
+
+
+def test_a_straggling_node_is_posted_once_by_name(bench: Bench, tmp_path: Path) -> None:
+    """n2's ranks sleep 0.3 s before each step (--inject-delay-node n2): n1 waits for it in every all-reduce.
+    One `straggler` incident names n2, however many guard rounds see it."""
+    name = f"slow-{secrets.token_hex(3)}"
+    trainer_run(bench, tmp_path, name, 80, "--inject-step-delay", "0.3", "--inject-delay-node", "n2")
+    bench.up(timeout=300)
+    attempt = bench.store().attempts(name)[0]
+    assert attempt.outcome == "completed", attempt.detail
+    said = [i for i in bench.store().incidents(name) if i.kind == "straggler"]
+    assert len(said) == 1, said
+    posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
+    text = [m["text"] for m in posted if m.get("kind") == "incident" and "straggler" in m.get("text", "")]
+    assert len(text) == 1 and "straggler: node n2 takes " in text[0], text

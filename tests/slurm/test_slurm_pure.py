@@ -484,3 +484,21 @@ def test_a_time_limit_link_continues_the_run_resumed_and_costs_no_attempt() -> N
     assert decision.retry and decision.n == 4 and decision.resume  # retry.on empty, max_attempts 1: still on
     crashed = next_attempt([*links, PastAttempt(4, "default", "crashed")], spec)
     assert not crashed.retry  # the links cost no attempt, but a crash is still judged by retry.on
+
+
+def test_the_warning_comes_five_minutes_or_a_tenth_of_the_limit_before_it(tmp_path: Path) -> None:
+    from babysit.core.errors import BabysitError
+    from babysit.core.spec import load_spec, slurm_seconds
+
+    assert [slurm_seconds(x) for x in ("5", "05:30", "01:00:00", "1-02", "1-02:03:04")] == [300, 330, 3600, 93600,
+                                                                                           93784]
+    assert SlurmSpec(time_limit="12:00:00").warning_seconds() == 300
+    assert SlurmSpec(time_limit="00:10:00").warning_seconds() == 60  # a tenth of a short limit
+    assert SlurmSpec(time_limit="00:10:00", time_limit_warning_seconds=120).warning_seconds() == 120
+    assert SlurmSpec().warning_seconds() is None
+    spec = tmp_path / "r.toml"
+    spec.write_text('[run]\nname = "r"\ncommand = ["t"]\nlog = "l.jsonl"\nexecutor = "slurm"\n'
+                    '[slurm]\ntime_limit = "00:01:00"\ntime_limit_warning_seconds = 60\n')
+    with pytest.raises(BabysitError, match=r"slurm.time_limit_warning_seconds: expected a number of seconds under "
+                                           r"time_limit \(00:01:00\), got 60"):
+        load_spec(spec)
