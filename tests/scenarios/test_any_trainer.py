@@ -90,8 +90,11 @@ def test_a_nan_run_that_exits_0_is_never_completed(workspace: Path) -> None:
     register_run(workspace, "nano_nan0", attempts=[["--iters", "30", "--nan-at", "25", "--sleep", "0.001"]],
                  extra="")
     run_daemon(workspace)
-    attempts = store_of(workspace).attempts("nano_nan0")
-    assert [a.outcome for a in attempts] == ["diverged"] * 3, [a.detail for a in attempts]  # retried, never clean
+    store = store_of(workspace)
+    attempts = store.attempts("nano_nan0")
+    assert [a.outcome for a in attempts] == ["diverged"], [a.detail for a in attempts]  # never clean
+    status, facts = store.run_state("nano_nan0")
+    assert status == "failed" and "identical command" in facts["end_reason"]  # its one profile: not run again
 
 
 def test_nanogpts_default_preamble_and_its_compile_raise_no_incident(workspace: Path) -> None:
