@@ -31,7 +31,6 @@ from babysit.sources import records
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.patterns import (
     SAMPLE_CHARS,
-    Hit,
     LineContext,
     Matcher,
     Program,
@@ -194,12 +193,12 @@ class _Matching:
         for i in range(len(lines)) if general is not None else sorted(own.keys() | {i for *_, by in tries for i in by}):
             line = lines[i]
             if i in own:
-                self._record(own[i], line)
+                record(self.pieces, own[i], line, self.source.step_offset, self.ctx, self.problems)
                 continue
             chosen = next(((k, name, tried, by[i]) for k, name, tried, by in tries if i in by), None)
             if chosen is not None:  # a line the patterns in force do not read: a preset ahead of them does
                 k, name, tried, found = chosen
-                self._record(found, line)
+                record(self.pieces, found, line, self.source.step_offset, self.ctx, self.problems)
                 read.add(i)
                 self._unread(lines[:i + 1], read)
                 self.preset, self.candidates = name, self.candidates[:k]
@@ -214,9 +213,6 @@ class _Matching:
                     self.ctx.notices.append(("preset", GENERAL))
         self._unread(lines, read)
         return []
-
-    def _record(self, found: list[Hit], line: bytes) -> None:
-        record(self.pieces, found, line, self.source.step_offset, self.ctx, self.problems)
 
     def _unread(self, lines: list[bytes], read: set[int]) -> None:
         """Keep the line to quote: the newest of `lines` not read that holds a number, else (when none is
