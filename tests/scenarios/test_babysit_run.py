@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -63,6 +64,8 @@ def test_an_unmodified_nanogpt_is_babysat_with_no_run_toml_and_exits_0(workspace
     assert {r["step"] for r in records if "train_loss" in r} == set(range(401))
     assert [r["val_loss"] for r in records if "val_loss" in r][:1] == [5.05]
     # the spec it wrote registers as it is, under another name: the file is the user's to edit
+    # its end names the spec by its whole path and the registry it is in, so the hint works from any folder
+    assert f"its run.toml: {spec} —" in out and f"babysit register COPY --registry {workspace / 'babysit.toml'}" in out
     (workspace / "nano2.toml").write_text(spec.read_text().replace('name = "nano"', 'name = "nano2"'))
     assert babysit("register", str(workspace / "nano2.toml"), "--registry", str(workspace / "babysit.toml"),
                    cwd=workspace).returncode == 0
@@ -328,3 +331,27 @@ def test_on_a_terminal_its_row_is_live_its_output_above_and_a_keyboard_ctrl_c_st
     code = term.wait(90)
     assert code == adhoc.EXIT_STOPPED, term.text[-3000:]
     assert "stopping tty gracefully" in term.text and "saving checkpoint to out" in term.text
+
+
+def test_a_sigterm_to_babysit_run_is_named_so_not_ctrl_c(workspace: Path) -> None:
+    proc = start(workspace, *NANOGPT, "--iters", "100000", "--sleep", "0.02")
+    wait_for(lambda: any(a.status == "running" for a in store_of(workspace).attempts("nano"))
+             if (workspace / ".babysit" / "state.db").exists() else False, what="the run launched")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == adhoc.EXIT_STOPPED, out
+    assert "SIGTERM: stopping nano gracefully" in out and "Ctrl-C:" not in out.split("SIGTERM")[1]
+    with sqlite3.connect(workspace / ".babysit" / "state.db") as db:
+        asked = [by for (by,) in db.execute("SELECT requested_by FROM control WHERE run = 'nano'")]
+    assert asked == ["babysit run (SIGTERM)"]
+
+
+def test_on_a_terminal_an_incident_prints_once_not_again_as_a_log_line(workspace: Path) -> None:
+    term = Terminal([PY, "-m", "babysit", "run", "--accelerated", "--gpu-probe", "none", "--name", "tty",
+                     "--registry", str(workspace / "babysit.toml"), "--", *SHAPES, "--nan-at", "60",
+                     "--steps", "100000", "--sleep", "0.01"], workspace)
+    code = term.wait(90)
+    assert code == adhoc.EXIT_DIVERGED, term.text[-3000:]
+    plain = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", term.text)
+    assert plain.count("loss = nan at step 60 — stopping the run") == 1, plain[-3000:]
