@@ -386,7 +386,7 @@ def test_a_read_survives_a_database_restart_and_a_write_after_it_succeeds(postgr
 def test_a_facts_item_is_written_as_json_dumps_writes_it(value: Any) -> None:
     """The merge's pieces (Store._merged_facts) skip json.dumps for ints, None and finite floats: each must
     read exactly as json.dumps writes the same item of a dict (bools and non-finite floats go through it)."""
-    from babysit.db.store import _json_piece
+    from babysit.db.facts import json_piece
 
-    assert "{" + _json_piece("k", value) + "}" == json.dumps({"k": value})
-    assert "{" + _json_piece("ключ\t", value) + "}" == json.dumps({"ключ\t": value})
+    assert "{" + json_piece("k", value) + "}" == json.dumps({"k": value})
+    assert "{" + json_piece("ключ\t", value) + "}" == json.dumps({"ключ\t": value})

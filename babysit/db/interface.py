@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from babysit.core.snapshot import Snapshot
-from babysit.db.store import Amendment, Attempt, HostLease, OutboxMessage, OutboxSummary, OwnerCall, Poll, PollRow, Row
+from babysit.db.rows import Amendment, Attempt, HostLease, OutboxMessage, OutboxSummary, OwnerCall, Poll, PollRow, Row
 
 
 @runtime_checkable

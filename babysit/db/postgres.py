@@ -37,7 +37,9 @@ from babysit.core.errors import StateError
 from babysit.db import journal
 from babysit.db.deadline import DeadlineExpired, bounded, check_client
 from babysit.db.redact import redact
-from babysit.db.store import SCHEMA_VERSION, Row, Store
+from babysit.db.rows import Row
+from babysit.db.sqlite_schema import SCHEMA_VERSION
+from babysit.db.store import Store
 from babysit.runtime.registry import StoreSettings
 
 log = structlog.get_logger("babysit.db.store")

@@ -1,6 +1,6 @@
 """The schema of the state database, declared once (SQLAlchemy Core): what every migration must arrive
 at, on both backends. PostgreSQL is migrated to it by Alembic (`babysit/db/migrations/`); SQLite by the
-steps in `babysit.db.store._MIGRATIONS` (plain SQL, so that opening `state.db` imports nothing heavy).
+steps in `babysit.db.sqlite_schema.MIGRATIONS` (plain SQL, so that opening `state.db` imports nothing heavy).
 tests/test_store_schema.py migrates each backend, fresh and from a file today's predecessor wrote, and
 compares it with this declaration: a column added in one place and forgotten in another fails there.
 
