@@ -183,7 +183,8 @@ def build_row(name: str, *, status: str, facts: ShownFacts, attempts: Sequence[A
                                  progress.steps_from_argv(last.argv) if last is not None and last.argv else None)
     file_cap = spec.guards.gpu_hours_cap if spec is not None else None
     cap = facts.enforced_cap if facts.enforced else file_cap  # the one the daemon enforces
-    n_gpus = len(spec.gpus) if spec is not None else (last.gpus if last else 0)
+    # the GPUs the attempt holds on all its nodes (a 2-node x 8-GPU Slurm job: 16), else the run.toml's
+    n_gpus = last.gpus if last is not None else (len(spec.gpus) if spec is not None else 0)
     progressed = progress.derive(step=step, seconds_per_step=sps, read_step=read_step, end_step=end_step,
                                  gpu_hours_used=progress.gpu_hours_used(attempts, now), gpu_hours_cap=cap,
                                  n_gpus=n_gpus, running=live)
@@ -205,7 +206,8 @@ def build_row(name: str, *, status: str, facts: ShownFacts, attempts: Sequence[A
         if status in ENDED and last is not None else None,
         verdict=None if v is None else Read(v.get("status"), v.get("label"), v.get("delta"), v.get("at_step")),
         hardware_profile=facts.hardware_profile,  # set by `babysit smoke`
-        note=note,
+        # where a live job runs, as its executor said in the latest poll ("Slurm job 12 RUNNING on n[1-2]")
+        note=note or (this_poll.snapshot.note if this_poll is not None and live else None),
         preset=facts.preset or (spec.source.preset if spec is not None and spec.source.preset != "auto"
                                        else None),
         preset_pending=spec is not None and spec.source.preset == "auto" and not facts.preset,

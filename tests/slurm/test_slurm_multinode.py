@@ -158,6 +158,9 @@ def test_a_stopped_rank_on_node_2_gives_every_ranks_stack_from_every_node_and_is
         rank_log = next(p for p in Path(attempt.attempt_dir).glob("rank-*.jsonl")
                         if json.loads(p.read_text().splitlines()[-1])["node"] == "n2")
         beat = json.loads(rank_log.read_text().splitlines()[-1])
+        status = bench.until("status naming the nodes", lambda: "RUNNING on n[1-2]" in (
+            out := bench.babysit("status").stdout) and out)
+        assert f"{name}: Slurm job {attempt.job_id} RUNNING on n[1-2]" in status, status
         os.kill(beat["pid"], signal.SIGSTOP)
         assert daemon.wait(timeout=200) == 0, bench.daemon_logs()[-3000:]
     finally:
