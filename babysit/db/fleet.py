@@ -37,7 +37,8 @@ import structlog
 
 from babysit.core.status import SHOWN_OUT_OF_SIGHT
 from babysit.db.deadline import bounded, check_client
-from babysit.db.postgres import CONNECT_TIMEOUT_S, CONTROL_CHANNEL, DEADLINE_S
+from babysit.db.pgconnection import CONNECT_TIMEOUT_S, DEADLINE_S
+from babysit.db.postgres import CONTROL_CHANNEL
 
 log = structlog.get_logger("babysit.fleet")
 

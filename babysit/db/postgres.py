@@ -12,172 +12,44 @@ The schema is never changed here: a database at another version is refused, nami
 
 The daemon's store also keeps a local journal (`start_journal`, `babysit.db.journal`): while PostgreSQL is
 down it babysits on a local mirror of this box's rows and replays what it wrote once PostgreSQL is back.
-
-Long on purpose: it is the PostgreSQL twin of babysit/db/store.py, statement for statement where the
-dialects differ, so the two backends are reviewed side by side.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import structlog
-from psycopg import pq
 
 from babysit.core.errors import StateError
 from babysit.db import journal
-from babysit.db.deadline import DeadlineExpired, bounded, check_client
+from babysit.db.deadline import DeadlineExpired
+from babysit.db.pgconnection import CONNECT_TIMEOUT_S, DEADLINE_S, DEADLINE_SETTING, PgConnection, with_id
 from babysit.db.redact import redact
 from babysit.db.rows import Row
 from babysit.db.sqlite_schema import SCHEMA_VERSION
 from babysit.db.store import Store
-from babysit.runtime.registry import StoreSettings
 
 log = structlog.get_logger("babysit.db.store")
 
 VERSION_TABLE = "babysit_schema_version"
 CONTROL_CHANNEL = "babysit_control"  # NOTIFY payload: the host a control request is addressed to
-CONNECT_TIMEOUT_S = 10
 # A reader with the box's mirror to show (the web page, `status`) gives PostgreSQL this long to answer a
 # connection (libpq's and psycopg's minimum), not 10 s: a silent host (packets dropped, not refused) must
 # not hold a page; and journal.TCP_BOUNDS, so a network going silent under an open connection fails a read
 # in seconds, not TCP's minutes
 READ_CONNECT_TIMEOUT_S = 2
-# How long one statement may wait for PostgreSQL's answer (babysit.db.deadline; [store] deadline_seconds,
-# read_deadline_seconds): the daemon's and the commands' longer (then the daemon journals), a reader's a
-# couple of seconds (then the mirror). Far above any statement babysit sends a healthy database; the
-# migrations and `babysit db copy`, which may legitimately run long, have none.
-DEADLINE_S = StoreSettings.deadline_seconds  # a reader's is given by its caller (babysit.db.url)
-DEADLINE_SETTING = "[store] deadline_seconds"
 READ_DEADLINE_SETTING = "[store] read_deadline_seconds"
 
 
 class DatabaseUnreachable(StateError):
     """PostgreSQL could not be reached at all (no statement ran): a reader may show the box's mirror."""
-
-
-class PgRow:
-    """A row read by position and by name, like sqlite3.Row, so the shared SQL reads both alike."""
-
-    __slots__ = ("_index", "_values")
-
-    def __init__(self, index: dict[str, int], values: Sequence[Any]) -> None:
-        self._index = index
-        self._values = values
-
-    def __getitem__(self, key: int | str) -> Any:
-        return self._values[key] if isinstance(key, int) else self._values[self._index[key]]
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-    def __iter__(self) -> Any:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        return f"PgRow({dict(zip(self._index, self._values, strict=True))!r})"
-
-
-def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], PgRow]:
-    index = {d.name: i for i, d in enumerate(cursor.description or ())}
-    return lambda values: PgRow(index, values)
-
-
-@lru_cache(maxsize=512)
-def _pg_sql(sql: str) -> str:
-    """The shared SQL's `?` parameters as psycopg's `%s` (a literal % doubled). None of babysit's SQL has
-    a `?` inside a quoted literal: values always travel as parameters."""
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
-class PgConnection:
-    """What the shared SQL calls on a connection (execute, executemany, in_transaction, close), over a
-    psycopg connection in autocommit mode: BEGIN/COMMIT are the store's, as on SQLite. Each call answers
-    within `deadline` seconds or fails with DeadlineExpired, the connection lost (None: no bound)."""
-
-    def __init__(self, url: str, name: str = "babysit", timeout: float = CONNECT_TIMEOUT_S,
-                 bounds: dict[str, int] | None = None, deadline: float | None = DEADLINE_S,
-                 setting: str = DEADLINE_SETTING) -> None:
-        self.url = url
-        self.name = name  # PostgreSQL's application_name: which box a connection is, in pg_stat_activity
-        self.timeout = timeout
-        self.bounds = bounds or {}  # libpq's TCP limits (journal.TCP_BOUNDS): a silent network fails in seconds
-        self.deadline = deadline
-        self.setting = setting  # the setting that sets `deadline`, named by its error
-        self.stalled = False  # the last call's deadline expired (PostgreSQL took it and stopped answering)
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self.stalled = False
-            self._conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=self.timeout, application_name=self.name, **self.bounds)
-            if self.deadline is not None:
-                check_client(self._conn, self.deadline, self.setting)
-        return self._conn
-
-    @contextlib.contextmanager
-    def _bounded(self) -> Iterator[psycopg.Connection[Any]]:
-        """The connection (opened if need be), what runs inside bounded by the deadline; `stalled` when it
-        expired."""
-        try:
-            conn = self._connection()
-            with bounded(conn, self.deadline, self.setting):
-                yield conn
-        except DeadlineExpired:
-            self.stalled = True
-            raise
-
-    def connect(self) -> None:
-        with self._bounded():
-            pass
-
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        with self._bounded() as conn:
-            return conn.execute(_pg_sql(sql), tuple(args))  # its rows fetched: reading them waits for nothing
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._bounded() as conn, conn.cursor() as cur:
-            cur.executemany(_pg_sql(sql), rows)
-
-    @property
-    def in_transaction(self) -> bool:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            return False
-        return conn.info.transaction_status != pq.TransactionStatus.IDLE
-
-    @property
-    def lost(self) -> bool:
-        return self._conn is not None and (self._conn.closed or self._conn.broken)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-
-
-_INSERT = re.compile(r"^\s*INSERT INTO (\w+) \(")
-
-
-def _with_id(sql: str) -> tuple[str, str]:
-    """An INSERT of the shared SQL with an explicit id first: (its table, the statement)."""
-    table = _INSERT.match(sql)
-    if table is None or "VALUES (" not in sql:
-        raise AssertionError(f"not an INSERT ... VALUES: {sql[:60]}")
-    head = sql[:table.end()] + "id, " + sql[table.end():]
-    return table.group(1), head.replace("VALUES (", "VALUES (?, ", 1)
 
 
 class PostgresStore(Store):
@@ -429,7 +301,7 @@ class PostgresStore(Store):
         """The new row's id: on the daemon's store one of its reserved ids (the row keeps it when journaled);
         a control request's is the database's (it is written only with PostgreSQL up)."""
         if self.journaled and not sql.lstrip().startswith("INSERT INTO control"):
-            table, sql = _with_id(sql)
+            table, sql = with_id(sql)
             new_id = db.take_id(table)
             db.execute(sql, (new_id, *args))
             return new_id
@@ -445,7 +317,7 @@ class PostgresStore(Store):
         if not self.journaled:
             db.executemany(sql, rows)
             return
-        table, sql = _with_id(sql)
+        table, sql = with_id(sql)
         db.executemany(sql, [(db.take_id(table), *row) for row in rows])
 
     def _start_tx(self) -> None:
