@@ -28,7 +28,7 @@ import psycopg
 import structlog
 
 from babysit.core.errors import StateError
-from babysit.db import journal
+from babysit.db import journal, mirror
 from babysit.db.deadline import DeadlineExpired
 from babysit.db.pgconnection import CONNECT_TIMEOUT_S, DEADLINE_S, DEADLINE_SETTING, PgConnection, with_id
 from babysit.db.redact import redact
@@ -101,7 +101,7 @@ class PostgresStore(Store):
             if not isinstance(exc, psycopg.Error):
                 raise
             if may_start_down and isinstance(exc, psycopg.OperationalError) and host and state_dir:
-                since = journal.mirror_of(self.mirror_path, host)
+                since = mirror.mirror_of(self.mirror_path, host)
                 if since is not None:
                     self.started_down = (str(exc).strip(), since)
                     return
@@ -133,7 +133,7 @@ class PostgresStore(Store):
         try:
             with self._lock:
                 left = journal.replay(pg, local)
-                journal.seed(pg, local, self.host)
+                mirror.seed(pg, local, self.host)
                 pool = journal.IdPool.fresh(local)
                 local.execute("BEGIN IMMEDIATE")  # one commit for the reserve, not one an id (~30,000: seconds)
                 try:
@@ -190,7 +190,7 @@ class PostgresStore(Store):
         The old file's connection is closed first: its WAL must not be shared with the new file's."""
         self._db.local.close()
         local = journal.open_local(self.mirror_path)
-        journal.seed(pg, local, self.host)
+        mirror.seed(pg, local, self.host)
         self._db.pool.rebind(local)
         self._db.local = local
         self._mirror_file = _file_id(self.mirror_path)
@@ -230,7 +230,7 @@ class PostgresStore(Store):
                 if self._mirror_moved():  # removed by hand: the next outage would journal into nothing
                     self._reopen_mirror(self._db.pg)
                     return
-                journal.refresh(self._db.pg, self._db.local, self.host)
+                mirror.refresh(self._db.pg, self._db.local, self.host)
             except psycopg.Error as exc:
                 if self._db.pg.lost:
                     self._db._go_down(exc)
@@ -267,7 +267,7 @@ class PostgresStore(Store):
                 if moved or self._mirror_moved():
                     self._reopen_mirror(conn)
                 else:
-                    journal.seed(conn, self._db.local, self.host)
+                    mirror.seed(conn, self._db.local, self.host)
                 self._db.pg.close()
                 self._db.pg = conn
                 self._db.down = False
@@ -421,7 +421,7 @@ class PostgresStore(Store):
         with self._lock:
             if self.journaled and not self._db.down:  # stopped connected: the mirror is current as of now
                 with contextlib.suppress(sqlite3.Error):
-                    journal.synced(self._db.local, time.time())
+                    mirror.synced(self._db.local, time.time())
             self._db.close()
 
 

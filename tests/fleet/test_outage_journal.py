@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from babysit.core.snapshot import Snapshot
-from babysit.db import journal
+from babysit.db import journal, mirror
 from babysit.db.postgres import PgConnection, PostgresStore
 from babysit.db.store import PollRow
 from tests.fleet.helpers import wait_for
@@ -229,10 +229,10 @@ def test_the_mirror_says_it_was_in_step_as_of_the_daemon_s_last_connected_write(
     its mirror was hours old)."""
     store = _daemon_store(pg_url, tmp_path)
     try:
-        seeded = journal.synced_at(store._db.local)
+        seeded = mirror.synced_at(store._db.local)
         time.sleep(1.1)
         before = time.time()
         store.add_incident("r1", None, 2.0, "later", {})
-        assert seeded is not None and journal.synced_at(store._db.local) >= before > seeded
+        assert seeded is not None and mirror.synced_at(store._db.local) >= before > seeded
     finally:
         store.close()
