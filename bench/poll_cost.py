@@ -150,11 +150,6 @@ def gpu_parts(nv: Any, args: argparse.Namespace) -> dict[str, Any]:
     out["  probe check"] = {"n": 0, "median_us": 0, "p90_us": 0, "util_source": probe.util_source(args.gpu),
                             "errors": list(reading.errors) if reading else ["no reading"],
                             "processes": len(reading.processes) if reading else None}
-    if hasattr(probe._nv, "_nvmlGetFunctionPointer"):
-        h = probe._handle(args.gpu)
-        kind = probe._nv.NVML_GPU_UTILIZATION_SAMPLES
-        out["babysit _samples_one_call(ts=0) (1 C call, reused buffer)"] = summary(
-            time_calls(lambda: probe._samples_one_call(h, kind, 0), args.n))
     probe.close()
 
     nv.nvmlInit()

@@ -292,9 +292,7 @@ class FakeNvml:
 
     def __init__(self, gpus: int = 2) -> None:
         self.count = gpus
-        self.samples: dict[int, list[tuple[int, int]]] = {i: [] for i in range(gpus)}
         self.rates: dict[int, int] = {i: 0 for i in range(gpus)}
-        self.samples_supported = True
         self.lost: set[int] = set()
         self.ecc = {i: 0 for i in range(gpus)}
         self.procs: dict[int, list] = {i: [] for i in range(gpus)}
@@ -321,15 +319,6 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i):
         self._check(i)
         return i
-
-    def nvmlDeviceGetSamples(self, h, kind, last):
-        self._check(h)
-        if not self.samples_supported:
-            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
-        new = [(t, v) for t, v in self.samples[h] if t > last]
-        if not new:
-            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return 1, [SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v)) for t, v in new]
 
     def nvmlDeviceGetUtilizationRates(self, h):
         self._check(h)
@@ -365,22 +354,8 @@ def probe(nv):
     p.close()
 
 
-def test_util_averages_samples_since_the_last_read_skipping_older_ones(nv):
-    probe = NvmlGpuProbe(library=nv, sample_buffer=True)  # NVML's sample buffer, opt-in (2 ms a call)
-    nv.samples[0] = [(1, 5), (2, 5)]  # before the probe looked: not this window's
-    probe.read([0])
-    nv.samples[0] += [(3, 90), (4, 100)]
-    probe.sample()
-    nv.samples[0] += [(5, 95)]
-    g = probe.read([0]).gpu(0)
-    assert (g.util_pct, g.util_samples) == (95.0, 3)
-    assert probe.util_source(0) == "samples"
-    g = probe.read([0]).gpu(0)  # no new samples: not measured, not zero
-    assert (g.util_pct, g.util_samples, g.errors) == (None, 0, ())
-
-
-def test_util_falls_back_to_rates_without_a_sample_buffer(nv, probe):
-    nv.samples_supported = False
+def test_util_averages_the_rates_sampled_since_the_last_read(nv, probe):
+    assert probe.util_source(0) is None  # not sampled yet
     probe.read([0])
     for value in (80, 100):
         nv.rates[0] = value
@@ -482,9 +457,9 @@ def test_the_periodic_sampler_has_no_work_while_every_watched_gpu_has_gpm():
         probe.close()
 
 
-def test_a_gpu_without_gpm_or_with_gpm_off_is_sampled_as_before():
-    nv = GpmNvml()
-    probe = NvmlGpuProbe(library=nv, gpm=False)
+def test_a_gpu_without_gpm_is_sampled_as_before():
+    nv = GpmNvml(gpm_gpus=frozenset())
+    probe = NvmlGpuProbe(library=nv)
     window = poll_window("r1")
     probe.read([0], window=window)
     nv.rates[0] = 70
@@ -597,7 +572,6 @@ def test_out_of_range_indices_are_left_out_for_the_guard_to_report(nv, probe):
 
 def test_a_poll_window_averages_its_whole_interval_whatever_the_guards_read(nv, probe):
     """Guard reads every few seconds must not shrink a poll's average to the last few samples."""
-    nv.samples_supported = False
     probe.read([0], window="poll:r")  # the launch read opens the run's poll window
     for value in (100, 100, 10, 10, 10, 10):
         nv.rates[0] = value

@@ -11,9 +11,9 @@ at each guard check or poll; `util_pct` (and `util_min_pct`) cover every sample 
 of that GPU *in the same window*. Windows are independent: a run's polls read `poll:<run>`, which its
 prelaunch read opens, so a poll averages its whole interval however often the guards read. By default
 each sample is nvmlDeviceGetUtilizationRates (~1 µs on an H200; itself an average over the driver's
-last sampling period). NVML's own sample buffer (nvmlDeviceGetSamples, `sample_buffer=True`) misses
-nothing between calls but measured ~2 ms a call on the H200 (bench/README.md), 2000x the cost, and
-holds only the last 14 s (71 samples 200 ms apart, bench/gpu_util_window.py).
+last sampling period). NVML's own sample buffer (nvmlDeviceGetSamples) would miss nothing between calls,
+but it measured ~2 ms a call on the H200, 2000x the cost, and holds only the last 14 s
+(bench/gpu_util_window.py).
 
 A poll window (`poll_window(run)`) on a GPU with GPM (GPU Performance Monitoring: Hopper and later) is
 measured instead from the GPU's own activity counters, one snapshot at each end of the window
@@ -52,7 +52,6 @@ from babysit.probes import health
 from babysit.probes.host import process_state
 
 HISTORY = 512  # health signals kept for the exit's classification (signals_since)
-SAMPLE_BUFFER = 256  # nvmlSample_t slots for one nvmlDeviceGetSamples call (the driver keeps fewer)
 NO_DRIVER_FIX = "install the NVIDIA driver and nvidia-ml-py matching it (`nvidia-smi` must work)"
 
 
@@ -72,15 +71,6 @@ class GpuProbe(Protocol):
     def close_window(self, window: str) -> None:
         """Forget a reader's window (a run that ended), so samples stop feeding it."""
     def close(self) -> None: ...
-
-
-@dataclass
-class _Util:
-    """How one GPU's utilization is sampled (NVML's buffer or rates) and where the buffer was left."""
-
-    last_ts: int = 0  # newest NVML sample timestamp consumed (µs)
-    primed: bool = False  # the buffer's pre-existing samples were skipped once
-    rates_only: bool = False  # the GPU has no sample buffer: accumulate GetUtilizationRates
 
 
 @dataclass
@@ -109,10 +99,9 @@ class NvmlGpuProbe:
     (`call_timeout_s`): a GPU whose call blocks is read as `unresponsive`, never a blocked guard round.
     """
 
-    def __init__(self, *, library: Any = None, sample_buffer: bool = False, events_thread: bool | None = None,
+    def __init__(self, *, library: Any = None, events_thread: bool | None = None,
                  call_timeout_s: float = health.CALL_TIMEOUT_S, clock: Callable[[], float] = time.time,
-                 slow_field_seconds: float = health.SLOW_FIELD_S, health_events: bool = True,
-                 gpm: bool = True) -> None:
+                 slow_field_seconds: float = health.SLOW_FIELD_S, health_events: bool = True) -> None:
         self._lock = threading.Lock()
         self._events_thread = (library is None) if events_thread is None else events_thread
         # False: a probe that reads who holds the GPUs (a fleet's GPU report, /babysit gpus) and waits for
@@ -130,13 +119,12 @@ class NvmlGpuProbe:
         self._history: deque[tuple[int, str, GpuSignal]] = deque(maxlen=HISTORY)
         self._listeners: list[Callable[[int, tuple[GpuSignal, ...]], None]] = []
         self._registered: dict[int, int] = {}  # gpu -> the event mask registered on it
-        self._sample_buffer = sample_buffer
         self._nv: Any = library
         self._ok = False
         self._reason: str | None = "NVML not initialised yet"
         self._count = 0
         self._handles: dict[int, Any] = {}
-        self._util: dict[int, _Util] = {}
+        self._sampled: set[int] = set()  # GPUs whose rate was read at least once (util_source)
         self._windows: dict[int, dict[str, _Window]] = {}  # gpu -> window name -> running sum
         self._events: Any = None
         self._ecc_base: dict[int, int] = {}
@@ -144,8 +132,6 @@ class NvmlGpuProbe:
         self._errors: dict[int | None, list[str]] = {}
         self._watched: set[int] = set()  # GPUs read() was asked about: the only ones sample() samples
         self._ident: dict[int, tuple[str, str]] = {}  # name and UUID never change: asked once
-        self._sample_buf: Any = None  # one reused NVML sample buffer (see _samples_one_call)
-        self._use_gpm = gpm
         self._gpm: dict[int, bool] = {}  # gpu -> its poll windows are measured by GPM counters
         self._marks: dict[int, dict[str, tuple[Any, float]]] = {}  # gpu -> poll window -> (GPM snapshot, at)
         self._unfreed: list[Any] = []  # GPM snapshots of closed windows, freed on the worker's next read
@@ -235,7 +221,7 @@ class NvmlGpuProbe:
 
     def _gpm_supported(self, i: int, h: Any) -> bool:
         nv = self._nv
-        if not self._use_gpm or not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
             return False
         support = self._nvml("nvmlGpmQueryDeviceSupport", h, default=None, gpu=i,
                              on={nv.NVML_ERROR_NOT_SUPPORTED: None})
@@ -331,11 +317,10 @@ class NvmlGpuProbe:
 
     def util_source(self, index: int) -> str | None:
         """How GPU `index`'s utilization is sampled: "gpm" (its poll windows from GPM counters, the
-        others from rates), "samples" (NVML's buffer), "rates", or None (not yet)."""
+        others from rates), "rates", or None (not yet)."""
         if self._gpm.get(index):
             return "gpm"
-        acc = self._util.get(index)
-        return None if acc is None else ("rates" if acc.rates_only else "samples")
+        return "rates" if index in self._sampled else None
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -377,33 +362,7 @@ class NvmlGpuProbe:
         h = self._handle(i)
         if h is None:
             return
-        nv = self._nv
-        acc = self._util.get(i) or self._util.setdefault(i, _Util(rates_only=not self._sample_buffer))
-        if not acc.rates_only:
-            unsupported = object()
-            # pynvml's nvmlDeviceGetSamples makes two driver calls (size, then data) and allocates a
-            # fresh array each time; on GSP GPUs (H100/H200) each driver call is a firmware round trip.
-            # One call into a reused buffer halves that (bench/poll_cost.py times both).
-            getter = self._samples_one_call if hasattr(nv, "_nvmlGetFunctionPointer") else "nvmlDeviceGetSamples"
-            got = self._nvml(getter, h, nv.NVML_GPU_UTILIZATION_SAMPLES, acc.last_ts,
-                             default=None, gpu=i,
-                             on={nv.NVML_ERROR_NOT_FOUND: (None, []), nv.NVML_ERROR_NOT_SUPPORTED: unsupported})
-            if got is None:
-                return  # an error, recorded; this tick adds nothing
-            if got is unsupported:
-                acc.rates_only = True
-            else:
-                value_type, samples = got
-                fresh = [s for s in samples if s.timeStamp > acc.last_ts]
-                if fresh:
-                    acc.last_ts = max(s.timeStamp for s in fresh)
-                if not acc.primed:  # samples from before the probe first looked are not this window's
-                    acc.primed = True
-                    return
-                attr = _value_attr(nv, value_type)
-                for s in fresh:
-                    self._add(i, float(getattr(s.sampleValue, attr)))
-                return
+        self._sampled.add(i)
         rates = self._nvml("nvmlDeviceGetUtilizationRates", h, default=None, gpu=i)
         if rates is not None:
             self._add(i, float(rates.gpu))
@@ -411,28 +370,6 @@ class NvmlGpuProbe:
     def _add(self, i: int, value: float) -> None:
         for window in tuple(self._windows.setdefault(i, {}).values()):  # close_window may pop one meanwhile
             window.add(value)
-
-    def _samples_one_call(self, h: Any, kind: int, last_ts: int) -> tuple[int, list[Any]]:
-        """nvmlDeviceGetSamples in ONE driver call into a buffer kept between calls.
-
-        NVML fills at most the buffer's capacity and says how many it wrote (the documented contract);
-        a buffer of SAMPLE_BUFFER holds more than the driver keeps, so nothing is cut. The samples are
-        consumed before the next call (under the probe's lock), so reusing the buffer is safe.
-        """
-        import ctypes
-
-        nv = self._nv
-        if self._sample_buf is None:
-            self._sample_buf = (nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples"),
-                                (nv.c_nvmlSample_t * SAMPLE_BUFFER)())
-        fn, buf = self._sample_buf
-        count = ctypes.c_uint(SAMPLE_BUFFER)
-        value_type = nv._nvmlValueType_t()
-        ret = fn(h, nv._nvmlSamplingType_t(kind), ctypes.c_ulonglong(last_ts), ctypes.byref(value_type),
-                 ctypes.byref(count), buf)
-        if ret != nv.NVML_SUCCESS:
-            raise nv.NVMLError(ret)
-        return value_type.value, buf[: count.value]
 
     def _drain_events(self) -> None:
         """Without the event thread: the events queued since the last read, taken now."""
@@ -730,19 +667,6 @@ def _init_reason(nv: Any, error: str) -> str:
     if "permission" in lowered:
         return "no permission to open /dev/nvidia* — run babysit as a user allowed to use the GPUs"
     return f"NVML failed to initialise ({error}) — {NO_DRIVER_FIX}"
-
-
-def _value_attr(nv: Any, value_type: int | None) -> str:
-    """The nvmlValue_t union member holding samples of `value_type`."""
-    by_type = {
-        nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    }
-    return by_type.get(value_type, "uiVal")
 
 
 def _missing(fn: str) -> Any:
