@@ -1,6 +1,6 @@
 """GPU health through NVML: the calls that never block the guard round, the event thread, the batch read.
 
-Three pieces, used by `NvmlGpuProbe` (babysit/probes/gpu.py):
+Three pieces, used by `NvmlGpuProbe` (babysit/probes/nvml_probe.py):
 
 - `NvmlCaller` runs NVML work on one worker thread and waits for it with a timeout. A call that does
   not return in time is itself a signal (`unresponsive`, NVIDIA/DCGM#313 saw calls block > 45 s on a
@@ -214,7 +214,7 @@ class WorkerSampler:
         self._caller = caller
         self.sample = sample
         self.interval = interval
-        self._needed = needed  # False: every watched GPU has GPM, nothing to sample (probes/gpu.py)
+        self._needed = needed  # False: every watched GPU has GPM, nothing to sample (probes/gpm.py)
 
     @property
     def running(self) -> bool:
