@@ -134,9 +134,9 @@ FIELD_VALUES_C = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32,
 
 class CFieldsStandIn(StandIn):
     """The stand-in whose nvmlDeviceGetFieldValues is pynvml's own wrapper code over a C-callable stand-in for
-    NVML's C function, found through the library's own `_nvmlGetFunctionPointer`, as pynvml finds the real
-    one: the probe's prepared array (babysit/probes/nvml_fields.py) calls that same C function, through
-    ctypes' own argument passing. The C function answers from `fields` like StandIn's, and records what it
+    NVML's C function, in a stand-in for the loaded library (`nvmlLib`) where pynvml's lookup finds it, as it
+    finds the real one: the probe's prepared array (babysit/probes/nvml_fields.py) calls that same C function
+    from that library, through ctypes' own argument passing. The C function answers from `fields` like StandIn's, and records what it
     was asked and whether the array came in as pynvml builds it (ids set, every answer member zero)."""
 
     def __init__(self, gpus: int = 2, *, has_field_values: bool = True) -> None:
@@ -149,17 +149,26 @@ class CFieldsStandIn(StandIn):
         fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(self._callback, ctypes.c_void_p).value)
         fn.argtypes = None  # no prototype, as pynvml's CDLL functions: ctypes converts each argument by its type
 
-        def lookup(name: str):
-            self.lookups += 1
-            if name != "nvmlDeviceGetFieldValues" or not has_field_values:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-            return fn
+        stand_in = self
 
-        self._nvmlGetFunctionPointer = lookup
-        self._nvmlCheckReturn = pynvml._nvmlCheckReturn
+        class Library:  # the loaded NVML (a ctypes CDLL in pynvml): its C functions by name
+            def __getattr__(self, name: str):
+                stand_in.lookups += 1
+                if name != "nvmlDeviceGetFieldValues" or not has_field_values:
+                    raise AttributeError(name)
+                return fn
+
+        self.nvmlLib = Library()
+
+        def lookup(name: str):  # pynvml's _nvmlGetFunctionPointer over that library
+            try:
+                return getattr(self.nvmlLib, name)
+            except AttributeError:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND) from None
+
         self.nvmlDeviceGetFieldValues = types.FunctionType(
-            pynvml.nvmlDeviceGetFieldValues.__code__, {**vars(pynvml), "_nvmlGetFunctionPointer": lookup},
-            "nvmlDeviceGetFieldValues")
+            pynvml.nvmlDeviceGetFieldValues.__code__,
+            {**vars(pynvml), "_nvmlGetFunctionPointer": lookup, "nvmlLib": self.nvmlLib}, "nvmlDeviceGetFieldValues")
 
     def _field_values_c(self, device, count, values) -> int:
         i = (device or 0) - 0x1000

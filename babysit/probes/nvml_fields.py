@@ -3,11 +3,12 @@
 pynvml's wrapper builds a ctypes array at every call and sets each field id through its structure's
 Python-level `__setattr__` (after a TypeError for each id: it first tries an (id, scope) pair); each
 member read back goes through a Python-level `__getattribute__` too. A `FieldBatch` keeps, for one set
-of field ids, the array pynvml would build (the ids set, the rest zero) and calls the same C function
-through pynvml's own function-pointer lookup, copying that pristine array over the one NVML writes first
-(one memmove: every call starts from exactly what pynvml's would). `answer` reads every field's value
-type, return code and value bytes in one struct unpack, so a round in which nothing changed is one tuple
-compared (babysit/probes/health.py `read_fields`).
+of field ids, the array pynvml would build (the ids set, the rest zero) and calls the same C function, NVML's
+documented `nvmlDeviceGetFieldValues`, in the library pynvml loaded (`pynvml.nvmlLib`), copying that
+pristine array over the one NVML writes first (one memmove: every call starts from exactly what pynvml's
+would). pynvml has no public call that takes a prepared array; NVML's C function is public API.
+`answer` reads every field's value type, return code and value bytes in one struct unpack, so a round in
+which nothing changed is one tuple compared (babysit/probes/health.py `read_fields`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ ANSWER_MEMBERS = ("valueType", "nvmlReturn", "value")
 class FieldBatch:
     """One set of fields asked of one GPU: their names and ids, and the prepared call where it can be made.
 
-    `fetch(handle)` is None where the library's `nvmlDeviceGetFieldValues` is not pynvml's own (a stand-in
-    that replaced it, a pynvml without the lookup) or NVML has no such function: the caller then calls the
-    wrapper by name, as before."""
+    `fetch(handle)` is None where the library's `nvmlDeviceGetFieldValues` is not pynvml's own over its loaded
+    NVML (a stand-in that replaced it) or NVML has no such function: the caller then calls the wrapper by
+    name, as before."""
 
     __slots__ = ("_answer", "array_type", "fetch", "ids", "names")
 
@@ -68,19 +69,17 @@ def _answer_struct(value_type: Any, count: int) -> struct.Struct | None:
 def _prepared(nv: Any, array_type: Any, ids: Sequence[int]) -> Callable[[Any], Any] | None:
     """`nvmlDeviceGetFieldValues(handle)` for `ids` into one array kept between calls, or None (see FieldBatch).
 
-    Made only where the library's wrapper looks its C function up through the library's own
-    `_nvmlGetFunctionPointer`: that is pynvml's wrapper (or pynvml's code over a stand-in C function),
-    so calling that pointer with the prepared array is what the wrapper does. A stand-in that replaced the
-    wrapper keeps its own (and never gets a real NVML pointer for its fake handles)."""
-    lookup = getattr(nv, "_nvmlGetFunctionPointer", None)
-    check = getattr(nv, "_nvmlCheckReturn", None)
+    Made only where the library's wrapper is pynvml's code over the library's own loaded NVML (`nvmlLib`, a
+    ctypes CDLL, set by nvmlInit): calling that library's C function with the prepared array is then what
+    the wrapper does. A stand-in that replaced the wrapper keeps its own (and never gets a real NVML
+    function for its fake handles)."""
+    lib = getattr(nv, "nvmlLib", None)
     wrapper = getattr(nv, FIELD_VALUES, None)
-    found = getattr(wrapper, "__globals__", {}).get("_nvmlGetFunctionPointer")
-    if lookup is None or check is None or found is not lookup:
+    if lib is None or getattr(wrapper, "__globals__", {}).get("nvmlLib") is not lib:
         return None
     try:
-        fn = lookup(FIELD_VALUES)
-    except Exception:  # not in this NVML (FUNCTION_NOT_FOUND), or not initialised: the wrapper says so itself
+        fn = getattr(lib, FIELD_VALUES)
+    except AttributeError:  # not in this NVML: the wrapper says so itself (FUNCTION_NOT_FOUND)
         return None
     fresh = array_type()
     for k, field_id in enumerate(ids):
@@ -89,10 +88,13 @@ def _prepared(nv: Any, array_type: Any, ids: Sequence[int]) -> Callable[[Any], A
     count = ctypes.c_int32(len(ids))
     size = ctypes.sizeof(array_type)
     memmove, byref = ctypes.memmove, ctypes.byref
+    success, error = nv.NVML_SUCCESS, nv.NVMLError
 
     def nvmlDeviceGetFieldValues(handle: Any) -> Any:  # named as pynvml's: an error is recorded as before
         memmove(work, fresh, size)
-        check(fn(handle, count, byref(work)))
+        code = fn(handle, count, byref(work))
+        if code != success:
+            raise error(code)  # pynvml's NVMLError: the subclass of that code, as its wrapper raises
         return work
 
     return nvmlDeviceGetFieldValues
