@@ -333,8 +333,8 @@ class WebServer:
         try:
             tcp = web.TCPSite(runner, self.settings.host, self.settings.port)
             await tcp.start()
-            sockets = tcp._server.sockets if tcp._server is not None else ()
-            port = sockets[0].getsockname()[1] if sockets else self.settings.port  # --port 0: the one given
+            addresses = runner.addresses  # each bound socket's getsockname(): (host, port, ...)
+            port = addresses[0][1] if addresses else self.settings.port  # --port 0: the one given
             host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
             self.url = f"http://{host}:{port}/"
             self._ready.set()
