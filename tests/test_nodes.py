@@ -93,3 +93,26 @@ def test_a_node_slow_to_join_the_all_reduce_is_a_straggler_and_an_even_job_has_n
     assert straggler(rows(0.02), beats_seen=12) is None  # 2x slower, but 2.5% of a step: noise
     assert straggler(rows(0.3), beats_seen=5) is None  # too few steps to say
     assert straggler(rows(0.3)[:1], beats_seen=12) is None  # one node: nobody waits
+
+
+def test_the_ram_floor_reads_the_lowest_node_and_names_it() -> None:
+    from babysit.core.guards import LiveFacts, live
+    from babysit.core.nodes import lowest_ram
+    from babysit.core.spec import GuardsSpec
+
+    rows = node_rows([probe("n1", 20.0), probe("n2", 0.5), probe("n3", 9.0)], {}, now=1.0)
+    ram, node = lowest_ram(rows)
+    assert (ram, node) == (int(0.5 * GIB), "n2")
+    assert lowest_ram(node_rows([], {0: beats("n1", range(1, 3), 1.0)}, now=2.0)) == (None, None)  # not measured
+    facts = LiveFacts(gpus=(), view=None, run_pids=frozenset(), gpu_hours_used=0.0, gpu_hours_projected_at_end=None,
+                      seconds_since_last_record=1.0, process_alive=True, available_ram_bytes=ram, ram_node=node)
+    [action] = [a for a in live(GuardsSpec(min_free_host_ram_gib=1.0), facts) if a.incident == "host-memory-pressure"]
+    assert "host RAM available 0.50 GiB on node n2 < 1 GiB floor" in action.message
+    assert action.detail["node"] == "n2"
+
+
+def test_a_one_node_job_keeps_its_row_out_of_the_poll_text() -> None:
+    rows = node_rows([probe("n1", 20.0)], {}, now=1.0)
+    snap = build_snapshot(run="r", attempt=1, at=1.0, kind="periodic", step=4, nodes=rows)
+    assert Snapshot.from_dict(snap.to_dict()).nodes == rows
+    assert "node n1" not in render("poll", {"snapshot": snap.to_dict()}).text

@@ -86,6 +86,7 @@ class LiveFacts:
     sightings: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, pid) -> consecutive reads
     nonfinite: tuple[int, str, float] | None = None  # (step, metric, value): a watched metric went NaN/inf
     minute_seconds: float = 60.0  # real seconds a declared minute lasts (1 under --accelerated)
+    ram_node: str | None = None  # a job across nodes: the node whose free RAM `available_ram_bytes` is (its lowest)
 
 
 CONFIRM_READS_VISIBLE = 2  # a live foreign process babysit can see: this read and the one before
@@ -209,9 +210,11 @@ def live(guards: GuardsSpec, facts: LiveFacts) -> tuple[Action, ...]:
     ram = facts.available_ram_bytes
     if ram is not None and below_ram_floor(ram, guards.min_free_host_ram_gib):
         out.append(Action("incident", "host-memory-pressure",
-                          f"host RAM available {gib(ram)} < {guards.min_free_host_ram_gib:g} GiB floor — "
+                          f"host RAM available {gib(ram)}{f' on node {facts.ram_node}' if facts.ram_node else ''} < "
+                          f"{guards.min_free_host_ram_gib:g} GiB floor — "
                           "the next attempt halves the [machinery] knobs if this one fails",
-                          {"available_ram_bytes": ram, "min_free_host_ram_gib": guards.min_free_host_ram_gib}))
+                          {"available_ram_bytes": ram, "min_free_host_ram_gib": guards.min_free_host_ram_gib,
+                           **({"node": facts.ram_node} if facts.ram_node else {})}))
     stops = [a for a in out if a.kind == "stop"]
     rest = [a for a in out if a.kind != "stop" and (a.kind == "confirm" or a.key not in facts.already_warned)]
     return (*stops, *rest)

@@ -71,6 +71,16 @@ def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Se
     return tuple(rows)
 
 
+def lowest_ram(rows: Sequence[NodeRow]) -> tuple[int | None, str | None]:
+    """The lowest free RAM of the job's nodes and that node: what the host-memory floor reads for a job the
+    daemon's host cannot see; (None, None) when no node's sidecar has said."""
+    known = [r for r in rows if r.available_ram_bytes is not None]
+    if not known:
+        return None, None
+    low = min(known, key=lambda r: r.available_ram_bytes or 0)
+    return low.available_ram_bytes, low.node
+
+
 def _ready(seqs: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
     """The node's slowest rank's mean `ready_s` over its recent beats; None where no beat carries it."""
     means = []

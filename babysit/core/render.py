@@ -129,7 +129,7 @@ def _poll(p: Mapping[str, Any]) -> Rendered:
     s = Snapshot.from_dict(p["snapshot"])
     title = {"first": "first poll", "periodic": "poll", "on-demand": "poll (on demand)"}.get(s.kind, "poll")
     lines = [f"📊 {s.run} {title}: " + snapshot_line(s)]
-    lines += [node_line(n) for n in s.nodes]
+    lines += [node_line(n) for n in s.nodes] if len(s.nodes) > 1 else []  # one node: the first line says it
     for flag in s.flags:
         lines.append(flag_line(flag, s))
     if s.shown_metrics:

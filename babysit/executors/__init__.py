@@ -50,7 +50,7 @@ class Executor(Protocol):
         """GPUs an attempt holds on all its nodes together: what its GPU-hours and the cap count."""
 
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
-        """A job across nodes: one row a node for polls (core/nodes.py); () for a job on one box."""
+        """A remote job: one row a node for polls and the RAM floor (core/nodes.py); () for a local run."""
 
     def straggler(self, attempt: Attempt) -> str | None:
         """A node of a multi-node job that holds the others back, in a sentence naming it; else None."""

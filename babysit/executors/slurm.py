@@ -281,15 +281,14 @@ class SlurmExecutor:
 
     def node_rows(self, attempt: Attempt) -> tuple[NodeRow, ...]:
         """Each node's row from its sidecar's newest record and its ranks' recent beats (`rank-<r>.jsonl`,
-        which the trainer writes where `$BABYSIT_RANK_LOG` says); () for a job on one node."""
+        which the trainer writes where `$BABYSIT_RANK_LOG` says); one row for a job on one node."""
         adir = Path(attempt.attempt_dir)
         beats = {}
         for path in adir.glob("rank-*.jsonl"):
             rank = path.stem.removeprefix("rank-")
             if rank.isdigit():
                 beats[int(rank)] = recent_records(path, BEATS_READ)
-        rows = node_rows(SidecarGpuProbe(adir).records(), beats, time.time())
-        return rows if len(rows) > 1 else ()
+        return node_rows(SidecarGpuProbe(adir).records(), beats, time.time())
 
     def straggler(self, attempt: Attempt) -> str | None:
         """A node that holds the others back (`core.nodes.straggler`), from the ranks' recent beats."""

@@ -15,6 +15,7 @@ import structlog
 
 from babysit.core import guards
 from babysit.core import run_events as ev
+from babysit.core.nodes import lowest_ram
 from babysit.core.observation import Observation
 from babysit.core.run_machine import RunState
 from babysit.core.status import AttemptStatus
@@ -79,11 +80,16 @@ class RunGuard:
     def live_facts(self, obs: Observation) -> guards.LiveFacts:
         """The guards' facts from the check's one observation (a poll snapshots the same kind of record)."""
         running = self.host.state.running_attempt
+        if obs.host is not None:
+            ram, ram_node = obs.host.available_ram_bytes, None
+        else:  # a remote job: its nodes' sidecars say, the lowest counts
+            attempt = self.host.attempt
+            ram, ram_node = lowest_ram(self.host.executor.node_rows(attempt)) if attempt is not None else (None, None)
         return guards.LiveFacts(
             gpus=obs.gpus, view=obs.view, run_pids=obs.run_pids, gpu_hours_used=obs.gpu_hours_used,
             gpu_hours_projected_at_end=obs.gpu_hours_projected,
             seconds_since_last_record=obs.seconds_since_last_record, process_alive=True,
-            available_ram_bytes=obs.host.available_ram_bytes if obs.host is not None else None,
+            available_ram_bytes=ram, ram_node=ram_node,
             already_warned=running.warned if running is not None else frozenset(),  # the machine keeps them
             past_run_pids=obs.past_run_pids, sightings=dict(self.sightings), nonfinite=obs.nonfinite,
             minute_seconds=obs.minute_seconds)

@@ -106,7 +106,7 @@ def test_a_lost_node_is_the_machines_fault_and_the_run_resumes_without_it(bench:
     Slurm ends the job NODE_FAIL; babysit calls it the machine's fault (never the trainer's), resubmits
     once with --exclude=n5 from the latest checkpoint, and the run completes on n4 and n6."""
     name = f"lost-{secrets.token_hex(3)}"
-    trainer_run(bench, tmp_path, name, 150, "--inject-step-delay", "0.15",  # on n4-n6: no other test's nodes
+    trainer_run(bench, tmp_path, name, 400, "--inject-step-delay", "0.15",  # on n4-n6: no other test's nodes
                 retry={"max_attempts": 1, "on": ["gpu-fault"], "resume": "latest-checkpoint"},
                 slurm={"nodes": 2, "partition": "faults", "time_limit": "00:05:00"})
     daemon = bench.start_up()
@@ -217,9 +217,11 @@ def test_a_time_limited_job_is_warned_checkpointed_and_chained_to_completion(ben
 
 def test_a_straggling_node_is_posted_once_by_name(bench: Bench, tmp_path: Path) -> None:
     """n2's ranks sleep 0.3 s before each step (--inject-delay-node n2): n1 waits for it in every all-reduce.
-    One `straggler` incident names n2, however many guard rounds see it."""
+    One `straggler` incident names n2, however many guard rounds see it. A RAM floor no node meets is an
+    incident naming the node with the least free RAM."""
     name = f"slow-{secrets.token_hex(3)}"
-    trainer_run(bench, tmp_path, name, 80, "--inject-step-delay", "0.3", "--inject-delay-node", "n2")
+    trainer_run(bench, tmp_path, name, 80, "--inject-step-delay", "0.3", "--inject-delay-node", "n2",
+                guards={"exclusive_gpu": False, "stall_minutes": 90, "min_free_host_ram_gib": 100000})
     bench.up(timeout=300)
     attempt = bench.store().attempts(name)[0]
     assert attempt.outcome == "completed", attempt.detail
@@ -228,3 +230,6 @@ def test_a_straggling_node_is_posted_once_by_name(bench: Bench, tmp_path: Path) 
     posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
     text = [m["text"] for m in posted if m.get("kind") == "incident" and "straggler" in m.get("text", "")]
     assert len(text) == 1 and "straggler: node n2 takes " in text[0], text
+    # the RAM floor (set past any node's RAM) reads the nodes' sidecars: the lowest node is named
+    pressure = [i for i in bench.store().incidents(name) if i.kind == "host-memory-pressure"]
+    assert pressure and pressure[0].body.get("node") in ("n1", "n2"), [i.body for i in pressure]
