@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from babysit.core.classify import classify_exit, parse_size
+from babysit.core.classify import ExitFacts, classify_exit, parse_size
 from babysit.core.records import LogRecord
 from babysit.core.spec import ClassifyRule
 
@@ -36,8 +36,8 @@ def rec(step: int, event: str | None = None, **values) -> LogRecord:
 
 
 def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw):
-    return classify_exit(exit_code=exit_code, signal=sig, stderr_tail=stderr, last_records=list(records),
-                         rules=list(rules), stop_requested=stop, **kw)
+    return classify_exit(ExitFacts(exit_code=exit_code, signal=sig, stderr_tail=stderr, last_records=list(records),
+                         rules=list(rules), stop_requested=stop, **kw))
 
 
 @pytest.mark.parametrize(("kwargs", "outcome"), [
@@ -75,7 +75,6 @@ def run(exit_code=1, sig=None, stderr="", records=(), rules=(), stop=False, **kw
     pytest.param(dict(stderr="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus"), "gpu-fault", id="xid"),
     pytest.param(dict(stderr="RuntimeError: CUDA error: uncorrectable ECC error encountered"), "gpu-fault",
                  id="ecc"),
-    pytest.param(dict(gpu_faults=["xid 48"]), "gpu-fault", id="nvml-saw-a-fault"),
     pytest.param(dict(stderr="RuntimeError: CUDA error: an illegal memory access was encountered"), "crashed",
                  id="illegal-access-is-a-bug"),
     pytest.param(dict(stderr="NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception"), "crashed",

@@ -29,9 +29,9 @@ def guard_sees(records: list[dict], declared) -> bool:
 
 
 def classifier_sees(records: list[dict], declared) -> bool:
-    got = classify.classify_exit(exit_code=1, signal=None, stderr_tail="",
+    got = classify.classify_exit(classify.ExitFacts(exit_code=1, signal=None, stderr_tail="",
                                  last_records=[LogRecord(i, 1.0, {}, None, v) for i, v in enumerate(records)],
-                                 rules=(), stop_requested=False, nonfinite_metrics=declared)
+                                 rules=(), stop_requested=False, nonfinite_metrics=declared))
     return got.outcome == "diverged"
 
 

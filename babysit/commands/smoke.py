@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core import guards
-from babysit.core.classify import classify_exit
+from babysit.core.classify import ExitFacts, classify_exit
 from babysit.core.errors import BadInput, LaunchRefused
 from babysit.core.smoke import (
     Sampled,
@@ -230,9 +230,9 @@ def _run_one(spec: Any, profile: Any, i: int, steps: int, smoke_dir: Path, args:
     except FileNotFoundError:
         records, garbage = [], 0
     train_only = drop_eval(records, garbage)  # before anything else sees the records
-    cls = classify_exit(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+    cls = classify_exit(ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                         last_records=list(train_only.records[-16:]), rules=spec.classify, stop_requested=False,
-                        nonfinite_metrics=spec.guards.nonfinite_metrics)
+                        nonfinite_metrics=spec.guards.nonfinite_metrics))
     return profile_evidence(profile=profile, argv=argv, cls=cls, timed_out=timed_out, wall_s=wall, steps=steps,
                             train=train_evidence(train_only), sampled=sampler.result(), smoke_dir=str(pdir))
 

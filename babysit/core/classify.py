@@ -75,15 +75,31 @@ def parse_size(number: str, unit: str | None) -> int:
     return round(float(number) * _UNITS[(unit or "").upper()])
 
 
-def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str,
-                  last_records: Sequence[Any], rules: Sequence[ClassifyRule], stop_requested: bool,
-                  stop_reason: str | None = None, gpu_faults: Sequence[str] = (),
-                  host_memory_pressure: bool = False, nonfinite_seen: str | None = None,
-                  nonfinite_metrics: Sequence[str] | None = None,
-                  stop_sent_at: float | None = None, checkpoint_after_stop: tuple[str, float] | None = None,
-                  gpu_evidence: Sequence[Mapping[str, Any]] = (), end_step: int | None = None,
-                  lost_nodes: Sequence[str] = (), node_fail: str | None = None,
-                  time_limit: bool = False) -> ExitClass:
+@dataclass(frozen=True)
+class ExitFacts:
+    """Everything known of one attempt's end, gathered by the shell (babysit/run/run_exit.py, `babysit
+    smoke`): the one value `classify_exit` decides from. Each field is said in `classify_exit`'s docstring."""
+
+    exit_code: int | None
+    signal: int | None = None
+    stderr_tail: str = ""
+    last_records: Sequence[Any] = ()
+    rules: Sequence[ClassifyRule] = ()
+    stop_requested: bool = False
+    stop_reason: str | None = None
+    host_memory_pressure: bool = False
+    nonfinite_seen: str | None = None
+    nonfinite_metrics: Sequence[str] | None = None
+    stop_sent_at: float | None = None
+    checkpoint_after_stop: tuple[str, float] | None = None
+    gpu_evidence: Sequence[Mapping[str, Any]] = ()
+    end_step: int | None = None
+    lost_nodes: Sequence[str] = ()
+    node_fail: str | None = None
+    time_limit: bool = False
+
+
+def classify_exit(facts: ExitFacts) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     node_fail: the scheduler's end state when it lost a node under the job (Slurm NODE_FAIL, BOOT_FAIL),
@@ -94,8 +110,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     when the trainer stopped cleanly (exit 10, or a `stopped` record): a chain must make progress.
 
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
-    class so that retry.on can name them; anything else is "stopped"). gpu_faults: NVML faults seen on
-    the run's GPUs during the attempt (probe texts: "xid 79"). gpu_evidence: the health signals the
+    class so that retry.on can name them; anything else is "stopped"). gpu_evidence: the health signals the
     daemon recorded on the run's GPUs during the attempt (gpuhealth.evidence dicts: gpu, uuid, kind,
     xid, at, side, action); only machine-side ones make a gpu-fault. host_memory_pressure: available
     RAM was under the floor.
@@ -110,6 +125,9 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
     end_step: the run's last step (`progress.end_step`): an exit 0 after a requested stop is `completed`
     only once the last records reached it (or logged their completion), else `stopped`.
     """
+    exit_code, signal, stderr_tail, last_records = facts.exit_code, facts.signal, facts.stderr_tail, facts.last_records
+    stop_requested, stop_reason, end_step = facts.stop_requested, facts.stop_reason, facts.end_step
+    time_limit, nonfinite_seen = facts.time_limit, facts.nonfinite_seen
     if exit_code is not None and exit_code < 0:  # subprocess convention: -N = killed by signal N
         exit_code, signal = None, -exit_code
     if signal is None and exit_code in (128 + _signal.SIGKILL, 128 + _signal.SIGTERM):
@@ -145,7 +163,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
         clean = exit_code in (0, EXIT_STOPPED) or signal in (_signal.SIGTERM, _signal.SIGKILL)
         evidence = {"clean": True, "by": "exit", "evidence": status} if clean else \
-            _stop_evidence(stderr_tail, last_records, stop_sent_at, checkpoint_after_stop)
+            _stop_evidence(stderr_tail, last_records, facts.stop_sent_at, facts.checkpoint_after_stop)
         if clean:
             note = ""
         elif evidence["clean"]:
@@ -155,12 +173,13 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",
                          {**base, "stop_reason": stop_reason, "clean_stop": evidence})
 
-    if node_fail:
-        which = ", ".join(lost_nodes) or "a node of the job"
-        return ExitClass("gpu-fault", None, f"the machine's fault: Slurm lost {which} under the job ({node_fail}); "
-                         "not the trainer's", {**base, "node_fail": node_fail, "lost_nodes": list(lost_nodes)})
+    if facts.node_fail:
+        which = ", ".join(facts.lost_nodes) or "a node of the job"
+        return ExitClass("gpu-fault", None, f"the machine's fault: Slurm lost {which} under the job "
+                         f"({facts.node_fail}); not the trainer's",
+                         {**base, "node_fail": facts.node_fail, "lost_nodes": list(facts.lost_nodes)})
     text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
-    for rule in rules:
+    for rule in facts.rules:
         match = re.search(rule.pattern, text, re.M)
         if match:
             return ExitClass(rule.failure_class, rule.retry,
@@ -169,7 +188,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
 
     if exit_code == EXIT_OOM:
         return _oom(stderr_tail, base, status)
-    nonfinite_detail = _nonfinite(last_records, nonfinite_metrics)
+    nonfinite_detail = _nonfinite(last_records, facts.nonfinite_metrics)
     if exit_code == EXIT_DIVERGED:
         what = nonfinite_seen or nonfinite_detail.get("nonfinite") or "the trainer's exit code for divergence"
         return ExitClass("diverged", None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
@@ -178,20 +197,19 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
                          {**base, "stop_reason": "external"})
     if _OOM_OTHER.search(stderr_tail) or _CPU_ALLOC.search(stderr_tail):
         return _oom(stderr_tail, base, status)
-    machine = gpuhealth.machine_evidence(gpu_evidence)
-    legacy = [f for f in gpu_faults if gpuhealth.assess(gpuhealth.parse_fault(f)).machine]
+    machine = gpuhealth.machine_evidence(facts.gpu_evidence)
     codes = xid.codes_in(stderr_tail)
     machine_codes = [c for c in codes if xid.lookup(c).machine]
     fault = _GPU_FAULT.search(stderr_tail)
-    if machine or legacy or machine_codes or fault:
-        said = [_evidence_words(e) for e in machine] + legacy + [
+    if machine or machine_codes or fault:
+        said = [_evidence_words(e) for e in machine] + [
             f"Xid {c} ({xid.lookup(c).name}) in stderr" for c in machine_codes]
         if not said and fault:
             said = [fault.group(0).strip()[:120]]
         return ExitClass("gpu-fault", None, f"GPU fault, the machine's: {'; '.join(said)} ({status})",
-                         {**base, "faults": list(gpu_faults), "gpu_evidence": machine,
+                         {**base, "gpu_evidence": machine,
                           "stderr_xids": list(machine_codes)})
-    app = [e for e in gpu_evidence if e.get("side") == "application"]
+    app = [e for e in facts.gpu_evidence if e.get("side") == "application"]
     app_codes = [c for c in codes if xid.lookup(c).side == "application"]
     app_detail: dict[str, object] = {}
     if app or app_codes:
@@ -208,7 +226,7 @@ def classify_exit(*, exit_code: int | None, signal: int | None, stderr_tail: str
         return ExitClass("crashed", None, f"crashed: NCCL collective timeout ({status}) — a rank hung or died",
                          {**base, "nccl_timeout": True})
     if signal == _signal.SIGKILL:
-        if host_memory_pressure:
+        if facts.host_memory_pressure:
             return ExitClass("oom", None, "oom: killed by SIGKILL while host RAM was under the floor (kernel OOM "
                              "killer)", {**base, "host_oom": True})
         return ExitClass("crashed", None, "crashed: killed by SIGKILL, not by babysit (OOM killer? check dmesg)",

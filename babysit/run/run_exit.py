@@ -151,7 +151,7 @@ class RunExits:
             fresh = self.ctx.store.attempt(self.run, n)  # the exit's own read_log may have noted a NaN on it
             evidence = gpufault.at_exit(self.ctx.gpu_probe, self.ctx.store, fresh, spec.gpus)
             cls = classify.classify_exit(
-                exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+                classify.ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.runlog.recent), rules=spec.classify, stop_requested=stop_requested,
                 stop_reason=stop.get("reason") if stop_requested else None,
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
@@ -161,7 +161,7 @@ class RunExits:
                 checkpoint_after_stop=stopcheck.written_after(spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
                 node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None,
-                time_limit=info.time_limit)
+                time_limit=info.time_limit))
             summary = cls.summary
             vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known

@@ -156,8 +156,8 @@ def test_an_illegal_address_kernel_is_the_trainers_xid_and_babysit_blames_the_tr
         assert a.side == "application" and not a.quarantines, f"Xid {s.code} blamed on the machine"
     evidence = [gpuhealth.evidence_of(i, u, s, s.at) for i, u, s in probe.signals_since([GPU_INDEX], 0.0)
                 if gpuhealth.assess(s).side in ("machine", "application")]
-    cls = classify.classify_exit(exit_code=child.returncode, signal=None, stderr_tail=child.stderr,
-                                 last_records=[], rules=[], stop_requested=False, gpu_evidence=evidence)
+    cls = classify.classify_exit(classify.ExitFacts(exit_code=child.returncode, signal=None, stderr_tail=child.stderr,
+                                 last_records=[], rules=[], stop_requested=False, gpu_evidence=evidence))
     print(f"H200: babysit classifies the exit: {cls.outcome} — {cls.summary[:200]}")
     assert cls.outcome == "crashed" and "the trainer's own GPU error" in cls.summary
     assert gpuhealth.machine_evidence(evidence) == []  # nothing to quarantine

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import babysit
-from babysit.core.classify import classify_exit
+from babysit.core.classify import ExitFacts, classify_exit
 from babysit.core.records import metric_series
 from babysit.integrations import client
 from babysit.integrations.client import JsonlWriter
@@ -65,8 +65,8 @@ def test_nonfinite_values_are_json_nan_infinity_and_babysit_reads_them_as_diverg
     assert math.isnan(records[1].fields["loss"]) and records[1].fields["eval_loss"] == -math.inf
     assert metric_series(records, "loss") == ((10, 1.5),)  # a NaN is never a finite reading
     # a trainer that logged NaN and then crashed (exit 1) is classified diverged from these records
-    got = classify_exit(exit_code=1, signal=None, stderr_tail="", last_records=records, rules=(),
-                        stop_requested=False)
+    got = classify_exit(ExitFacts(exit_code=1, signal=None, stderr_tail="", last_records=records, rules=(),
+                        stop_requested=False))
     assert got.outcome == "diverged" and got.detail["diverged_step"] == 20
 
 

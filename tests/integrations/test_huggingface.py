@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.classify import classify_exit
+from babysit.core.classify import ExitFacts, classify_exit
 from babysit.core.records import metric_series, seconds_per_step
 from babysit.integrations import Diverged
 from babysit.sources.logtail import read_all
@@ -68,8 +68,8 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
     stderr = capfd.readouterr().err  # HF's own tqdm bar, redrawn with \r, and the callback's line
     assert "non-finite grad_norm" in stderr and "\r" in stderr
     for exit_code in (11, 1):  # the worker's own code, and a launcher (torchrun) reporting 1
-        got = classify_exit(exit_code=exit_code, signal=None, stderr_tail=stderr, last_records=records[-16:],
-                            rules=(), stop_requested=False)
+        got = classify_exit(ExitFacts(exit_code=exit_code, signal=None, stderr_tail=stderr, last_records=records[-16:],
+                            rules=(), stop_requested=False))
         assert got.outcome == "diverged", (exit_code, got.summary)
         # the metric and its value, never "non-finite loss"; the tail as a terminal showed it
         assert got.summary == f"diverged: grad_norm = nan at step 20 (exit {exit_code})", got.summary

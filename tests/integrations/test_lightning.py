@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.classify import classify_exit
+from babysit.core.classify import ExitFacts, classify_exit
 from babysit.core.records import metric_series
 from babysit.integrations import Diverged
 from babysit.sources.logtail import read_all
@@ -67,8 +67,8 @@ def test_a_nan_loss_stops_training_writes_diverged_and_ends_with_exit_11(tmp_pat
     assert event.step == 15 and "train_loss" in event.nonfinite
     assert "babysit: diverged: non-finite train_loss" in capfd.readouterr().err
     for exit_code in (11, 1):
-        got = classify_exit(exit_code=exit_code, signal=None, stderr_tail="", last_records=records[-16:],
-                            rules=(), stop_requested=False)
+        got = classify_exit(ExitFacts(exit_code=exit_code, signal=None, stderr_tail="", last_records=records[-16:],
+                            rules=(), stop_requested=False))
         assert got.outcome == "diverged", (exit_code, got.summary)
 
 

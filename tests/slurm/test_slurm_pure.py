@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.classify import classify_exit
+from babysit.core.classify import ExitFacts, classify_exit
 from babysit.core.spec import SlurmSpec
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
@@ -317,8 +317,8 @@ def test_jobcomp_line() -> None:
 
 def _classify(job: st.JobState, tail: str = "", stop: bool = False) -> str:
     info = st.exit_info(job, tail)
-    return classify_exit(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
-                         last_records=[], rules=(), stop_requested=stop).outcome
+    return classify_exit(ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
+                         last_records=[], rules=(), stop_requested=stop)).outcome
 
 
 def _job(state: str, code: int | None = 0, sig: int | None = None) -> st.JobState:
@@ -426,16 +426,16 @@ def test_sinfo_names_the_lost_nodes_down_drained_or_not_responding() -> None:
 
 
 def test_a_node_fail_is_the_machines_fault_whatever_the_exit_and_stderr_say() -> None:
-    cls = classify_exit(exit_code=None, signal=None, stderr_tail="RuntimeError: Connection closed by peer\n"
+    cls = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="RuntimeError: Connection closed by peer\n"
                         "babysit: Slurm ended job 7 NODE_FAIL: a node of the job failed", last_records=[], rules=[],
-                        stop_requested=False, lost_nodes=("n2",), node_fail="NODE_FAIL")
+                        stop_requested=False, lost_nodes=("n2",), node_fail="NODE_FAIL"))
     assert cls.outcome == "gpu-fault" and cls.detail["lost_nodes"] == ["n2"]
     assert "the machine's fault: Slurm lost n2 under the job (NODE_FAIL)" in cls.summary
-    unknown = classify_exit(exit_code=None, signal=None, stderr_tail="", last_records=[], rules=[],
-                            stop_requested=False, node_fail="NODE_FAIL")
+    unknown = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="", last_records=[], rules=[],
+                            stop_requested=False, node_fail="NODE_FAIL"))
     assert unknown.outcome == "gpu-fault" and "Slurm lost a node of the job" in unknown.summary
-    timeout = classify_exit(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 7 TIMEOUT",
-                            last_records=[], rules=[], stop_requested=False)
+    timeout = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 7 TIMEOUT",
+                            last_records=[], rules=[], stop_requested=False))
     assert timeout.outcome == "crashed"  # not a node's fault
 
 
@@ -465,11 +465,11 @@ def test_a_time_limit_asks_slurm_to_warn_the_batch_shell_which_stops_the_trainer
 
 
 def test_a_time_limit_stop_is_chained_only_when_the_trainer_saved() -> None:
-    saved = classify_exit(exit_code=10, signal=None, stderr_tail="stopped on SIGTERM; checkpoint saved",
-                          last_records=[], rules=[], stop_requested=False, time_limit=True)
+    saved = classify_exit(ExitFacts(exit_code=10, signal=None, stderr_tail="stopped on SIGTERM; checkpoint saved",
+                          last_records=[], rules=[], stop_requested=False, time_limit=True))
     assert saved.outcome == "time-limit"
-    died = classify_exit(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 3 TIMEOUT",
-                         last_records=[], rules=[], stop_requested=False, time_limit=True)
+    died = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 3 TIMEOUT",
+                         last_records=[], rules=[], stop_requested=False, time_limit=True))
     assert died.outcome == "crashed"  # killed before it saved: a chain would not move forward
 
 
