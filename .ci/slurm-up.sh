@@ -71,7 +71,7 @@ touch /var/log/slurm/jobcomp.txt
 chown slurm:slurm /var/log/slurm /var/log/slurm/jobcomp.txt 2>/dev/null || true
 
 wanted=$(cat <<EOF
-# Written by babysit's .ci/slurm-up.sh: a 3-node cluster on one host for tests. Edits are overwritten.
+# Written by babysit's .ci/slurm-up.sh: a 6-node cluster on one host for tests. Edits are overwritten.
 ClusterName=babysit-ci
 SlurmctldHost=${host}
 SlurmUser=root

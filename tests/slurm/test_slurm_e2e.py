@@ -1,4 +1,4 @@
-"""The Slurm backend against a real Slurm (`.ci/slurm-up.sh`: 3 nodes on one host), driven by the real daemon (`babysit up`).
+"""The Slurm backend against a real Slurm (`.ci/slurm-up.sh`: 6 nodes on one host), driven by the real daemon (`babysit up`).
 
 Each test registers a run with `executor = "slurm"` in a temp registry, runs `babysit up --accelerated
 --exit-when-idle` as a subprocess and reads what happened from the state database and from Slurm.

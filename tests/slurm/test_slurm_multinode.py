@@ -1,4 +1,4 @@
-"""Runs that span nodes, on the CI's 3-node Slurm (`.ci/slurm-up.sh`: n1-n3 on one host).
+"""Runs that span nodes, on the CI's 6-node Slurm (`.ci/slurm-up.sh`: n1-n6 on one host).
 
 The reference trainer's DDP (gloo on CPU) runs across 2 nodes under srun + torchrun, babysat by the real
 daemon from register to its FINAL verdict. One rank a node, one thread a rank: the box's cores are shared.
