@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from babysit.core.spec import FAILURE_CLASSES, RUN_NAME
+from babysit.core.status import Outcome
 
 # How `babysit run` ends (docs/your-trainer.md, "babysit run"): the run's outcome, as a shell sees it.
 EXIT_COMPLETED = 0
@@ -22,8 +23,8 @@ EXIT_DIVERGED = 3
 EXIT_STALLED = 4
 EXIT_STOPPED = 5  # stopped before it ended: Ctrl-C, `babysit abort`, a guard (GPU held, GPU-hours cap)
 EXIT_DETACHED = 6  # the second Ctrl-C with a `babysit up` babysitting it: left to that daemon, still running
-EXIT_CODES = {"completed": EXIT_COMPLETED, "diverged": EXIT_DIVERGED, "stalled": EXIT_STALLED,
-              "stopped": EXIT_STOPPED}
+EXIT_CODES = {Outcome.COMPLETED: EXIT_COMPLETED, Outcome.DIVERGED: EXIT_DIVERGED, Outcome.STALLED: EXIT_STALLED,
+              Outcome.STOPPED: EXIT_STOPPED}
 
 
 def exit_code(outcome: str | None) -> int:

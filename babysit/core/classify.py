@@ -36,6 +36,7 @@ from typing import Any
 
 from babysit.core import gpuhealth, nonfinite, tails, xid
 from babysit.core.spec import ClassifyRule
+from babysit.core.status import Outcome
 
 TAIL_LINES = 20
 EXIT_STOPPED, EXIT_DIVERGED, EXIT_OOM = 10, 11, 12  # trainer/exitcodes.py
@@ -60,7 +61,7 @@ _GPU_FAULT = re.compile(r"uncorrectable ECC error[^\n]*|GPU is lost|fallen off t
 
 @dataclass(frozen=True)
 class ExitClass:
-    outcome: str  # completed | stopped | oom | diverged | crashed | stalled | gpu-fault
+    outcome: Outcome
     retry: bool | None  # a matching rule's `retry`, else None (the [retry] policy decides)
     summary: str
     detail: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
@@ -141,26 +142,28 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
     done = [r for r in last_records if getattr(r, "event", None) == "completed"]
     saved = exit_code == EXIT_STOPPED or any(getattr(r, "event", None) == "stopped" for r in last_records)
     if time_limit and saved and not stop_requested and not done and not _reached(last_records, end_step):
-        return ExitClass("time-limit", None, f"reached its Slurm time limit: warned before it and stopped ({status}); "
-                         "the run continues in a new job from its checkpoint", {**base, "time_limit": True})
+        return ExitClass(Outcome.TIME_LIMIT, None, f"reached its Slurm time limit: warned before it and stopped "
+                         f"({status}); the run continues in a new job from its checkpoint",
+                         {**base, "time_limit": True})
     if exit_code == 0 and signal is None:
         if nonfinite_seen:
-            return ExitClass("diverged", None, f"diverged: {nonfinite_seen} (it exited 0 anyway)",
+            return ExitClass(Outcome.DIVERGED, None, f"diverged: {nonfinite_seen} (it exited 0 anyway)",
                              {**base, "nonfinite": nonfinite_seen})
         # a trainer that exits 0 on babysit's SIGTERM (it saved and left) was stopped, not completed,
         # unless it had reached its end already: a stop shown as a success hides that the work is undone
         if not stop_requested or done or _reached(last_records, end_step):
-            return ExitClass("completed", None, "completed (exit 0)", base)
+            return ExitClass(Outcome.COMPLETED, None, "completed (exit 0)", base)
     # A trainer that died of its own failure (OOM, divergence) while babysit was stopping it died of
     # that failure: the stop did not cause it, and retry.on must see the real class.
     if stop_requested and done:
         said = f" (stop: {stop_reason})" if stop_reason else ""
-        return ExitClass("completed", None,
+        return ExitClass(Outcome.COMPLETED, None,
                          f"completed: the trainer logged its completion at step {getattr(done[-1], 'step', '?')} "
                          f"before the stop{said} reached it while it exited ({status})",
                          {**base, "completed_before_stop": stop_reason or "stop"})
     if stop_requested and exit_code not in (EXIT_OOM, EXIT_DIVERGED):
-        outcome = stop_reason if stop_reason in ("stalled", "gpu-fault", "diverged") else "stopped"
+        kept = (Outcome.STALLED, Outcome.GPU_FAULT, Outcome.DIVERGED)
+        outcome = Outcome(stop_reason) if stop_reason in kept else Outcome.STOPPED
         clean = exit_code in (0, EXIT_STOPPED) or signal in (_signal.SIGTERM, _signal.SIGKILL)
         evidence = {"clean": True, "by": "exit", "evidence": status} if clean else \
             _stop_evidence(stderr_tail, last_records, facts.stop_sent_at, facts.checkpoint_after_stop)
@@ -175,7 +178,7 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
 
     if facts.node_fail:
         which = ", ".join(facts.lost_nodes) or "a node of the job"
-        return ExitClass("gpu-fault", None, f"the machine's fault: Slurm lost {which} under the job "
+        return ExitClass(Outcome.GPU_FAULT, None, f"the machine's fault: Slurm lost {which} under the job "
                          f"({facts.node_fail}); not the trainer's",
                          {**base, "node_fail": facts.node_fail, "lost_nodes": list(facts.lost_nodes)})
     text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
@@ -191,9 +194,10 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
     nonfinite_detail = _nonfinite(last_records, facts.nonfinite_metrics)
     if exit_code == EXIT_DIVERGED:
         what = nonfinite_seen or nonfinite_detail.get("nonfinite") or "the trainer's exit code for divergence"
-        return ExitClass("diverged", None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
+        return ExitClass(Outcome.DIVERGED, None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
     if exit_code == EXIT_STOPPED:
-        return ExitClass("stopped", None, "stopped by a signal babysit did not send (exit 10: preempted? Ctrl-C?)",
+        return ExitClass(Outcome.STOPPED, None,
+                         "stopped by a signal babysit did not send (exit 10: preempted? Ctrl-C?)",
                          {**base, "stop_reason": "external"})
     if _OOM_OTHER.search(stderr_tail) or _CPU_ALLOC.search(stderr_tail):
         return _oom(stderr_tail, base, status)
@@ -206,7 +210,7 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
             f"Xid {c} ({xid.lookup(c).name}) in stderr" for c in machine_codes]
         if not said and fault:
             said = [fault.group(0).strip()[:120]]
-        return ExitClass("gpu-fault", None, f"GPU fault, the machine's: {'; '.join(said)} ({status})",
+        return ExitClass(Outcome.GPU_FAULT, None, f"GPU fault, the machine's: {'; '.join(said)} ({status})",
                          {**base, "gpu_evidence": machine,
                           "stderr_xids": list(machine_codes)})
     app = [e for e in facts.gpu_evidence if e.get("side") == "application"]
@@ -221,20 +225,20 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
     nan_text = _NAN_TEXT.search(stderr_tail)
     if nonfinite_detail or nan_text:
         what = nonfinite_detail.get("nonfinite") or (nan_text.group(0) if nan_text else None) or "non-finite loss"
-        return ExitClass("diverged", None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
+        return ExitClass(Outcome.DIVERGED, None, f"diverged: {what} ({status})", {**base, **nonfinite_detail})
     if _NCCL.search(stderr_tail):
-        return ExitClass("crashed", None, f"crashed: NCCL collective timeout ({status}) — a rank hung or died",
+        return ExitClass(Outcome.CRASHED, None, f"crashed: NCCL collective timeout ({status}) — a rank hung or died",
                          {**base, "nccl_timeout": True})
     if signal == _signal.SIGKILL:
         if facts.host_memory_pressure:
-            return ExitClass("oom", None, "oom: killed by SIGKILL while host RAM was under the floor (kernel OOM "
+            return ExitClass(Outcome.OOM, None, "oom: killed by SIGKILL while host RAM was under the floor (kernel OOM "
                              "killer)", {**base, "host_oom": True})
-        return ExitClass("crashed", None, "crashed: killed by SIGKILL, not by babysit (OOM killer? check dmesg)",
+        return ExitClass(Outcome.CRASHED, None, "crashed: killed by SIGKILL, not by babysit (OOM killer? check dmesg)",
                          {**base, "note": "killed (OOM killer?)"})
     last = lines[-1].strip() if lines else "no stderr"
     if app_detail:
-        return ExitClass("crashed", None, f"crashed ({status}), {app_detail['note']}: {last[:120]}", base)
-    return ExitClass("crashed", None, f"crashed ({status}): {last[:160]}", base)
+        return ExitClass(Outcome.CRASHED, None, f"crashed ({status}), {app_detail['note']}: {last[:120]}", base)
+    return ExitClass(Outcome.CRASHED, None, f"crashed ({status}): {last[:160]}", base)
 
 
 # -- internals ----------------------------------------------------------------------------------
@@ -304,7 +308,7 @@ def _oom(stderr: str, base: dict[str, object], status: str) -> ExitClass:
         summary += f" ({in_use_text} in use)"
     if not tried_text and not in_use_text:
         summary += f" ({status})"
-    return ExitClass("oom", None, summary, detail)
+    return ExitClass(Outcome.OOM, None, summary, detail)
 
 
 def _record_text(record: Any) -> str:

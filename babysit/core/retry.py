@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from babysit.core.spec import AttemptProfile, RunSpec
+from babysit.core.status import Outcome
 
 _INT = re.compile(r"[+-]?\d+")
 # Stops that are never retried: the reason is outside the run (a foreign GPU holder, the budget, a person).
@@ -72,15 +73,15 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     def no(reason: str) -> RetryDecision:
         return RetryDecision(False, reason, None, None, False, False, last.halved_knobs)
 
-    if last.outcome == "completed":
+    if last.outcome == Outcome.COMPLETED:
         return no(f"attempt {last.n} completed")
     if last.guard_stop:
         return no(f"attempt {last.n} was stopped by a guard ({last.outcome}): a guard stop is never retried")
-    if last.outcome == "stopped":
+    if last.outcome == Outcome.STOPPED:
         return no(f"attempt {last.n} was stopped on request")
     if last.retry_override is False:
         return no(f"a [[classify]] rule marked {last.outcome} as not retryable")
-    if last.outcome == "time-limit":  # one run across jobs: the next link resumes, whatever retry.on says
+    if last.outcome == Outcome.TIME_LIMIT:  # one run across jobs: the next link resumes, whatever retry.on says
         n = last.n + 1
         return RetryDecision(True, f"attempt {last.n} reached its scheduler time limit: continued as attempt {n}, "
                              "resuming from the latest checkpoint", n, spec.profile_for(n - after), True, False,
@@ -88,16 +89,16 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     on = spec.retry.on
     if last.retry_override is not True and last.outcome not in on:
         return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
-    faults = sum(1 for a in history if a.outcome == "gpu-fault")
-    if last.outcome == "gpu-fault" and faults > spec.retry.gpu_fault_max:
+    faults = sum(1 for a in history if a.outcome == Outcome.GPU_FAULT)
+    if last.outcome == Outcome.GPU_FAULT and faults > spec.retry.gpu_fault_max:
         return no(f"attempt {last.n} ended gpu-fault, the {_nth(faults)} machine fault: no gpu-fault retries left "
                   f"(retry.gpu_fault_max = {spec.retry.gpu_fault_max})")
-    links = sum(1 for a in history if a.outcome == "time-limit")
+    links = sum(1 for a in history if a.outcome == Outcome.TIME_LIMIT)
     most = after + spec.retry.max_attempts + faults + links  # a machine fault, a time limit: no attempt lost
-    if last.outcome != "gpu-fault" and last.n >= most:
+    if last.outcome != Outcome.GPU_FAULT and last.n >= most:
         return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1
-    if last.outcome == "diverged" and spec.profile_for(n - after) == spec.profile_for(last.n - after):
+    if last.outcome == Outcome.DIVERGED and spec.profile_for(n - after) == spec.profile_for(last.n - after):
         same = "no [[attempts]] are declared" if not spec.attempts else \
             f"the next profile is {spec.profile_for(n - after).profile} again"
         return no(f"attempt {last.n} diverged and {same}: a retry would run the identical command, which diverges "
@@ -107,7 +108,7 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     resume = spec.retry.resume == "latest-checkpoint"
     why = "a [[classify]] rule said retry" if last.retry_override else f"{last.outcome} is in retry.on"
     profile = spec.profile_for(n - after)
-    of = (f"gpu-fault retry {faults} of {spec.retry.gpu_fault_max}" if last.outcome == "gpu-fault"
+    of = (f"gpu-fault retry {faults} of {spec.retry.gpu_fault_max}" if last.outcome == Outcome.GPU_FAULT
           else f"attempt {n} of {most}")
     reason = (f"attempt {last.n} ended {last.outcome} ({why}): {of}, "
               f"profile {profile.profile}" + (", resuming from the latest checkpoint" if resume else ", fresh")

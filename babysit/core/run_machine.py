@@ -32,12 +32,12 @@ from typing import Any
 from babysit.core import progress, retry
 from babysit.core import run_events as ev
 from babysit.core.spec import RunSpec
-from babysit.core.status import AttemptStatus, RunStatus
+from babysit.core.status import AttemptStatus, Outcome, RunStatus
 
 # Outcomes that end a run as something else than `failed` when nothing retries them.
-_FINAL_OF = {"completed": RunStatus.FINISHED, "stopped": RunStatus.STOPPED}
+_FINAL_OF = {Outcome.COMPLETED: RunStatus.FINISHED, Outcome.STOPPED: RunStatus.STOPPED}
 # Outcomes that are not failures: no incident of their own when the attempt ends.
-QUIET_OUTCOMES = ("completed", "stopped")
+QUIET_OUTCOMES = (Outcome.COMPLETED, Outcome.STOPPED)
 # The answer to an abort of a run whose stop is already under way (another abort's, a guard's).
 ALREADY_STOPPING = "already stopping"
 
@@ -78,7 +78,7 @@ class AttemptState:
 
     def past(self) -> retry.PastAttempt:
         """The attempt as the retry rule reads it."""
-        return retry.PastAttempt(n=self.n, profile=self.profile, outcome=self.outcome or "crashed",
+        return retry.PastAttempt(n=self.n, profile=self.profile, outcome=self.outcome or Outcome.CRASHED,
                                  retry_override=self.retry_override, guard_stop=retry.is_guard_stop(self.stopped_by),
                                  host_memory_pressure=self.host_memory_pressure, halved_knobs=self.halvings)
 
@@ -303,7 +303,7 @@ def _end(attempt: AttemptState, outcome: str, ended_at: float) -> AttemptState:
 
 def _decide(s: RunState, attempt: AttemptState) -> Step:
     """After attempt's recorded end: say it, read the verdict, then the next attempt or the run's end."""
-    outcome = attempt.outcome or "crashed"
+    outcome = attempt.outcome or Outcome.CRASHED
     effects: list[ev.Effect] = []
     if outcome in QUIET_OUTCOMES:
         effects.append(ev.Post("ended", attempt.n))
@@ -338,10 +338,10 @@ def _internal_error(s: RunState, e: ev.InternalError) -> Step:
     if attempt.live:
         detail = {"summary": f"exit not classified: internal error ({e.error})", "retry_override": False,
                   "internal_error": e.error}
-        attempt = replace(_end(attempt, "crashed", e.ended_at if e.ended_at is not None else e.at),
+        attempt = replace(_end(attempt, Outcome.CRASHED, e.ended_at if e.ended_at is not None else e.at),
                           retry_override=False, summary=detail["summary"], detail=detail)
         s = _put(s, attempt)
-        effects.append(ev.RecordExit(e.n, "crashed", attempt.ended_at, e.exit_code, e.signal, detail))
+        effects.append(ev.RecordExit(e.n, Outcome.CRASHED, attempt.ended_at, e.exit_code, e.signal, detail))
     last = s.last
     if last is not None and last.n == e.n and not s.status.terminal:
         reason = f"internal error after attempt {e.n}'s exit: {e.error}"

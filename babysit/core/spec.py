@@ -22,12 +22,13 @@ from babysit.core import expr, source_kinds
 from babysit.core.campaign_spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
 from babysit.core.errors import SpecError
 from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
+from babysit.core.status import FAILURE_OUTCOMES, Outcome
 from babysit.core.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # a box's name in a fleet (docs/fleet.md)
-FAILURE_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
-CLASSIFY_CLASSES = ("oom", "diverged", "crashed", "stalled", "gpu-fault")
+FAILURE_CLASSES: tuple[str, ...] = tuple(FAILURE_OUTCOMES)
+CLASSIFY_CLASSES: tuple[str, ...] = tuple(FAILURE_OUTCOMES)
 MIN_POLL_MINUTES = 30  # >= 30-minute cadence after the first poll (docs/spec.md, [poll])
 AMBIGUOUS_BY_INSTRUMENT = "AMBIGUOUS-BY-INSTRUMENT"
 # What `[run] stop_signal` may name: signals a trainer can catch to checkpoint and exit (never KILL/STOP).
@@ -56,7 +57,7 @@ class PollSpec:
 @dataclass(frozen=True)
 class RetrySpec:
     max_attempts: int = 3
-    on: tuple[str, ...] = ("oom", "diverged")
+    on: tuple[str, ...] = (Outcome.OOM, Outcome.DIVERGED)
     resume: str = "fresh"  # "fresh" | "latest-checkpoint"
     resume_args: tuple[str, ...] = ("--resume", "latest")  # appended on a latest-checkpoint retry
     gpu_fault_max: int = 2  # gpu-fault retries (their own budget: they never count against max_attempts)

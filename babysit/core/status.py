@@ -44,6 +44,24 @@ class RunStatus(StrEnum):
         return cls(value)
 
 
+class Outcome(StrEnum):
+    """How an attempt ended (core/classify.py decides it; retry.on, [[classify]] and exit codes name it)."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"  # on request (an abort, a guard) or by a signal babysit did not send
+    OOM = "oom"
+    DIVERGED = "diverged"
+    CRASHED = "crashed"
+    STALLED = "stalled"
+    GPU_FAULT = "gpu-fault"  # the machine's fault: its own retry budget
+    TIME_LIMIT = "time-limit"  # Slurm's time limit reached cleanly: the run goes on in a new job
+
+
+# The outcomes a run can be retried on, and a [[classify]] rule can give (run.toml's retry.on, failure_class)
+FAILURE_OUTCOMES: tuple[Outcome, ...] = (Outcome.OOM, Outcome.DIVERGED, Outcome.CRASHED, Outcome.STALLED,
+                                        Outcome.GPU_FAULT)
+
+
 class AttemptStatus(StrEnum):
     LAUNCHING = "launching"  # recorded before its process was started: adoption starts it once
     RUNNING = "running"
