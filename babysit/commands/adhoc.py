@@ -237,8 +237,9 @@ def _ended(reg: registry.Registry, name: str, path: Path) -> int:
     if facts.get("reading"):
         print(f"{SAY} {facts['reading']} was the first record read")
     else:
-        print(f"{SAY} no record was read from its output: babysit could not watch its losses (a log-unreadable "
-              f"incident says why; `babysit status {name}`)", file=sys.stderr)
+        said = "" if outcome in ("crashed", "oom", "gpu-fault") else " (a log-unreadable incident says why)"
+        print(f"{SAY} no record was read from its output: babysit could not watch its losses{said}; "
+              f"`babysit status {name}`", file=sys.stderr)
     spec_file = reg.state_dir / "adhoc" / f"{name}.toml"
     registry_flag = "" if path == Path(registry.DEFAULT_FILE) else f" --registry {os.path.abspath(path)}"
     print(f"{SAY} its run.toml: {spec_file} — to babysit it under `babysit up` with a verdict, copy it, give "

@@ -16,7 +16,7 @@ from babysit.core import classify
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError
 from babysit.core.run_machine import RunState
-from babysit.core.status import AttemptStatus
+from babysit.core.status import AttemptStatus, Outcome
 from babysit.db.store import Attempt
 from babysit.run import gpufault, runstate, stopcheck
 from babysit.run.run_errors import short_error
@@ -39,6 +39,11 @@ class ExitingRun(RunPartHost, Protocol):
     def is_running(self) -> bool: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
     def internal_error(self, where: str, exc: BaseException) -> None: ...
+
+
+# Ends whose own incident already says the run failed: "no record was read" adds nothing to them. Any other
+# end (completed, stopped, stalled, a time limit) with no record read gets a log-unreadable incident.
+LOUD_ENDS = (Outcome.CRASHED, Outcome.OOM, Outcome.GPU_FAULT, Outcome.DIVERGED)
 
 
 class RunExits:
@@ -144,7 +149,6 @@ class RunExits:
             attempt, spec = self.sync_start(attempt), self.host.spec
             # the last records (a diverged event, the final eval) belong to it, an unterminated last line too
             self.runlog.read_log(drain=True, final=True)
-            self.runlog.teller.check_unread_at_exit(attempt)  # no record read: said now, never silently
             stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
             stop_requested = stop.get("attempt") == n
             sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
@@ -162,6 +166,8 @@ class RunExits:
                 gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
                 node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None,
                 time_limit=info.time_limit))
+            if cls.outcome not in LOUD_ENDS:  # it ended as if all went well, and no record was read: said
+                self.runlog.teller.check_unread_at_exit(attempt)
             summary = cls.summary
             vanished = self.runlog.reader.vanished(n)
             if vanished:  # read as far as they existed: what they held after that is not known
