@@ -355,3 +355,16 @@ def test_on_a_terminal_an_incident_prints_once_not_again_as_a_log_line(workspace
     assert code == adhoc.EXIT_DIVERGED, term.text[-3000:]
     plain = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", term.text)
     assert plain.count("loss = nan at step 60 — stopping the run") == 1, plain[-3000:]
+
+
+def test_records_that_stop_while_the_output_goes_on_are_said(workspace: Path) -> None:
+    """20 records, then 700 lines of another shape over ~7 s (past 500 lines and 5 declared minutes, which
+    --accelerated makes 5 s): a log-unreadable incident says the records stopped, the run goes on."""
+    (workspace / "drift.py").write_text(
+        "import time\nfor i in range(1, 21):\n    print(f'step {i} | loss {1 / i:.4f}', flush=True)\n"
+        "for i in range(700):\n    print(f'phase two: item {i} done', flush=True)\n    time.sleep(0.01)\n")
+    code, out = finish(start(workspace, PY, "drift.py"))
+    assert code == adhoc.EXIT_COMPLETED, out
+    (incident,) = [i for i in store_of(workspace).incidents("nano") if i.kind == "log-unreadable"]
+    assert incident.body["last_step"] == 20 and incident.body["lines_since_record"] >= 500, incident.body
+    assert "its output goes on but gives no record" in out
