@@ -33,32 +33,6 @@ def test_stamps_are_written_as_repr_of_the_rounded_time() -> None:
         assert records._ts_texts(chunk) == [repr(round(x, 6)) for x in chunk]
 
 
-def test_printed_decimals_are_written_as_the_repr_of_their_float() -> None:
-    rng = random.Random(5)
-    texts = [f"{rng.uniform(-1e6, 1e6):.{rng.randint(1, 8)}f}" for _ in range(5000)]
-    texts += [f"{rng.uniform(1e-4, 1e-2):.8f}" for _ in range(2000)] + ["1.00", "0.0000", "-0.000", "3.1230", "10.0"]
-    got = records.json_texts(texts)
-    assert got == [repr(float(t)) for t in texts]
-    for odd in (["1e-5"], ["0.00001"], ["0.00004248"], ["+1.5"], ["1234567.5"], ["1"], ["01.5"], ["nan"],
-                ["1.5", " 2.5"]):  # repr writes 4.248e-05 for the small one
-        assert records.json_texts(odd) is None, odd  # made floats (and repr'd) instead
-
-
-def test_a_column_printed_with_one_format_is_checked_by_its_shape_and_written_as_repr() -> None:
-    rng = random.Random(28)
-    for digits in range(1, 9):  # `%.Nf` of values >= 1: the shape check alone decides (no regex)
-        texts = [f"{rng.uniform(1, 999999):.{digits}f}" for _ in range(2000)] + [f"{7:.{digits}f}"]
-        texts = [t for t in texts if len(t) == len(texts[0])]
-        assert records._uniform_decimals(texts, "\n".join(texts)), digits
-        assert records.json_texts(texts) == [repr(float(t)) for t in texts]
-    assert records.json_texts(["1.00"] * 5) == ["1.0"] * 5 and records.json_texts(["3.25", "4.50"]) == ["3.25", "4.5"]
-    for odd in (["1.5", "2.5.", "3.5"][:2], ["1.5", "1..5"], ["0.50", "1.50"], ["10.5", "01.5"], ["1.5", "\u00b2.5"],
-                ["1.5", "-1.5"], ["1234567.5"], ["1.123456789"], [".5", ".6"], ["15", "16"], ["1.5", "1.5 "]):
-        assert not records._uniform_decimals(odd, "\n".join(odd)), odd  # then `_DECIMALS` (or floats) decide
-        got = records.json_texts(odd)
-        assert got is None or got == [repr(float(t)) for t in odd], odd
-
-
 RUN_TOML = """[run]
 name = "r"
 command = ["python", "train.py"]

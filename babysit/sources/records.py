@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,52 +40,7 @@ class Item:
     ts: float | None = None
 
 
-Column = list[float] | list[str]  # a metric's values: floats, or (`json_texts`) the repr of each, all finite
-
-# A decimal that is its own float's repr once its trailing zeros go (one kept after the point): at most
-# 14 significant digits (any decimal of up to 15 survives the trip to a double and back, and no shorter
-# one lands on the same double) and inside repr's fixed notation (1e-4 up; below 1e16).
-_DECIMAL = r"-?(?:[1-9]\d{0,5}\.\d{1,8}|0\.(?:0{0,3}[1-9]\d{0,7}|0{1,8}))"
-_DECIMALS = re.compile(f"{_DECIMAL}(?:\n{_DECIMAL})*")
-
-
-def json_texts(texts: list[str]) -> list[str] | None:
-    """`repr(float(t))` of every text, without making a float, when every text is such a decimal (a
-    printed `loss 3.1230`, `time 1.00ms`); else None (convert them). What `encode` writes for them."""
-    if not texts:
-        return None
-    joined = "\n".join(texts)
-    if _uniform_decimals(texts, joined):
-        if "0" not in joined[len(texts[0])-1::len(texts[0]) + 1]:
-            return texts  # no trailing zero to take off: each is its repr already
-    elif _DECIMALS.fullmatch(joined) is None:
-        return None
-    out = list(map(str.rstrip, texts, repeat("0")))
-    if ".\n" in "\n".join(out) + "\n":  # `1.00` -> `1.`: repr keeps one zero
-        return [t if t[-1] != "." else t + "0" for t in out]
-    return out
-
-
-def _uniform_decimals(texts: list[str], joined: str) -> bool:
-    """Whether every text is `[1-9]\\d{0,5}\\.\\d{1,8}` (one of `_DECIMAL`'s forms) with its point at the
-    same place and the same length: a column printed with one `%.Nf` of values ≥ 1, the common case,
-    checked by a few C-speed passes over the joined texts instead of `_DECIMALS` (a third of its cost).
-    False says only "not shown so": the caller tries `_DECIMALS`."""
-    first = texts[0]
-    width, point, n = len(first), first.find("."), len(texts)
-    if not 1 <= point <= 6 or not 1 <= width - point - 1 <= 8 or len(joined) != n * (width + 1) - 1:
-        return False
-    step = width + 1  # each text's length is `width` when every `step`-th character is a newline
-    if joined[width::step] != "\n" * (n - 1) or joined[point::step] != "." * n or joined.count(".") != n:
-        return False
-    if "0" in joined[::step]:
-        return False  # a leading zero: `0.5` (its own rules) or `01.5` (no decimal of repr's)
-    digits = joined.replace(".", "").replace("\n", "")
-    return digits.isascii() and digits.isdigit()
-
-
-def floats(column: Column) -> list[float]:
-    return column if not column or not isinstance(column[0], str) else list(map(float, column))  # type: ignore
+Column = list[float]  # a metric's values, one a record
 
 
 @dataclass(frozen=True)
@@ -105,7 +59,7 @@ def items_of(pieces: Iterable[Item | Block]) -> Iterator[Item]:
         if isinstance(piece, Item):
             yield piece
         else:
-            for step, *values in zip(piece.steps, *map(floats, piece.columns), strict=True):
+            for step, *values in zip(piece.steps, *piece.columns, strict=True):
                 yield Item(step, dict(zip(piece.names, values, strict=True)))
 
 
@@ -257,8 +211,7 @@ class ColumnSegment:
 
     def value(self, j: int, i: int) -> float:
         """Metric `names[j]` of the i-th record, as a float."""
-        value = self.columns[j][i]
-        return float(value) if isinstance(value, str) else value
+        return self.columns[j][i]
 
     def record(self, i: int, offset: int | None = None) -> LogRecord:
         """The i-th record as `as_log_records` makes it (as logtail reads it back)."""
@@ -345,10 +298,8 @@ def write_batch(path: Path, pieces: Sequence[Item | Block], anchor: tuple[int, f
         else:
             raw = [now] * len(steps)
         last = (steps[-1], raw[-1])
-        if all(isinstance(col[0], str) or all(map(math.isfinite, col)) for col in piece.columns):
-            fmt = ('{"step":%d,"ts":%s' + "".join(f",{_key(n).replace('%', '%%')}:" + ("%s" if isinstance(col[0], str)
-                                                                                          else "%r")
-                                                  for n, col in zip(piece.names, piece.columns, strict=True))
+        if all(all(map(math.isfinite, col)) for col in piece.columns):
+            fmt = ('{"step":%d,"ts":%s' + "".join(f",{_key(n).replace('%', '%%')}:%r" for n in piece.names)
                    + "}\n")
             text = (fmt * len(steps)) % tuple(chain.from_iterable(zip(steps, _ts_texts(raw), *piece.columns,
                                                                        strict=True)))
@@ -356,7 +307,7 @@ def write_batch(path: Path, pieces: Sequence[Item | Block], anchor: tuple[int, f
             segments.append(ColumnSegment(piece.names, steps, raw, piece.columns, offset, data))
         else:  # a NaN or an infinity: written as JSON spells it, kept out of `metrics` (rare: one at a time)
             items = [Item(s, dict(zip(piece.names, row, strict=True)), t)
-                     for s, t, *row in zip(steps, raw, *map(floats, piece.columns), strict=True)]
+                     for s, t, *row in zip(steps, raw, *piece.columns, strict=True)]
             lines = [encode(it) for it in items]
             data = b"".join(lines)
             segments.append(as_log_records(items, lines, offset))
