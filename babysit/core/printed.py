@@ -106,10 +106,8 @@ class Parsed:
 
     counter: Counter | None
     epoch: int | None
-    epoch_total: int | None
     metrics: dict[str, float]
     explicit: dict[str, float]  # those written `name: value` or `name=value`: what a line with no counter gives
-    bar: bool  # the line is a tqdm bar frame
     shadows: tuple[str, ...] = ()  # counter words on the line less global than its counter (litgpt's iter)
     kv: tuple[str, str] | None = None  # a block table's row (Stable-Baselines3): name, value
     rule: bool = False  # a block table's edge: a line of dashes
@@ -121,37 +119,33 @@ def parse(line: str) -> Parsed | None:
     """The counter, epoch and metrics of one printed line; None when it shows none of them."""
     stripped = line.strip()
     if (kv := _KV_ROW.match(stripped)) is not None:
-        return Parsed(None, None, None, {}, {}, False, kv=(kv.group("name"), kv.group("value")))
+        return Parsed(None, None, {}, {}, kv=(kv.group("name"), kv.group("value")))
     if _RULE.match(stripped):
-        return Parsed(None, None, None, {}, {}, False, rule=True)
+        return Parsed(None, None, {}, {}, rule=True)
     cells = line.split()
     if len(cells) >= 3 and all(_HEADER_WORD.fullmatch(c) for c in cells) and not any(c.isdigit() for c in line):
-        return Parsed(None, None, None, {}, {}, False, header=tuple(cells))
+        return Parsed(None, None, {}, {}, header=tuple(cells))
     row = tuple(_row(cells))
     text = _QUOTES.sub(" ", line)
     counter: Counter | None = None
-    bar = False
     found = _BAR.search(text)
     if found is not None:
         desc, inner = text[:found.start()], found.group("inner") or ""
         postfix = _RATE.sub("", inner, count=1) if inner else ""
         total = found.group("total")
-        bar = True
         if found.group("n") and (total != "?"):
             key = re.sub(r"[\d\s:.,/\[\]-]+", " ", _EPOCH.sub(" ", desc)).strip().lower()
             counter = Counter(int(found.group("n")), int(total), "bar", f"{key}|{total}")
         text = f"{desc} | {postfix} | {text[found.end():]}"
     text = _NOISE.sub(" | ", text)
-    epoch = epoch_total = None
+    epoch = None
     if (m := _EPOCH.search(text)) is not None:
         epoch = int(m.group("e"))
-        epoch_total = int(m.group("total")) if m.group("total") else None
         phase = (m.group("phase") or "").lower()
         text = f"{text[:m.start()]} | {text[m.end():]}"
         counter_phase = phase if phase not in ("train", "training") else ""
     elif (m := _SUFFIXED.search(text)) is not None:
         epoch = int(m.group("e"))
-        epoch_total = int(m.group("total")) if m.group("total") else None
         phase = (m.group("phase") or "").lower()
         counter_phase = phase if phase not in ("train", "training") else ""
         if m.group("n") and counter is None:
@@ -179,7 +173,7 @@ def parse(line: str) -> Parsed | None:
         metrics, explicit = _prefixed(metrics, word), _prefixed(explicit, word)
     if counter is None and epoch is None and not metrics and not row:
         return None
-    return Parsed(counter, epoch, epoch_total, metrics, explicit, bar, shadows, row=row)
+    return Parsed(counter, epoch, metrics, explicit, shadows, row=row)
 
 
 def _row(cells: list[str]) -> list[str]:
@@ -301,7 +295,6 @@ class Progress:
     max_n: int = 0  # the largest counter value since the last restart
     per_epoch: bool = False
     length: int | None = None
-    estimated: bool = False
     restarts: int = 0
     last_step: int | None = None
     last_bar: tuple[str, int] | None = None
@@ -406,18 +399,18 @@ class Progress:
     def _table_row(self, parsed: Parsed) -> Parsed:
         """A row under a table's header: each cell named by its column (`Epoch` `1/2` is the epoch)."""
         metrics: dict[str, float] = {}
-        epoch, epoch_total = parsed.epoch, parsed.epoch_total
+        epoch = parsed.epoch
         for column, cell in zip(self.header, parsed.row, strict=False):  # a row may run past its header
             m = _CELL.fullmatch(cell)
             assert m is not None
             name = column.lower()
             if name == "epoch" and m.group("n"):
-                epoch, epoch_total = int(m.group("n")), int(m.group("total"))
+                epoch = int(m.group("n"))
             elif m.group("num") is not None:
                 full = _name([column], "", m.group("unit"))
                 if full:
                     metrics[full] = float(m.group("num"))
-        return replace(parsed, epoch=epoch, epoch_total=epoch_total, metrics={**metrics, **parsed.metrics})
+        return replace(parsed, epoch=epoch, metrics={**metrics, **parsed.metrics})
 
     def _counted(self, c: Counter, epoch: int | None, line: str) -> int:
         n = c.n
@@ -448,7 +441,6 @@ class Progress:
         if not self.per_epoch:
             self.per_epoch = True
             self.length = c.total or max(self.max_n, self.last_n or 0)
-            self.estimated = c.total is None
             how = (f"{self.length} per epoch (its printed total)" if c.total else
                    f"about {self.length} per epoch (the largest value printed in an epoch: print `batch b/B` "
                    "with the total for exact steps)")
