@@ -40,6 +40,13 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def wait_running(root: Path) -> None:
+    """Until run `nano`'s attempt runs, and a second more: a stop then finds the trainer printing."""
+    wait_for(lambda: any(a.status == "running" for a in store_of(root).attempts("nano"))
+             if (root / ".babysit" / "state.db").exists() else False, what="the run launched")
+    time.sleep(1.0)
+
+
 def channel(root: Path, kind: str | None = None) -> list[dict]:
     path = root / ".babysit" / "channel.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -83,9 +90,7 @@ def test_a_nan_run_is_stopped_while_alive_and_exits_diverged(workspace: Path) ->
 
 def test_ctrl_c_stops_the_run_gracefully_and_exits_stopped(workspace: Path) -> None:
     proc = start(workspace, *NANOGPT, "--iters", "100000", "--sleep", "0.02")
-    wait_for(lambda: any(a.status == "running" for a in store_of(workspace).attempts("nano"))
-             if (workspace / ".babysit" / "state.db").exists() else False, what="the run launched")
-    time.sleep(1.0)
+    wait_running(workspace)
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc)
     assert code == adhoc.EXIT_STOPPED, out
@@ -99,9 +104,7 @@ def test_a_second_ctrl_c_kills_a_run_that_does_not_stop(workspace: Path) -> None
                 "for i in range(100000):\n    print(f'iter {i}: loss 1.0, time 1.00ms, mfu 1.00%', flush=True)\n"
                 "    time.sleep(0.02)\n"]
     proc = start(workspace, *stubborn)
-    wait_for(lambda: any(a.status == "running" for a in store_of(workspace).attempts("nano"))
-             if (workspace / ".babysit" / "state.db").exists() else False, what="the run launched")
-    time.sleep(1.0)
+    wait_running(workspace)
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
     started = time.monotonic()
@@ -335,9 +338,7 @@ def test_on_a_terminal_its_row_is_live_its_output_above_and_a_keyboard_ctrl_c_st
 
 def test_a_sigterm_to_babysit_run_is_named_so_not_ctrl_c(workspace: Path) -> None:
     proc = start(workspace, *NANOGPT, "--iters", "100000", "--sleep", "0.02")
-    wait_for(lambda: any(a.status == "running" for a in store_of(workspace).attempts("nano"))
-             if (workspace / ".babysit" / "state.db").exists() else False, what="the run launched")
-    time.sleep(1.0)
+    wait_running(workspace)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
     assert code == adhoc.EXIT_STOPPED, out
