@@ -1,4 +1,4 @@
-"""What the general reader (babysit/core/printed.py) costs a printed line, through the real stdout source with
+"""What the general reader (babysit/core/reading/printed.py) costs a printed line, through the real stdout source with
 `preset = "auto"`: every preset tried first, then the general reader, as `babysit run` reads.
 
   python bench/general_reader.py             # 100,000 lines a shape, ~30 s here
@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from babysit.core.source_spec import parse_source
-from babysit.core.tomlfile import Table
+from babysit.core.spec.source import parse_source
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import stdout
 
 

@@ -22,8 +22,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, write_log
 
-from babysit.core.records import metric_series
-from babysit.core.spec import load_spec
+from babysit.core.reading.log_records import metric_series
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.verdict import evaluate
 from babysit.db.store import Store
 from babysit.sources import logtail

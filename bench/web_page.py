@@ -51,7 +51,7 @@ label = "CLIMB"
 
 def build(root: Path, runs: int, records: int) -> Path:
     from babysit.core.snapshot import Snapshot
-    from babysit.core.spec import load_spec
+    from babysit.core.spec.run_toml import load_spec
     from babysit.db.store import Store
     from babysit.runtime import registry
 

@@ -4,7 +4,7 @@ This box's GPUs: a fresh probe reading (never a cached one: the question is "who
 process belongs to a run when it is in the process tree of one of the run's live attempts; everything
 else is FOREIGN, including processes babysit cannot see (another PID namespace), which are said to be
 unseen. In a fleet, every other box's GPUs as that box published them with its last lease renewal
-(babysit/core/gpureport.py: the box labelled its own processes), under a line with the reading's age
+(babysit/core/gpu/report.py: the box labelled its own processes), under a line with the reading's age
 and the box's staleness: the gateway cannot read another box's GPUs, and says how old what it shows is.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from babysit.core import gpureport
 from babysit.core.fmt import fmt_gib
+from babysit.core.gpu import report as gpureport
 from babysit.core.readings import GpuView
 from babysit.db.store import HostLease, Store
 from babysit.probes.gpu import open_gpu_probe

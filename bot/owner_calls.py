@@ -25,9 +25,9 @@ import structlog
 
 from babysit.campaign import clicks
 from babysit.campaign.history import view_of
-from babysit.core import campaign_render as crender
 from babysit.core.blocks import context, section
-from babysit.core.campaign_spec import Banked, Campaign, Suspect, load_campaign
+from babysit.core.campaign import render as crender
+from babysit.core.campaign.spec import Banked, Campaign, Suspect, load_campaign
 from babysit.core.errors import BabysitError
 from babysit.core.render import Rendered
 from babysit.view import runview
@@ -37,7 +37,7 @@ from bot.predicates import user_of
 
 log = structlog.get_logger("babysit.bot")
 
-# The action ids a Socket Mode client or a test sends (the buttons are drawn by babysit/core/campaign_render.py).
+# The action ids a Socket Mode client or a test sends (the buttons are drawn by babysit/core/campaign/render.py).
 LAUNCH_ACTION_ID, EXTEND_ACTION_ID, HOLD_ACTION_ID = crender.LAUNCH_ACTION_ID, crender.EXTEND_ACTION_ID, \
     crender.HOLD_ACTION_ID
 ACTION_IDS = crender.ACTION_IDS

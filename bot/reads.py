@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BabysitError, BadInput
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.db.url import store_url
 from babysit.runtime.registry import Registry, RunEntry

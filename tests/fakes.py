@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from babysit.core.readings import HostReading
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.probes.gpu import GpuProbe

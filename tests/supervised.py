@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext

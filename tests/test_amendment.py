@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from babysit.commands.amend import amend_registered, record_amendment
-from babysit.core.amendment import amendment_sha256, check_against, parse_amendment
 from babysit.core.errors import BabysitError, PreregTampered, SpecError
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import amendment_sha256, check_against, parse_amendment
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.verdict import reading
 

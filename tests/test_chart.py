@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.amendment import load_amendment, what_if
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import load_amendment, what_if
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.verdict import evaluate
 from babysit.verdict.chart import render_chart
 from babysit.verdict.reading import read_series
@@ -106,8 +106,8 @@ def test_a_chart_that_cannot_be_written_is_reported_never_raised(tmp_path: Path,
 CHILD_DRAW = """
 import sys
 from pathlib import Path
-from babysit.core.amendment import load_amendment, what_if
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import load_amendment, what_if
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.verdict import evaluate
 from babysit.verdict.reading import draw_chart, read_series
 fixtures, out = Path(sys.argv[1]), Path(sys.argv[2])

@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from babysit.core.classify import ExitFacts, classify_exit, parse_size
-from babysit.core.records import LogRecord
-from babysit.core.spec import ClassifyRule
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import ClassifyRule
 
 GIB = 2**30
 

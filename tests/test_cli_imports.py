@@ -79,6 +79,6 @@ def test_the_shim_imports_nothing_heavy_not_its_package_and_not_the_store(tmp_pa
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
     loaded = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert {"babysit.core.spec", "babysit.probes.host", "babysit.runtime.atomic"} <= loaded  # the list is whole
+    assert {"babysit.core.spec.run_toml", "babysit.probes.host", "babysit.runtime.atomic"} <= loaded  # the list is whole
     assert sorted(m for m in loaded if m == "babysit.executors" or m.split(".")[0] in HEAVY
                   or m.startswith(("babysit.db", "babysit.probes.gpu", "sqlite3"))) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.sources import patterns
 from babysit.sources.records import Item
 

@@ -15,7 +15,7 @@ from babysit.core.guards import (
     track_sightings,
 )
 from babysit.core.readings import GpuProcess, GpuReading, GpuView
-from babysit.core.spec import GuardsSpec
+from babysit.core.spec.run_toml import GuardsSpec
 
 GIB = 2**30
 POLICY = GpuProcess(4242, "policy_server", 61 * GIB)

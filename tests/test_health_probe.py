@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from babysit.core import gpuhealth
+from babysit.core.gpu import health as gpuhealth
 from babysit.probes.gpu import NvmlGpuProbe
 from babysit.service.sampler import sampler_for
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Attempt, Store
 from babysit.executors import ExitInfo
 from babysit.executors.local import LocalExecutor

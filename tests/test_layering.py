@@ -25,8 +25,8 @@ EFFECTFUL_STDLIB = {"subprocess", "socket", "sqlite3", "threading", "signal", "s
                     "urllib", "http", "multiprocessing", "asyncio", "select", "selectors", "logging"}
 # Named exceptions, each for a use without effects.
 ALLOWED = {("babysit/core/classify.py", "signal"): "signal.Signals: the name of the signal that ended a run",
-           ("babysit/core/tomlfile.py", "tomli"): "the TOML parser below Python 3.11 (tomllib above)",
-           ("babysit/core/source_spec.py", "re2"): "RE2 compiles a [[source.patterns]] regex as `re` would: "
+           ("babysit/core/spec/tomlfile.py", "tomli"): "the TOML parser below Python 3.11 (tomllib above)",
+           ("babysit/core/spec/source.py", "re2"): "RE2 compiles a [[source.patterns]] regex as `re` would: "
                                                    "a pure function, linear-time so user patterns cannot blow up"}
 # Where babysit may start the bot: the CLI commands that host it (the composition root).
 BOT_HOSTS = {"babysit/commands/bot.py", "babysit/commands/up.py"}
@@ -44,7 +44,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
 
 
 def pure_modules() -> list[Path]:
-    return sorted((ROOT / "babysit" / "core").glob("*.py"))
+    return sorted((ROOT / "babysit" / "core").rglob("*.py"))
 
 
 def test_the_core_imports_only_itself_and_pure_stdlib():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from babysit.core.records import LogRecord, ProgressPoint, metric_series, seconds_per_step
+from babysit.core.reading.log_records import LogRecord, ProgressPoint, metric_series, seconds_per_step
 from babysit.sources.logtail import TailState, read_all, read_new, read_recent
 
 

@@ -98,7 +98,7 @@ def test_a_node_slow_to_join_the_all_reduce_is_a_straggler_and_an_even_job_has_n
 def test_the_ram_floor_reads_the_lowest_node_and_names_it() -> None:
     from babysit.core.guards import LiveFacts, live
     from babysit.core.nodes import lowest_ram
-    from babysit.core.spec import GuardsSpec
+    from babysit.core.spec.run_toml import GuardsSpec
 
     rows = node_rows([probe("n1", 20.0), probe("n2", 0.5), probe("n3", 9.0)], {}, now=1.0)
     ram, node = lowest_ram(rows)

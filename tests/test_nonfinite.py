@@ -1,4 +1,4 @@
-"""The watched non-finite metrics: one rule (core/nonfinite.py) that the live guard, the exit
+"""The watched non-finite metrics: one rule (core/reading/nonfinite.py) that the live guard, the exit
 classifier and the framework hooks all apply, honouring the run's `[guards] nonfinite_metrics`."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from babysit import integrations
-from babysit.core import classify, nonfinite
-from babysit.core.records import LogRecord
-from babysit.core.spec import GuardsSpec
+from babysit.core import classify
+from babysit.core.reading import nonfinite
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import GuardsSpec
 
 NAN, INF = math.nan, math.inf
 RECORDS = [{"loss": NAN}, {"grad_norm": INF}, {"train/grad_norm": NAN}, {"eval_acc": NAN}, {"lr": INF}]

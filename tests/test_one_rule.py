@@ -10,7 +10,7 @@ from babysit.core import guards
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
 from babysit.core.render import flag_line
 from babysit.core.snapshot import build_snapshot
-from babysit.core.spec import GuardsSpec
+from babysit.core.spec.run_toml import GuardsSpec
 
 GIB = 2**30
 OURS = GpuProcess(100, "python -m trainer", 70 * GIB)

@@ -29,7 +29,7 @@ def test_the_corroboration_line_says_what_it_is_and_that_it_decides_nothing() ->
 
 
 def test_campaign_show_says_what_its_decisions_are() -> None:
-    from babysit.core.campaign_render import show_text
+    from babysit.core.campaign.render import show_text
 
     view = {"campaign": "saga", "question": "why?", "suspects": [], "banked": [], "runs": [],
             "decisions": [{"call": 1, "run": "r", "question": "extend?", "options": ["hold"]}]}

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from babysit.core.reading.log_records import ProgressPoint
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
-from babysit.core.records import ProgressPoint
 from babysit.core.render import flag_line, render, snapshot_line
 from babysit.core.snapshot import FLAGS, Snapshot, build_snapshot
 from bot.messages import poll_result

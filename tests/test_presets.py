@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core import presets
 from babysit.core.errors import SpecError
-from babysit.core.source_spec import SourceSpec, parse_source, preset_line, preset_patterns
-from babysit.core.suggest import suggest
-from babysit.core.tomlfile import Table
+from babysit.core.reading import presets
+from babysit.core.reading.suggest import suggest
+from babysit.core.spec.source import SourceSpec, parse_source, preset_line, preset_patterns
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import stdout, unreadable
 from babysit.sources.evidence import Evidence
 

@@ -1,4 +1,4 @@
-"""The general printed-metrics reader (babysit/core/printed.py): lines as trainers print them, each to the
+"""The general printed-metrics reader (babysit/core/reading/printed.py): lines as trainers print them, each to the
 record babysit must read. The corpus of real trainers' output is tests/test_printed_corpus.py; these pin the
 rules one at a time."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from babysit.core.printed import Progress, describe_record, parse
+from babysit.core.reading.printed import Progress, describe_record, parse
 
 
 def read(*lines: str) -> tuple[list[tuple[int, dict[str, float]]], list[tuple[str, str]]]:

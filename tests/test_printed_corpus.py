@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import tomllib
 
-from babysit.core import presets
-from babysit.core.source_spec import SourceSpec, parse_source
-from babysit.core.tomlfile import Table
+from babysit.core.reading import presets
+from babysit.core.spec.source import SourceSpec, parse_source
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import stdout
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"

@@ -16,7 +16,7 @@ import pytest
 
 from babysit.core.errors import BadInput
 from babysit.core.guards import LiveFacts, foreign_holders, live, prelaunch
-from babysit.core.spec import GuardsSpec
+from babysit.core.spec.run_toml import GuardsSpec
 from babysit.probes.gpu import FileGpuProbe, NullGpuProbe, NvmlGpuProbe, open_gpu_probe, poll_window
 from babysit.probes.host import (
     available_ram_bytes,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.render import render
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext

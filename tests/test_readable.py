@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from babysit.core import readable
+from babysit.core.reading import readable
 
 
 @pytest.mark.parametrize(("lines", "seconds", "minute", "due"), [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.retry import PastAttempt, build_argv, next_attempt
-from babysit.core.spec import AttemptProfile, RetrySpec, RunSpec
+from babysit.core.spec.run_toml import AttemptProfile, RetrySpec, RunSpec
 
 SPEC = RunSpec(
     name="grasp_disc",

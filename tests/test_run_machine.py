@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from babysit.core import run_events as ev
 from babysit.core import run_machine as m
 from babysit.core.guards import Action
-from babysit.core.spec import AttemptProfile, GuardsSpec, RetrySpec, RunSpec
+from babysit.core.spec.run_toml import AttemptProfile, GuardsSpec, RetrySpec, RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 
 OUTCOMES = ("completed", "stopped", "oom", "diverged", "crashed", "stalled", "gpu-fault")

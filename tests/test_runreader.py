@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.run.runreader import CHUNK_BYTES, RunReader
 from babysit.sources import logtail
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from babysit.core.errors import BabysitError
-from babysit.core.records import LogRecord
+from babysit.core.reading.log_records import LogRecord
 from babysit.core.snapshot import Snapshot
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.view.runtable import change_line, status_table
 from babysit.view.runview import RegistryCache, RunRow, ShownFacts, TailCache, build_row, collect, target_step

@@ -12,7 +12,7 @@ import pytest
 
 from babysit.core import guards
 from babysit.core.render import render
-from babysit.core.spec import GuardsSpec, load_spec
+from babysit.core.spec.run_toml import GuardsSpec, load_spec
 from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext

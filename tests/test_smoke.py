@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from babysit.core import smoke
-from babysit.core.records import LogRecord
-from babysit.core.spec import AttemptProfile, load_spec
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import AttemptProfile, load_spec
 from babysit.db.store import Store
 from babysit.register import smoke_record
 from tests.scenarios.conftest import tiny_run

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from babysit.core.guards import Holder
+from babysit.core.reading.log_records import ProgressPoint
 from babysit.core.readings import GpuProcess, GpuReading, GpuView, HostReading
-from babysit.core.records import ProgressPoint
 from babysit.core.render import render
 from babysit.core.snapshot import GpuRow, Snapshot, build_snapshot, project_gpu_hours, steps_from_argv
 

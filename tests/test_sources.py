@@ -17,8 +17,8 @@ import pytest
 
 from babysit import cli
 from babysit.core.errors import SpecError
-from babysit.core.records import metric_series, seconds_per_step
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.reading.log_records import metric_series, seconds_per_step
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.executors.shim import shim_argv
 from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.lines import Cursor, read_lines

@@ -1,4 +1,4 @@
-"""One registry of kinds drives everything a `[source]` kind means (core/source_kinds.py, sources/kinds.py), and
+"""One registry of kinds drives everything a `[source]` kind means (core/spec/source_kinds.py, sources/kinds.py), and
 one tailer (sources/tailer.py) reads every file a file-reading kind reads.
 
 The first tests register a kind of their own — "tally", whose module is this file (its `KIND` below) — with
@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from babysit.core import source_kinds
 from babysit.core.errors import BadInput, SpecError
-from babysit.core.source_kinds import KindRules
-from babysit.core.source_spec import SourcePattern, SourceSpec
-from babysit.core.spec import load_spec
+from babysit.core.spec import source_kinds
+from babysit.core.spec.run_toml import load_spec
+from babysit.core.spec.source import SourcePattern, SourceSpec
+from babysit.core.spec.source_kinds import KindRules
 from babysit.sources import kinds, lines, logtail, records, tailer
 from babysit.sources.kind import Evidence, Kind, RowsAdapter, SourceRead, sample
 

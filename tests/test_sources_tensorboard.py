@@ -13,8 +13,8 @@ from typing import Any
 import numpy
 import pytest
 
-from babysit.core.records import metric_series, seconds_per_step
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.reading.log_records import metric_series, seconds_per_step
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.sources import SourcePump, records_path, unreadable
 from babysit.sources.logtail import read_all
 from babysit.sources.tensorboard import event_files
@@ -175,7 +175,7 @@ def test_without_the_tensorboard_package_the_error_names_the_extra(tmp_path: Pat
         import sys
         sys.modules["tensorboard"] = None  # as if not installed: importing it raises ImportError
         import babysit.sources as sources
-        from babysit.core.spec import load_spec
+        from babysit.core.spec.run_toml import load_spec
         assert "tensorboard" not in [m for m in sys.modules if sys.modules[m] is not None]
         spec = load_spec({str(tmp_path / "run.toml")!r})
         result = sources.SourcePump(spec, {str(tmp_path / "sd")!r}).pump(now=1.0)

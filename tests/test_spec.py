@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core import expr
 from babysit.core.errors import SpecError
-from babysit.core.spec import (
+from babysit.core.spec import expr
+from babysit.core.spec.run_toml import (
     GuardsSpec,
     PollSpec,
     RetrySpec,
@@ -273,8 +273,8 @@ def test_no_key_babysit_reads_is_a_near_miss_of_a_required_key_of_its_table(
     import re
     from collections import defaultdict
 
-    from babysit.core import tomlfile
-    from babysit.core.amendment import load_amendment
+    from babysit.core.spec import tomlfile
+    from babysit.core.spec.amendment import load_amendment
     from babysit.runtime.registry import load
 
     keys: dict[str, set[str]] = defaultdict(set)
@@ -368,7 +368,7 @@ def test_exclusive_gpu_is_accepted_wherever_it_means_something_or_is_not_written
 
 
 def test_gpus_any_n_and_spares_and_the_gpu_fault_budget(tmp_path: Path) -> None:
-    from babysit.core.spec import load_spec
+    from babysit.core.spec.run_toml import load_spec
 
     spec = load_spec(write(tmp_path, '[run]\nname = "r"\ncommand = ["x"]\nlog = "l"\ngpus = "any 2"\n'
                                      '[retry]\non = ["gpu-fault"]\ngpu_fault_max = 5\n'))

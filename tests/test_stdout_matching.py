@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.source_spec import compile_regex
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
+from babysit.core.spec.source import compile_regex
 from babysit.sources import patterns, stdout
 from babysit.sources.records import Item
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
 from babysit.core.snapshot import Snapshot
+from babysit.core.spec.amendment import amendment_sha256
 from babysit.db.store import SCHEMA_VERSION, Store
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
+from babysit.core.spec.amendment import amendment_sha256
 from babysit.db import schema
 from babysit.db.copy import digest
 from babysit.db.store import SCHEMA_VERSION, Store

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from babysit.core import render, tails
+from babysit.core import render
+from babysit.core.reading import tails
 from babysit.executors.local import tail_lines
 
 

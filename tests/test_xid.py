@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from babysit.core import gpuchoice, gpuhealth, xid
+from babysit.core.gpu import choice as gpuchoice
+from babysit.core.gpu import health as gpuhealth
+from babysit.core.gpu import xid
 from babysit.core.readings import GpuSignal
 
 
@@ -35,7 +37,7 @@ def test_an_unlisted_xid_is_unknown_and_blames_nobody() -> None:
 def test_the_catalog_file_cites_nvidia() -> None:
     from importlib import resources
 
-    text = resources.files("babysit.core").joinpath("xid_catalog.toml").read_text()
+    text = resources.files("babysit.core.gpu").joinpath("xid_catalog.toml").read_text()
     assert "https://docs.nvidia.com/deploy/xid-errors/index.html" in text
 
 

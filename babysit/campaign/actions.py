@@ -24,10 +24,10 @@ import structlog
 from babysit.campaign import propose
 from babysit.campaign.history import view_of
 from babysit.campaign.saga import render_saga
-from babysit.core import campaign_grid as grid_mod
-from babysit.core.campaign_spec import Campaign
+from babysit.core.campaign import grid as grid_mod
+from babysit.core.campaign.spec import Campaign
 from babysit.core.errors import BabysitError, BadInput
-from babysit.core.tomlfile import load
+from babysit.core.spec.tomlfile import load
 from babysit.db.store import OwnerCall, Store
 from babysit.register import registration
 from babysit.runtime.atomic import write_atomic

@@ -21,7 +21,7 @@ from pathlib import Path
 import structlog
 
 from babysit.campaign import actions
-from babysit.core.campaign_spec import load_campaign
+from babysit.core.campaign.spec import load_campaign
 from babysit.core.errors import BabysitError
 from babysit.db.store import Store
 from babysit.runtime import registry as registry_mod

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from babysit.campaign import settle
-from babysit.core import campaign_grid as grid_mod
-from babysit.core.campaign_spec import Campaign, load_campaign
+from babysit.core.campaign import grid as grid_mod
+from babysit.core.campaign.spec import Campaign, load_campaign
 from babysit.core.errors import BadInput
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.core.verdict import build_rules
 from babysit.db.store import OwnerCall, Row, Store
 from babysit.db.url import open_store

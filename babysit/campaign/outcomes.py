@@ -22,11 +22,11 @@ from typing import Any
 import structlog
 
 from babysit.campaign import actions, settle
-from babysit.core import campaign_grid as grid_mod
-from babysit.core.campaign_spec import Campaign, load_campaign, parse_grid
+from babysit.core.campaign import grid as grid_mod
+from babysit.core.campaign.spec import Campaign, load_campaign, parse_grid
 from babysit.core.errors import BabysitError
-from babysit.core.spec import RunSpec, load_spec
-from babysit.core.tomlfile import Table
+from babysit.core.spec.run_toml import RunSpec, load_spec
+from babysit.core.spec.tomlfile import Table
 from babysit.db.store import Store
 from babysit.verdict.reading import read_registered_verdict
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from babysit.core.campaign_delta import BARE
+from babysit.core.campaign.delta import BARE
 
 HEADER = """# Proposed by babysit after {run}'s FINAL verdict {label} ({why}).
 # Nothing launches without an owner's click (launch / extend / hold) or `babysit register` of this file.

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from babysit.core.campaign_grid import Held
-from babysit.core.campaign_spec import AMBIGUOUS_BY_INSTRUMENT
+from babysit.core.campaign.grid import Held
+from babysit.core.campaign.spec import AMBIGUOUS_BY_INSTRUMENT
 from babysit.core.status import ENDED_STATUSES, RunStatus
 
 SETTLED, PENDING, SUSPENDED = "settled", "pending", "suspended"

@@ -4,7 +4,7 @@ It writes the run's run.toml (under the state directory, `adhoc/NAME.toml`: a re
 it through `babysit register`'s path, and babysits it: with a
 `babysit up` already holding the registry's state, that daemon takes it and this process follows it;
 without one, a daemon runs in this process for this run alone. Either way the run's stdout and stderr
-come through, the live view shows its row, and the exit code says how it ended (core/adhoc.py).
+come through, the live view shows its row, and the exit code says how it ended (core/spec/adhoc.py).
 
 Ctrl-C (or SIGTERM) the first time: the run is stopped gracefully, as `babysit abort` stops it (its stop
 signal, `stop_grace_seconds` to checkpoint, then SIGKILL), and `babysit run` exits 5 once it has ended.
@@ -24,11 +24,11 @@ from typing import Any, TextIO
 
 from babysit.channels.notify import Channel, ConsoleChannel
 from babysit.commands import register
-from babysit.core import adhoc
 from babysit.core.errors import BadInput, DaemonAlreadyRunning
-from babysit.core.presets import auto_names as preset_names
-from babysit.core.source_spec import regex_error
-from babysit.core.spec import RUN_NAME
+from babysit.core.reading.presets import auto_names as preset_names
+from babysit.core.spec import adhoc
+from babysit.core.spec.run_toml import RUN_NAME
+from babysit.core.spec.source import regex_error
 from babysit.core.status import RunStatus
 from babysit.db.store import Store
 from babysit.db.url import open_existing, open_store, store_url

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from babysit.campaign.outcomes import campaigns_touching, reconcile
-from babysit.core.amendment import AmendmentSpec, check_against, last_metric_step, load_amendment, utc_now_iso
 from babysit.core.errors import BabysitError, BadInput
-from babysit.core.records import metric_series
-from babysit.core.spec import RunSpec
+from babysit.core.reading.log_records import metric_series
+from babysit.core.spec.amendment import AmendmentSpec, check_against, last_metric_step, load_amendment, utc_now_iso
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Amendment, Store
 from babysit.db.url import open_store
 from babysit.runtime.registry import resolve_registry_path

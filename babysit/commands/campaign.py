@@ -17,8 +17,8 @@ from babysit.campaign import history
 from babysit.campaign.saga import render_saga
 from babysit.commands import register
 from babysit.commands.args import parse
-from babysit.core.campaign_render import show_text
-from babysit.core.campaign_spec import load_campaign
+from babysit.core.campaign.render import show_text
+from babysit.core.campaign.spec import load_campaign
 from babysit.db.url import open_store
 from babysit.runtime import registry
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from babysit.core.errors import EXIT_BAD_INPUT, BabysitError
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.runtime import registry
 from babysit.slack.channel import CHANNEL_ENV
 from babysit.slack.check import Finding, run_check

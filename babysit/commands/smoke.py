@@ -38,7 +38,7 @@ from babysit.core.smoke import (
     smoke_env,
     train_evidence,
 )
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Attempt
 from babysit.db.url import open_store
 from babysit.executors.local import LocalExecutor

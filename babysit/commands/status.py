@@ -8,7 +8,7 @@ import json
 import time
 
 from babysit.core.errors import BadInput
-from babysit.core.source_spec import preset_line
+from babysit.core.spec.source import preset_line
 from babysit.db.store import Store
 from babysit.run.gpufault import quarantine_lines
 from babysit.runtime import registry

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from babysit import sources
-from babysit.core.amendment import check_against, load_amendment, what_if
 from babysit.core.errors import BadInput, PreregTampered
 from babysit.core.fmt import fmt_delta, fmt_duration
 from babysit.core.render import verdict_text
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import check_against, load_amendment, what_if
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.status import RunStatus
 from babysit.core.verdict import FINAL, PROVISIONAL, decimal_of, evaluate
 from babysit.db.url import open_store

@@ -22,7 +22,7 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
 
 An illegal memory access is classified `crashed`: it is almost always a software bug (an
 out-of-bounds index in a kernel), and a retry on the same code fails the same way. So is an Xid the
-catalog (babysit/core/xid_catalog.toml) puts on the application (13, 31, 43): the GPU stays healthy.
+catalog (babysit/core/gpu/xid_catalog.toml) puts on the application (13, 31, 43): the GPU stays healthy.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core import gpuhealth, nonfinite, tails, xid
-from babysit.core.spec import ClassifyRule
+from babysit.core.gpu import health as gpuhealth
+from babysit.core.gpu import xid
+from babysit.core.reading import nonfinite, tails
+from babysit.core.spec.run_toml import ClassifyRule
 from babysit.core.status import Outcome
 
 TAIL_LINES = 20
@@ -325,7 +327,7 @@ def _record_text(record: Any) -> str:
 def _nonfinite(records: Iterable[Any], declared: Sequence[str] | None) -> dict[str, object]:
     """Where the last records say the run went non-finite, the first of: a `diverged` record (the hooks
     and the reference trainer write one, with the values that did it, or a reason), a watched metric's
-    NaN/inf by the one rule (core/nonfinite: a default-watched grad norm counts when non-finite twice).
+    NaN/inf by the one rule (core/reading/nonfinite: a default-watched grad norm counts when non-finite twice).
     `nonfinite` names the metric, its value and the step ("grad_norm = nan at step 150")."""
     pending: frozenset[str] = frozenset()  # skip-tolerant names non-finite in their last record (the one rule)
     for record in records:  # in order, the first wins: where it began (a grad norm counts when non-finite twice)

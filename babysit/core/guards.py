@@ -32,11 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from babysit.core import gpuhealth
 from babysit.core.fmt import GIB, fmt_duration, gib, hours
+from babysit.core.gpu import health as gpuhealth
 from babysit.core.progress import projection_words
 from babysit.core.readings import GpuProcess, GpuReading, GpuView
-from babysit.core.spec import GuardsSpec
+from babysit.core.spec.run_toml import GuardsSpec
 
 WARN_NUMERATOR, WARN_DENOMINATOR = 4, 5  # warn once at 80 % of the GPU-hours cap (docs/spec.md)
 
@@ -285,7 +285,7 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
 
 
 def _health_actions(index: int, reading: GpuReading) -> list[Action]:
-    """What one GPU's health signals call for (babysit/core/gpuhealth.py): a machine fault that stops
+    """What one GPU's health signals call for (babysit/core/gpu/health.py): a machine fault that stops
     stops the run (classified gpu-fault), one that does not is an incident; a trainer's own Xid is an
     incident that blames the trainer; a warning is one warning per kind and GPU. Each machine-side
     action carries its evidence, which the supervisor records on the attempt."""

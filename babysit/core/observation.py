@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from babysit.core.progress import Progress, ProgressFields, derive, past_cap, project_gpu_hours, steps_left
+from babysit.core.reading.log_records import ProgressPoint, seconds_per_step
 from babysit.core.readings import GpuView, HostReading
-from babysit.core.records import ProgressPoint, seconds_per_step
 
 __all__ = ["Observation", "observe", "past_cap", "project_gpu_hours", "steps_left"]
 

@@ -20,7 +20,7 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuSignal:
-    """One health signal of one GPU, as the probe saw it; babysit/core/gpuhealth.py says what it means.
+    """One health signal of one GPU, as the probe saw it; babysit/core/gpu/health.py says what it means.
 
     kind: xid | ecc-dbe | ecc-uncorrectable | ecc-sbe | ecc-sbe-storm | remap-pending | remap-failure |
     recovery-action | unavailable | lost | unresponsive | pcie-replay | nvlink-errors | throttle |

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import babysit.core.campaign_render as campaign_words  # pure (tests/test_layering.py)
-from babysit.core import progress, tails
+import babysit.core.campaign.render as campaign_words  # pure (tests/test_layering.py)
+from babysit.core import progress
 from babysit.core.blocks import code, context, divider, header, section
 from babysit.core.fmt import MISSING, fmt_delta, fmt_duration, fmt_gib, fmt_rise
 from babysit.core.nodes import node_line
+from babysit.core.reading import tails
 from babysit.core.snapshot import GpuRow, Snapshot
 
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.core.spec import AttemptProfile, RunSpec
+from babysit.core.spec.run_toml import AttemptProfile, RunSpec
 from babysit.core.status import Outcome
 
 _INT = re.compile(r"[+-]?\d+")

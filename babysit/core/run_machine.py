@@ -31,7 +31,7 @@ from typing import Any
 
 from babysit.core import progress, retry
 from babysit.core import run_events as ev
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, Outcome, RunStatus
 
 # Outcomes that end a run as something else than `failed` when nothing retries them.

@@ -22,11 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from babysit.core import retry, tails
+from babysit.core import retry
 from babysit.core.classify import ExitClass
 from babysit.core.errors import BadInput
-from babysit.core.records import LogRecord
-from babysit.core.spec import AttemptProfile, RunSpec
+from babysit.core.reading import tails
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import AttemptProfile, RunSpec
 
 EVAL_PREFIX = "eval"
 STDERR_LINES = 20

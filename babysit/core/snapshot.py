@@ -16,8 +16,8 @@ from babysit.core.guards import Holder, below_ram_floor, foreign_holders, low_ut
 from babysit.core.nodes import NodeRow
 from babysit.core.observation import project_gpu_hours
 from babysit.core.progress import Progress, ProgressFields, derive, steps_from_argv
+from babysit.core.reading.log_records import seconds_per_step as _seconds_per_step
 from babysit.core.readings import GpuView, HostReading
-from babysit.core.records import seconds_per_step as _seconds_per_step
 
 __all__ = ["FLAGS", "KINDS", "GpuRow", "Snapshot", "build_snapshot", "project_gpu_hours", "shown", "steps_from_argv"]
 

@@ -26,10 +26,10 @@ from fractions import Fraction
 from itertools import pairwise
 from typing import Any
 
-from babysit.core.amendment import AmendmentRecord
 from babysit.core.errors import SpecError
-from babysit.core.expr import decimal_of, exact_value
-from babysit.core.spec import AMBIGUOUS_BY_INSTRUMENT, Prereg
+from babysit.core.spec.amendment import AmendmentRecord
+from babysit.core.spec.expr import decimal_of, exact_value
+from babysit.core.spec.run_toml import AMBIGUOUS_BY_INSTRUMENT, Prereg
 
 FINAL = "FINAL"
 PROVISIONAL = "PROVISIONAL"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core import progress
-from babysit.core.amendment import amendment_sha256
 from babysit.core.errors import StateError
+from babysit.core.spec.amendment import amendment_sha256
 from babysit.db.campaigns import CampaignTables
 from babysit.db.facts import HELD_POSTS_FACT, OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, RunFacts
 from babysit.db.outbox import OutboxTable

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Mapping
 
 from babysit.core.errors import RegistryError
-from babysit.core.spec import HOST_NAME
+from babysit.core.spec.run_toml import HOST_NAME
 from babysit.db.mirror_view import MirrorStore
 from babysit.db.redact import redact
 from babysit.db.store import Store

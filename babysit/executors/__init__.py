@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from babysit.core.nodes import NodeRow
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.probes.gpu import GpuProbe
 

@@ -19,9 +19,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from babysit.core import tails
 from babysit.core.nodes import NodeRow
-from babysit.core.spec import RunSpec
+from babysit.core.reading import tails
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.executors.shim import is_shim, shim_argv

@@ -36,7 +36,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:  # run by its path: babysit from this file's tree, and the
     sys.path[0] = str(Path(__file__).resolve().parents[2])  # executors/ folder no top-level name
 
-from babysit.core.spec import STOP_SIGNALS
+from babysit.core.spec.run_toml import STOP_SIGNALS
 from babysit.probes.host import descendants, sigkill
 from babysit.runtime.atomic import write_json_atomic
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from babysit.core import nonfinite
+from babysit.core.reading import nonfinite
 from babysit.integrations.client import JsonlWriter, plain
 
 EXIT_DIVERGED = 11  # babysit's classifier (classify.EXIT_DIVERGED) and the reference trainer's code
@@ -43,7 +43,7 @@ class Diverged(SystemExit):
 def declared_watch(watch: Sequence[str] | None) -> tuple[str, ...] | None:
     """The metric names a hook watches: its own `watch` argument, else the run's `[guards]
     nonfinite_metrics` (the daemon passes it in `$BABYSIT_NONFINITE_METRICS`), else None, babysit's
-    default rule (`babysit.core.nonfinite`: every *loss* and *grad_norm*), the one the daemon applies."""
+    default rule (`babysit.core.reading.nonfinite`: every *loss* and *grad_norm*), the one the daemon applies."""
     if watch is not None:
         return tuple(watch)
     return nonfinite.from_env(os.environ.get(nonfinite.ENV))
@@ -63,7 +63,7 @@ def plain_finite(values: Mapping[str, Any]) -> bool:
 
 
 class NonfiniteWatch:
-    """A hook's view of divergence, record after record, by the daemon's one rule (babysit.core.nonfinite):
+    """A hook's view of divergence, record after record, by the daemon's one rule (babysit.core.reading.nonfinite):
     a watched loss counts at once, a default-watched grad norm when non-finite twice in a row."""
 
     def __init__(self, watch: Sequence[str] | None = None) -> None:

@@ -11,7 +11,7 @@ second, in one write a batch; all are on disk when training ends.
 
 A non-finite watched value (by default any logged key containing `loss` or `grad_norm`; the run's
 `[guards] nonfinite_metrics` when it declares them: the one rule babysit's guard applies, see
-`babysit.core.nonfinite`) stops training after the current step and ends the process with exit code
+`babysit.core.reading.nonfinite`) stops training after the current step and ends the process with exit code
 11, which babysit classifies `diverged` (see `babysit.integrations` for why this way). Note that HF's
 `logging_nan_inf_filter` (on by default) replaces a NaN *training* loss by an average of earlier ones
 before logging it; `grad_norm` and `eval_loss` still show the divergence, and the callback watches both.

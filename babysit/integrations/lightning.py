@@ -10,7 +10,7 @@ them to its loggers, plus `total_steps` (max_steps, else the trainer's estimate)
 Only global rank 0 writes.
 
 A non-finite value of a watched key (the run's `[guards] nonfinite_metrics`, else one containing "loss" or
-"grad_norm": babysit.core.nonfinite, the rule the daemon applies) sets `trainer.should_stop`
+"grad_norm": babysit.core.reading.nonfinite, the rule the daemon applies) sets `trainer.should_stop`
 (agreed across ranks), writes a `diverged` record, and when fit ends the process exits with code 11,
 which babysit classifies `diverged` (`babysit.integrations` says why this way).
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from babysit.core.gpuhealth import TEMPERATURE_MARGIN_C
+from babysit.core.gpu.health import TEMPERATURE_MARGIN_C
 from babysit.core.readings import GpuSignal
 from babysit.probes.nvml_fields import FIELD_VALUES, FieldBatch
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from babysit.core import gpuhealth
+from babysit.core.gpu import health as gpuhealth
 from babysit.core.readings import GpuProcess, GpuReading, GpuSignal, GpuView
 from babysit.probes import health
 from babysit.probes.gpm import GpmWindows

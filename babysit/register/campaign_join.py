@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.core import campaign_spec as cspec
-from babysit.core import campaign_wording as wording
-from babysit.core.campaign_delta import Delta, compute, refusal
+from babysit.core.campaign import spec as cspec
+from babysit.core.campaign import wording
+from babysit.core.campaign.delta import Delta, compute, refusal
 from babysit.core.errors import BadInput, RegistryError
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.db.url import open_store
 from babysit.runtime import registry as registry_mod
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from babysit.core.errors import SpecError
 from babysit.core.snapshot import steps_from_argv
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 
 
 def program_of(spec: RunSpec) -> str:

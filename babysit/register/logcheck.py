@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 
 # --log, --log-path, --log_file, --train-log, …: the flags a trainer names its log with
 LOG_FLAG = re.compile(r"--(?:train[-_])?log(?:[-_](?:path|file))?")

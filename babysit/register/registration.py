@@ -19,9 +19,9 @@ from typing import Any
 
 from babysit import sources
 from babysit.core.retry import build_argv
-from babysit.core.spec import RunSpec, check_cadence, load_spec
-from babysit.core.specdiff import Change, changes
-from babysit.core.tomlfile import load
+from babysit.core.spec.diff import Change, changes
+from babysit.core.spec.run_toml import RunSpec, check_cadence, load_spec
+from babysit.core.spec.tomlfile import load
 from babysit.register import campaign_join as campaign_join
 from babysit.register import commandcheck, logcheck
 from babysit.runtime import registry, wake

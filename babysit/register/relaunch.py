@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from babysit.core.errors import BadInput, RegistryError
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.status import TERMINAL_STATUSES
 from babysit.db.url import open_existing, open_store
 from babysit.register import registration

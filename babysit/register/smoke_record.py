@@ -15,7 +15,7 @@ from typing import Any
 
 from babysit.core.fmt import GIB
 from babysit.core.smoke import ProfileEvidence
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("ok", "oom", "crashed", "diverged", "gpu-fault", "stalled", "timeout")

@@ -1,7 +1,7 @@
 """What the supervisor does about GPU faults: record the evidence, quarantine the GPU, choose healthy
 GPUs for the next attempt, or wait for a quarantined one (docs/guards.md, GPU health).
 
-The decisions are pure (babysit/core/gpuhealth.py, gpuchoice.py); this module reads the probe and
+The decisions are pure (babysit/core/gpu/health.py, gpuchoice.py); this module reads the probe and
 the store for them. Evidence is recorded on the attempt as it is seen (a guard's action) and, at the
 exit, completed from the probe's history of signals since the attempt started: an Xid that arrives
 as the trainer dies is counted even when no guard round saw it.
@@ -14,10 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from babysit.core import gpuchoice, gpuhealth
+from babysit.core.gpu import choice as gpuchoice
+from babysit.core.gpu import health as gpuhealth
 from babysit.core.guards import Action
 from babysit.core.readings import GpuView
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt, Store
 from babysit.run import nccl
 from babysit.run.stackdump import stack_dump

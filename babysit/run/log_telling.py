@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from babysit import sources
-from babysit.core import presets, printed, readable, suggest
-from babysit.core.records import LogRecord, ProgressPoint
-from babysit.core.source_spec import describe
-from babysit.core.spec import RunSpec
+from babysit.core.reading import presets, printed, readable, suggest
+from babysit.core.reading.log_records import LogRecord, ProgressPoint
+from babysit.core.spec.run_toml import RunSpec
+from babysit.core.spec.source import describe
 from babysit.db.store import Attempt
 from babysit.run.context import DaemonContext
 from babysit.run.runreader import RunReader

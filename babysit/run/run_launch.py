@@ -14,10 +14,11 @@ from typing import Any, Protocol
 import structlog
 
 from babysit import sources
-from babysit.core import guards, nonfinite, retry, smoke
+from babysit.core import guards, retry, smoke
 from babysit.core import run_events as ev
+from babysit.core.reading import nonfinite
 from babysit.core.run_machine import RunState
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.db.store import Attempt
 from babysit.run import gpufault, nccl

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from babysit import sources
-from babysit.core import nonfinite, progress, snapshot
-from babysit.core.records import LogRecord, ProgressPoint
-from babysit.core.spec import RunSpec
+from babysit.core import progress, snapshot
+from babysit.core.reading import nonfinite
+from babysit.core.reading.log_records import LogRecord, ProgressPoint
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.run.context import DaemonContext
 from babysit.run.log_telling import LogTeller
@@ -81,7 +82,7 @@ class RunLog:
         self.declared_end: int | None = None  # the newest record's total_steps / max_steps
         self._argv_steps: tuple[tuple[str, ...], int | None] | None = None  # (an attempt's argv, its --steps)
         self.nonfinite: tuple[int, str, float] | None = None  # a watched metric went NaN/inf this attempt
-        self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/nonfinite)
+        self.nonfinite_pending: frozenset[str] = frozenset()  # grad norms non-finite once (core/reading/nonfinite)
         self.eval_unread = False  # a record of the prereg metric applied, the verdict not read since
         self.last_output_wall: float | None = None
         self.first_output_wall: float | None = None  # this attempt's first output seen (by this daemon)
@@ -268,7 +269,7 @@ class RunLog:
                                       key=f"{self.run}:preset:{text}")
             elif kind in ("step-backwards", "general-backwards"):
                 self.host.incident("step-backwards", text, {}, key=f"{self.run}:{n}:step-backwards")
-            elif kind.startswith("general-"):  # how the general reader counts the steps (core/printed.py)
+            elif kind.startswith("general-"):  # how the general reader counts the steps (core/reading/printed.py)
                 self.host.message("text", {"text": f"📄 {self.run}: {text}"}, key=f"{self.run}:{n}:{kind}")
 
     def _save_tail(self) -> None:

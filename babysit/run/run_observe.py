@@ -17,7 +17,7 @@ import structlog
 from babysit.core import progress, snapshot
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.executors import Executor
 from babysit.probes.gpu import GUARD_WINDOW, poll_window

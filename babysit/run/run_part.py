@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from babysit.core import run_events as ev
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.executors import Executor
 from babysit.run.context import DaemonContext
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from babysit.core import run_events as ev
 from babysit.core import run_machine
 from babysit.core.run_machine import RunState
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, PollRow
 from babysit.run.run_log import RunLog

@@ -16,8 +16,8 @@ import structlog
 from babysit.campaign.hook import after_final_verdict
 from babysit.core import run_events as ev
 from babysit.core.errors import BabysitError, PreregTampered
-from babysit.core.records import LogRecord
-from babysit.core.spec import RunSpec
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import RunSpec
 from babysit.run.run_errors import short_error
 from babysit.run.runstate import verdict_key
 from babysit.sources.logtail import TailState

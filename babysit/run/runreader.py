@@ -23,7 +23,7 @@ from typing import Any
 
 from babysit import sources
 from babysit.core.errors import BabysitError
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.sources import logtail
 from babysit.sources import records as record_log
 from babysit.sources import stdout as captured

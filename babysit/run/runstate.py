@@ -7,7 +7,7 @@ how an `Attempt` row and the run's facts map onto the frozen `RunState`, in one 
 from __future__ import annotations
 
 from babysit.core.run_machine import AttemptState, RunState
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, Store
 from babysit.run.run_posts import held_keys

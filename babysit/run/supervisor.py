@@ -20,7 +20,7 @@ import structlog
 
 from babysit.core import run_events as ev
 from babysit.core import run_machine
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.db.store import Attempt
 from babysit.run import runstate

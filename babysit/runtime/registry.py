@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import tomli_w
 
-from babysit.core import tomlfile
 from babysit.core.errors import RegistryError, SpecError, UnknownRun
+from babysit.core.spec import tomlfile
 from babysit.runtime.atomic import temp_prefix, write_atomic
 from babysit.runtime.faults import crash_point
 

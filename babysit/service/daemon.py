@@ -39,9 +39,9 @@ from babysit.campaign import clicks
 from babysit.campaign import hook as campaign_hook
 from babysit.channels.delivery import DeliveryWorker
 from babysit.channels.notify import Channel
-from babysit.core import gpureport
 from babysit.core.errors import BabysitError, DaemonAlreadyRunning, RegistryError, SpecError
-from babysit.core.spec import RunSpec, check_cadence, load_spec
+from babysit.core.gpu import report as gpureport
+from babysit.core.spec.run_toml import RunSpec, check_cadence, load_spec
 from babysit.core.status import RunStatus
 from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Row
 from babysit.db.url import HOST_ENV, open_store

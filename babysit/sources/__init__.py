@@ -5,7 +5,7 @@ names the file everything downstream reads. Importing this package imports no fr
 tensorboard extra is imported only by a pump that reads TensorBoard.
 """
 
-from babysit.core.source_spec import KINDS, SourcePattern, SourceSpec, preset_line
+from babysit.core.spec.source import KINDS, SourcePattern, SourceSpec, preset_line
 from babysit.sources.evidence import Evidence, unreadable
 from babysit.sources.kinds import adapter
 from babysit.sources.pump import PumpResult, SourcePump, records_path, run_dir

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.core.spec.source import RESERVED, SourceSpec
 from babysit.sources import lines as ln
 from babysit.sources import tailer
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample

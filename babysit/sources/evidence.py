@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from babysit.core.source_spec import SourceSpec
+from babysit.core.spec.source import SourceSpec
 from babysit.sources import kinds
 from babysit.sources.kind import Evidence
 

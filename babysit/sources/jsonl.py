@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.core.source_spec import SourceSpec
+from babysit.core.spec.source import SourceSpec
 from babysit.sources.kind import Evidence, Kind, SourceRead
 
 

@@ -7,7 +7,7 @@ MLflow's store: each returns a `RowsRead`, and one `RowsAdapter` makes it the pu
 them into records (`Item`s, or `Block`s of columns) plus what it saw — the evidence a `log-unreadable`
 message is made of. `SourcePump` appends the records to babysit's record log
 and keeps the reader's state; it never asks which kind it pumps. `babysit.sources.kinds.adapter(name)`
-finds a kind's `KIND` through the registry (`core/source_kinds.py`).
+finds a kind's `KIND` through the registry (`core/spec/source_kinds.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
-from babysit.core.source_spec import SourceSpec
+from babysit.core.spec.source import SourceSpec
 from babysit.sources.records import Block, Item
 
 

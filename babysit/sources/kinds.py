@@ -1,4 +1,4 @@
-"""A kind's adapter by its name: the module the registry (`core/source_kinds.py`) names, and its `KIND`.
+"""A kind's adapter by its name: the module the registry (`core/spec/source_kinds.py`) names, and its `KIND`.
 
 Imported when first asked for, so a run reading one kind never imports another kind's module (nor the
 framework it reads with: those are imported by the readers themselves, later still).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from babysit.core import source_kinds
+from babysit.core.spec import source_kinds
 from babysit.sources.kind import SourceKind
 
 _LOADED: dict[str, tuple[str, SourceKind]] = {}

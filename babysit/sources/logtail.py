@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core.records import LogRecord
+from babysit.core.reading.log_records import LogRecord
 from babysit.sources import tailer
 from babysit.sources.tailer import HEAD_BYTES
 

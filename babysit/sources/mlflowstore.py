@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
-from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.core.spec.source import RESERVED, SourceSpec
 from babysit.sources.kind import Evidence, Kind, RowsAdapter, RowsRead, sample
 from babysit.sources.records import Item
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import re2
 
-from babysit.core import expr
-from babysit.core.source_spec import RESERVED, STEP_GROUP, SourcePattern, SourceSpec
+from babysit.core.spec import expr
+from babysit.core.spec.source import RESERVED, STEP_GROUP, SourcePattern, SourceSpec
 from babysit.sources import records
 from babysit.sources.records import Block, Item
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.core.records import LogRecord
-from babysit.core.source_spec import AUTO, SourceSpec
-from babysit.core.spec import RunSpec
+from babysit.core.reading.log_records import LogRecord
+from babysit.core.spec.run_toml import RunSpec
+from babysit.core.spec.source import AUTO, SourceSpec
 from babysit.sources import kinds, lines, records, stdout
 from babysit.sources.kind import Evidence
 
@@ -74,7 +74,7 @@ class SourcePump:
         self.source: SourceSpec = spec.source
         self.run_dir = run_dir(state_dir, spec.name)
         self.records_path = records_path(spec, state_dir)
-        self.kind = kinds.adapter(self.source.kind)  # what the kind means is its module's (core/source_kinds.py)
+        self.kind = kinds.adapter(self.source.kind)  # what the kind means is its module's (core/spec/source_kinds.py)
         self._reader = self.kind.reader(self.source, self.run_dir, spec.name)
         self._captured = stdout.CapturedFiles(self.run_dir)
         self._state = self._reconcile(dict(state or {}))

@@ -28,7 +28,7 @@ from operator import add
 from pathlib import Path
 from types import MappingProxyType
 
-from babysit.core.records import LogRecord
+from babysit.core.reading.log_records import LogRecord
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from babysit.core import presets
-from babysit.core.source_spec import parse_source
-from babysit.core.suggest import suggest
-from babysit.core.tomlfile import Table
+from babysit.core.reading import presets
+from babysit.core.reading.suggest import suggest
+from babysit.core.spec.source import parse_source
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import kinds, stdout
 from babysit.sources.lines import WINDOW_BYTES
 

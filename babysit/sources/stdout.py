@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysit.core import printed
-from babysit.core.presets import GENERAL
-from babysit.core.source_spec import AUTO, SourceSpec, preset_line
-from babysit.core.suggest import suggest
+from babysit.core.reading import printed
+from babysit.core.reading.presets import GENERAL
+from babysit.core.reading.suggest import suggest
+from babysit.core.spec.source import AUTO, SourceSpec, preset_line
 from babysit.sources import lines as ln
 from babysit.sources import records
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from babysit.core.errors import BadInput
-from babysit.core.source_spec import RESERVED, SourceSpec
+from babysit.core.spec.source import RESERVED, SourceSpec
 from babysit.sources import tailer
 from babysit.sources.kind import Evidence, Kind, SourceRead, sample
 from babysit.sources.records import Item

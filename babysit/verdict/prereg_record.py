@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from babysit.core.amendment import amendment_sha256
+from babysit.core.spec.amendment import amendment_sha256
 from babysit.db.store import Store
 from babysit.db.url import open_existing
 from babysit.runtime.atomic import write_private_json

@@ -25,9 +25,9 @@ from babysit import sources
 from babysit.core import progress
 from babysit.core.errors import BabysitError
 from babysit.core.progress import Progress, ProgressFields, declared_end, eta_seconds, target_step
-from babysit.core.records import LogRecord, seconds_per_step
+from babysit.core.reading.log_records import LogRecord, seconds_per_step
 from babysit.core.run_events import Relaunch
-from babysit.core.spec import RunSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.core.status import ENDED_STATUSES, SHOWN_OUT_OF_SIGHT, RunStatus
 from babysit.db.url import open_existing
 from babysit.runtime import registry

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 from babysit import sources
 from babysit.campaign.history import view_of
-from babysit.core.campaign_spec import load_campaign
+from babysit.core.campaign.spec import load_campaign
 from babysit.core.errors import BabysitError
-from babysit.core.records import LogRecord, metric_series
-from babysit.core.spec import RunSpec
+from babysit.core.reading.log_records import LogRecord, metric_series
+from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.run.gpufault import quarantine_lines

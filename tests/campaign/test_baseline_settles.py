@@ -24,9 +24,9 @@ from babysit.campaign.saga import outcome_label
 from babysit.cli import main as cli_main
 from babysit.commands.amend import amend_registered
 from babysit.commands.demo import REFERENCES
-from babysit.core.amendment import load_amendment
 from babysit.core.render import render
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import load_amendment
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.url import open_store
 from babysit.demo import runner
 from babysit.probes.gpu import open_gpu_probe

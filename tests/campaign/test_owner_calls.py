@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from babysit.core.campaign_render import render_call
+from babysit.core.campaign.render import render_call
 from babysit.db.store import Store
 from babysit.runtime import registry
 from bot.owner_calls import ACTION_IDS, HOLD_ACTION_ID, LAUNCH_ACTION_ID

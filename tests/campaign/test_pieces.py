@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from babysit.campaign import actions, propose
-from babysit.core import campaign_delta as delta
-from babysit.core import campaign_grid as grid
-from babysit.core.campaign_spec import Campaign, RunLink, Suspect, parse_campaign, parse_link
+from babysit.core.campaign import delta, grid
+from babysit.core.campaign.spec import Campaign, RunLink, Suspect, parse_campaign, parse_link
 from babysit.core.errors import SpecError
-from babysit.core.spec import AttemptProfile, RunSpec
-from babysit.core.tomlfile import Table, loads
+from babysit.core.spec.run_toml import AttemptProfile, RunSpec
+from babysit.core.spec.tomlfile import Table, loads
 
 CAMPAIGN = """
 [campaign]

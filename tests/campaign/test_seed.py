@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core import campaign_delta as delta
-from babysit.core import campaign_grid as grid
-from babysit.core.amendment import load_amendment, what_if
-from babysit.core.campaign_spec import load_campaign
+from babysit.core.campaign import delta, grid
+from babysit.core.campaign.spec import load_campaign
 from babysit.core.errors import SpecError
-from babysit.core.spec import load_spec
+from babysit.core.spec.amendment import load_amendment, what_if
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT, evaluate, fixture_result, shown_bound
 from babysit.register.campaign_join import parent_spec
 

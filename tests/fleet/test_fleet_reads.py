@@ -32,7 +32,7 @@ def _body(run: str, status: str, at_step: int) -> dict[str, Any]:
 
 @pytest.fixture
 def gateway(tmp_path: Path, pg_url: str) -> Iterator[tuple[Bot, Any]]:
-    from babysit.core import gpureport
+    from babysit.core.gpu import report as gpureport
     from babysit.db.fleet import FleetMember
     from babysit.db.postgres import PostgresStore
     from babysit.probes.gpu import FileGpuProbe

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from babysit.core.errors import SpecError
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from tests.fleet.helpers import babysit, run_toml, stop, up, wait_for
 from tests.fleet.test_fleet import LEASE_S, _registry
 from tests.reliability.harness import gpu_file

@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from babysit.core import classify, gpuhealth, guards
-from babysit.core.spec import GuardsSpec
+from babysit.core import classify, guards
+from babysit.core.gpu import health as gpuhealth
+from babysit.core.spec.run_toml import GuardsSpec
 from babysit.probes import health
 from babysit.probes.gpu import NvmlGpuProbe
 

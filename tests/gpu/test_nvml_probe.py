@@ -15,7 +15,7 @@ import time
 import pytest
 
 from babysit.core.guards import foreign_holders, prelaunch
-from babysit.core.spec import GuardsSpec
+from babysit.core.spec.run_toml import GuardsSpec
 from babysit.probes.gpu import NvmlGpuProbe, poll_window
 from babysit.probes.host import process_tree
 

@@ -16,7 +16,7 @@ import pytest
 
 import babysit
 from babysit.core.classify import ExitFacts, classify_exit
-from babysit.core.records import metric_series
+from babysit.core.reading.log_records import metric_series
 from babysit.integrations import client
 from babysit.integrations.client import JsonlWriter
 from babysit.sources.logtail import read_all

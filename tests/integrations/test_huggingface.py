@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.classify import ExitFacts, classify_exit
-from babysit.core.records import metric_series, seconds_per_step
+from babysit.core.reading.log_records import metric_series, seconds_per_step
 from babysit.integrations import Diverged
 from babysit.sources.logtail import read_all
 from tests.conftest import Lazy, missing

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.source_spec import parse_source
-from babysit.core.tomlfile import Table
+from babysit.core.spec.source import parse_source
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import mlflowstore
 from tests.conftest import once_per_session, shared_dir
 from tests.integrations.mlflow_plain import expected

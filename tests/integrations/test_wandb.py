@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.source_spec import parse_source
-from babysit.core.tomlfile import Table
+from babysit.core.spec.source import parse_source
+from babysit.core.spec.tomlfile import Table
 from babysit.sources import wandbfile
 from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from babysit.cli import main
-from babysit.core.records import LogRecord, metric_series, seconds_per_step
+from babysit.core.reading.log_records import LogRecord, metric_series, seconds_per_step
 from babysit.sources import logtail
 
 FUZZ = settings(max_examples=int(os.environ.get("BABYSIT_FUZZ_EXAMPLES", "60")), deadline=None,

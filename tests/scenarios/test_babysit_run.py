@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core import adhoc
+from babysit.core.spec import adhoc
 from babysit.view import runview
 from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
 from tests.scenarios.test_live_view import Terminal

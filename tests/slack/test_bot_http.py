@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 import pytest
 
 from babysit.core.snapshot import Snapshot
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.runtime import registry
 from tests.slack.conftest import TOKEN

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.classify import ExitFacts, classify_exit
-from babysit.core.spec import SlurmSpec
+from babysit.core.spec.run_toml import SlurmSpec
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.probes.remote import SidecarGpuProbe, choose_gpus, view_from_records
@@ -96,7 +96,7 @@ def test_gpu_hours_and_the_cap_count_nodes_times_gpus_over_every_attempt() -> No
     """The executor charges an attempt nodes × GPUs per node; the store's attempts carry it, and the cap's
     sum runs over every attempt: two 1-hour attempts of a 2-node × 8-GPU job are 32 GPU-hours, not 8."""
     from babysit.core import progress
-    from babysit.core.spec import RunSpec
+    from babysit.core.spec.run_toml import RunSpec
     from babysit.db.store import Attempt
     from babysit.executors.local import LocalExecutor
     from babysit.executors.slurm import SlurmExecutor
@@ -475,7 +475,7 @@ def test_a_time_limit_stop_is_chained_only_when_the_trainer_saved() -> None:
 
 def test_a_time_limit_link_continues_the_run_resumed_and_costs_no_attempt() -> None:
     from babysit.core.retry import PastAttempt, next_attempt
-    from babysit.core.spec import RetrySpec, RunSpec
+    from babysit.core.spec.run_toml import RetrySpec, RunSpec
 
     spec = RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
                    checkpoints=Path("c"), retry=RetrySpec(max_attempts=1, on=()))
@@ -488,7 +488,7 @@ def test_a_time_limit_link_continues_the_run_resumed_and_costs_no_attempt() -> N
 
 def test_the_warning_comes_five_minutes_or_a_tenth_of_the_limit_before_it(tmp_path: Path) -> None:
     from babysit.core.errors import BabysitError
-    from babysit.core.spec import load_spec, slurm_seconds
+    from babysit.core.spec.run_toml import load_spec, slurm_seconds
 
     assert [slurm_seconds(x) for x in ("5", "05:30", "01:00:00", "1-02", "1-02:03:04")] == [300, 330, 3600, 93600,
                                                                                            93784]

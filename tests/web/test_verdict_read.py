@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.core.spec import load_spec
+from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.runtime import registry
 from babysit.verdict.reading import read_registered_verdict

@@ -2,7 +2,7 @@
 
 A run declares `gpus = [0, 1]` (those GPUs, and only those), `gpus = "any N"` (any N healthy GPUs of
 the box) or a list with `spare_gpus` (stand-ins, in order, for a quarantined one). A quarantined GPU
-(a machine fault hit it: babysit/core/gpuhealth.py) is never chosen; a GPU another process holds is
+(a machine fault hit it: babysit/core/gpu/health.py) is never chosen; a GPU another process holds is
 not chosen as a stand-in. When no healthy choice exists the run waits for the GPU, and says which.
 """
 

@@ -1,4 +1,4 @@
-"""NVIDIA's Xid catalog as data (babysit/core/xid_catalog.toml, which cites its source): what an Xid
+"""NVIDIA's Xid catalog as data (babysit/core/gpu/xid_catalog.toml, which cites its source): what an Xid
 means, whether the application or the machine is at fault, and the action the catalog prescribes.
 
 Pure: the catalog is a package data file read once at import; `lookup` never fails (an Xid the
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
 
-from babysit.core.tomlfile import tomllib  # the TOML parser (tomli below Python 3.11)
+from babysit.core.spec.tomlfile import tomllib  # the TOML parser (tomli below Python 3.11)
 
 SIDES = ("application", "machine", "consequence", "unknown")
 ACTIONS = ("none", "restart-app", "reset-gpu", "reboot", "contact-support")
@@ -42,13 +42,13 @@ class XidEntry:
 
 
 def _load() -> MappingProxyType:
-    text = resources.files("babysit.core").joinpath("xid_catalog.toml").read_text(encoding="utf-8")
+    text = resources.files("babysit.core.gpu").joinpath("xid_catalog.toml").read_text(encoding="utf-8")
     out = {}
     for key, row in tomllib.loads(text)["xid"].items():
         entry = XidEntry(int(key), str(row["name"]), str(row["meaning"]), str(row["side"]), str(row["action"]),
                          bool(row["stop"]))
         if entry.side not in SIDES or entry.action not in ACTIONS:  # the package's own file: a bug, loudly
-            raise ValueError(f"babysit/core/xid_catalog.toml: xid.{key}: side {entry.side!r} or action "
+            raise ValueError(f"babysit/core/gpu/xid_catalog.toml: xid.{key}: side {entry.side!r} or action "
                              f"{entry.action!r} not one of {SIDES} / {ACTIONS}")
         out[entry.code] = entry
     return MappingProxyType(out)

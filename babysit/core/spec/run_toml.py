@@ -18,12 +18,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core import expr, source_kinds
-from babysit.core.campaign_spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
+from babysit.core.campaign.spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
 from babysit.core.errors import SpecError
-from babysit.core.source_spec import SourceSpec, needs_run_log, parse_source
+from babysit.core.spec import expr, source_kinds
+from babysit.core.spec.source import SourceSpec, needs_run_log, parse_source
+from babysit.core.spec.tomlfile import Table, load
 from babysit.core.status import FAILURE_OUTCOMES, Outcome
-from babysit.core.tomlfile import Table, load
 
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # a box's name in a fleet (docs/fleet.md)

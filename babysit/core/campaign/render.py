@@ -12,7 +12,7 @@ from typing import Any
 
 from babysit.core.blocks import actions as actions_block
 from babysit.core.blocks import code, context, header, plain, section
-from babysit.core.campaign_grid import EXTEND, HOLD, LAUNCH
+from babysit.core.campaign.grid import EXTEND, HOLD, LAUNCH
 
 LAUNCH_ACTION_ID = "babysit_owner_call_launch"  # bot/owner_calls.py answers them
 EXTEND_ACTION_ID = "babysit_owner_call_extend"

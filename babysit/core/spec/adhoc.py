@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysit.core.spec import FAILURE_CLASSES, RUN_NAME
+from babysit.core.spec.run_toml import FAILURE_CLASSES, RUN_NAME
 from babysit.core.status import Outcome
 
 # How `babysit run` ends (docs/your-trainer.md, "babysit run"): the run's outcome, as a shell sees it.

@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
 
-from babysit.core import expr, tomlfile
 from babysit.core.errors import SpecError
-from babysit.core.expr import exact_value
-from babysit.core.spec import Prereg
+from babysit.core.spec import expr, tomlfile
+from babysit.core.spec.expr import exact_value
+from babysit.core.spec.run_toml import Prereg
 
 COMBINE_MODES = ("agree",)
 

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from babysit.core.errors import SpecError
-from babysit.core.tomlfile import Table, load
+from babysit.core.spec.tomlfile import Table, load
 
 NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 SUSPECT_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")

@@ -24,11 +24,12 @@ from typing import Any
 
 import re2
 
-from babysit.core import expr, presets, source_kinds
 from babysit.core.errors import SpecError
-from babysit.core.tomlfile import Table
+from babysit.core.reading import presets
+from babysit.core.spec import expr, source_kinds
+from babysit.core.spec.tomlfile import Table
 
-KINDS = source_kinds.KINDS  # the registry of kinds: name -> KindRules (core/source_kinds.py)
+KINDS = source_kinds.KINDS  # the registry of kinds: name -> KindRules (core/spec/source_kinds.py)
 MLFLOW_STORE = source_kinds.MLFLOW_STORE
 WANDB_DIR = source_kinds.WANDB_DIR
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so

@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.core.campaign_spec import Campaign, RunLink
+from babysit.core.campaign.spec import Campaign, RunLink
 from babysit.core.errors import BadInput
-from babysit.core.spec import RunSpec
+from babysit.core.spec.run_toml import RunSpec
 
 BARE = "(set)"  # a flag without a value
 ABSENT = "(absent)"

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from babysit.core import xid as xid_catalog
+from babysit.core.gpu import xid as xid_catalog
 from babysit.core.readings import GpuReading, GpuSignal
 
 TEMPERATURE_MARGIN_C = 5.0  # warn when the GPU is this close to its slowdown threshold, or closer

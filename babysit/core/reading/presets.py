@@ -13,16 +13,16 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from babysit.core.tomlfile import loads
+from babysit.core.spec.tomlfile import loads
 
 AUTO = "auto"
 # Most specific first: the first preset that matches a printed line is the run's. tqdm is last: a
 # progress bar is printed by trainers whose own lines say more.
 ORDER = ("nanogpt", "word_language_model", "torchtitan", "lightning", "huggingface", "tqdm")
-# What `auto` tries, in order, before the general reader (core/printed.py), which reads what the rest do
+# What `auto` tries, in order, before the general reader (core/reading/printed.py), which reads what the rest do
 # not. tqdm is left to `preset = "tqdm"`: the general reader reads a bar's step and its postfix metrics too.
 AUTO_ORDER = tuple(n for n in ORDER if n != "tqdm")
-GENERAL = "general"  # the reader `auto` falls back on: not a preset file, core/printed.py
+GENERAL = "general"  # the reader `auto` falls back on: not a preset file, core/reading/printed.py
 
 
 def _folder() -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from babysit.core.campaign_spec import Campaign, GridEntry, Proposal
+from babysit.core.campaign.spec import Campaign, GridEntry, Proposal
 
 LAUNCH, EXTEND, HOLD = "launch", "extend", "hold"
 DECISIONS = (LAUNCH, EXTEND, HOLD)

@@ -1,0 +1,1 @@
+"""A campaign: its spec, the single-delta rule, the grid and its words. Pure."""
