@@ -400,6 +400,20 @@ def test_a_restart_between_an_exit_and_its_decision_decides_once() -> None:
     assert m.step(state, ev.Registered(9.0))[1] == ()  # over, its verdict posted: nothing to do
 
 
+def test_a_retry_waiting_for_a_quarantined_gpu_is_decided_again_after_a_restart() -> None:
+    state = run_one()
+    state, effects = m.step(state, ev.ExitSeen(10.0, 1, "oom", "oom", ended_at=10.0))
+    assert state.undecided == 1 and isinstance(effects[-1], ev.Launch)  # until attempt 2 is launched
+    state, effects = m.step(state, ev.WaitingForGpu(10.0, 2, (0,)))
+    assert state.status is RunStatus.WAITING_GPU and state.undecided == 1
+    assert effects[0] == ev.SetStatus(RunStatus.WAITING_GPU, {"waiting_for": [0]})
+    assert effects[1].kind == "gpu-quarantined" and effects[1].key == "r:2:waiting-gpu"
+    restarted = m.step(state, ev.Registered(70.0))[1]  # a daemon restarted meanwhile decides the retry again
+    assert isinstance(restarted[-1], ev.Launch) and restarted[-1].n == 2
+    live, _ = m.step(state, ev.Launched(71.0, 2, "p2", 2, 71.0))
+    assert m.step(live, ev.WaitingForGpu(72.0, 3, (0,)))[1] == ()  # an attempt runs: a stale wait
+
+
 def test_the_final_verdict_is_posted_once_and_a_stored_one_is_not_saved_again() -> None:
     state = run_one()
     state, effects = m.step(state, ev.VerdictRead(3.0, FINAL))

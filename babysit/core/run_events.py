@@ -93,6 +93,15 @@ class LaunchRefused:
 
 
 @dataclass(frozen=True)
+class WaitingForGpu:
+    """Attempt n needs a quarantined GPU and has no stand-in: it is not begun, the run waits and looks again."""
+
+    at: float
+    n: int
+    waiting_for: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Adopted:
     """A live attempt of a dead daemon found running (it is watched from now on)."""
 
@@ -194,8 +203,8 @@ class StopGraceOver:
     exited: bool
 
 
-Event = (Registered | Launched | LaunchRefused | Adopted | RecordsRead | PollDue | GuardReading | ExitSeen
-         | InternalError | Request | VerdictRead | StopGraceOver)
+Event = (Registered | Launched | LaunchRefused | WaitingForGpu | Adopted | RecordsRead | PollDue | GuardReading
+         | ExitSeen | InternalError | Request | VerdictRead | StopGraceOver)
 
 
 # -- effects --------------------------------------------------------------------------------------------

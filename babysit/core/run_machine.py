@@ -38,6 +38,9 @@ from babysit.core.status import AttemptStatus, Outcome, RunStatus
 _FINAL_OF = {Outcome.COMPLETED: RunStatus.FINISHED, Outcome.STOPPED: RunStatus.STOPPED}
 # Outcomes that are not failures: no incident of their own when the attempt ends.
 QUIET_OUTCOMES = (Outcome.COMPLETED, Outcome.STOPPED)
+# Statuses in which a run whose last attempt ended has no next attempt launched yet: a daemon died
+# between recording the exit and deciding, or the next attempt waits for a quarantined GPU.
+_UNDECIDED = (RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.STOPPING, RunStatus.WAITING_GPU)
 # The answer to an abort of a run whose stop is already under way (another abort's, a guard's).
 ALREADY_STOPPING = "already stopping"
 
@@ -129,6 +132,13 @@ class RunState:
         return last if last is not None and last.status is AttemptStatus.RUNNING else None
 
     @property
+    def undecided(self) -> int | None:
+        """The ended attempt after which `Registered` decides what comes next: its exit recorded, no next
+        attempt launched yet (a daemon died in between, or a GPU is waited for); else None."""
+        last = self.last
+        return last.n if last is not None and not last.live and self.status in _UNDECIDED else None
+
+    @property
     def stopping(self) -> bool:
         live = self.live_attempt
         return live is not None and self.stop is not None and self.stop.attempt == live.n
@@ -170,8 +180,7 @@ def _registered(s: RunState, e: ev.Registered) -> Step:
         by = s.relaunch.by if s.relaunch is not None else "?"
         return s, (ev.Launch(last.n + 1, resume=s.relaunch is not None and s.relaunch.resume, halvings=0,
                              note=f"relaunched by {by} after attempt {last.n}"),)
-    if last is not None and s.status in (RunStatus.RUNNING, RunStatus.RETRYING, RunStatus.STOPPING,
-                                         RunStatus.WAITING_GPU):
+    if last is not None and s.undecided is not None:
         return _decide(s, last)  # the daemon died between recording the exit and deciding (or waited for a GPU)
     return s, (_launch_next(s, resume=False, halvings=0, note=None),)
 
@@ -202,6 +211,18 @@ def _refused(s: RunState, e: ev.LaunchRefused) -> Step:
                                       key=f"{s.run}:{e.n}:refused:{int(e.at)}") for a in e.refusals]
     effects.append(ev.SetStatus(RunStatus.REFUSED, {"refused": e.refusals[0].message}))
     return replace(s, status=RunStatus.REFUSED), tuple(effects)
+
+
+def _waiting_for_gpu(s: RunState, e: ev.WaitingForGpu) -> Step:
+    if s.live_attempt is not None:
+        return s, ()
+    which = ", ".join(f"GPU {g}" for g in e.waiting_for)
+    message = (f"attempt {e.n} waits: {which} quarantined (`babysit gpu release` lifts it once the GPU is reset); "
+               "declare gpus = \"any N\" or spare_gpus to run on another")
+    return replace(s, status=RunStatus.WAITING_GPU), (
+        ev.SetStatus(RunStatus.WAITING_GPU, {"waiting_for": list(e.waiting_for)}),
+        ev.Incident("gpu-quarantined", message, {"waiting_for": list(e.waiting_for), "attempt": e.n},
+                    key=f"{s.run}:{e.n}:waiting-gpu"))
 
 
 def _adopted(s: RunState, e: ev.Adopted) -> Step:
@@ -385,7 +406,8 @@ def _put(s: RunState, attempt: AttemptState) -> RunState:
 
 
 _HANDLERS: dict[type, Any] = {
-    ev.Registered: _registered, ev.Launched: _launched, ev.LaunchRefused: _refused, ev.Adopted: _adopted,
+    ev.Registered: _registered, ev.Launched: _launched, ev.LaunchRefused: _refused,
+    ev.WaitingForGpu: _waiting_for_gpu, ev.Adopted: _adopted,
     ev.RecordsRead: _records, ev.PollDue: _poll, ev.GuardReading: _guard, ev.ExitSeen: _exit,
     ev.InternalError: _internal_error, ev.Request: _request, ev.VerdictRead: _verdict, ev.StopGraceOver: _grace_over,
 }

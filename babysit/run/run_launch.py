@@ -88,10 +88,7 @@ class LaunchedRun(RunPartHost, Protocol):
     runlog: RunLog
     observer: RunObserver
 
-    @property
-    def status(self) -> str: ...
     def use_gpus(self, gpus: Any) -> None: ...
-    def set_status(self, status: str, **facts: Any) -> None: ...
     def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int: ...
     def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
 
@@ -194,16 +191,13 @@ class RunLauncher:
 
     def wait_for_gpu(self, n: int, waiting_for: tuple[int, ...], *, resume: bool, halvings: int,
                      note: str | None) -> None:
-        """A quarantined GPU the run needs, and no stand-in: wait (said once), look again every minute."""
-        which = ", ".join(f"GPU {g}" for g in waiting_for)
-        self.host.set_status(RunStatus.WAITING_GPU.value, waiting_for=list(waiting_for))
-        self.host.incident("gpu-quarantined", f"attempt {n} waits: {which} quarantined (`babysit gpu release` "
-                           "lifts it once the GPU is reset); declare gpus = \"any N\" or spare_gpus to run on another",
-                           {"waiting_for": list(waiting_for), "attempt": n}, key=f"{self.run}:{n}:waiting-gpu")
+        """A quarantined GPU the run needs, and no stand-in: wait (`WaitingForGpu`: said once), look again
+        every minute."""
+        self.host.feed(ev.WaitingForGpu(self.ctx.now(), n, tuple(waiting_for)))
 
         def again() -> None:
             with self.lock:
-                if self.host.status == RunStatus.WAITING_GPU:
+                if self.host.state.status is RunStatus.WAITING_GPU:
                     self.launch(n, resume=resume, halvings=halvings, note=note)
 
         self.host.later(f"gpu-wait:{self.run}", GPU_WAIT_MINUTES * self.ctx.scale, again, "waiting for its GPU")

@@ -54,8 +54,9 @@ class RunSupervisor:
         self.lock = threading.RLock()
         self.attempt: Attempt | None = None
         self.launch_msg: int | None = None
-        self.state = run_machine.RunState(spec=spec)  # the run's machine state: read from the store at start()
-        facts = ctx.store.run_state(self.run)[1]
+        status, facts = ctx.store.run_state(self.run)
+        # the run's one state, which every part reads: its status now, the whole of it read back at start()
+        self.state = run_machine.RunState(spec=spec, status=RunStatus.of(status))
         self.posts = RunPosts(self.run, ctx.store, ctx.now, facts)  # its outbox writes, held while refused
         self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
         self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run/run_polls.py)
@@ -72,11 +73,12 @@ class RunSupervisor:
 
     # -- state ------------------------------------------------------------------------------------------
     @property
-    def status(self) -> str:
-        return self.ctx.store.run_state(self.run)[0]
+    def status(self) -> RunStatus:
+        """The run's status as its machine has it (the store holds what its `SetStatus` effects wrote)."""
+        return self.state.status
 
     def is_active(self) -> bool:
-        return not RunStatus.of(self.status).terminal
+        return not self.state.status.terminal
 
     def is_running(self) -> bool:
         """Its current attempt runs (no store query: what the daemon's rounds ask of every run)."""
@@ -209,11 +211,9 @@ class RunSupervisor:
             self.verdicts.check_prereg()
             now = self.ctx.now()
             self.state = runstate.restore(self.ctx.store, self.spec, now)
-            last = self.state.last
-            if last is not None and not last.live and self.state.status in (RunStatus.RUNNING, RunStatus.RETRYING,
-                                                                            RunStatus.STOPPING, RunStatus.WAITING_GPU):
-                # the daemon died between recording the exit and deciding: decide now
-                self.exits.deciding(ev.Registered(now), last.n, f"deciding after attempt {last.n}'s exit")
+            n = self.state.undecided
+            if n is not None:  # the machine decides after attempt n's exit: an error there ends the run
+                self.exits.deciding(ev.Registered(now), n, f"deciding after attempt {n}'s exit")
                 return
             self.feed(ev.Registered(now))
 
