@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from babysit.core.fmt import hours
@@ -233,3 +235,57 @@ def test_cap_stop_says_what_it_does_once():
     small = GuardsSpec(gpu_hours_cap=0.006)
     (stop,) = [a for a in live(small, facts(gpu_hours_used=0.0061)) if a.kind == "stop"]
     assert stop.message == "GPU-hours 0.0061 reached the cap 0.006 — stopping the run"
+
+
+# -- a job across nodes: every node's GPUs judged, the node named ------------------------------------------
+
+
+def on(node: str, reading: GpuReading) -> GpuReading:
+    return replace(reading, node=node)
+
+
+ACROSS = view(on("n1", gpu(0, [TRAINER])), on("n2", gpu(0, [POLICY])))
+
+
+def test_a_foreign_holder_on_the_second_node_stops_the_run_naming_that_node():
+    """GPU 0 of each node is the run's GPU 0: the holder on n2's is seen, counted apart from n1's, and the
+    stop says where."""
+    first = track_sightings({}, foreign_holders(ACROSS, [0], frozenset({100})))
+    assert first == {(0, 4242, "n2"): 1}
+    assert kinds(live(G, facts(view=ACROSS, sightings=first))) == [("confirm", "gpu-held")]
+    (stop,) = live(G, facts(view=ACROSS, sightings=track_sightings(first, foreign_holders(ACROSS, [0],
+                                                                                          frozenset({100})))))
+    assert (stop.kind, stop.incident) == ("stop", "gpu-held")
+    assert stop.message.startswith("GPU 0 on n2: pid 4242 (policy_server") and stop.detail["nodes"] == ["n2"]
+    assert stop.detail["holders"][0]["node"] == "n2"
+
+
+def test_the_same_pid_on_two_nodes_is_two_processes():
+    both = view(on("n1", gpu(0, [POLICY])), on("n2", gpu(0, [POLICY])))
+    assert track_sightings({(0, 4242, "n1"): 1}, foreign_holders(both, [0], frozenset())) == {
+        (0, 4242, "n1"): 2, (0, 4242, "n2"): 1}
+
+
+def test_a_machine_xid_on_the_second_node_is_the_machines_fault_there():
+    """Xid 79 on n2's GPU: a gpu-fault stop whose text, detail and evidence name n2; the same Xid on n1 is
+    another GPU (its own key), and a GPU missing on one node is said for that node."""
+    faulty = view(on("n1", gpu(0, [TRAINER])), on("n2", gpu(0, faults=["xid 79"])))
+    (stop,) = live(G, facts(view=faulty))
+    assert (stop.kind, stop.incident) == ("stop", "gpu-fault")
+    assert stop.message.startswith("GPU 0 on n2: Xid 79") and "healthy node" in stop.message
+    assert stop.detail["node"] == "n2" and stop.detail["evidence"][0]["node"] == "n2"
+    assert stop.detail["evidence"][0]["side"] == "machine"
+    warned = live(G, facts(view=view(on("n1", gpu(0, faults=["xid 63"])), on("n2", gpu(0, faults=["xid 63"])))))
+    assert [a.key for a in warned] == ["gpu-fault:0@n1:xid 63", "gpu-fault:0@n2:xid 63"]
+    (gone,) = live(G, facts(view=view(on("n1", gpu(0, [TRAINER])), on("n2", gpu(1)))))
+    assert gone.message.startswith("GPU 0 on n2 is no longer visible") and gone.key == "gpu-unseen:0@n2"
+
+
+def test_a_stop_for_a_machine_fault_on_a_node_classifies_naming_it():
+    from babysit.core.classify import ExitFacts, classify_exit
+
+    (stop,) = live(G, facts(view=view(on("n1", gpu(0)), on("n2", gpu(0, faults=["xid 79"])))))
+    cls = classify_exit(ExitFacts(exit_code=143, signal=None, stderr_tail="", last_records=[], stop_requested=True,
+                                  stop_reason="gpu-fault", gpu_evidence=list(stop.detail["evidence"])))
+    assert cls.outcome == "gpu-fault" and cls.detail["fault_nodes"] == ["n2"]
+    assert "the machine's fault, on n2" in cls.summary

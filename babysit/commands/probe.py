@@ -16,9 +16,9 @@ import threading
 import time
 
 from babysit.core.errors import BadInput
-from babysit.probes.gpu import open_gpu_probe
+from babysit.probes.gpu import GPU_PROBE_ENV, open_gpu_probe
 from babysit.probes.host import process_tree, read_host
-from babysit.probes.remote import RECORD_VERSION, belongs_to_job, choose_gpus, gpu_record
+from babysit.probes.remote import RECORD_VERSION, SignalsSeen, belongs_to_job, choose_gpus, gpu_record, keep_signals
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     out = args.out.replace("{host}", host)
     job_id = args.job_id or os.environ.get("SLURM_JOB_ID") or None
-    probe = open_gpu_probe(args.gpu_probe)
+    # simulated GPUs may differ by node: `file:…/gpus-{host}.json` reads this node's file (tests, demos)
+    probe = open_gpu_probe((args.gpu_probe or os.environ.get(GPU_PROBE_ENV) or "nvml").replace("{host}", host))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         indices = None
     written = 0
+    seen: SignalsSeen = {}  # every health signal since the job started: a record a guard round skips loses none
     # Monotonic ticks with `next += interval`, so records do not drift; sample() twice a second in between
     # so utilisation is a window average, not an instant.
     next_at = time.monotonic()
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                     everything = probe.read(())
                     indices = choose_gpus([g.index for g in everything.gpus], os.environ) \
                         if everything.available else ()
-                view = probe.read(indices) if indices else probe.read(())
+                view, seen = keep_signals(seen, probe.read(indices) if indices else probe.read(()))
                 tree = process_tree(args.pid) if args.pid else frozenset()
                 holders = {p.pid for g in view.gpus for p in g.processes}
                 mine = frozenset(pid for pid in holders if belongs_to_job(pid, job_id, tree))

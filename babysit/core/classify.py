@@ -115,7 +115,9 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
     stop_reason: why the daemon asked for the stop ("stalled", "gpu-fault" and "diverged" keep their
     class so that retry.on can name them; anything else is "stopped"). gpu_evidence: the health signals the
     daemon recorded on the run's GPUs during the attempt (gpuhealth.evidence dicts: gpu, uuid, kind,
-    xid, at, side, action); only machine-side ones make a gpu-fault. host_memory_pressure: available
+    xid, at, side, action, and on a job across nodes the GPU's node); only machine-side ones make a gpu-fault,
+    and its detail's `fault_nodes` names the nodes they came from (the executor may leave them out of the
+    next attempt). host_memory_pressure: available
     RAM was under the floor.
     nonfinite_seen: what the daemon saw go non-finite in the log while the attempt ran ("train_loss =
     nan at step 120"): a trainer that logs NaN and exits 0 (HF Trainer does) diverged, not completed.
@@ -175,8 +177,11 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
             note = f": a clean stop, shown by {evidence['evidence']}"
         else:
             note = f" (it did not exit cleanly: {evidence['evidence']}; check the checkpoint)"
-        return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}, {status}{note}",
-                         {**base, "stop_reason": stop_reason, "clean_stop": evidence})
+        nodes = gpuhealth.fault_nodes(facts.gpu_evidence) if outcome == Outcome.GPU_FAULT else []
+        at_fault = f" — the machine's fault, on {', '.join(nodes)}" if nodes else ""
+        return ExitClass(outcome, None, f"{outcome} on request{_reason(stop_reason)}{at_fault}, {status}{note}",
+                         {**base, "stop_reason": stop_reason, "clean_stop": evidence,
+                          **({"fault_nodes": nodes} if nodes else {})})
 
     if facts.node_fail:
         which = ", ".join(facts.lost_nodes) or "a node of the job"
@@ -212,9 +217,10 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
             f"Xid {c} ({xid.lookup(c).name}) in stderr" for c in machine_codes]
         if not said and fault:
             said = [fault.group(0).strip()[:120]]
+        nodes = gpuhealth.fault_nodes(machine)
         return ExitClass(Outcome.GPU_FAULT, None, f"GPU fault, the machine's: {'; '.join(said)} ({status})",
-                         {**base, "gpu_evidence": machine,
-                          "stderr_xids": list(machine_codes)})
+                         {**base, "gpu_evidence": machine, "stderr_xids": list(machine_codes),
+                          **({"fault_nodes": nodes} if nodes else {})})
     app = [e for e in facts.gpu_evidence if e.get("side") == "application"]
     app_codes = [c for c in codes if xid.lookup(c).side == "application"]
     app_detail: dict[str, object] = {}
@@ -371,7 +377,8 @@ def _signame(signal: int | None) -> str | None:
 def _evidence_words(e: Mapping[str, Any]) -> str:
     """"GPU 1 (GPU-8f…): Xid 79 (GPU has fallen off the bus) — reboot the machine"."""
     uuid = f" ({e.get('uuid')})" if e.get("uuid") not in (None, "?") else ""
-    return f"GPU {e.get('gpu')}{uuid}: {e.get('name')} — {e.get('action_words') or e.get('action')}"
+    on = f" on {e['node']}" if e.get("node") else ""
+    return f"GPU {e.get('gpu')}{on}{uuid}: {e.get('name')} — {e.get('action_words') or e.get('action')}"
 
 
 def _reason(stop_reason: str | None) -> str:

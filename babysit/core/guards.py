@@ -47,13 +47,29 @@ class Holder:
     pid: int
     name: str
     used_memory_bytes: int | None
+    node: str | None = None  # the node the GPU is on (a job across nodes); None: one box
 
     def describe(self) -> str:
         mem = "memory unknown" if self.used_memory_bytes is None else gib(self.used_memory_bytes)
-        return f"GPU {self.gpu}: pid {self.pid} ({self.name}, {mem})"
+        return f"GPU {self.gpu}{on_node(self.node)}: pid {self.pid} ({self.name}, {mem})"
+
+    @property
+    def sighting(self) -> SightingKey:
+        """What its consecutive reads are counted under: (gpu, pid), and the node on a job across nodes
+        (one pid number on two nodes is two processes)."""
+        return (self.gpu, self.pid) if self.node is None else (self.gpu, self.pid, self.node)
 
     def to_dict(self) -> dict[str, object]:
-        return {"gpu": self.gpu, "pid": self.pid, "name": self.name, "used_memory_bytes": self.used_memory_bytes}
+        return {"gpu": self.gpu, "pid": self.pid, "name": self.name, "used_memory_bytes": self.used_memory_bytes,
+                **({"node": self.node} if self.node is not None else {})}
+
+
+SightingKey = tuple[int, int] | tuple[int, int, str]
+
+
+def on_node(node: str | None) -> str:
+    """" on n2" for a GPU of a job across nodes, "" on one box: every GPU sentence names its node."""
+    return f" on {node}" if node else ""
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,7 @@ class LiveFacts:
     available_ram_bytes: int | None
     already_warned: frozenset[str] = frozenset()
     past_run_pids: frozenset[int] = frozenset()  # every pid the run's tree ever held (all attempts)
-    sightings: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, pid) -> consecutive reads
+    sightings: Mapping[SightingKey, int] = field(default_factory=dict)  # Holder.sighting -> consecutive reads
     nonfinite: tuple[int, str, float] | None = None  # (step, metric, value): a watched metric went NaN/inf
     minute_seconds: float = 60.0  # real seconds a declared minute lasts (1 under --accelerated)
     ram_node: str | None = None  # a job across nodes: the node whose free RAM `available_ram_bytes` is (its lowest)
@@ -105,30 +121,31 @@ def below_ram_floor(available_ram_bytes: int | None, floor_gib: float | None) ->
 
 
 def foreign_holders(view: GpuView, gpus: Sequence[int], run_pids: frozenset[int]) -> tuple[Holder, ...]:
-    """Compute processes on the run's GPUs that are not the run's (`run_pids`) and have not exited."""
+    """Compute processes on the run's GPUs that are not the run's (`run_pids`) and have not exited; on a
+    view across nodes, every node's (each holder names its node)."""
     if not view.available:
         return ()
     holders = []
-    for index in gpus:
-        reading = view.gpu(index)
-        if reading is None:
-            continue
-        for proc in reading.processes:
-            if is_foreign(proc, run_pids):
-                holders.append(Holder(index, proc.pid, proc.name, proc.used_memory_bytes))
+    for node, part in view.by_node():
+        for index in gpus:
+            reading = part.gpu(index)
+            if reading is None:
+                continue
+            for proc in reading.processes:
+                if is_foreign(proc, run_pids):
+                    holders.append(Holder(index, proc.pid, proc.name, proc.used_memory_bytes, node))
     return tuple(holders)
 
 
-def track_sightings(previous: Mapping[tuple[int, int], int],
-                    holders: Sequence[Holder]) -> dict[tuple[int, int], int]:
-    """Consecutive reads each foreign-looking (gpu, pid) has been seen on; one missing read resets it."""
-    return {(h.gpu, h.pid): previous.get((h.gpu, h.pid), 0) + 1 for h in holders}
+def track_sightings(previous: Mapping[SightingKey, int], holders: Sequence[Holder]) -> dict[SightingKey, int]:
+    """Consecutive reads each foreign-looking (gpu, pid[, node]) has been seen on; one missing read resets it."""
+    return {h.sighting: previous.get(h.sighting, 0) + 1 for h in holders}
 
 
-def confirmed(holder: Holder, view: GpuView, sightings: Mapping[tuple[int, int], int]) -> bool:
+def confirmed(holder: Holder, view: GpuView, sightings: Mapping[SightingKey, int]) -> bool:
     """Seen on enough consecutive reads to act on (see the module docstring)."""
     needed = CONFIRM_READS_INVISIBLE if _invisible(view, holder) else CONFIRM_READS_VISIBLE
-    return sightings.get((holder.gpu, holder.pid), 0) >= needed
+    return sightings.get(holder.sighting, 0) >= needed
 
 
 def prelaunch(guards: GuardsSpec, gpus: Sequence[int], view: GpuView,
@@ -250,19 +267,8 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
         return [Action("warn", "gpu-unseen", f"cannot see the run's GPUs, guards are blind: {view.reason}",
                        {"gpus": list(facts.gpus), "reason": view.reason})]
     out: list[Action] = []
-    for index in facts.gpus:
-        reading = view.gpu(index)
-        if reading is None:
-            out.append(Action("warn", "gpu-unseen", f"GPU {index} is no longer visible to NVML — fallen off the bus? "
-                              "check `nvidia-smi` and the kernel log", {"gpu": index}, key=f"gpu-unseen:{index}"))
-            continue
-        if reading.signals or reading.faults:  # a healthy GPU: no signal to assess
-            out.extend(_health_actions(index, reading))
-        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults \
-                and not any(s.kind == "unresponsive" for s in reading.signals):
-            out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}: exclusivity "
-                              "is not being checked", {"gpu": index, "errors": list(reading.errors)},
-                              key=f"gpu-unseen:procs:{index}"))
+    for node, part in view.by_node():  # a job across nodes: each node's GPUs judged alike, the node named
+        out.extend(_node_checks(guards, facts.gpus, node, part))
     holders = foreign_holders(view, facts.gpus, facts.run_pids | facts.past_run_pids)
     if not holders:  # the common check: the run's GPUs hold only the run
         return out
@@ -270,8 +276,12 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     unsure = tuple(h for h in holders if h not in sure)
     if sure:
         text = "; ".join(h.describe() for h in sure)
-        detail = {"holders": [h.to_dict() for h in sure], "run_pids": sorted(facts.run_pids),
-                  "reads": {f"{h.gpu}:{h.pid}": facts.sightings.get((h.gpu, h.pid)) for h in sure}}
+        detail: dict[str, object] = {"holders": [h.to_dict() for h in sure], "run_pids": sorted(facts.run_pids),
+                                     "reads": {":".join(map(str, h.sighting)): facts.sightings.get(h.sighting)
+                                               for h in sure}}
+        nodes = sorted({h.node for h in sure if h.node})
+        if nodes:
+            detail["nodes"] = nodes
         if guards.exclusive_gpu:
             out.append(Action("stop", "gpu-held", f"{text} is not the run's — stopping the run (exclusive_gpu)"
                               + _namespace_hint(sure, view), detail))
@@ -284,34 +294,61 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     return out
 
 
+def _node_checks(guards: GuardsSpec, gpus: Sequence[int], node: str | None, view: GpuView) -> list[Action]:
+    """One node's GPUs (the whole view on one box): each missing, faulty or unlistable GPU said, the node
+    named and in the key, so the same GPU index on two nodes is two warnings."""
+    out: list[Action] = []
+    on, at = on_node(node), f"@{node}" if node else ""
+    where = {"node": node} if node else {}
+    for index in gpus:
+        reading = view.gpu(index)
+        if reading is None:
+            out.append(Action("warn", "gpu-unseen", f"GPU {index}{on} is no longer visible to NVML — fallen off the "
+                              "bus? check `nvidia-smi` and the kernel log", {"gpu": index, **where},
+                              key=f"gpu-unseen:{index}{at}"))
+            continue
+        if reading.signals or reading.faults:  # a healthy GPU: no signal to assess
+            out.extend(_health_actions(index, reading))
+        if guards.exclusive_gpu and not reading.processes_known and "device lost" not in reading.faults \
+                and not any(s.kind == "unresponsive" for s in reading.signals):
+            out.append(Action("warn", "gpu-unseen", f"cannot list the processes on GPU {index}{on}: exclusivity "
+                              "is not being checked", {"gpu": index, "errors": list(reading.errors), **where},
+                              key=f"gpu-unseen:procs:{index}{at}"))
+    return out
+
+
 def _health_actions(index: int, reading: GpuReading) -> list[Action]:
     """What one GPU's health signals call for (babysit/core/gpu/health.py): a machine fault that stops
     stops the run (classified gpu-fault), one that does not is an incident; a trainer's own Xid is an
     incident that blames the trainer; a warning is one warning per kind and GPU. Each machine-side
-    action carries its evidence, which the supervisor records on the attempt."""
+    action carries its evidence, which the supervisor records on the attempt; on a job across nodes the
+    GPU's node is in the text, the detail and the evidence (the machine's fault is that node's)."""
     out = []
+    node, at = reading.node, f"@{reading.node}" if reading.node else ""
+    where = {"node": node} if node else {}
     for sig in gpuhealth.signals_of(reading):
         a = gpuhealth.assess(sig)
-        text = gpuhealth.describe(index, sig)
+        text = gpuhealth.describe(index, sig, node)
         what = sig.text or sig.kind
-        detail: dict[str, object] = {"gpu": index, "uuid": reading.uuid, "fault": what,
+        detail: dict[str, object] = {"gpu": index, "uuid": reading.uuid, "fault": what, **where,
                                      "evidence": [gpuhealth.evidence(reading, sig, sig.at)]}
         if a.machine and a.stop:
             out.append(Action("stop", "gpu-fault", f"{text} — stopping the run (classified gpu-fault; retried "
-                              "per retry.on on a healthy GPU)", detail))
+                              f"per retry.on on a healthy {'node' if node else 'GPU'})", detail))
         elif a.machine:
             out.append(Action("incident", "gpu-fault", f"{text} — check `nvidia-smi -q` and the kernel log "
-                              "(dmesg | grep -i xid)", detail, key=f"gpu-fault:{index}:{what}"))
+                              f"(dmesg | grep -i xid){on_node(node)}", detail, key=f"gpu-fault:{index}{at}:{what}"))
         elif a.side == "application":
             out.append(Action("incident", "gpu-app-error", f"{text}: the trainer's bug, not the machine's",
-                              detail, key=f"gpu-app-error:{index}:{what}"))
+                              detail, key=f"gpu-app-error:{index}{at}:{what}"))
         elif a.side == "warn":
             out.append(Action("warn", "gpu-health", text, {"gpu": index, "uuid": reading.uuid, "signal": sig.kind,
-                                                          "value": sig.value, "text": what},
-                              key=f"gpu-health:{index}:{sig.kind}"))
+                                                          "value": sig.value, "text": what, **where},
+                              key=f"gpu-health:{index}{at}:{sig.kind}"))
         else:
-            out.append(Action("warn", "gpu-health", text, {"gpu": index, "uuid": reading.uuid, "text": what},
-                              key=f"gpu-health:{index}:{what}"))
+            out.append(Action("warn", "gpu-health", text, {"gpu": index, "uuid": reading.uuid, "text": what,
+                                                          **where},
+                              key=f"gpu-health:{index}{at}:{what}"))
     return out
 
 
@@ -348,7 +385,7 @@ def _namespace_hint(holders: Sequence[Holder], view: GpuView) -> str:
 
 
 def _invisible(view: GpuView, holder: Holder) -> bool:
-    reading = view.gpu(holder.gpu)
+    reading = (view.on(holder.node) if holder.node is not None else view).gpu(holder.gpu)
     if reading is None:
         return False
     return any(p.pid == holder.pid and not getattr(p, "visible", True) for p in reading.processes)

@@ -50,19 +50,38 @@ class GpuReading:
     util_min_pct: float | None = None  # the lowest sample of the window
     signals: tuple[GpuSignal, ...] = ()  # health signals seen since the last read (NVML); () from a file probe
     util_seconds: float | None = None  # GPM: the seconds the window's counters span (util_samples 0, no min)
+    node: str | None = None  # the node it is on, for a job across nodes (its probe sidecar's); None: one box
 
 
 @dataclass(frozen=True)
 class GpuView:
+    """The run's GPUs as one probe saw them. A job across nodes has every node's GPUs here, each reading
+    naming its node and numbered as the run's `gpus` on that node: index 0 appears once a node."""
+
     available: bool
     reason: str | None
     gpus: tuple[GpuReading, ...] = ()
 
     def gpu(self, index: int) -> GpuReading | None:
+        """The GPU with this index (on a view across nodes: the first node's; `on(node)` picks one)."""
         for reading in self.gpus:
             if reading.index == index:
                 return reading
         return None
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes its readings name, in order; () for one box's view."""
+        return tuple(dict.fromkeys(g.node for g in self.gpus if g.node is not None))
+
+    def on(self, node: str) -> GpuView:
+        """One node's part of a view across nodes."""
+        return GpuView(self.available, self.reason, tuple(g for g in self.gpus if g.node == node))
+
+    def by_node(self) -> tuple[tuple[str | None, GpuView], ...]:
+        """(node, that node's view) for each node; one (None, self) for one box's view."""
+        nodes = self.nodes
+        return tuple((n, self.on(n)) for n in nodes) if nodes else ((None, self),)
 
 
 @dataclass(frozen=True)

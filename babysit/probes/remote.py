@@ -8,14 +8,17 @@ newest record of each file and answers the same `GpuProbe` protocol as NVML, so 
 not care where the GPUs are.
 
 What it decides, and why:
-- GPU numbering. The run's `gpus` list says how many GPUs a node gets; Slurm picks which. The run's
-  i-th GPU is the job's i-th GPU (nodes in host-name order, then the sidecar's order), and the reading
-  carries the run's index.
+- GPU numbering. The run's `gpus` list says how many GPUs a node gets; Slurm picks which. On each node
+  the run's i-th GPU is the i-th the sidecar lists, and the reading carries the run's index and its node:
+  a job across nodes has every node's GPUs in the view, so the guards judge every node.
 - The job's own processes. The guards compare GPU holders against the run's pids, which the daemon
   cannot see here; the sidecar marks each holder that belongs to the job (its process tree, its
   SLURM_JOB_ID, its cgroup) and the reader keeps only the others: what remains is foreign.
 - Staleness. A silent sidecar is "not measured", never "fine": a record older than `stale_after`
   gives `available=False` with the reason.
+- Health signals are events (an Xid, an ECC error), not states: the sidecar keeps every kind it saw
+  since the job started (`keep_signals`) in each record, so a guard round that reads a later record
+  still sees it. The guards raise each once an attempt.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from babysit.core.readings import GpuProcess, GpuReading, GpuView
+from babysit.core.readings import GpuProcess, GpuReading, GpuSignal, GpuView
 from babysit.probes.gpu import GUARD_WINDOW
 from babysit.sources.logtail import tail_bytes
 
@@ -71,8 +74,26 @@ def gpu_record(view: GpuView, job_pids: frozenset[int]) -> dict[str, Any]:
                   "processes": [{"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes,
                                  "job": p.pid in job_pids, "visible": p.visible, "zombie": p.zombie}
                                 for p in g.processes],
-                  "faults": list(g.faults), "errors": list(g.errors)} for g in view.gpus],
+                  "faults": list(g.faults), "errors": list(g.errors),
+                  "signals": [{"kind": x.kind, "code": x.code, "value": x.value, "at": x.at, "text": x.text}
+                              for x in g.signals]} for g in view.gpus],
     }
+
+
+SignalsSeen = dict[int, dict[tuple[str, int | None], GpuSignal]]  # NVML index -> (kind, code) -> first seen
+
+
+def keep_signals(seen: SignalsSeen, view: GpuView) -> tuple[GpuView, SignalsSeen]:
+    """Every health signal seen on each GPU since the sidecar started, the first of each (kind, code):
+    the view with them, and what is now seen. A record a guard round skips loses no Xid."""
+    out = {index: dict(kept) for index, kept in seen.items()}
+    gpus = []
+    for g in view.gpus:
+        kept = out.setdefault(g.index, {})
+        for sig in g.signals:
+            kept.setdefault((sig.kind, sig.code), sig)
+        gpus.append(replace(g, signals=tuple(kept.values())) if kept else g)
+    return replace(view, gpus=tuple(gpus)), out
 
 
 def belongs_to_job(pid: int, job_id: str | None, tree: frozenset[int]) -> bool:
@@ -138,22 +159,20 @@ def view_from_records(records: Sequence[Mapping[str, Any]], indices: Sequence[in
     if not records:
         return GpuView(False, "no probe sidecar reading yet (the job is queued or just started; if it runs, "
                               "see probe.log in the attempt directory)", ())
-    readings: list[GpuReading] = []
+    out: list[GpuReading] = []
     for record in sorted(records, key=lambda r: str(r.get("host", ""))):
         age = now - float(record.get("ts") or 0)
-        host = record.get("host", "?")
+        host = str(record.get("host") or "?")
         if age > stale_after:
             return GpuView(False, f"the probe sidecar on {host} is silent for {age:.0f} s (job ended, node lost, "
                                   "or the sidecar died: see probe.log in the attempt directory)", ())
         gpu = record.get("gpu") or {}
         if not gpu.get("available", False):
             return GpuView(False, f"on {host}: {gpu.get('reason') or 'GPUs not readable'}", ())
-        readings.extend(_reading(g) for g in gpu.get("gpus", []))
-    wanted = list(indices) or list(range(len(readings)))
-    out = []
-    for position, index in enumerate(wanted):
-        if position < len(readings):
-            out.append(replace(readings[position], index=index))
+        readings = [_reading(g) for g in gpu.get("gpus", [])]
+        wanted = list(indices) or list(range(len(readings)))
+        out.extend(replace(readings[position], index=index, node=host)
+                   for position, index in enumerate(wanted) if position < len(readings))
     return GpuView(True, None, tuple(out))
 
 
@@ -204,12 +223,16 @@ def _reading(g: Mapping[str, Any]) -> GpuReading:
                       processes_known=bool(g.get("processes_known", True)),
                       errors=tuple(str(e) for e in g.get("errors", [])),
                       util_min_pct=None if g.get("util_min_pct") is None else float(g["util_min_pct"]),
-                      util_seconds=None if g.get("util_seconds") is None else float(g["util_seconds"]))
+                      util_seconds=None if g.get("util_seconds") is None else float(g["util_seconds"]),
+                      signals=tuple(GpuSignal(str(x.get("kind") or "unknown"), code=_opt_int(x.get("code")),
+                                              value=None if x.get("value") is None else float(x["value"]),
+                                              at=None if x.get("at") is None else float(x["at"]),
+                                              text=str(x.get("text") or "")) for x in g.get("signals") or ()))
 
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["RECORD_VERSION", "SidecarGpuProbe", "belongs_to_job", "choose_gpus", "gpu_record", "latest_record",
-           "recent_records", "view_from_records"]
+__all__ = ["RECORD_VERSION", "SidecarGpuProbe", "SignalsSeen", "belongs_to_job", "choose_gpus", "gpu_record",
+           "keep_signals", "latest_record", "recent_records", "view_from_records"]

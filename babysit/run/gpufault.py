@@ -26,20 +26,20 @@ from babysit.run.stackdump import stack_dump
 CHOICE_WINDOW = "gpu-choice"  # the probe window of the look at every GPU (closed at once)
 
 
-def _key(e: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    return e.get("gpu"), e.get("kind"), e.get("code")
+def _key(e: Mapping[str, Any]) -> tuple[Any, ...]:
+    return e.get("gpu"), e.get("kind"), e.get("code"), e.get("node")
 
 
 def merge(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Evidence lists joined, one item per (gpu, kind, code), the first sighting kept."""
-    out: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    """Evidence lists joined, one item per (gpu, kind, code, node), the first sighting kept."""
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for item in (*old, *new):
         out.setdefault(_key(item), dict(item))
     return list(out.values())
 
 
 def record(store: Store, attempt: Attempt, items: Sequence[Mapping[str, Any]]) -> None:
-    """Add evidence (machine- or application-side) to the attempt's detail, once per (gpu, kind, code)."""
+    """Add evidence (machine- or application-side) to the attempt's detail, once per (gpu, kind, code, node)."""
     if not items:
         return
     current = store.attempt(attempt.run, attempt.n).detail.get("gpu_evidence") or []
@@ -94,7 +94,8 @@ def quarantine(store: Store, run: str, evidence: Iterable[Mapping[str, Any]], no
         uuid = str(e.get("uuid") or "?")
         if not e.get("quarantine") or uuid == "?":
             continue
-        reason = f"{e.get('name')} during {run} — {e.get('action_words')}"
+        on = f" on {e['node']}" if e.get("node") else ""
+        reason = f"{e.get('name')}{on} during {run} — {e.get('action_words')}"
         gpu = e.get("gpu")
         if store.quarantine_gpu(uuid, int(gpu) if isinstance(gpu, int) else None, reason, dict(e), now, run=run):
             new.append(e)

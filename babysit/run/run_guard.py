@@ -46,7 +46,7 @@ class GuardedRun(RunPartHost, Protocol):
 class RunGuard:
     def __init__(self, host: GuardedRun) -> None:
         self.host, self.ctx, self.run = host, host.ctx, host.run
-        self.sightings: dict[tuple[int, int], int] = {}  # foreign-looking (gpu, pid) -> consecutive reads
+        self.sightings: dict[guards.SightingKey, int] = {}  # foreign-looking (gpu, pid[, node]) -> consecutive reads
         self.recheck_pending = False
 
     def guard(self) -> None:

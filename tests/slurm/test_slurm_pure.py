@@ -403,6 +403,27 @@ def test_sidecar_probe_reads_the_newest_complete_line_of_each_node(tmp_path: Pat
             f.write('{"ts": 1, "partial')
     view = SidecarGpuProbe(tmp_path).read([0, 1])
     assert [r.util_pct for r in view.gpus] == [10, 20]  # nodes in host-name order
+    assert [(r.node, r.index) for r in view.gpus] == [("n1", 0), ("n2", 0)]  # each node's GPU 0: the run's GPU 0
+
+
+def test_sidecar_view_of_a_job_across_nodes_holds_every_nodes_gpus_and_health_signals() -> None:
+    """2 nodes × 2 GPUs: the run's GPUs 0 and 1 on each node, named by node; a holder on n2 stays n2's; an
+    NVML signal written by the sidecar reads back as the signal it was."""
+    from babysit.core.readings import GpuReading, GpuSignal, GpuView
+    from babysit.probes.remote import gpu_record, keep_signals
+
+    xid = GpuSignal("xid", code=79, at=5.0, text="xid 79")
+    _, seen = keep_signals({}, GpuView(True, None, (GpuReading(3, "H100", "GPU-b", 90.0, 4, 1, 2, (), ("xid 79",),
+                                                               signals=(xid,)),)))
+    later, seen = keep_signals(seen, GpuView(True, None, (GpuReading(3, "H100", "GPU-b", 91.0, 4, 1, 2, (), ()),)))
+    assert later.gpus[0].signals == (xid,)  # an event seen once stays in every later record of the job
+    records = [_record("n1", 99.0, [{"index": 6, "processes": []}, {"index": 7, "processes": []}]),
+               _record("n2", 99.0, [gpu_record(later, frozenset())["gpus"][0],
+                                    {"index": 4, "processes": [{"pid": 9, "name": "intruder", "job": False}]}])]
+    view = view_from_records(records, [0, 1], now=100.0, stale_after=60)
+    assert [(g.node, g.index) for g in view.gpus] == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
+    assert view.nodes == ("n1", "n2") and view.on("n2").gpu(0).signals == (xid,)
+    assert [p.name for p in view.on("n2").gpu(1).processes] == ["intruder"] and not view.on("n1").gpu(1).processes
 
 
 @pytest.mark.parametrize(("visible", "env", "want"), [

@@ -107,14 +107,15 @@ def assess(signal: GpuSignal) -> Assessment:
     return Assessment("unknown", "none", False, signal.kind, signal.text or signal.kind)
 
 
-def describe(index: int, signal: GpuSignal) -> str:
-    """One line for an incident: "GPU 1: Xid 79 (GPU has fallen off the bus) — the machine's fault: reboot"."""
+def describe(index: int, signal: GpuSignal, node: str | None = None) -> str:
+    """One line for an incident: "GPU 1: Xid 79 (GPU has fallen off the bus) — the machine's fault: reboot";
+    "GPU 1 on n2: …" for a GPU of a job across nodes."""
     a = assess(signal)
     who = {"machine": "the machine's fault", "application": "the trainer's own error, the GPU stays healthy",
            "consequence": "a follow-on of an earlier error", "warn": "a warning",
            "unknown": "not in babysit's Xid catalog"}[a.side]
     value = "" if signal.value is None or signal.kind in ("throttle",) else f" ({_num(signal.value)})"
-    return f"GPU {index}: {a.name}{value} — {a.meaning}; {who}" + (
+    return f"GPU {index}{f' on {node}' if node else ''}: {a.name}{value} — {a.meaning}; {who}" + (
         f": {a.action_words}" if a.action != "none" else "")
 
 
@@ -150,24 +151,32 @@ def signals_of(reading: GpuReading) -> tuple[GpuSignal, ...]:
 
 def evidence(reading: GpuReading, signal: GpuSignal, at: float | None) -> dict[str, object]:
     """What an attempt's detail records of a signal: enough to blame, quarantine and say why."""
-    return evidence_of(reading.index, reading.uuid, signal, at)
+    return evidence_of(reading.index, reading.uuid, signal, at, reading.node)
 
 
-def evidence_of(index: int, uuid: str, signal: GpuSignal, at: float | None) -> dict[str, object]:
+def evidence_of(index: int, uuid: str, signal: GpuSignal, at: float | None,
+                node: str | None = None) -> dict[str, object]:
+    """`node`: the GPU's node on a job across nodes, kept so that the machine at fault is known by name."""
     a = assess(signal)
     return {"gpu": index, "uuid": uuid, "kind": signal.kind, "xid": signal.code
             if signal.kind == "xid" else None, "code": signal.code, "value": signal.value,
             "at": signal.at if signal.at is not None else at, "name": a.name, "meaning": a.meaning,
-            "side": a.side, "action": a.action, "action_words": a.action_words, "quarantine": a.quarantines}
+            "side": a.side, "action": a.action, "action_words": a.action_words, "quarantine": a.quarantines,
+            **({"node": node} if node else {})}
 
 
 def machine_evidence(items: Iterable[dict[str, object]]) -> list[dict[str, object]]:
-    """The machine-side items of recorded evidence, once each (gpu, kind, code)."""
-    seen: dict[tuple[object, object, object], dict[str, object]] = {}
+    """The machine-side items of recorded evidence, once each (gpu, kind, code, node)."""
+    seen: dict[tuple[object, ...], dict[str, object]] = {}
     for item in items:
         if item.get("side") == "machine":
-            seen.setdefault((item.get("gpu"), item.get("kind"), item.get("code")), dict(item))
+            seen.setdefault((item.get("gpu"), item.get("kind"), item.get("code"), item.get("node")), dict(item))
     return list(seen.values())
+
+
+def fault_nodes(items: Iterable[dict[str, object]]) -> list[str]:
+    """The nodes machine-side evidence names (a job across nodes), sorted: the machines at fault."""
+    return sorted({str(e["node"]) for e in machine_evidence(items) if e.get("node")})
 
 
 def _num(value: float) -> str:
