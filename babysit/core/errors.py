@@ -11,6 +11,11 @@ EXIT_RUN_FAILURE = 1  # a run-level failure the user must see (fixture mismatch,
 EXIT_BAD_INPUT = 2  # bad input: a spec, an amendment, a registry, a command line
 
 
+def short_error(exc: BaseException) -> str:
+    """`Type: message`, cut short: an error as an incident or a message says it (the traceback goes to a log)."""
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 class BabysitError(Exception):
     """Base of every error babysit raises on purpose; `hint` tells the user what to do next."""
 

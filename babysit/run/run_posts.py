@@ -19,9 +19,9 @@ from typing import Any
 
 import structlog
 
+from babysit.core.errors import short_error
 from babysit.db.store import HELD_POSTS_FACT as HELD_FACT
 from babysit.db.store import Store
-from babysit.run.run_errors import short_error
 
 log = structlog.get_logger("babysit.run.supervisor")
 IN_PLACE = frozenset({"header"})  # posts that edit one message in place (a poll's live header): only the newest held

@@ -15,16 +15,19 @@ import structlog
 
 from babysit.campaign.hook import after_final_verdict
 from babysit.core import run_events as ev
-from babysit.core.errors import BabysitError, PreregTampered
+from babysit.core.errors import BabysitError, PreregTampered, short_error
 from babysit.core.reading.log_records import LogRecord
 from babysit.core.spec.run_toml import RunSpec
-from babysit.run.run_errors import short_error
-from babysit.run.runstate import verdict_key
 from babysit.sources.logtail import TailState
 from babysit.verdict import reading
 
 log = structlog.get_logger("babysit.run.supervisor")
 PROVISIONAL_FIELDS = ("status", "label", "delta", "at_step", "read_step", "reason")  # what polls show of a read
+
+
+def verdict_key(run: str) -> str:
+    """The FINAL verdict's message key: queued once, whichever daemon gets there."""
+    return f"{run}:verdict"
 
 
 class RunVerdicts:

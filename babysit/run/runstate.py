@@ -11,6 +11,7 @@ from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt, Store
 from babysit.run.run_posts import held_keys
+from babysit.run.run_verdict import verdict_key
 
 
 def attempt_state(a: Attempt) -> AttemptState:
@@ -21,11 +22,6 @@ def attempt_state(a: Attempt) -> AttemptState:
         ended_at=a.ended_at, outcome=a.outcome, retry_override=d.get("retry_override"),
         stopped_by=d.get("stopped_by"), host_memory_pressure=bool(d.get("host_memory_pressure")),
         halvings=int(d.get("halvings", 0)), nonfinite=d.get("nonfinite"), summary=d.get("summary"), detail=d)
-
-
-def verdict_key(run: str) -> str:
-    """The FINAL verdict's message key: queued once, whichever daemon gets there."""
-    return f"{run}:verdict"
 
 
 def restore(store: Store, spec: RunSpec, now: float) -> RunState:

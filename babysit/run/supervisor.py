@@ -2,7 +2,7 @@
 (`core/run_machine.step`) and each effect it returns is carried out here or by the part that owns it —
 babysit/run/run_launch.py (launch, adopt), run_log.py (the log read, what its records tell), run_observe.py
 (one look at the attempt), run_guard.py (the live check), run_polls.py, run_exit.py (an exit watched,
-drained, classified), run_stop.py (the stop signal, the SIGKILL), run_verdict.py, run_errors.py.
+drained, classified), run_stop.py (the stop signal, the SIGKILL), run_verdict.py.
 
 The order of every step is: decide (pure functions), write the fact to the store, then act. So a
 daemon killed between any two lines resumes from the store without launching twice, posting twice or
@@ -12,6 +12,7 @@ losing a GPU-second. Messages carry dedupe keys so a redone step queues nothing 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,12 +21,12 @@ import structlog
 
 from babysit.core import run_events as ev
 from babysit.core import run_machine
+from babysit.core.errors import BabysitError, short_error
 from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.db.store import Attempt
 from babysit.run import runstate
 from babysit.run.context import DaemonContext
-from babysit.run.run_errors import RunErrors
 from babysit.run.run_exit import RunExits
 from babysit.run.run_guard import RunGuard
 from babysit.run.run_launch import RunLauncher
@@ -58,7 +59,7 @@ class RunSupervisor:
         # the run's one state, which every part reads: its status now, the whole of it read back at start()
         self.state = run_machine.RunState(spec=spec, status=RunStatus.of(status))
         self.posts = RunPosts(self.run, ctx.store, ctx.now, facts)  # its outbox writes, held while refused
-        self.errors = RunErrors(self.run, self.incident, lambda: self.attempt.n if self.attempt else None)
+        self.errors_logged: set[str] = set()  # digests of the internal errors already logged: one traceback each
         self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run/run_polls.py)
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
                                     posted=self.posts.posted, internal_error=self.internal_error, feed=self.feed,
@@ -247,8 +248,23 @@ class RunSupervisor:
         self.ctx.store.merge_attempt_detail(attempt.id, facts)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
-        """An unexpected exception met while handling this run: an internal-error incident, once (run_errors)."""
-        self.errors.internal_error(where, exc)
+        """An exception met while handling this run: the traceback to the daemon log, an `internal-error`
+        incident (once per attempt, place and error) to the channel. One run's bad data never stops the
+        daemon or the other runs. Never raises."""
+        error = short_error(exc)
+        n = self.attempt.n if self.attempt else None
+        digest = hashlib.sha256(f"{n}\n{where}\n{error}".encode()).hexdigest()[:16]
+        if digest in self.errors_logged:  # a job meeting the same error every tick: one traceback per daemon
+            return
+        self.errors_logged.add(digest)
+        log.error("internal error", run=self.run, where=where, error=error, exc_info=exc)
+        try:
+            self.incident("internal-error", f"babysit failed while {where}: {error} (traceback in daemon.log); "
+                          "the daemon and the other runs go on", {"where": where, "error": error},
+                          key=f"{self.run}:internal-error:{digest}")
+        except Exception:
+            self.errors_logged.discard(digest)  # recorded next time it happens
+            log.exception("could not record the internal error", run=self.run, where=where)
 
     # -- what the daemon asks ---------------------------------------------------------------------------
     def poll(self, kind: str | None = None) -> bool:
@@ -257,8 +273,12 @@ class RunSupervisor:
         return self.polls.now_alone(kind)
 
     def failed(self, where: str, exc: BaseException) -> None:
-        """An error met on this run by a job: logged, or an internal-error incident (run_errors). Never raises."""
-        self.errors.failed(where, exc)
+        """An error met on this run by a job: a BabysitError (the store failing, a refused read) is logged and
+        the job comes again; anything else is an internal error. Never raises."""
+        if isinstance(exc, BabysitError):
+            log.error(f"{where} failed", run=self.run, error=exc.message, exc_info=exc)
+        else:
+            self.internal_error(where, exc)
 
     def retry_posts(self) -> None:
         """The posts the outbox refused, queued now if it takes rows again (the guard round's backstop)."""
