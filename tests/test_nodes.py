@@ -27,6 +27,18 @@ def test_each_node_has_its_own_ranks_step_pace_and_free_ram() -> None:
     assert (n1.ranks, n1.step, n1.seconds_per_step) == ((0, 1), 10, 0.5)
     assert (n2.ranks, n2.step, n2.seconds_per_step) == ((2,), 8, 2.0)
     assert n2.available_ram_bytes == 3 * GIB and n2.quiet_seconds == 6.0
+    assert n1.gpus == 0 and n1.gpu_util_pct is None  # a CPU job's sidecar lists no GPU: its row says none
+
+
+def test_a_node_row_says_its_own_gpu_util_from_its_sidecar() -> None:
+    """Each node's GPUs as its sidecar read them: the mean of those measured, "—" where none was."""
+    records = [{**probe("n1", 20.0), "gpu": {"available": True, "gpus": [{"util_pct": 90}, {"util_pct": 96}]}},
+               {**probe("n2", 20.0), "gpu": {"available": True, "gpus": [{"util_pct": None}]}}]
+    n1, n2 = node_rows(records, {0: beats("n1", range(1, 5), 1.0), 1: beats("n2", range(1, 5), 1.0)}, now=4.0)
+    assert (n1.gpus, n1.gpu_util_pct, n2.gpus, n2.gpu_util_pct) == (2, 93.0, 1, None)
+    assert node_line(n1) == "node n1 (rank 0): step 4 · 1 s/step · GPU util 93 % · free RAM 20.0 GiB"
+    assert node_line(n2) == "node n2 (rank 1): step 4 · 1 s/step · GPU util — · free RAM 20.0 GiB"
+    assert NodeRow.from_dict(n1.to_dict()) == n1
 
 
 def test_a_node_nothing_speaks_for_is_not_measured_never_borrowed() -> None:

@@ -1,6 +1,6 @@
 """A job across nodes, one row a node: what each node's probe sidecar and each rank's beats say.
 
-Pure: the newest sidecar record of each node (`probe-<node>.jsonl`: free RAM) and each rank's recent
+Pure: the newest sidecar record of each node (`probe-<node>.jsonl`: free RAM, GPU util) and each rank's recent
 beats (`rank-<r>.jsonl`, written by the trainer every step: step, time, node) in; frozen rows out.
 A node's pace is its own ranks' (steps between their first and last recent beat over the time between),
 so a node that falls behind shows it; a node no beat or record speaks for says "not measured" (None),
@@ -26,19 +26,23 @@ class NodeRow:
     available_ram_bytes: int | None = None  # from the node's probe sidecar
     total_ram_bytes: int | None = None
     ready_seconds: float | None = None  # a step's time before the node's slowest rank joined the all-reduce
+    gpus: int = 0  # the job's GPUs the node's sidecar lists (0: a CPU job, or no sidecar reading)
+    gpu_util_pct: float | None = None  # their mean utilization over the sidecar's interval; None: not measured
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "ranks": list(self.ranks), "step": self.step,
                 "seconds_per_step": self.seconds_per_step, "quiet_seconds": self.quiet_seconds,
                 "available_ram_bytes": self.available_ram_bytes, "total_ram_bytes": self.total_ram_bytes,
-                "ready_seconds": self.ready_seconds}
+                "ready_seconds": self.ready_seconds,
+                **({"gpus": self.gpus, "gpu_util_pct": self.gpu_util_pct} if self.gpus else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NodeRow:
         return cls(node=str(d.get("node") or "?"), ranks=tuple(int(r) for r in d.get("ranks") or ()),
                    step=d.get("step"), seconds_per_step=d.get("seconds_per_step"),
                    quiet_seconds=d.get("quiet_seconds"), available_ram_bytes=d.get("available_ram_bytes"),
-                   total_ram_bytes=d.get("total_ram_bytes"), ready_seconds=d.get("ready_seconds"))
+                   total_ram_bytes=d.get("total_ram_bytes"), ready_seconds=d.get("ready_seconds"),
+                   gpus=int(d.get("gpus") or 0), gpu_util_pct=d.get("gpu_util_pct"))
 
 
 def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Sequence[Mapping[str, Any]]],
@@ -48,6 +52,7 @@ def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Se
     `beats` maps a rank to its recent beats, oldest first (each {"step", "ts", "node"}).
     """
     ram = {str(r.get("host")): r.get("host_mem") or {} for r in probe_records if r.get("host")}
+    gpus = {str(r.get("host")): (r.get("gpu") or {}).get("gpus") or [] for r in probe_records if r.get("host")}
     by_node: dict[str, list[Sequence[Mapping[str, Any]]]] = {}
     ranks: dict[str, list[int]] = {}
     for rank, seq in beats.items():
@@ -67,8 +72,14 @@ def node_rows(probe_records: Sequence[Mapping[str, Any]], beats: Mapping[int, Se
             seconds_per_step=_pace(seqs),
             quiet_seconds=max(0.0, now - min(float(b["ts"]) for b in lasts)) if lasts else None,
             available_ram_bytes=mem.get("available_ram_bytes"), total_ram_bytes=mem.get("total_ram_bytes"),
-            ready_seconds=_ready(seqs)))
+            ready_seconds=_ready(seqs), gpus=len(gpus.get(node, [])), gpu_util_pct=_util(gpus.get(node, []))))
     return tuple(rows)
+
+
+def _util(gpus: Sequence[Mapping[str, Any]]) -> float | None:
+    """The mean utilization of a node's GPUs whose utilization was measured; None when none was."""
+    utils = [float(g["util_pct"]) for g in gpus if isinstance(g.get("util_pct"), (int, float))]
+    return sum(utils) / len(utils) if utils else None
 
 
 def lowest_ram(rows: Sequence[NodeRow]) -> tuple[int | None, str | None]:
@@ -127,11 +138,14 @@ def _pace(seqs: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
 
 
 def node_line(row: NodeRow) -> str:
-    """"node n2 (rank 1): step 40 · 0.41 s/step · free RAM 7.1 GiB": a poll's row for one node."""
+    """"node n2 (rank 1): step 40 · 0.41 s/step · GPU util 93 % · free RAM 7.1 GiB": a poll's row for one node
+    (GPU util where the node's sidecar lists the job's GPUs)."""
     who = f" (rank{'s' if len(row.ranks) != 1 else ''} {', '.join(map(str, row.ranks))})" if row.ranks else ""
     parts = [f"step {MISSING if row.step is None else row.step}",
-             f"{MISSING if row.seconds_per_step is None else f'{row.seconds_per_step:.3g}'} s/step",
-             f"free RAM {fmt_gib(row.available_ram_bytes)}"]
+             f"{MISSING if row.seconds_per_step is None else f'{row.seconds_per_step:.3g}'} s/step"]
+    if row.gpus:
+        parts.append(f"GPU util {MISSING if row.gpu_util_pct is None else f'{row.gpu_util_pct:.0f} %'}")
+    parts.append(f"free RAM {fmt_gib(row.available_ram_bytes)}")
     if row.quiet_seconds is not None and row.seconds_per_step is not None \
             and row.quiet_seconds > max(10.0, 10 * row.seconds_per_step):
         parts.append(f"no step for {fmt_duration(row.quiet_seconds)}")

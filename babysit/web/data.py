@@ -22,6 +22,7 @@ from babysit import sources
 from babysit.campaign.history import view_of
 from babysit.core.campaign.spec import load_campaign
 from babysit.core.errors import BabysitError
+from babysit.core.nodes import NodeRow
 from babysit.core.reading.log_records import LogRecord, metric_series
 from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
@@ -64,6 +65,8 @@ class RunDetail:
     chart_note: str | None = None  # why there is no chart, or what it leaves out
     prereg: Mapping[str, Any] | None = None  # `babysit prereg show --json`'s shape
     prereg_note: str | None = None
+    nodes: tuple[NodeRow, ...] = ()  # a job across nodes: one row a node, from its latest poll
+    nodes_poll: Poll | None = None  # that poll (when, which attempt)
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,13 @@ class Site:
         if store is None:
             return RunDetail(row=row, registered=True, chart_note="nothing has run yet: no state database")
         latest = facts.verdicts.get(name)
+        polls = store.polls(name, 1)
+        across = polls[0] if polls and len(polls[0].snapshot.nodes) > 1 else None  # one node: its note says it
         common = {"row": row, "registered": registered, "attempts": facts.attempts.get(name, ()),
                   "banner": self.banner(), "incidents": incidents(store, name),
                   "verdict": latest.body if latest is not None else None,
-                  "has_chart_png": self.chart_png(name) is not None}
+                  "has_chart_png": self.chart_png(name) is not None,
+                  "nodes": across.snapshot.nodes if across else (), "nodes_poll": across}
         if not registered:
             return RunDetail(**common, chart_note="not in the registry: its run.toml is unknown, so there is no "
                                                   "curve to draw")

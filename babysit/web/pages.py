@@ -15,7 +15,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from babysit.core.fmt import fmt_delta
+from babysit.core.fmt import MISSING, fmt_delta, fmt_gib
 from babysit.core.verdict import AMBIGUOUS_BY_INSTRUMENT
 from babysit.db.store import Attempt
 from babysit.view.runtable import NONE, cells, fmt_duration
@@ -156,6 +156,7 @@ def run_fragment(d: RunDetail, now: float) -> str:
     if d.chart_note:
         parts.append(f'<p class="note">{esc(d.chart_note)}</p>')
     parts.append("</section>")
+    parts.append(_nodes_section(d))
     parts.append(_verdict_section(d))
     parts.append(_incidents_section(d.incidents, now))
     parts.append(_attempts_section(d.attempts, now))
@@ -167,6 +168,27 @@ def run_fragment(d: RunDetail, now: float) -> str:
 def run_page(d: RunDetail, now: float, footer: str) -> str:
     return layout(d.row.run, run_fragment(d, now), stream="/events?page=run&run=" + quote(d.row.run, safe=""),
                   footer=footer)
+
+
+def _nodes_section(d: RunDetail) -> str:
+    """A job across nodes: one row a node, as its latest poll saw it (the poll's node lines, as a table)."""
+    if not d.nodes or d.nodes_poll is None:
+        return ""
+    rows = []
+    for n in d.nodes:
+        util = "" if not n.gpus else MISSING if n.gpu_util_pct is None else f"{n.gpu_util_pct:.0f} %"
+        quiet = "" if n.quiet_seconds is None or n.seconds_per_step is None or \
+            n.quiet_seconds <= max(10.0, 10 * n.seconds_per_step) else f"no step for {fmt_duration(n.quiet_seconds)}"
+        rows.append(f'<tr data-node="{esc(n.node)}"><td class="node">{esc(n.node)}</td>'
+                    f"<td>{esc(', '.join(map(str, n.ranks)) or MISSING)}</td>"
+                    f"<td>{esc(MISSING if n.step is None else n.step)}</td>"
+                    f"<td>{esc(MISSING if n.seconds_per_step is None else f'{n.seconds_per_step:.3g}')}</td>"
+                    f'<td class="gpu">{esc(util)}</td><td class="ram">{esc(fmt_gib(n.available_ram_bytes))}</td>'
+                    f'<td class="note">{esc(quiet)}</td></tr>')
+    head = "".join(f"<th>{h}</th>" for h in ("node", "ranks", "step", "s/step", "GPU util", "free RAM", ""))
+    when = f"attempt {d.nodes_poll.attempt}, poll of {utc(d.nodes_poll.at)}"
+    return (f'<section id="nodes"><h2>Nodes <small>{len(d.nodes)}</small></h2><p class="note">{esc(when)}</p>'
+            f'<table class="nodes"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
 
 
 def _verdict_section(d: RunDetail) -> str:

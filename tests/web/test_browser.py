@@ -75,3 +75,32 @@ def test_no_request_leaves_the_machine(server: WebServer, page: Any, path: str) 
     page.goto(server.url + path)
     page.wait_for_function("Number(document.body.dataset.updates || 0) >= 1")
     assert seen and all(u.startswith(server.url) for u in seen), seen
+
+
+def test_a_run_across_nodes_shows_one_row_a_node_from_its_latest_poll(tmp_path: Path, page: Any) -> None:
+    """The latest poll of a 2-node job holds a row a node (its ranks, step, pace, GPU util, free RAM): the run
+    page shows them as a table, a quiet node saying so."""
+    from babysit.core.snapshot import Snapshot
+    from babysit.db.store import Store
+
+    build(tmp_path, final=False)
+    nodes = [{"node": "n1", "ranks": [0], "step": 120, "seconds_per_step": 0.41, "quiet_seconds": 0.2,
+              "available_ram_bytes": 310 * 2**30, "gpus": 1, "gpu_util_pct": 93.4},
+             {"node": "n2", "ranks": [1], "step": 118, "seconds_per_step": 0.41, "quiet_seconds": 61.0,
+              "available_ram_bytes": 12 * 2**30, "gpus": 1, "gpu_util_pct": None}]
+    Store.in_dir(tmp_path / ".babysit").add_poll(RUN, 2, time.time(), "poll", Snapshot.from_dict(
+        {"step": 120, "gpus": [{"index": 0, "util_pct": 93.4}], "nodes": nodes}))
+    web = WebServer(tmp_path / "babysit.toml", Settings(port=0, refresh_s=0.3)).start()
+    try:
+        page.goto(web.url + f"run/{RUN}")
+        rows = page.locator("#nodes table.nodes tbody tr")
+        assert rows.count() == 2
+        assert [rows.nth(i).get_attribute("data-node") for i in range(2)] == ["n1", "n2"]
+        cells = [[c.strip() for c in rows.nth(i).inner_text().split("\t")] for i in range(2)]
+        assert cells[0][:6] == ["n1", "0", "120", "0.41", "93 %", "310.0 GiB"], cells
+        assert cells[1][:6] == ["n2", "1", "118", "0.41", "—", "12.0 GiB"], cells
+        assert rows.nth(1).locator("td.note").inner_text() == "no step for 1m01s"
+        assert "attempt 2, poll of" in page.locator("#nodes p.note").inner_text()
+        assert page.errors == []
+    finally:
+        web.stop()
