@@ -51,7 +51,7 @@ def _late_poll(tmp_path: Path, spec: str) -> str:
         sup = RunSupervisor(ctx, load_spec(tmp_path / "r.toml"), None)
         sup.start()
         clock.advance(12.0)
-        assert sup.poll("on-demand")
+        assert sup.polls.now_alone("on-demand")
         return render("poll", {"snapshot": store.polls("r", 1)[0].snapshot.to_dict()}).text
     finally:
         store.close()

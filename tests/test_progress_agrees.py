@@ -114,7 +114,7 @@ def test_poll_status_web_and_the_live_view_agree_on_one_runs_progress(workspace)
     (root / "run.toml").write_text(SPEC.format(cap=20.0))  # edited after the daemon loaded it
     now = clock.now
 
-    assert sup.poll("on-demand")
+    assert sup.polls.now_alone("on-demand")
     (poll,) = sup.ctx.store.polls("r", 5)
     header = render("poll", {"snapshot": poll.snapshot.to_dict()}).text.splitlines()[0]
     shown_by = {"poll": named(FIELDS, re.search(

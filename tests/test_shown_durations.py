@@ -53,14 +53,14 @@ def test_a_poll_says_the_real_seconds_since_launch_and_the_real_stall_limit(supe
     sup, clock, minute = supervisor
     sup.start()
     clock.advance(3.0)
-    assert sup.poll("on-demand")
+    assert sup.polls.now_alone("on-demand")
     (poll,) = sup.ctx.store.polls("r", 1)
     assert poll.snapshot.seconds_since_launch == pytest.approx(3.0)
     assert poll.snapshot.stall_seconds == pytest.approx(20 * minute)
     text = render("poll", {"snapshot": poll.snapshot.to_dict()}).text  # 3 s is under half of 20 declared minutes either way
     assert "waiting for the first record" in text and "(3s since launch; start-up is normal)" in text
     clock.advance(9.0)  # 12 s: past half the accelerated stall limit, nowhere near the real one
-    assert sup.poll("on-demand")
+    assert sup.polls.now_alone("on-demand")
     text = render("poll", {"snapshot": sup.ctx.store.polls("r", 1)[0].snapshot.to_dict()}).text
     if minute == 1.0:
         assert "no record in" in text and "yet, 12s after launch" in text and "stops the run at 20s" in text

@@ -146,7 +146,7 @@ def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the
     r.sup.guard()
     assert r.host.reads == reads + 1
     (warning,) = [i for i in r.store.incidents("r") if i.kind == "gpu-hours-cap"]
-    r.sup.poll()
+    r.sup.polls.now_alone()
     assert r.host.reads == reads + 2
     (poll,) = r.store.polls("r", 5)
     assert "gpu-hours-projection" in poll.snapshot.flags
@@ -174,7 +174,7 @@ def test_the_commands_steps_are_read_from_it_once_an_attempt_not_at_every_check(
     r.sup.attempt = dataclasses.replace(r.sup.attempt, argv=CountedArgv(r.sup.attempt.argv))
     for _ in range(5):
         r.sup.guard()
-    r.sup.poll()
+    r.sup.polls.now_alone()
     (poll,) = r.store.polls("r", 5)
     assert poll.snapshot.end_step == 1000 and poll.snapshot.eta_seconds == pytest.approx(990 * 2.0)
     assert CountedArgv.reads == 1

@@ -18,7 +18,7 @@ from babysit.core.reading.log_records import LogRecord, ProgressPoint
 from babysit.core.spec.run_toml import RunSpec
 from babysit.core.spec.source import describe
 from babysit.db.store import Attempt
-from babysit.run.context import DaemonContext
+from babysit.run.context import DaemonContext, RunHost
 from babysit.run.runreader import RunReader
 from babysit.sources import logtail
 from babysit.sources.sniff import sniff
@@ -32,7 +32,7 @@ STOPPED_LINES = 500  # printed lines with no record after records came (and 5 de
 class ReadLog(Protocol):
     """What the telling looks at of the reading (`babysit.run.run_log.RunLog`), which holds the teller."""
 
-    host: Any  # the run (`LogHost`): its lock, attempt, messages, incidents and timers
+    host: RunHost  # the run: its lock, attempt, messages, incidents and timers
     ctx: DaemonContext
     run: str
     reader: RunReader

@@ -8,22 +8,17 @@ What it keeps between checks: how many reads in a row each foreign-looking (GPU,
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Protocol
-
 import structlog
 
 from babysit.core import guards
 from babysit.core import run_events as ev
 from babysit.core.nodes import lowest_ram
 from babysit.core.observation import Observation
-from babysit.core.run_machine import RunState
 from babysit.core.status import AttemptStatus
-from babysit.db.store import Attempt
 from babysit.probes.gpu import GUARD_WINDOW
 from babysit.run import gpufault
+from babysit.run.context import RunHost
 from babysit.run.run_observe import RunObserver
-from babysit.run.run_part import RunPartHost
 from babysit.run.stackdump import stack_dump
 
 log = structlog.get_logger("babysit.run.supervisor")
@@ -32,20 +27,9 @@ RECHECK_SECONDS = 2.0  # a foreign-looking GPU holder is read again this soon (r
 GUARD_LOCK_WAIT_SECONDS = 0.5  # a guard waits this long for a run busy with its exit, then leaves it to that
 
 
-class GuardedRun(RunPartHost, Protocol):
-    """What the live check needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    lock: threading.RLock
-    attempt: Attempt | None
-    state: RunState
-    observer: RunObserver
-
-    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
-
-
 class RunGuard:
-    def __init__(self, host: GuardedRun) -> None:
-        self.host, self.ctx, self.run = host, host.ctx, host.run
+    def __init__(self, host: RunHost, observer: RunObserver) -> None:
+        self.host, self.ctx, self.run, self.observer = host, host.ctx, host.run, observer
         self.sightings: dict[guards.SightingKey, int] = {}  # foreign-looking (gpu, pid[, node]) -> consecutive reads
         self.recheck_pending = False
 
@@ -60,7 +44,7 @@ class RunGuard:
             attempt, spec = host.attempt, host.spec
             if attempt is None or attempt.status != AttemptStatus.RUNNING or host.state.stopping:
                 return
-            obs = host.observer.observe(GUARD_WINDOW)
+            obs = self.observer.observe(GUARD_WINDOW)
             if obs.view is not None and obs.view.available:
                 self.sightings = guards.track_sightings(
                     self.sightings, guards.foreign_holders(obs.view, spec.gpus, obs.run_pids | obs.past_run_pids))

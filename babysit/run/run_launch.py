@@ -6,10 +6,9 @@ and `Adopt` for one run — the GPUs chosen, the prelaunch guards, the store's r
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -17,14 +16,13 @@ from babysit import sources
 from babysit.core import guards, retry, smoke
 from babysit.core import run_events as ev
 from babysit.core.reading import nonfinite
-from babysit.core.run_machine import RunState
 from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.db.store import Attempt
 from babysit.run import gpufault, nccl
+from babysit.run.context import RunHost
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
-from babysit.run.run_part import RunPartHost
 from babysit.runtime.faults import crash_point
 
 log = structlog.get_logger("babysit.run.supervisor")
@@ -77,28 +75,12 @@ def note_lines(notes: Any) -> list[str]:
     return [str(n) for n in notes]
 
 
-class LaunchedRun(RunPartHost, Protocol):
-    """What launching needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    spec: RunSpec  # the attempt's: `use_gpus` swaps a quarantined GPU out of it
-    declared_gpus: tuple[int, ...]
-    lock: threading.RLock
-    attempt: Attempt | None
-    state: RunState
-    runlog: RunLog
-    observer: RunObserver
-
-    def use_gpus(self, gpus: Any) -> None: ...
-    def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int: ...
-    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
-
-
 class RunLauncher:
     """An attempt started (the machine's `Launch`: GPUs chosen, prelaunch guards, the store's row, the
     process) or adopted after a restart (`Adopt`); each then fed back as `Launched` / `Adopted`."""
 
-    def __init__(self, host: LaunchedRun) -> None:
-        self.host, self.ctx, self.run = host, host.ctx, host.run
+    def __init__(self, host: RunHost, runlog: RunLog, observer: RunObserver) -> None:
+        self.host, self.ctx, self.run, self.runlog, self.observer = host, host.ctx, host.run, runlog, observer
         self.executor, self.lock = host.executor, host.lock  # fixed for the run's life
 
     def adopt(self, attempt: Attempt) -> None:
@@ -129,7 +111,7 @@ class RunLauncher:
         host.use_gpus(None)
         gpus = () if self.executor.allocates_gpus else host.spec.gpus
         # this read also opens the attempt's poll window: the first poll averages from launch
-        view = ctx.gpu_probe.read(gpus, window=host.observer.poll_window) if gpus else None
+        view = ctx.gpu_probe.read(gpus, window=self.observer.poll_window) if gpus else None
         if gpus and view is not None and view.available:  # a quarantined GPU: stand-ins, or wait for it
             choice = gpufault.choose(ctx.gpu_probe, ctx.store, host.spec, host.declared_gpus, view)
             if choice.gpus is None:
@@ -138,10 +120,10 @@ class RunLauncher:
             if choice.gpus != tuple(gpus):
                 host.use_gpus(choice.gpus)
                 gpus = host.spec.gpus
-                view = ctx.gpu_probe.read(gpus, window=host.observer.poll_window)
+                view = ctx.gpu_probe.read(gpus, window=self.observer.poll_window)
                 note = " · ".join(x for x in (note, choice.note) if x)
         quarantined = {u: q["reason"] for u, q in ctx.store.quarantined_gpus().items()} if gpus else {}
-        refusals = [a for a in guards.prelaunch(host.spec.guards, gpus, view, frozenset(host.observer.run_pids_seen),
+        refusals = [a for a in guards.prelaunch(host.spec.guards, gpus, view, frozenset(self.observer.run_pids_seen),
                                                 quarantined) if a.kind == "refuse"]
         if refusals:
             host.feed(ev.LaunchRefused(ctx.now(), n, tuple(refusals)))
@@ -167,7 +149,7 @@ class RunLauncher:
     def start_attempt(self, attempt: Attempt, note: str | None) -> None:
         """The process of a recorded attempt started, marked running, its reading begun afresh; `Launched`."""
         host, ctx, spec = self.host, self.ctx, self.host.spec
-        env = attempt_env(spec, attempt, host.runlog.records_log, self.executor.launch_env(spec.gpus), os.environ)
+        env = attempt_env(spec, attempt, self.runlog.records_log, self.executor.launch_env(spec.gpus), os.environ)
         sources.adapter(spec.source.kind).before_launch(env, spec.env)  # wandb's $WANDB_DIR made
         if spec.log is not None:
             spec.log.parent.mkdir(parents=True, exist_ok=True)
@@ -176,14 +158,14 @@ class RunLauncher:
         ctx.store.mark_running(attempt.id, started_at=launched.started_at, pid=launched.pid,
                                pid_create_time=launched.pid_create_time, job_id=launched.job_id)
         row = host.attempt = ctx.store.attempt(self.run, attempt.n)
-        host.runlog.new_attempt(ctx.now())  # a new attempt's pace is its own
+        self.runlog.new_attempt(ctx.now())  # a new attempt's pace is its own
         ctx.reads.nudge()  # its printed output is watched from now on
         self.record_enforced()
         log.info("launched", run=self.run, attempt=attempt.n, pid=launched.pid, job=launched.job_id)
         host.feed(ev.Launched(ctx.now(), row.n, row.profile, row.gpus, row.started_at or ctx.now(),
                               halvings=int(row.detail.get("halvings", 0)), note=note))
 
-    def launch_message(self, attempt: Attempt, note: str | None) -> int:
+    def launch_message(self, attempt: Attempt, note: str | None) -> int | None:
         """The launch post (the run's thread starts with it); its message id."""
         most = self.host.state.relaunched_after + self.host.spec.retry.max_attempts
         payload = launch_payload(self.host.spec, attempt, note, most, self.ctx.default_channel)

@@ -10,12 +10,11 @@ state it fills is read by the observation. Both belong together, apart from the 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from babysit import sources
 from babysit.core import progress, snapshot
@@ -23,9 +22,8 @@ from babysit.core.reading import nonfinite
 from babysit.core.reading.log_records import LogRecord, ProgressPoint
 from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
-from babysit.run.context import DaemonContext
+from babysit.run.context import RunHost
 from babysit.run.log_telling import LogTeller
-from babysit.run.run_verdict import RunVerdicts
 from babysit.run.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.sources import logtail
 from babysit.sources.records import ColumnSegment, RecordBatch
@@ -43,31 +41,13 @@ class _NameRole(NamedTuple):
     wait: bool  # the trainer's input-wait share (DATA_WAIT_METRICS)
 
 
-class LogHost(Protocol):
-    """What the reading needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    run: str
-    spec: RunSpec
-    ctx: DaemonContext
-    lock: threading.RLock
-    attempt: Attempt | None
-    verdicts: RunVerdicts
-
-    def is_running(self) -> bool: ...
-    def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int: ...
-    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
-    def note_attempt(self, attempt: Attempt, **facts: Any) -> None: ...
-    def failed(self, where: str, exc: BaseException) -> None: ...
-    def later(self, key: str, delay: float, fn: Any, where: str) -> None: ...
-    def guard(self) -> None: ...
-
-
 class RunLog:
     """The run's reader and the read state. `read_log`, `is_running`, `failed` and `run` are what the
     daemon's reader thread (`runreader.ReadWorker`) asks of what it reads."""
 
-    def __init__(self, host: LogHost, facts: dict[str, Any]) -> None:
+    def __init__(self, host: RunHost, facts: dict[str, Any], check_guards: Callable[[], None]) -> None:
         self.host, self.ctx, self.run = host, host.ctx, host.run
+        self.check_guards = check_guards  # the run's live check, at once after a non-finite value
         self.reader = RunReader(host.spec, host.ctx.state_dir, facts)  # the source, the record log, in chunks
         self.records_log: Path = self.reader.records_log
         self.points: deque[ProgressPoint] = deque(maxlen=256)
@@ -336,8 +316,8 @@ class RunLog:
         attempt = self.host.attempt
         if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
             self.nonfinite = (record.step, bad[0], bad[1])
-            self.host.note_attempt(attempt, nonfinite=f"{bad[0]} = {bad[1]} at step {record.step}")
-            self.host.later(f"nonfinite:{self.run}", 0.0, self.host.guard,
+            self.ctx.store.merge_attempt_detail(attempt.id, {"nonfinite": f"{bad[0]} = {bad[1]} at step {record.step}"})
+            self.host.later(f"nonfinite:{self.run}", 0.0, self.check_guards,
                             "checking its guards after a non-finite value")
 
     def end_step(self, attempt: Attempt) -> int | None:

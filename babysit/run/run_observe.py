@@ -10,41 +10,25 @@ ever held (never a foreign holder), and the ended attempts' rows (they cannot ch
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 import structlog
 
 from babysit.core import progress, snapshot
 from babysit.core.observation import Observation, observe
 from babysit.core.readings import GpuView, HostReading
-from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
-from babysit.executors import Executor
 from babysit.probes.gpu import GUARD_WINDOW, poll_window
-from babysit.run.context import DaemonContext
+from babysit.run.context import RunHost
 from babysit.run.run_log import RunLog
-from babysit.run.run_verdict import RunVerdicts
 
 log = structlog.get_logger("babysit.run.supervisor")
 
 SLOW_CHECK_SECONDS = 0.25  # a look that took longer says where its time went (a check must cost its run nothing)
 
 
-class ObservedRun(Protocol):
-    """What an observation needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    run: str
-    spec: RunSpec
-    ctx: DaemonContext
-    executor: Executor
-    attempt: Attempt | None
-    runlog: RunLog
-    verdicts: RunVerdicts
-
-
 class RunObserver:
-    def __init__(self, host: ObservedRun) -> None:
-        self.host, self.ctx, self.run = host, host.ctx, host.run
+    def __init__(self, host: RunHost, runlog: RunLog) -> None:
+        self.host, self.ctx, self.run, self.runlog = host, host.ctx, host.run, runlog
         self.poll_window = poll_window(self.run)  # the GPU utilization window its polls average over
         self.run_pids_seen: set[int] = set()  # every pid the run's tree held, all attempts: never foreign
         self.past_attempts: tuple[int, tuple[Attempt, ...]] | None = None  # (live attempt, the others), cached
@@ -52,7 +36,7 @@ class RunObserver:
     def observe(self, window: str = GUARD_WINDOW) -> Observation:
         """One look at the running attempt: the log read on, then the host, the GPUs (closing `window`'s
         utilization average) and the GPU-hours, each read once; guards and polls decide on the result."""
-        host_run, runlog = self.host, self.host.runlog
+        host_run, runlog = self.host, self.runlog
         attempt, spec, executor = host_run.attempt, host_run.spec, host_run.executor
         assert attempt is not None
         t0 = time.perf_counter()
@@ -83,7 +67,7 @@ class RunObserver:
         """The poll's snapshot of an observation (a fresh one through the poll window when none is given):
         the same step, pace, projection, GPUs, host and pids the guards decide on."""
         obs = obs if obs is not None else self.observe(self.poll_window)
-        spec, runlog, attempt = self.host.spec, self.host.runlog, self.host.attempt
+        spec, runlog, attempt = self.host.spec, self.runlog, self.host.attempt
         return snapshot.build_snapshot(
             run=obs.run, attempt=obs.attempt, at=obs.at, kind=kind, progress=obs.progress,
             view=obs.view, host=obs.host, gpus=obs.gpus,

@@ -5,43 +5,21 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Protocol
-
 from babysit.core import run_events as ev
 from babysit.core import run_machine
-from babysit.core.run_machine import RunState
-from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus
-from babysit.db.store import Attempt, PollRow
+from babysit.db.store import PollRow
+from babysit.run.context import RunHost
 from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
-from babysit.run.run_posts import RunPosts
 
 POLL_RETRY_MINUTES = 1.0  # a poll that failed is tried again this many declared minutes later
 
 
-class PollHost(Protocol):
-    """What the polls need of their run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    run: str
-    spec: RunSpec
-    lock: threading.RLock
-    attempt: Attempt | None
-    state: RunState
-    launch_msg: int | None
-    runlog: RunLog
-    observer: RunObserver
-    posts: RunPosts
-
-    def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int | None: ...
-    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
-    def failed(self, where: str, exc: BaseException) -> None: ...
-
-
 class RunPolls:
-    def __init__(self, host: PollHost, ctx: Any) -> None:
-        self.host, self.ctx, self.run, self.lock = host, ctx, host.run, host.lock
+    def __init__(self, host: RunHost, runlog: RunLog, observer: RunObserver) -> None:
+        self.host, self.ctx, self.run, self.lock = host, host.ctx, host.run, host.lock
+        self.runlog, self.observer = runlog, observer
         self.newest: tuple[int, float | None] | None = None  # (attempt, its newest poll's time), cached
 
     def schedule_next(self) -> None:
@@ -79,7 +57,7 @@ class RunPolls:
                 not any(isinstance(e, ev.TakePoll) and e.n == attempt.n for e in effects):
             return None
         kind = kind or ("first" if self._newest_at(attempt.n) is None else "periodic")
-        snap = self.host.observer.snapshot(kind)
+        snap = self.observer.snapshot(kind)
         # while the run holds posts the outbox refused, its poll's posts are held behind them (after_poll)
         return PollRow(self.run, attempt.n, snap.at, kind, snap, thread_of=self.host.launch_msg,
                        payload={"run": self.run}, held=bool(self.host.posts.held))
@@ -98,7 +76,7 @@ class RunPolls:
         attempt = self.host.attempt
         if attempt is None or not self.still_polled(poll):
             return
-        self.host.runlog.teller.check_readable(attempt)
+        self.runlog.teller.check_readable(attempt)
         snap = poll.snapshot
         if "input-starvation" in snap.flags:
             wait = snap.data_wait_frac or 0.0

@@ -9,23 +9,19 @@ died before sending it sends it on adoption, one that died after does not.
 from __future__ import annotations
 
 import signal
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from babysit.core import run_events as ev
 from babysit.db.store import Attempt
-from babysit.run.run_part import RunPartHost
+from babysit.run.context import RunHost
 
 log = structlog.get_logger("babysit.run.supervisor")
 
 
-class StoppedRun(RunPartHost, Protocol):
-    """What a stop needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-
 class RunStop:
-    def __init__(self, host: StoppedRun) -> None:
+    def __init__(self, host: RunHost) -> None:
         self.host, self.ctx, self.run, self.executor = host, host.ctx, host.run, host.executor
 
     def send(self, attempt: Attempt, stop: dict[str, Any], grace: float) -> None:

@@ -60,16 +60,16 @@ class RunSupervisor:
         self.state = run_machine.RunState(spec=spec, status=RunStatus.of(status))
         self.posts = RunPosts(self.run, ctx.store, ctx.now, facts)  # its outbox writes, held while refused
         self.errors_logged: set[str] = set()  # digests of the internal errors already logged: one traceback each
-        self.polls = RunPolls(self, ctx)  # its poll calendar's entry (babysit/run/run_polls.py)
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
                                     posted=self.posts.posted, internal_error=self.internal_error, feed=self.feed,
                                     read_log=lambda: self.runlog.read_log(drain=True),  # the FINAL one reads all
                                     attempt_n=lambda: self.attempt.n if self.attempt else None)
-        self.runlog = RunLog(self, facts)  # the reader and what its records tell
-        self.observer = RunObserver(self)  # one look at the attempt: what guards and polls decide on
-        self.guarding = RunGuard(self)  # the live check
+        self.runlog = RunLog(self, facts, check_guards=lambda: self.guarding.guard())  # the reader, what it tells
+        self.observer = RunObserver(self, self.runlog)  # one look at the attempt: what guards and polls decide on
+        self.guarding = RunGuard(self, self.observer)  # the live check
+        self.polls = RunPolls(self, self.runlog, self.observer)  # its poll calendar's entry
         self.exits = RunExits(self)  # an attempt's end: watched, drained, classified, decided
-        self.launcher = RunLauncher(self)  # an attempt launched, or adopted after a restart
+        self.launcher = RunLauncher(self, self.runlog, self.observer)  # an attempt launched, or adopted
         self.stopper = RunStop(self)  # the stop signal and the SIGKILL after its grace period
 
     # -- state ------------------------------------------------------------------------------------------
@@ -84,9 +84,6 @@ class RunSupervisor:
     def is_running(self) -> bool:
         """Its current attempt runs (no store query: what the daemon's rounds ask of every run)."""
         return self.attempt is not None and self.attempt.status == AttemptStatus.RUNNING
-
-    def set_status(self, status: str, **facts: Any) -> None:
-        self.ctx.store.set_run_state(self.run, status, self.ctx.now(), **facts)
 
     def message(self, kind: str, payload: dict[str, Any], key: str, thread: bool = True) -> int | None:
         """Queue a post (in the launch post's thread unless not `thread`); its outbox id, None while the
@@ -127,7 +124,7 @@ class RunSupervisor:
         """Carry out one effect: the store written, a message queued, a process started, signalled or killed."""
         match e:
             case ev.SetStatus():
-                self.set_status(e.status.value, **e.facts)
+                self.ctx.store.set_run_state(self.run, e.status.value, self.ctx.now(), **e.facts)
                 if e.status.ended:
                     log.info("run over", run=self.run, status=e.status.value, reason=e.facts.get("end_reason"))
             case ev.Launch():
@@ -144,7 +141,7 @@ class RunSupervisor:
             case ev.Incident():
                 self._raise(e)
             case ev.NoteAttempt():
-                self.note_attempt(self._row(e.n), **e.facts)
+                self.ctx.store.merge_attempt_detail(self._row(e.n).id, dict(e.facts))
             case ev.RecordExit():
                 row = self.ctx.store.attempt(self.run, e.n)
                 self.ctx.store.mark_ended(row.id, ended_at=e.ended_at, outcome=e.outcome, exit_code=e.exit_code,
@@ -160,7 +157,7 @@ class RunSupervisor:
             case ev.Recheck():
                 self.guarding.recheck_soon(e.action)
             case ev.TakePoll():
-                if self.poll("on-demand"):
+                if self.polls.now_alone("on-demand"):
                     return "polled"
                 return "not polled: the poll failed (the daemon log says why)"
             case ev.ReadVerdict(full=True):
@@ -244,9 +241,6 @@ class RunSupervisor:
             self.ctx.timers.cancel(key)
         self.ctx.gpu_probe.close_window(self.observer.poll_window)
 
-    def note_attempt(self, attempt: Attempt, **facts: Any) -> None:
-        self.ctx.store.merge_attempt_detail(attempt.id, facts)
-
     def internal_error(self, where: str, exc: BaseException) -> None:
         """An exception met while handling this run: the traceback to the daemon log, an `internal-error`
         incident (once per attempt, place and error) to the channel. One run's bad data never stops the
@@ -267,11 +261,6 @@ class RunSupervisor:
             log.exception("could not record the internal error", run=self.run, where=where)
 
     # -- what the daemon asks ---------------------------------------------------------------------------
-    def poll(self, kind: str | None = None) -> bool:
-        """Poll now, alone (`/babysit poll`: kind "on-demand", which leaves the schedule as it is); True
-        when a poll was recorded (babysit/run/run_polls.py)."""
-        return self.polls.now_alone(kind)
-
     def failed(self, where: str, exc: BaseException) -> None:
         """An error met on this run by a job: a BabysitError (the store failing, a refused read) is logged and
         the job comes again; anything else is an internal error. Never raises."""
