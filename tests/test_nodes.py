@@ -128,3 +128,19 @@ def test_a_one_node_job_keeps_its_row_out_of_the_poll_text() -> None:
     snap = build_snapshot(run="r", attempt=1, at=1.0, kind="periodic", step=4, nodes=rows)
     assert Snapshot.from_dict(snap.to_dict()).nodes == rows
     assert "node n1" not in render("poll", {"snapshot": snap.to_dict()}).text
+
+
+def test_the_flight_records_gathered_on_each_node_are_named_in_the_stall() -> None:
+    n1 = {**node_dump("n1", (10, 0, "S")), "flight_records": [
+        {"rank": 0, "from": "/local/nccl_trace_rank_0", "to": "/att/stacks/nccl_trace_rank_0", "bytes": 812}]}
+    n2 = {**node_dump("n2", (20, 1, "T")),
+          "flight_missing": ["rank 1: flight recorder on, but no dump at /local/nccl_trace_rank_1 since it started"]}
+    stacks = stacks_by_rank([n2, n1], {0: 7, 1: 7})
+    assert stacks["flight_records"] == (
+        "n1 rank 0: /att/stacks/nccl_trace_rank_0 (from n1:/local/nccl_trace_rank_0, 812 B); "
+        "n2 rank 1: flight recorder on, but no dump at /local/nccl_trace_rank_1 since it started")
+    text = render("incident", {"run": "r", "attempt": 1, "incident": "stalled", "message": "no record",
+                               "detail": {"stacks": stacks}}).text
+    assert "py-spy dump of pid n1 rank 0 pid 10 (2 process(es) dumped):" in text  # the words are no dump
+    assert "stalled: rank 1 on n2 (pid 20)" in text
+    assert "NCCL flight records gathered from the nodes:\n  n1 rank 0: /att/stacks/nccl_trace_rank_0" in text

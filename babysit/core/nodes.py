@@ -159,14 +159,19 @@ def stacks_by_rank(node_dumps: Sequence[Mapping[str, Any]], last_steps: Mapping[
     """Every rank's stack from every node (each node's `babysit.run.node_stacks` line) as a stall's
     `stacks`: "n2 rank 1 pid 4242" -> its py-spy text; "stalled" names the rank the others wait for — a
     stopped process (state T) first, else the rank whose last finished step is behind the others'
-    (`last_steps`: rank -> step, from the ranks' beats); "note" says what could not be dumped."""
+    (`last_steps`: rank -> step, from the ranks' beats); "note" says what could not be dumped;
+    "flight_records" names each rank's NCCL flight record gathered from its node (and those that were not)."""
     out: dict[str, str] = {}
     notes: list[str] = []
+    records: list[str] = []
     procs: list[tuple[str, Mapping[str, Any]]] = []
     for dump in sorted(node_dumps, key=lambda d: str(d.get("node"))):
         node = str(dump.get("node") or "?")
         if dump.get("note"):
             notes.append(f"{node}: {dump['note']}")
+        records += [f"{node} rank {r.get('rank')}: {r.get('to')} (from {node}:{r.get('from')}, {r.get('bytes')} B)"
+                    for r in dump.get("flight_records") or ()]
+        records += [f"{node} {text}" for text in dump.get("flight_missing") or ()]
         for proc in dump.get("procs") or ():
             procs.append((node, proc))
             key = f"{node} rank {proc.get('rank')} pid {proc.get('pid')}"
@@ -176,6 +181,8 @@ def stacks_by_rank(node_dumps: Sequence[Mapping[str, Any]], last_steps: Mapping[
     behind = _behind(procs, last_steps)
     if stopped or behind:
         out["stalled"] = "; ".join(stopped or behind)
+    if records:
+        out["flight_records"] = "; ".join(records)
     if notes:
         out["note"] = "; ".join(notes)
     elif not procs:

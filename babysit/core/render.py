@@ -260,16 +260,23 @@ def _stall_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     stacks = detail.get("stacks")
     if not isinstance(stacks, Mapping):
         return out
-    dumps = [(pid, text) for pid, text in stacks.items() if pid != "note" and isinstance(text, str)]
+    dumps = [(pid, text) for pid, text in stacks.items() if pid not in _NOT_DUMPS and isinstance(text, str)]
     # the trainer's stack, not babysit's shim's (run by its path; `-m babysit.executors.shim` before)
     dumps.sort(key=lambda d: "babysit/executors/shim.py" in d[1] or "babysit.executors.shim" in d[1])
     if dumps:
         pid, text = dumps[0]
         shown = [line for line in text.strip().splitlines() if line.strip()][:STACK_LINES]
         out.append((f"py-spy dump of pid {pid} ({len(dumps)} process(es) dumped):", shown))
+    if stacks.get("stalled"):  # a job across nodes: the rank the others wait for, and its node
+        out.append((f"stalled: {stacks['stalled']}", []))
+    if stacks.get("flight_records"):
+        out.append(("NCCL flight records gathered from the nodes:", str(stacks["flight_records"]).split("; ")))
     if stacks.get("note"):
         out.append((f"⚠️ {stacks['note']}", []))
     return out
+
+
+_NOT_DUMPS = ("note", "stalled", "flight_records")  # a stall's `stacks` keys that are words, not a process's stack
 
 
 def _ended(p: Mapping[str, Any]) -> Rendered:
