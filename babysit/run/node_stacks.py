@@ -5,7 +5,8 @@ The daemon runs it on each node of the job through `srun --overlap` (babysit/exe
 job's ranks (processes whose environment holds SLURM_JOB_ID=J and RANK, on this node's SLURMD_NODENAME:
 several slurmd may share a host), dumps each with py-spy (`stackdump.stack_dump`: a stopped rank read
 without suspending it) and prints one JSON line: the node, and each rank's pid, rank, process state and
-stack.
+stack. It writes the same line to `stacks/node-<node>.json` too: srun interleaves two nodes' long lines
+(stacks run to tens of KiB) when they print at once, and a file on the shared disk is whole.
 
 A rank that runs PyTorch's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE or TORCH_FR_BUFFER_SIZE above 0 in
 its environment) dumps its ring of collectives to `<TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>` (newer PyTorch:
@@ -30,6 +31,7 @@ from typing import Any
 
 from babysit.probes.host import process_create_time
 from babysit.run.stackdump import proc_state, stack_dump
+from babysit.runtime.atomic import write_atomic
 
 STACKS_DIR = "stacks"  # beside the daemon's attempt files: where every node's flight records are gathered
 RECORD_NAME = "nccl_trace_rank_"  # a gathered record's name: this, then the rank (babysit/run/nccl.py's prefix)
@@ -140,8 +142,14 @@ def main(argv: list[str] | None = None) -> int:
               "state": proc_state(pid), "stack": dumps.get(str(pid))} for pid, env in sorted(ranks.items())]
     note = dumps.get("note") or (None if ranks else f"no rank of job {args.job_id} on {node}")
     records, missing = gather_records(ranks, Path(args.into))  # after the stacks: a dump never delays them
-    print(json.dumps({"node": node, "procs": procs, "note": note, "flight_records": records,
-                      "flight_missing": missing}), flush=True)
+    line = json.dumps({"node": node, "procs": procs, "note": note, "flight_records": records,
+                       "flight_missing": missing})
+    try:
+        Path(args.into).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(args.into) / f"node-{node}.json", line + "\n")
+    except OSError as exc:
+        print(f"babysit.run.node_stacks: cannot write {args.into}/node-{node}.json: {exc}", file=sys.stderr)
+    print(line, flush=True)
     return 0
 
 

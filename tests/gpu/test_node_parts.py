@@ -117,3 +117,60 @@ def test_a_nodes_probe_and_stack_dump_on_a_real_gpu(tmp_path: Path) -> None:
             if proc is not None and proc.poll() is None:
                 proc.kill()  # SIGKILL ends a stopped process too
                 proc.wait(10)
+
+
+# A one-rank NCCL job with PyTorch's flight recorder on: all-reduces on the GPU, its dump pipe served by
+# ProcessGroupNCCL itself (the variables are the ones a user or babysit sets at launch).
+NCCL_RANK = """
+import os, time, torch, torch.distributed as dist
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + os.environ["FR_PORT"], rank=0, world_size=1,
+                        device_id=device)
+x = torch.ones(1 << 20, device=device)
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    time.sleep(0.05)
+"""
+
+
+def test_a_nodes_stack_dump_gathers_the_ranks_real_nccl_flight_record(tmp_path: Path) -> None:
+    """`node_stacks` on the node asks the rank's dump pipe; ProcessGroupNCCL writes its flight record to the
+    node-local prefix; the record is copied into the attempt's stacks/ folder, named in the node's line, and
+    reads back in PyTorch's format with the rank's all-reduces in it."""
+    _cuda_or_skip()
+    from babysit.run.nccl import load_record
+
+    local, attempt = tmp_path / "node-local", tmp_path / "attempt"
+    local.mkdir()
+    attempt.mkdir()
+    node_env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(GPU_INDEX), "SLURM_JOB_ID": JOB,
+                "SLURMD_NODENAME": "gpunode", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                "FR_PORT": str(29500 + os.getpid() % 2000), "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{local}/nccl_trace_rank_",
+                "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{local}/nccl_pipe_rank_"}
+    rank = _start(NCCL_RANK, node_env)
+    try:
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "babysit.run.node_stacks", "--job-id", JOB],
+                             env={**os.environ, "SLURMD_NODENAME": "gpunode"}, cwd=attempt, capture_output=True,
+                             text=True, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        rank.kill()
+        rank.wait(10)
+    dump = json.loads(out.stdout.strip().splitlines()[-1])
+    assert dump == json.loads((attempt / "stacks" / "node-gpunode.json").read_text()), out.stderr
+    assert dump["flight_missing"] == [], dump
+    (gathered,) = dump["flight_records"]
+    assert gathered["rank"] == 0 and gathered["from"] == f"{local}/nccl_trace_rank_0", gathered
+    record = load_record(attempt / "stacks" / "nccl_trace_rank_0")
+    names = {str(e.get("profiling_name")) for e in record["entries"]}
+    assert any("all_reduce" in n for n in names), names
+    print(f"\nGPU: node_stacks gathered rank 0's NCCL flight record ({gathered['bytes']:,} B, "
+          f"{len(record['entries'])} entries, version {record.get('version')}) in {took:.1f} s")
