@@ -304,7 +304,7 @@ def private_reaches(path: Path) -> list[str]:
 
 
 def daemon_rooms() -> list[Path]:
-    return [ROOT / "babysit" / "service" / "daemon.py", *sorted((ROOT / "babysit" / "run").glob("*.py"))]
+    return [*sorted((ROOT / "babysit" / "service").glob("*.py")), *sorted((ROOT / "babysit" / "run").glob("*.py"))]
 
 
 def test_the_daemon_and_a_runs_parts_use_each_other_by_public_names_only():

@@ -4,7 +4,7 @@ The bot (bot/owner_calls.py) hands a click here after Bolt checked its signature
 decision need the campaign's file (its `owners`) and its proposals, which are on the box whose run raised
 the call: on that box (or a single box) the bot calls `answer` itself; a fleet's gateway answering for
 another box's call queues a control request addressed to that box instead (`request_action`), which its
-daemon carries out through the same `answer` (babysit/service/daemon.py) and answers with `Answer.to_result`; the
+daemon carries out through the same `answer` (babysit/service/control.py) and answers with `Answer.to_result`; the
 gateway then tells the clicker through the response_url, as an abort's answer is told.
 
 Checks, in order: the clicker on the campaign's `owners` (else `[daemon].abort_allow_list`), the decision

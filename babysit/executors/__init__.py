@@ -1,7 +1,7 @@
 """Executors start, watch and stop an attempt's processes: `local` (a subprocess tree) and `slurm`.
 
 This package's own module holds what they share (the protocol, `Launched`, `ExitInfo`); the daemon
-picks one by name (`babysit.service.daemon.open_executor`), so this module imports neither back. The shim
+picks one by name (`babysit.service.roster.open_executor`), so this module imports neither back. The shim
 (one process a run) is run by its file's path, not as this package's module, so it never loads this one
 (nor the store and GPU probe it names): babysit/executors/shim.py.
 """

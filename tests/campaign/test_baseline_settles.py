@@ -33,7 +33,7 @@ from babysit.probes.gpu import open_gpu_probe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from babysit.runtime import registry
-from babysit.service.daemon import open_executor
+from babysit.service.roster import open_executor
 from babysit.web.server import Settings, WebServer
 from tests.web.conftest import fetch
 
