@@ -345,7 +345,7 @@ class StdoutKind(Kind):
                     + sample(evidence, "A line none read")
                     + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else
                        " Print a step counter beside the metrics (`step 10 loss 0.52`).")
-                    + " Write [source] kind = \"stdout\" with [[source.patterns]] in run.toml (docs/your-trainer.md), "
+                    + " A pattern goes under [source] in run.toml as [[source.patterns]] (docs/your-trainer.md); "
                     "or log with babysit.log(step, loss=…).")
         tried = "; ".join(f"{i}) {p.regex}" for i, p in enumerate(source.patterns, start=1))
         return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed. Patterns tried: {tried}."
