@@ -132,7 +132,7 @@ def test_a_poll_of_a_run_whose_launch_post_is_held_follows_it_in_its_thread(make
     poll(d, clock)  # the outbox takes polls (and the FINAL verdict the poll's read of the log finds), but the
     first = d.store.polls(RUN)[0].id  # run holds its launch post: the poll's posts wait behind it
     assert posts(d) == [] and d.store.outbox_summary().held == 4
-    assert all(h["key"] for h in d.store.run_state(RUN)[1]["held_posts"])  # each queued once, by its key
+    assert all(h["key"] for h in d.store.held_posts(RUN))  # each queued once, by its key
     store_backend.allow(d)
     d.guards()
     launch = d.store.messages(RUN)[0].id
@@ -178,7 +178,7 @@ def test_posts_held_behind_a_refused_launch_post_are_threaded_under_it_once_it_i
     """A post that threads under a launch post the outbox refused gets the launch's id when both are queued,
     also when the first daemon queued only the launch and a restarted one the rest."""
     store = Store.in_dir(tmp_path)
-    posts = RunPosts("r", store, lambda: 1.0, {})
+    posts = RunPosts("r", store, lambda: 1.0)
     refuse(store)
     assert posts.post("launch", {"run": "r"}, "r:1:launch") is None
     launch_key = posts.held_key("launch")
@@ -196,7 +196,7 @@ def test_posts_held_behind_a_refused_launch_post_are_threaded_under_it_once_it_i
     queued = posts.retry()
     assert list(queued) == ["r:1:launch"]
     store._db.execute("DROP TRIGGER refuse_text")
-    again = RunPosts("r", store, lambda: 2.0, store.run_state("r")[1])  # a restarted daemon
+    again = RunPosts("r", store, lambda: 2.0)  # a restarted daemon
     assert again.retry().keys() == {"r:a", "r:b"}
     launch, a, b = store.messages()
     assert (launch.kind, a.payload["text"], b.payload["text"]) == ("launch", "a", "b")
@@ -216,9 +216,9 @@ def test_a_post_whose_wake_up_failed_after_its_commit_is_queued_once_never_held(
         raise RuntimeError("the wake-up failed after the commit (the test's)")
 
     store.on_enqueue = wake
-    posts = RunPosts("r", store, lambda: 1.0, {})
+    posts = RunPosts("r", store, lambda: 1.0)
     new_id = posts.post("text", {"run": "r", "text": "a"}, "r:a")
-    assert new_id is not None and posts.held == [] and store.run_state("r")[1].get("held_posts") is None
+    assert new_id is not None and posts.held == [] and store.held_posts("r") == []
     assert posts.retry() == {} and posts.post("text", {"run": "r", "text": "b"}, "r:b") is not None
     store.record_polls([PollRow("r", 1, 2.0, "first", Snapshot.from_dict({"step": 1}), new_id, {"run": "r"})])
     assert [m.kind for m in store.messages()] == ["text", "text", "poll", "header"] and len(woken) == 3

@@ -44,10 +44,10 @@ def saved_source(tmp_path: Path) -> dict:
 
     con = sqlite3.connect(tmp_path / ".babysit" / "state.db")
     try:
-        (facts,) = con.execute("SELECT facts FROM run_state WHERE run = 'r'").fetchone()
+        (source,) = con.execute("SELECT source FROM run_reading WHERE run = 'r'").fetchone()
     finally:
         con.close()
-    return json.loads(facts)
+    return json.loads(source)
 
 
 def test_a_read_of_many_chunks_saves_once_after_one_fsync_of_the_record_log(tmp_path: Path,
@@ -59,25 +59,24 @@ def test_a_read_of_many_chunks_saves_once_after_one_fsync_of_the_record_log(tmp_
     records_log = tmp_path / ".babysit" / "runs" / "r" / "records.jsonl"
     synced: list[int] = []  # the record log's size at each fsync of it
     saves: list[tuple[int, int | None]] = []  # (records_bytes saved, the record log's size at the last fsync)
-    real_fsync, real_merge = os.fsync, Store._merge_facts
+    real_fsync, real_write = os.fsync, Store._write_readings
 
     def fsync(fd: int) -> None:
         if os.path.realpath(f"/proc/self/fd/{fd}") == str(records_log.resolve()):
             synced.append(os.fstat(fd).st_size)
         real_fsync(fd)
 
-    def merge(self: Store, facts_by_run: dict) -> None:
-        for _, facts in facts_by_run.values():
-            if "source" in facts:
-                saves.append((facts["source"]["records_bytes"], synced[-1] if synced else None))
-        real_merge(self, facts_by_run)
+    def write(self: Store, readings: list) -> None:
+        for _, _, source, _, _ in readings:
+            saves.append((source["records_bytes"], synced[-1] if synced else None))
+        real_write(self, readings)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(Store, "_merge_facts", merge)
+    monkeypatch.setattr(Store, "_write_readings", write)
     with supervised(tmp_path) as sup:
         assert len(FLOOD) > 8 * CHUNK_BYTES
         sup.runlog.read_log(drain=True)
-        assert saved_source(tmp_path)["source"]["lines"] == 40_400  # every line read, in one call
+        assert saved_source(tmp_path)["lines"] == 40_400  # every line read, in one call
     assert len(saves) == 1 and len(synced) == 1, (saves, synced)
     saved, durable = saves[0]
     assert durable is not None and saved == durable == records_log.stat().st_size

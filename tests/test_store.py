@@ -220,67 +220,96 @@ def test_a_polls_snapshot_is_stored_once_and_its_posts_name_it(backend: Backend,
     assert [m.payload["snapshot"]["step"] for m in store.due_messages(now=10.0)] == [7]  # the run's head: its post
 
 
-def test_deferred_run_facts_land_in_one_commit_at_the_end_and_keep_the_status(backend: Backend, store: Store) -> None:
+def reading(n: int) -> dict[str, Any]:
+    """A run's reading as the daemon saves it (run/run_log.py), after its `n`-th record."""
+    return {"tail": {"offset": 100 * n, "records": n}, "source": {"lines": 2 * n, "cursors": {"stdout": {"offset": n}}},
+            "step": 10 * n, "last_record_at": float(n)}
+
+
+def test_deferred_readings_land_in_one_commit_at_the_end_and_keep_the_status(backend: Backend, store: Store) -> None:
     store.set_run_state("a", "running", 1.0, launched=True)
     reader = backend.reader()
     with store.deferred_facts():
-        store.merge_run_facts("a", 2.0, step=10)
-        store.merge_run_facts("b", 2.0, step=3)  # a run with no state yet stays pending
-        store.merge_run_facts("a", 3.0, step=20, tail={"offset": 99})
-        assert reader.execute("SELECT COUNT(*) FROM run_state").fetchone()[0] == 1  # nothing written yet
+        store.save_reading("a", **reading(1))
+        store.save_reading("b", **reading(3))  # a run with no state yet stays pending
+        store.save_reading("a", **reading(2))
+        assert reader.execute("SELECT COUNT(*) FROM run_reading").fetchone()[0] == 0  # nothing written yet
         assert store.run_state("a") == ("running", {"launched": True})
         store.set_run_state("a", "stopping", 2.5)  # a status set meanwhile is not overwritten by the flush
-    assert store.run_state("a") == ("stopping", {"launched": True, "step": 20, "tail": {"offset": 99}})
-    assert store.run_state("b") == ("pending", {"step": 3})
-    assert reader.execute("SELECT updated_at FROM run_state WHERE run='a'").fetchone()[0] == 3.0
+    assert store.run_state("a") == ("stopping", {"launched": True, **reading(2)})
+    assert store.run_state("b") == ("pending", reading(3))
+    assert store.run_states() == {"a": ("stopping", {"launched": True, **reading(2)})}  # b: no status yet
+    assert reader.execute("SELECT COUNT(*) FROM run_reading").fetchone()[0] == 2
 
 
-def test_outside_a_deferred_block_run_facts_are_written_at_once(backend: Backend, store: Store) -> None:
-    store.merge_run_facts("a", 1.0, step=5)
-    assert backend.reader().execute("SELECT facts FROM run_state").fetchone()[0] == '{"step": 5}'
+def test_outside_a_deferred_block_a_reading_is_written_at_once_and_replaces_the_last(
+        backend: Backend, store: Store) -> None:
+    store.save_reading("a", **reading(1))
+    store.save_reading("a", tail={"offset": 5}, source={}, step=None, last_record_at=None)
+    rows = backend.reader().execute("SELECT tail, source, step, last_record_at FROM run_reading").fetchall()
+    assert [tuple(r) for r in rows] == [('{"offset": 5}', "{}", None, None)]
+    assert store.run_state("a") == ("pending", {"tail": {"offset": 5}, "source": {}})  # no step read yet: none said
 
 
-def test_a_merge_serializes_only_the_merged_keys_and_reads_back_what_another_writer_wrote(
-        backend: Backend, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each guard and poll round merges every run's log offsets into its facts: the stored text is not
-    parsed and its other values serialized again at each merge (they were), yet the row holds exactly
-    `json.dumps({**old, **new})`, and a text another store wrote (or a rollback left) is read as it is."""
-    import babysit.db.store as store_module
-
-    big = {"cursors": {f"attempt-1/stdout-{i}": {"offset": i, "head": "f" * 64} for i in range(50)}}
-    dumped: list[Any] = []
-    real = store_module.json.dumps
-    monkeypatch.setattr(store_module.json, "dumps", lambda obj, *a, **k: dumped.append(obj) or real(obj, *a, **k))
-    store.set_run_state("a", "running", 1.0, launched=True)
-    store.merge_run_facts("a", 2.0, source=big, step=1)
-    dumped.clear()
+def test_a_deferred_block_of_many_runs_writes_every_reading(store: Store) -> None:
+    runs = [f"r{i}" for i in range(400)]  # more than one UPSERT's worth
+    for run in runs:
+        store.set_run_state(run, "running", 1.0)
     with store.deferred_facts():
-        store.merge_run_facts("a", 3.0, step=2, tail={"offset": 10})
-        store.merge_run_facts("b", 3.0, step=7)
-    assert not any(obj is big or (isinstance(obj, dict) and "source" in obj) for obj in dumped)
-    expect = {"launched": True, "source": big, "step": 2, "tail": {"offset": 10}}
-    text = backend.reader().execute("SELECT facts FROM run_state WHERE run='a'").fetchone()[0]
-    assert json.loads(text) == expect and store.run_state("a") == ("running", expect)
-    if backend.url is None:
-        assert text == real(expect)  # the same text json.dumps of the merged dict gives
-    other = backend.open()  # another writer (a second store on the same database) changes the row
-    other.merge_run_facts("a", 4.0, step=3, note="from another writer")
-    store.merge_run_facts("a", 5.0, tail={"offset": 20})
-    assert store.run_state("a")[1] == {**expect, "step": 3, "note": "from another writer", "tail": {"offset": 20}}
-    with pytest.raises(RuntimeError), store.batch():  # a merge rolled back leaves the text before it
-        store.merge_run_facts("a", 6.0, step=99)
-        raise RuntimeError("the round failed")
-    store.merge_run_facts("a", 7.0, tail={"offset": 30})
-    assert store.run_state("a")[1]["step"] == 3 and store.run_state("a")[1]["tail"] == {"offset": 30}
+        for i, run in enumerate(runs):
+            store.save_reading(run, **reading(i))
+    states = store.run_states()
+    assert [states[run][1]["step"] for run in runs] == [10 * i for i in range(400)]
 
 
-def test_a_fact_asked_at_once_is_written_inside_a_deferred_block_too(backend: Backend, store: Store) -> None:
+def test_facts_merged_inside_a_deferred_block_are_written_at_once(backend: Backend, store: Store) -> None:
+    """A fact a restarted daemon must find (a stop signal sent) never waits for a round's end."""
     with store.deferred_facts():
-        store.merge_run_facts("a", 1.0, step=5)
-        store.merge_run_facts("a", 1.0, at_once=True, stop={"sent_at": 1.0})
+        store.save_reading("a", **reading(1))
+        store.merge_run_facts("a", 1.0, stop={"sent_at": 1.0})
         seen = backend.reader().execute("SELECT facts FROM run_state").fetchone()[0]
-        assert seen == '{"stop": {"sent_at": 1.0}}'  # the stop now; the step with the block's end
-    assert store.run_state("a")[1] == {"stop": {"sent_at": 1.0}, "step": 5}
+        assert seen == '{"stop": {"sent_at": 1.0}}'  # the stop now; the reading with the block's end
+    assert store.run_state("a") == ("pending", {"stop": {"sent_at": 1.0}, **reading(1)})
+
+
+def test_a_reading_rolled_back_with_its_batch_leaves_the_one_before(store: Store) -> None:
+    store.save_reading("a", **reading(1))
+    with pytest.raises(RuntimeError), store.batch():
+        store.save_reading("a", **reading(2))
+        raise RuntimeError("the round failed")
+    assert store.run_state("a")[1] == reading(1)
+
+
+def test_owed_answers_and_begun_marks_are_kept_one_a_request(backend: Backend, store: Store) -> None:
+    """Each request's mark is a row of its own: writing one never erases another's (a daemon that read
+    none of a dead one's marks cannot write them away), and answering one forgets it alone."""
+    store.mark_request_started("a", 7, "poll-now")
+    store.mark_request_started("a", 9, "relaunch")
+    store.mark_request_started("b", 7, "poll-now")  # ids are the database's: the same id is never another run's,
+    store.save_owed_answer("a", 7, "polled")  # but a run's marks are read by run
+    store.save_owed_answer("a", 7, "polled again")
+    assert store.started_requests("a") == {7: "poll-now", 9: "relaunch"}
+    assert store.owed_answers("a") == {7: "polled again"}
+    store.forget_request("a", 7)
+    assert (store.owed_answers("a"), store.started_requests("a")) == ({}, {9: "relaunch"})
+    assert store.started_requests("b") == {7: "poll-now"}
+    again = backend.open()  # what a restarted daemon finds
+    assert again.started_requests("a") == {9: "relaunch"} and again.owed_answers("b") == {}
+    again.close()
+
+
+def test_held_posts_are_kept_in_order_and_replaced_whole(store: Store) -> None:
+    launch = {"kind": "launch", "payload": {"run": "a", "text": "launched"}, "key": "a:1:launch", "thread_of": None,
+              "thread_key": None}
+    poll = {"kind": "poll", "payload": {"run": "a", "poll_id": 3}, "key": "a:poll:3", "thread_of": None,
+            "thread_key": "a:1:launch"}
+    store.hold_posts("a", [launch, poll])
+    store.hold_posts("b", [launch])
+    assert store.held_posts("a") == [launch, poll] and store.outbox_summary().held == 3
+    store.hold_posts("a", [{**poll, "thread_of": 12, "thread_key": None}])  # the launch post queued as id 12
+    assert store.held_posts("a") == [{**poll, "thread_of": 12, "thread_key": None}]
+    store.hold_posts("a", [])
+    assert store.held_posts("a") == [] and store.outbox_summary().held == 1
 
 
 def test_a_batch_commits_once_and_a_failed_part_of_it_leaves_nothing(backend: Backend, store: Store) -> None:
@@ -379,14 +408,3 @@ def test_a_read_survives_a_database_restart_and_a_write_after_it_succeeds(postgr
         assert len(store.messages("r")) == 2
     finally:
         store.close()
-
-
-@pytest.mark.parametrize("value", [0, -7, 2**70, None, True, False, 1.5, -0.0, 1e300, 5e-324, float("nan"),
-                                   float("inf"), -float("inf"), "é\n\"x\"", [1, None, 2.5], {"a": {"b": [True]}}])
-def test_a_facts_item_is_written_as_json_dumps_writes_it(value: Any) -> None:
-    """The merge's pieces (Store._merged_facts) skip json.dumps for ints, None and finite floats: each must
-    read exactly as json.dumps writes the same item of a dict (bools and non-finite floats go through it)."""
-    from babysit.db.facts import json_piece
-
-    assert "{" + json_piece("k", value) + "}" == json.dumps({"k": value})
-    assert "{" + json_piece("ключ\t", value) + "}" == json.dumps({"ключ\t": value})

@@ -4,6 +4,7 @@ refused naming `babysit db upgrade`; `babysit db copy` moves a box's history ove
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -66,8 +67,10 @@ def test_a_state_db_of_the_previous_babysit_is_upgraded_with_every_row_kept(tmp_
     path = tmp_path / "state.db"
     shutil.copy(V2, path)
     old = sqlite3.connect(V2)
-    before = {t: (_rows(old, t, [r[1] for r in old.execute(f"PRAGMA table_info({t})")]),
-                  [r[1] for r in old.execute(f"PRAGMA table_info({t})")]) for t in V2_TABLES}
+    columns = {t: [r[1] for r in old.execute(f"PRAGMA table_info({t})")
+                   if (t, r[1]) != ("run_state", "facts")]  # its reading moved out of it (schema 5): read below
+               for t in V2_TABLES}
+    before = {t: (_rows(old, t, columns[t]), columns[t]) for t in V2_TABLES}
     assert old.execute("PRAGMA user_version").fetchone()[0] == 2
     old.close()
 
@@ -78,6 +81,7 @@ def test_a_state_db_of_the_previous_babysit_is_upgraded_with_every_row_kept(tmp_
         assert _rows(new, table, columns) == rows, table
     new.close()
     # and the store reads what yesterday's wrote
+    assert store.run_states() == {"r1": ("running", {"launched": True, "tail": {"offset": 12345}}), "r2": ("running", {})}
     assert [(a.n, a.outcome) for a in store.attempts("r1")] == [(1, "oom"), (2, None)]
     chain = store.amendments("r1")
     assert chain[1].prev_sha256 == chain[0].sha256 == amendment_sha256(chain[0].text, None)
@@ -87,6 +91,108 @@ def test_a_state_db_of_the_previous_babysit_is_upgraded_with_every_row_kept(tmp_
     store.request("r1", "abort", "cli", now=2000.0)  # the new columns work on the old rows' table
     store.close()
     assert schema_diff(f"sqlite:///{path}") == []
+
+
+# A run's facts as schema 4 wrote them: its reading, owed answers, begun requests and held posts inside.
+V4_FACTS = {
+    "attempt": 1, "preset": "hf-trainer", "stop": {"reason": "abort", "sent_at": 1650.5},
+    "tail": {"offset": 4096, "file_id": [2049, 131], "head": "ab12", "head_len": 64, "skipping": False,
+             "records": 120, "garbage": 1, "resets": 0},
+    "source": {"records_bytes": 4096, "lines": 300, "reader": {"preset": "hf-trainer"},
+               "cursors": {"attempt-1/stdout": {"offset": 8192, "head": "f" * 64}}},
+    "step": 119, "last_record_at": 1700.5,
+    "owed_answers": {"7": "polled"},
+    "requests_started": {"7": "poll-now", "9": "relaunch"},
+    "held_posts": [{"kind": "launch", "payload": {"run": "r1", "text": "launched"}, "key": "r1:1:launch",
+                    "thread_of": None, "thread_key": None},
+                   {"kind": "poll", "payload": {"run": "r1", "poll_id": 3}, "key": "r1:poll:3", "thread_of": None,
+                    "thread_key": "r1:1:launch"}],
+}
+MOVED = ("tail", "source", "step", "last_record_at", "owed_answers", "requests_started", "held_posts")
+
+
+def assert_reads_v4_facts(store: Store) -> None:
+    """What a schema-4 database held in r1's facts, read back by today's store: nothing lost."""
+    status, facts = store.run_state("r1")
+    assert status == "running"
+    assert facts == {k: v for k, v in V4_FACTS.items() if k not in ("owed_answers", "requests_started", "held_posts")}
+    assert store.run_states()["r1"] == (status, facts)
+    assert store.owed_answers("r1") == {7: "polled"}
+    assert store.started_requests("r1") == {7: "poll-now", 9: "relaunch"}
+    assert store.held_posts("r1") == V4_FACTS["held_posts"]
+    assert store.outbox_summary().held == 2
+    assert store.run_state("r2") == ("finished", {"ended": "completed"}) and store.held_posts("r2") == []
+
+
+def test_a_v4_state_db_keeps_its_runs_offsets_marks_and_owed_answers_in_their_own_tables(tmp_path: Path) -> None:
+    from babysit.db.sqlite_schema import MIGRATIONS, statements
+
+    path = tmp_path / "state.db"
+    db = sqlite3.connect(path)
+    for step in range(1, 5):
+        for statement in statements(MIGRATIONS[step]):
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 4")
+    db.execute("INSERT INTO run_state VALUES ('r1', 'running', ?, 1700.5)", (json.dumps(V4_FACTS),))
+    db.execute("INSERT INTO run_state VALUES ('r2', 'finished', ?, 1800.0)", (json.dumps({"ended": "completed"}),))
+    db.commit()
+    db.close()
+
+    store = Store(path)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert_reads_v4_facts(store)
+        stored = json.loads(store._query("SELECT facts FROM run_state WHERE run='r1'")[0][0])
+        assert not set(stored) & set(MOVED)  # said once: in the tables, not in the JSON as well
+    finally:
+        store.close()
+    assert schema_diff(f"sqlite:///{path}") == []
+
+
+def _downgrade_postgres(url: str, to: str) -> None:
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+
+    from babysit.db.migrate import MIGRATIONS, sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(MIGRATIONS))
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, to)
+    finally:
+        engine.dispose()
+
+
+def test_a_v4_postgres_keeps_its_runs_offsets_marks_and_owed_answers_and_goes_back_on_a_downgrade(
+        postgres: Any) -> None:
+    import psycopg
+
+    from babysit.db.migrate import upgrade_postgres
+    from babysit.db.postgres import PostgresStore
+    from tests.postgres import empty_database
+
+    url = empty_database(postgres)
+    assert upgrade_postgres(url, to="0004") == (0, 4)
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO run_state VALUES ('r1', 'running', %s, 1700.5)", (json.dumps(V4_FACTS),))
+        conn.execute("INSERT INTO run_state VALUES ('r2', 'finished', %s, 1800.0)", (json.dumps({"ended": "completed"}),))
+    assert upgrade_postgres(url) == (4, SCHEMA_VERSION)
+    store = PostgresStore(url, host="box-a")
+    try:
+        assert_reads_v4_facts(store)
+        store.save_owed_answer("r1", 9, "relaunched as attempt 2")  # written by today's babysit, then taken back
+    finally:
+        store.close()
+    _downgrade_postgres(url, "0004")
+    with psycopg.connect(url) as conn:
+        (text,) = conn.execute("SELECT facts FROM run_state WHERE run='r1'").fetchone()
+        assert json.loads(text) == {**V4_FACTS, "owed_answers": {"7": "polled", "9": "relaunched as attempt 2"}}
+        assert conn.execute("SELECT to_regclass('run_reading')").fetchone() == (None,)
+        assert conn.execute("SELECT facts FROM run_state WHERE run='r2'").fetchone() == ('{"ended": "completed"}',)
 
 
 def test_postgres_is_migrated_to_the_declared_schema_under_babysits_own_version_table(postgres: Any) -> None:

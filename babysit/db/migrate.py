@@ -27,8 +27,8 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
-def upgrade_postgres(url: str) -> tuple[int, int]:
-    """Migrate to the newest revision; (version before, version after)."""
+def upgrade_postgres(url: str, to: str = "head") -> tuple[int, int]:
+    """Migrate to the newest revision (or revision `to`); (version before, version after)."""
     import sqlalchemy as sa
     from alembic import command
     from alembic.config import Config
@@ -42,7 +42,7 @@ def upgrade_postgres(url: str) -> tuple[int, int]:
             cfg = Config()
             cfg.set_main_option("script_location", str(MIGRATIONS))
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, to)
             after = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
     finally:
         engine.dispose()

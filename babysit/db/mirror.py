@@ -61,6 +61,10 @@ def _own_rows(host: str) -> list[tuple[str, str, tuple]]:
         ("runs", "SELECT * FROM runs WHERE host=?", (host,)),
         ("attempts", f"SELECT * FROM attempts WHERE {own}", (host,)),
         ("run_state", f"SELECT * FROM run_state WHERE {own}", (host,)),
+        ("run_reading", f"SELECT * FROM run_reading WHERE {own}", (host,)),
+        ("owed_answers", f"SELECT * FROM owed_answers WHERE {own}", (host,)),
+        ("started_requests", f"SELECT * FROM started_requests WHERE {own}", (host,)),
+        ("held_posts", f"SELECT * FROM held_posts WHERE {own}", (host,)),
         ("amendments", f"SELECT * FROM amendments WHERE {own}", (host,)),
         ("incidents", f"SELECT * FROM incidents WHERE {own}", (host,)),
         ("verdicts", f"SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY run ORDER BY id DESC) AS k_"
@@ -77,9 +81,9 @@ def _own_rows(host: str) -> list[tuple[str, str, tuple]]:
     ]
 
 
-MIRRORED = ("runs", "attempts", "run_state", "amendments", "incidents", "verdicts", "polls", "outbox",
-            "gpu_quarantine", "campaigns", "campaign_runs", "campaign_events", "owner_calls", "owner_call_clicks",
-            "control", "hosts")
+MIRRORED = ("runs", "attempts", "run_state", "run_reading", "owed_answers", "started_requests", "held_posts",
+            "amendments", "incidents", "verdicts", "polls", "outbox", "gpu_quarantine", "campaigns", "campaign_runs",
+            "campaign_events", "owner_calls", "owner_call_clicks", "control", "hosts")
 
 
 def seed(pg: Any, local: sqlite3.Connection, host: str) -> int:

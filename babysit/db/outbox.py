@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from babysit.db.facts import HELD_POSTS_FACT
 from babysit.db.rows import OutboxMessage, OutboxSummary
 from babysit.db.sqlbase import SqlBase
 
@@ -107,8 +106,7 @@ class OutboxTable(SqlBase):
         counts = {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM outbox GROUP BY status")}
         oldest = self._query("SELECT MIN(created_at) AS t FROM outbox WHERE status='pending'")[0]["t"]
         last = self._query("SELECT id, run, error FROM outbox WHERE error IS NOT NULL ORDER BY id DESC LIMIT 1")
-        held = sum(len(json.loads(r["facts"]).get(HELD_POSTS_FACT) or ()) for r in self._query(
-            "SELECT facts FROM run_state WHERE facts LIKE ?", (f'%"{HELD_POSTS_FACT}"%',)))
+        held = self._query("SELECT COUNT(*) AS n FROM held_posts")[0]["n"]
         return OutboxSummary(counts, oldest, last[0]["error"] if last else None, last[0]["run"] if last else None,
                              held)
 

@@ -33,6 +33,7 @@ metadata = MetaData()
 # An id: SQLite's rowid alias (INTEGER PRIMARY KEY, what today's files have); a 64-bit identity on PostgreSQL
 # (BY DEFAULT, so that `babysit db copy` can keep every id: payloads name polls and threads by id).
 ID = BigInteger().with_variant(Integer(), "sqlite")
+STEP = BigInteger().with_variant(Integer(), "sqlite")  # a trainer's step: 64 bits (SQLite's INTEGER is)
 TIME = Double().with_variant(sqlite.REAL(), "sqlite")  # epoch seconds: 8 bytes (PostgreSQL's REAL has 4)
 
 
@@ -144,6 +145,26 @@ gpu_quarantine = Table(  # a GPU a machine fault hit, kept off runs by UUID unti
     Column("reason", Text, nullable=False), _json("evidence"), Column("run", Text),
     Column("quarantined_by", Text, nullable=False), Column("at", TIME, nullable=False),
     Column("host", Text),  # the box whose GPU it is (UUIDs are unique, indices are a box's); NULL on a single box
+)
+
+run_reading = Table(  # how far a run's output was read (a restart reads on from there): one UPSERT a save
+    "run_reading", metadata, Column("run", Text, primary_key=True),
+    Column("tail", Text),  # the record log's reading (sources/logtail.TailState), JSON
+    Column("source", Text),  # the source's own state (sources/pump.SourcePump.state), JSON
+    Column("step", STEP), Column("last_record_at", TIME),
+)
+owed_answers = Table(  # a control request carried out whose answer the store refused: written, not redone
+    "owed_answers", metadata, Column("run", Text, primary_key=True), Column("request_id", ID, primary_key=True),
+    Column("answer", Text, nullable=False),
+)
+started_requests = Table(  # a request begun and not yet answered: a daemon that died in it is not followed by a second
+    "started_requests", metadata, Column("run", Text, primary_key=True), Column("request_id", ID, primary_key=True),
+    Column("action", Text, nullable=False),
+)
+held_posts = Table(  # a run's posts the outbox refused, in the run's order (babysit/run/run_posts.py)
+    "held_posts", metadata, Column("run", Text, primary_key=True), Column("n", Integer, primary_key=True),
+    Column("kind", Text, nullable=False), Column("dedupe_key", Text), Column("payload", Text, nullable=False),
+    Column("thread_of", ID), Column("thread_key", Text),
 )
 
 # `babysit db copy`'s order: a table's rows before the rows that point at them

@@ -21,8 +21,8 @@ log = structlog.get_logger("babysit.db.store")
 
 class SqlBase:
     """A connection (`_db`: sqlite3's, or babysit.db.postgres's with the same calls) and the transactions
-    over it. The table groups (babysit/db/facts.py, polls.py, outbox.py, campaigns.py) subclass it; Store
-    puts them together."""
+    over it. The table groups (babysit/db/facts.py, marks.py, polls.py, outbox.py, campaigns.py) subclass
+    it; Store puts them together."""
 
     host: str | None = None  # the fleet's name of this box; None on SQLite (one box, no fleet)
     where: str  # how errors name the database (a path, or a url without its password)
@@ -34,10 +34,9 @@ class SqlBase:
     def _init_common(self) -> None:
         self._lock = threading.RLock()
         self._batch_depth = 0  # > 0 while the lock's holder is inside batch()
-        self._local = threading.local()  # deferred_facts' pending merges, per thread
+        self._local = threading.local()  # deferred_facts' pending readings, per thread
         self.on_enqueue: Callable[[], None] | None = None
         self._polls_read: dict[int, Poll] = {}  # polls read before, by id (`_poll`)
-        self._facts_written: dict[str, tuple[str, dict[str, str]]] = {}  # run -> (facts text, each key's piece)
 
     def _write_failed(self, exc: BaseException) -> StateError:
         return StateError(f"{self.where}: write failed: {exc}",

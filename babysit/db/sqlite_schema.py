@@ -4,7 +4,12 @@ PostgreSQL gets it from the Alembic revisions of the same numbers (babysit/db/mi
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
+from collections.abc import Callable
+from typing import Any
+
+from babysit.db.facts_v5 import move_out_sqlite
+
+SCHEMA_VERSION = 5  # babysit/db/schema.py declares it; tests/test_store_schema.py checks both backends
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -83,7 +88,21 @@ MIGRATIONS: dict[int, str] = {
         uuid TEXT PRIMARY KEY, gpu INTEGER, reason TEXT NOT NULL, evidence TEXT NOT NULL DEFAULT '{}',
         run TEXT, quarantined_by TEXT NOT NULL, at REAL NOT NULL, host TEXT);
     """,
+    5: """
+    CREATE TABLE run_reading (
+        run TEXT PRIMARY KEY, tail TEXT, source TEXT, step INTEGER, last_record_at REAL);
+    CREATE TABLE owed_answers (
+        run TEXT NOT NULL, request_id INTEGER NOT NULL, answer TEXT NOT NULL, PRIMARY KEY (run, request_id));
+    CREATE TABLE started_requests (
+        run TEXT NOT NULL, request_id INTEGER NOT NULL, action TEXT NOT NULL, PRIMARY KEY (run, request_id));
+    CREATE TABLE held_posts (
+        run TEXT NOT NULL, n INTEGER NOT NULL, kind TEXT NOT NULL, dedupe_key TEXT, payload TEXT NOT NULL,
+        thread_of INTEGER, thread_key TEXT, PRIMARY KEY (run, n));
+    """,
 }
+
+# A step's rows moved after its statements, in the same transaction (`move(connection)`).
+DATA_STEPS: dict[int, Callable[[Any], None]] = {5: move_out_sqlite}
 
 
 def statements(script: str) -> list[str]:

@@ -5,8 +5,9 @@ at any instant loses none and counts none twice.
 Every fact is committed before the daemon acts on it. WAL mode lets `babysit status` and the bot read
 while the daemon writes. The SQL lives in this package, one module a group of tables: here the attempts,
 verdicts, amendments, control requests, the fleet's runs and hosts, and the GPU quarantine; a run's state
-in facts.py, polls and incidents in polls.py, the outbox in outbox.py, campaigns in campaigns.py, all over
-the transactions of sqlbase.py. SQLite's schema steps are sqlite_schema.py's; the rows read back, rows.py's.
+and reading in facts.py, owed answers, begun requests and held posts in marks.py, polls and incidents in
+polls.py, the outbox in outbox.py, campaigns in campaigns.py, all over the transactions of sqlbase.py.
+SQLite's schema steps are sqlite_schema.py's; the rows read back, rows.py's.
 """
 
 from __future__ import annotations
@@ -22,22 +23,22 @@ from babysit.core import progress
 from babysit.core.errors import StateError
 from babysit.core.spec.amendment import amendment_sha256
 from babysit.db.campaigns import CampaignTables
-from babysit.db.facts import HELD_POSTS_FACT, OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, RunFacts
+from babysit.db.facts import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, RunFacts
+from babysit.db.marks import RunMarks
 from babysit.db.outbox import OutboxTable
 from babysit.db.polls import PollTables
 from babysit.db.rows import Amendment, Attempt, HostLease, OutboxMessage, OutboxSummary, OwnerCall, Poll, PollRow, Row
-from babysit.db.sqlite_schema import MIGRATIONS, SCHEMA_VERSION, statements
+from babysit.db.sqlite_schema import DATA_STEPS, MIGRATIONS, SCHEMA_VERSION, statements
 from babysit.runtime import wake
 
 # The names the shell imports from here, wherever they are defined (`from babysit.db.store import Attempt`).
-__all__ = ["BUSY_TIMEOUT_S", "HELD_POSTS_FACT", "OWED_ANSWERS_FACT", "SCHEMA_VERSION", "STARTED_REQUESTS_FACT",
-           "Amendment", "Attempt", "HostLease", "OutboxMessage", "OutboxSummary", "OwnerCall", "Poll", "PollRow",
-           "Row", "Store"]
+__all__ = ["BUSY_TIMEOUT_S", "OWED_ANSWERS_FACT", "SCHEMA_VERSION", "STARTED_REQUESTS_FACT", "Amendment", "Attempt",
+           "HostLease", "OutboxMessage", "OutboxSummary", "OwnerCall", "Poll", "PollRow", "Row", "Store"]
 
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 
 
-class Store(CampaignTables, OutboxTable, PollTables, RunFacts):
+class Store(CampaignTables, OutboxTable, PollTables, RunFacts, RunMarks):
     """A thread-safe handle on the state database; one per process. This class is the SQLite backend
     (`state.db` in the state directory) and holds the SQL every backend shares: it is written in the
     subset SQLite and PostgreSQL both speak (`?` parameters, `ON CONFLICT`, ids through `_insert_id`), and
@@ -107,6 +108,8 @@ class Store(CampaignTables, OutboxTable, PollTables, RunFacts):
                     continue
                 for statement in statements(MIGRATIONS[target]):
                     db.execute(statement)
+                if target in DATA_STEPS:
+                    DATA_STEPS[target](db)
                 db.execute(f"PRAGMA user_version = {target}")
 
     # -- attempts ---------------------------------------------------------------------------------------

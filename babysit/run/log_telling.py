@@ -91,7 +91,7 @@ class LogTeller:
         self.ctx.timers.cancel(f"reading:{self.run}")
         line = f"reading {printed.describe_record(step, metrics)}"
         what = self._reader_name()
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=line)
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), reading=line)
         self.host.message("text", {"text": f"📖 {self.run}: {what}: {line}"}, key=f"{self.run}:reading")
 
     def _reader_name(self) -> str:
@@ -115,7 +115,7 @@ class LogTeller:
         spec = self.log.spec
         message = suggest.unread_answer(spec.command, str(spec.spec_file), pumped.evidence.sample, lines,
                                         tuple(name for name, _ in spec.source.candidates))
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, reading=None)
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), reading=None)
         self.host.message("text", {"text": f"📖 {self.run}: {message}"}, key=f"{self.run}:reading-none")
 
     def _check_records_stopped(self, attempt: Attempt, lines: int) -> None:
@@ -223,7 +223,7 @@ class LogTeller:
                 return None
             hint = sniff(self.log.pump.run_dir)  # would a preset read what it prints?
             if hint is not None:
-                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, log_hint=hint)
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), log_hint=hint)
             return hint
         sample = self.log.pumped.evidence.sample if self.log.pumped is not None else None
         return kind.reading_line(self.log.spec.source, self.log.pump.preset, sample)

@@ -243,7 +243,7 @@ class RunLog:
         n = attempt.n if attempt else 0
         for kind, text in notices:
             if kind == "preset":
-                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, preset=text)
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), preset=text)
                 if "read" in self.teller.answered:  # a switch (a preset's line came after the general reader's): said
                     self.host.message("text", {"text": f"📄 {self.run}: {sources.preset_line(text)}"},
                                       key=f"{self.run}:preset:{text}")
@@ -256,10 +256,9 @@ class RunLog:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
         A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
         those records again, and the pump cuts its record log back first, so nothing is counted twice."""
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), tail=self.tail.to_dict(),
-                                       source=dict(self.pump.state),
-                                       step=self.points[-1].step if self.points else None,
-                                       last_record_at=self.last_record_wall)
+        self.ctx.store.save_reading(self.run, tail=self.tail.to_dict(), source=dict(self.pump.state),
+                                    step=self.points[-1].step if self.points else None,
+                                    last_record_at=self.last_record_wall)
 
     def _apply_records(self, records: Sequence[LogRecord], metric: str | None) -> None:
         """Record by record (what `_apply_columns` takes a block at once): progress, metrics to show, the

@@ -5,31 +5,30 @@ round writes with its row in one batch, come here only while the run holds posts
 row recorded, its posts held behind the others; a round with nothing held costs no extra query.
 
 A refused post never turns a run's outcome: the attempt's end is what the process did, whatever became of
-the message saying so. Nothing is lost either: the held posts are kept in the run's facts (`held_posts`)
-when the store takes that write, so a daemon restarted meanwhile queues them; in memory when it takes
-nothing. The refusal is logged once a spell (until the held posts are queued) and counted: the run's facts
-say how many are held (/metrics: `babysit_outbox_held_messages`).
+the message saying so. Nothing is lost either: the held posts are kept in the store (`held_posts`, in the
+run's order) when it takes that write, so a daemon restarted meanwhile queues them; in memory when it
+takes nothing. The refusal is logged once a spell (until the held posts are queued) and counted
+(/metrics: `babysit_outbox_held_messages`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
 
 from babysit.core.errors import short_error
-from babysit.db.store import HELD_POSTS_FACT as HELD_FACT
 from babysit.db.store import Store
 
 log = structlog.get_logger("babysit.run.supervisor")
 IN_PLACE = frozenset({"header"})  # posts that edit one message in place (a poll's live header): only the newest held
 
 
-def held_keys(facts: Mapping[str, Any]) -> set[str]:
-    """The dedupe keys of the posts a run's facts hold (a restarted daemon: said, though not yet queued)."""
-    return {h["key"] for h in facts.get(HELD_FACT) or () if h.get("key") is not None}
+def held_keys(held: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The dedupe keys of a run's held posts (a restarted daemon: said, though not yet queued)."""
+    return {h["key"] for h in held if h.get("key") is not None}
 
 
 class RunPosts:
@@ -37,9 +36,9 @@ class RunPosts:
     post it threads under, or thread_key: the key of a held post it threads under, resolved when that is
     queued). While any is held, a new post is held behind it: a run's messages go out in order."""
 
-    def __init__(self, run: str, store: Store, now: Callable[[], float], facts: Mapping[str, Any]) -> None:
+    def __init__(self, run: str, store: Store, now: Callable[[], float]) -> None:
         self.run, self.store, self.now = run, store, now
-        self.held: list[dict[str, Any]] = [dict(h) for h in facts.get(HELD_FACT) or ()]
+        self.held: list[dict[str, Any]] = store.held_posts(run)  # what a daemon before this one held
         self.said = False  # this spell's refusal logged
         self.lock = threading.Lock()
 
@@ -114,10 +113,10 @@ class RunPosts:
         self._save()
 
     def _save(self) -> None:
-        """The held posts into the run's facts (at once: a restarted daemon finds them); a store that takes
-        nothing keeps them in memory, tried again at the next change."""
+        """The held posts into the store (a restarted daemon finds them); a store that takes nothing keeps
+        them in memory, tried again at the next change."""
         try:
-            self.store.merge_run_facts(self.run, self.now(), at_once=True, **{HELD_FACT: list(self.held)})
+            self.store.hold_posts(self.run, self.held)
         except Exception as exc:
             log.warning("held posts not saved; kept in memory", run=self.run, held=len(self.held),
                         error=short_error(exc))

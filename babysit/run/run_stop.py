@@ -29,7 +29,7 @@ class RunStop:
         self.arm_kill(attempt, grace)
         sent_at = self.ctx.now()  # before the signal: a trainer may save within the same millisecond
         self.executor.stop(attempt, signal.Signals[stop.get("signal") or self.host.spec.stop_signal])
-        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), at_once=True, stop={**stop, "sent_at": sent_at})
+        self.ctx.store.merge_run_facts(self.run, self.ctx.now(), stop={**stop, "sent_at": sent_at})
 
     def arm_kill(self, attempt: Attempt, delay: float) -> None:
         """In `delay` seconds the machine is told the grace period is over, and whether the attempt exited."""

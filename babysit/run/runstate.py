@@ -29,5 +29,6 @@ def restore(store: Store, spec: RunSpec, now: float) -> RunState:
     status, facts = store.run_state(spec.name)
     key = verdict_key(spec.name)  # posted: queued, or held while the outbox refused it (run_posts)
     return RunState.restore(spec, status=status, attempts=tuple(attempt_state(a) for a in store.attempts(spec.name)),
-                            stop=facts.get("stop"), verdict_posted=key in held_keys(facts) or store.has_message(key),
+                            stop=facts.get("stop"), verdict_posted=key in held_keys(store.held_posts(spec.name))
+                            or store.has_message(key),
                             now=now, relaunched=facts.get("relaunched"))

@@ -58,7 +58,7 @@ class RunSupervisor:
         status, facts = ctx.store.run_state(self.run)
         # the run's one state, which every part reads: its status now, the whole of it read back at start()
         self.state = run_machine.RunState(spec=spec, status=RunStatus.of(status))
-        self.posts = RunPosts(self.run, ctx.store, ctx.now, facts)  # its outbox writes, held while refused
+        self.posts = RunPosts(self.run, ctx.store, ctx.now)  # its outbox writes, held while refused
         self.errors_logged: set[str] = set()  # digests of the internal errors already logged: one traceback each
         self.verdicts = RunVerdicts(spec, registered_prereg_sha256, ctx, message=self.message,
                                     posted=self.posts.posted, internal_error=self.internal_error, feed=self.feed,

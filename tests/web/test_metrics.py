@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from babysit.db.store import HELD_POSTS_FACT, Store
+from babysit.db.store import Store
 from babysit.web import metrics
 from babysit.web.data import Site
 from tests.web.workspace import HOSTILE, RUN
@@ -59,7 +59,7 @@ def test_the_posts_the_outbox_refused_are_counted_while_their_runs_hold_them(sit
     assert value(scrape(Site(site_root / "babysit.toml"))["babysit_outbox_held_messages"]) == 0
     store = Store.in_dir(site_root / ".babysit")
     held = [{"kind": "ended", "payload": {"run": RUN}, "key": f"{RUN}:1:ended", "thread_of": None}] * 2
-    store.merge_run_facts(RUN, time.time(), **{HELD_POSTS_FACT: held})
-    store.merge_run_facts(HOSTILE, time.time(), **{HELD_POSTS_FACT: held[:1]})
+    store.hold_posts(RUN, held)
+    store.hold_posts(HOSTILE, held[:1])
     store.close()
     assert value(scrape(Site(site_root / "babysit.toml"))["babysit_outbox_held_messages"]) == 3
