@@ -181,3 +181,23 @@ def test_a_sources_matchers_are_made_once_and_never_those_of_another_source(tmp_
     assert [m.key for m in stdout._prepared(other, None)[1]] == [m.key for m in patterns.matchers(other)]
     assert [name for name, _, _ in stdout._prepared(one, None)[2]] == [name for name, _ in one.candidates]
     assert stdout._prepared(one, "nanogpt")[2] == []  # nanoGPT's is the first preset tried: none ahead of it
+
+
+def test_a_second_attempt_read_line_by_line_counts_its_epochs_on(tmp_path: Path) -> None:
+    """Every read of a run with two attempts passes attempt-1's files first: only a newer attempt starts
+    the counting afresh (before, each read did, so attempt 2's step fell back to its batch every epoch)."""
+    (tmp_path / "run.toml").write_text(RUN + '[source]\nkind = "stdout"\npreset = "auto"\n')
+    source = load_spec(tmp_path / "run.toml").source
+    run = tmp_path / "sd" / "runs" / "r"
+    (run / "attempt-1").mkdir(parents=True)
+    (run / "attempt-1" / "stdout.log").write_text("epoch 1 batch 1/3 loss 9.0\n")
+    (run / "attempt-2").mkdir()
+    got = stdout.read(source, run, {})
+    state, steps = got.state or {}, [it.step for it in got.items]
+    for epoch in (1, 2, 3):
+        for batch in (1, 2, 3):
+            with open(run / "attempt-2" / "stdout.log", "a") as f:
+                f.write(f"epoch {epoch} batch {batch}/3 loss {1 / (epoch * batch):.3f}\n")
+            got = stdout.read(source, run, state)
+            state, steps = got.state or {}, steps + [it.step for it in got.items]
+    assert steps == [1, 1, 2, 3, 4, 5, 6, 7, 8, 9]

@@ -171,6 +171,10 @@ class LineContext:
         self.notices: list[tuple[str, str]] = []
         self.track = True  # keep the latest values: off when no pattern computes its step
 
+    def new_attempt(self) -> None:
+        """A new attempt is a new process: its steps count afresh, and no value of the last one's is its."""
+        self.values, self.last_step, self.last_by_pattern = {}, None, {}
+
     def to_dict(self) -> dict[str, Any]:
         return {"values": self.values, "last_step": self.last_step, "told_backwards": self.told_backwards,
                 "last_by_pattern": self.last_by_pattern}

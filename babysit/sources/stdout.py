@@ -125,10 +125,9 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         if left <= 0:
             more = True
             break
-        if path.parent.name != attempt:  # a new attempt counts its steps afresh: no "went backwards"
-            attempt, ctx.last_step, ctx.last_by_pattern = path.parent.name, None, {}
-            if matching.general is not None:
-                matching.general = printed.Progress()
+        if _number(path.parent.name) > _number(attempt):  # a new attempt counts its steps afresh
+            matching.new_attempt()
+            attempt = path.parent.name
         before = ln.Cursor.from_dict(cursors.get(key))
         got = ln.read_lines(path, before, window=left, final=final)
         new_cursors[key] = got.cursor.to_dict()
@@ -148,6 +147,11 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         new_state["general"] = general.to_dict()
     return StdoutRead(tuple(matching.pieces), seen, tuple(matching.problems), _sample(matching.sample), new_cursors,
                       more, new_state, tuple(ctx.notices))
+
+
+def _number(attempt: str | None) -> int:
+    """attempt-N's N (0 for none yet): attempt-10 comes after attempt-9."""
+    return int(attempt.rpartition("-")[2]) if attempt else 0
 
 
 def _visible(lines: Sequence[bytes]) -> list[bytes]:
@@ -172,6 +176,13 @@ class _Matching:
         self.pieces: list[Item | Block] = []
         self.problems: list[str] = []
         self.sample: bytes | None = None  # the newest line no reader read, one with a number if any
+
+    def new_attempt(self) -> None:
+        """The lines from here are a new attempt's: its steps and values are forgotten (no "went
+        backwards", no step of the last process)."""
+        self.ctx.new_attempt()
+        if self.general is not None:
+            self.general = printed.Progress()
 
     def take(self, lines: list[bytes]) -> None:
         """Read `lines` (visible ones, in order)."""
