@@ -10,14 +10,8 @@ import pytest
 
 from babysit.core.errors import SpecError
 from babysit.core.spec import expr
-from babysit.core.spec.run_toml import (
-    GuardsSpec,
-    PollSpec,
-    RetrySpec,
-    check_cadence,
-    load_spec,
-    prereg_sha256,
-)
+from babysit.core.spec.prereg import prereg_sha256
+from babysit.core.spec.run_toml import GuardsSpec, PollSpec, RetrySpec, check_cadence, load_spec
 
 MINIMAL = """
 [run]

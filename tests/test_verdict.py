@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from babysit.core.spec import expr
 from babysit.core.spec.amendment import parse_amendment, what_if
-from babysit.core.spec.run_toml import AMBIGUOUS_BY_INSTRUMENT, Band, Prereg, load_spec
+from babysit.core.spec.prereg import AMBIGUOUS_BY_INSTRUMENT, Band, Prereg
+from babysit.core.spec.run_toml import load_spec
 from babysit.core.verdict import (
     FINAL,
     NO_READ,
@@ -300,7 +301,7 @@ def test_json_numbers_are_rounded_to_precision():
 
 
 def test_fixture_result_compares_rounded_delta_and_label():
-    from babysit.core.spec.run_toml import Fixture
+    from babysit.core.spec.prereg import Fixture
 
     prereg = seed_prereg(fixture=Fixture(Path("x"), 0.69294, "AMBIGUOUS"))
     ok = fixture_result(prereg, ((500, 1.2345), (1000, 1.9274)))

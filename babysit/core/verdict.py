@@ -29,7 +29,7 @@ from typing import Any
 from babysit.core.errors import SpecError
 from babysit.core.spec.amendment import AmendmentRecord
 from babysit.core.spec.expr import decimal_of, exact_value
-from babysit.core.spec.run_toml import AMBIGUOUS_BY_INSTRUMENT, Prereg
+from babysit.core.spec.prereg import AMBIGUOUS_BY_INSTRUMENT, Prereg
 
 FINAL = "FINAL"
 PROVISIONAL = "PROVISIONAL"

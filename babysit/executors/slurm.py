@@ -37,7 +37,8 @@ import structlog
 
 from babysit.core.errors import BabysitError
 from babysit.core.nodes import NodeRow, node_rows, stacks_by_rank, straggler
-from babysit.core.spec.run_toml import RunSpec, SlurmSpec, load_spec
+from babysit.core.spec.run_toml import RunSpec, load_spec
+from babysit.core.spec.slurm import SlurmSpec
 from babysit.db.store import Attempt
 from babysit.executors import ExitInfo, Launched
 from babysit.executors import slurm_script as script

@@ -27,7 +27,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from babysit.core.spec.run_toml import STOP_SIGNALS, SlurmSpec
+from babysit.core.spec.run_toml import STOP_SIGNALS
+from babysit.core.spec.slurm import SlurmSpec
 from babysit.executors.slurm_state import gpus_from_gres
 
 DEFAULT_RDZV_PORT = 29500

@@ -32,7 +32,7 @@ from typing import Any
 
 from babysit.core.fmt import fmt_delta
 from babysit.core.render import scale_text
-from babysit.core.spec.run_toml import Prereg
+from babysit.core.spec.prereg import Prereg
 from babysit.core.verdict import FINAL, PROVISIONAL, Verdict, decimal_of, fmt_bound
 
 Series = Sequence[tuple[int, float]]

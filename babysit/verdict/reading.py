@@ -18,7 +18,8 @@ from babysit.core.errors import BadInput, FixtureMismatch, PreregTampered
 from babysit.core.fmt import fmt_delta
 from babysit.core.reading.log_records import LogRecord
 from babysit.core.spec.amendment import AmendmentRecord, parse_amendment
-from babysit.core.spec.run_toml import Prereg, RunSpec, load_spec
+from babysit.core.spec.prereg import Prereg
+from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.core.spec.source_kinds import KINDS
 from babysit.core.verdict import FixtureResult, Verdict, evaluate, fixture_result
 from babysit.db.store import Amendment, Store

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from babysit.core.classify import ExitFacts, classify_exit
-from babysit.core.spec.run_toml import SlurmSpec
+from babysit.core.spec.slurm import SlurmSpec
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.probes.remote import SidecarGpuProbe, choose_gpus, view_from_records
@@ -509,7 +509,8 @@ def test_a_time_limit_link_continues_the_run_resumed_and_costs_no_attempt() -> N
 
 def test_the_warning_comes_five_minutes_or_a_tenth_of_the_limit_before_it(tmp_path: Path) -> None:
     from babysit.core.errors import BabysitError
-    from babysit.core.spec.run_toml import load_spec, slurm_seconds
+    from babysit.core.spec.run_toml import load_spec
+    from babysit.core.spec.slurm import slurm_seconds
 
     assert [slurm_seconds(x) for x in ("5", "05:30", "01:00:00", "1-02", "1-02:03:04")] == [300, 330, 3600, 93600,
                                                                                            93784]

@@ -10,7 +10,7 @@ parent's, word for word (whitespace aside).
 
 from __future__ import annotations
 
-from babysit.core.spec.run_toml import Prereg
+from babysit.core.spec.prereg import Prereg
 
 
 def echoed_keys(run: Prereg | None, parent: Prereg | None) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from babysit.core.errors import SpecError
 from babysit.core.spec import expr, tomlfile
 from babysit.core.spec.expr import exact_value
-from babysit.core.spec.run_toml import Prereg
+from babysit.core.spec.prereg import Prereg
 
 COMBINE_MODES = ("agree",)
 

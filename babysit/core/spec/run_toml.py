@@ -1,26 +1,24 @@
 """run.toml → frozen dataclasses (the reference: docs/spec.md).
 
-Every default lives here, every rejection names the file, the key path and what was expected, and
-`[prereg]` is canonicalised and hashed so that `register` can freeze it and every later read can
-check it was not edited.
-
-Long on purpose: every run.toml table's dataclass sits beside the checks that fill it and their
-messages, so a field's type, default and rejection are read (and changed) together.
+Every table's dataclass sits beside the checks that fill it, so a field's type, default and rejection
+are read together; every rejection names the file, the key path and what was expected. Three tables
+have modules of their own: [source] (source.py), [prereg] (prereg.py, frozen and hashed at `register`)
+and [slurm] (slurm.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from babysit.core.campaign.spec import Campaign, RunLink, check_labels, load_campaign, merged_references, parse_link
+from babysit.core.campaign.spec import Campaign, RunLink, check_labels, load_campaign, parse_link
 from babysit.core.errors import SpecError
-from babysit.core.spec import expr, source_kinds
+from babysit.core.spec import source_kinds
+from babysit.core.spec.prereg import Prereg, parse_prereg
+from babysit.core.spec.slurm import SlurmSpec, parse_slurm
 from babysit.core.spec.source import SourceSpec, needs_run_log, parse_source
 from babysit.core.spec.tomlfile import Table, load
 from babysit.core.status import FAILURE_OUTCOMES, Outcome
@@ -28,9 +26,7 @@ from babysit.core.status import FAILURE_OUTCOMES, Outcome
 RUN_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # a box's name in a fleet (docs/fleet.md)
 FAILURE_CLASSES: tuple[str, ...] = tuple(FAILURE_OUTCOMES)
-CLASSIFY_CLASSES: tuple[str, ...] = tuple(FAILURE_OUTCOMES)
 MIN_POLL_MINUTES = 30  # >= 30-minute cadence after the first poll (docs/spec.md, [poll])
-AMBIGUOUS_BY_INSTRUMENT = "AMBIGUOUS-BY-INSTRUMENT"
 # What `[run] stop_signal` may name: signals a trainer can catch to checkpoint and exit (never KILL/STOP).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -83,84 +79,10 @@ class NotifySpec:
 
 
 @dataclass(frozen=True)
-class SlurmSpec:
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    nodes: int = 1
-    gpus_per_node: int | None = None  # default: len(run.gpus)
-    gres: str | None = None  # e.g. "gpu:h200:8"; default derived from gpus_per_node
-    time_limit: str | None = None  # sbatch --time, e.g. "12:00:00"
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    sbatch_options: tuple[str, ...] = ()
-    torchrun: bool | None = None  # None: wrap in torchrun when more than one GPU per node or several nodes
-    time_limit_warning_seconds: int | None = None  # with time_limit: the trainer is stopped this long before
-    # it and the run continues in a new job from its checkpoint (sbatch --signal); None: `warning_seconds`
-
-    def warning_seconds(self) -> int | None:
-        """Seconds before the time limit the trainer is stopped: as written, else 300 s or a tenth of
-        the limit when that is shorter; None without a time limit."""
-        if self.time_limit is None:
-            return None
-        if self.time_limit_warning_seconds is not None:
-            return self.time_limit_warning_seconds
-        return max(1, min(300, slurm_seconds(self.time_limit) // 10))
-
-
-def slurm_seconds(text: str) -> int:
-    """A Slurm time limit in seconds: "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
-    days, _, clock = text.rpartition("-")
-    parts = [int(x) for x in clock.split(":")]
-    if days:  # D-HH[:MM[:SS]]
-        h, m, s = (*parts, 0, 0)[:3]
-    elif len(parts) == 3:  # HH:MM:SS
-        h, m, s = parts
-    else:  # MM[:SS]
-        h, m, s = 0, parts[0], parts[1] if len(parts) > 1 else 0
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
-
-
-@dataclass(frozen=True)
 class SmokeSpec:
     steps: int = 20
     args: tuple[str, ...] = ("--steps", "{steps}", "--eval-every", "0")  # how this trainer runs N steps, eval off
     candidates: tuple[AttemptProfile, ...] = ()  # default: the [[attempts]] profiles in order
-
-
-@dataclass(frozen=True)
-class Band:
-    label: str
-    max: expr.Expr | None = None  # delta <= max
-    min: expr.Expr | None = None  # delta >= min
-
-
-@dataclass(frozen=True)
-class Fixture:
-    log: Path
-    expect_delta: float
-    expect_label: str
-
-
-@dataclass(frozen=True)
-class Prereg:
-    question: str
-    metric: str
-    baseline_step: int
-    read_step: int
-    bands: tuple[Band, ...]
-    precision: int = 4
-    train_metric: str | None = None
-    references: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    otherwise: str = "AMBIGUOUS"
-    interpretation: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    fixture: Fixture | None = None
-    canonical: str = ""  # the canonical JSON of the [prereg] table as written
-    sha256: str = ""  # sha256 of `canonical`: what `register` freezes
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return (*(b.label for b in self.bands), self.otherwise)
 
 
 @dataclass(frozen=True)
@@ -258,19 +180,18 @@ def parse_spec(data: dict[str, Any], path: Path, shown: str) -> RunSpec:
         attempts=tuple(_profile(t) for t in top.tables("attempts")),
         classify=tuple(_classify(t) for t in top.tables("classify")),
         machinery_knobs=_machinery(top.table("machinery")),
-        prereg=_prereg(top.table("prereg"), base, campaign),
+        prereg=parse_prereg(top.table("prereg"), base, campaign),
         campaign=link,
         notify=_notify(top.table("notify")),
-        slurm=_slurm(top.table("slurm")),
+        slurm=parse_slurm(top.table("slurm")),
         smoke=_smoke(top.table("smoke")),
         source=source,
     )
     top.finish()
     if link is not None and spec.prereg is not None:
-
         check_labels(link, spec.prereg.labels, shown)
     if executor == "slurm" and spec.slurm is None:
-        spec = _replace(spec, slurm=SlurmSpec())
+        spec = replace(spec, slurm=SlurmSpec())
     return spec
 
 
@@ -281,15 +202,6 @@ def check_cadence(spec: RunSpec, accelerated: bool) -> None:
             _display(spec.spec_file), "poll.every_minutes", f"a number >= {MIN_POLL_MINUTES}",
             spec.poll.every_minutes, hint="faster cadences are for demos and tests: pass --accelerated",
         )
-
-
-def canonical_prereg(table: dict[str, Any]) -> str:
-    """The [prereg] table as canonical JSON: sorted keys, no whitespace, floats in repr form."""
-    return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def prereg_sha256(table: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_prereg(table).encode("utf-8")).hexdigest()
 
 
 def _display(path: Path) -> str:
@@ -304,12 +216,6 @@ def _expand(value: str, subst: dict[str, str], table: Table, key: str) -> str:
         return value.format(**subst)
     except (KeyError, IndexError, ValueError):
         raise table.error(key, "a path whose only placeholder is {name}", value)
-
-
-def _replace(spec: RunSpec, **changes: Any) -> RunSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
 
 
 def _guards(t: Table | None, gpus: tuple[int, ...]) -> GuardsSpec:
@@ -391,7 +297,7 @@ def _classify(t: Table) -> ClassifyRule:
         raise t.error("pattern", f"a valid regular expression ({exc})", pattern)
     rule = ClassifyRule(
         pattern=pattern,
-        failure_class=t.choice("class", CLASSIFY_CLASSES),
+        failure_class=t.choice("class", FAILURE_CLASSES),
         retry=t.bool("retry", None),
     )
     t.finish()
@@ -419,32 +325,6 @@ def _notify(t: Table | None) -> NotifySpec:
     return n
 
 
-def _slurm(t: Table | None) -> SlurmSpec | None:
-    if t is None:
-        return None
-    s = SlurmSpec(
-        partition=t.str("partition", None),
-        account=t.str("account", None),
-        qos=t.str("qos", None),
-        nodes=t.int("nodes", 1, minimum=1),
-        gpus_per_node=t.int("gpus_per_node", None, minimum=0),
-        gres=t.str("gres", None),
-        time_limit=t.str("time_limit", None, check=re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}").fullmatch,
-                         expected='a Slurm time limit such as "12:00:00" or "1-00:00:00"'),
-        cpus_per_task=t.int("cpus_per_task", None, minimum=1),
-        mem=t.str("mem", None),
-        sbatch_options=t.str_list("sbatch_options", ()),
-        torchrun=t.bool("torchrun", None),
-        time_limit_warning_seconds=t.int("time_limit_warning_seconds", None, minimum=1),
-    )
-    if s.time_limit_warning_seconds is not None and (
-            s.time_limit is None or s.time_limit_warning_seconds >= slurm_seconds(s.time_limit)):
-        raise t.error("time_limit_warning_seconds", f"a number of seconds under time_limit "
-                      f"({s.time_limit or 'not set'})", s.time_limit_warning_seconds)
-    t.finish()
-    return s
-
-
 def _smoke(t: Table | None) -> SmokeSpec:
     if t is None:
         return SmokeSpec()
@@ -458,118 +338,11 @@ def _smoke(t: Table | None) -> SmokeSpec:
     return s
 
 
-def _bound(t: Table, key: str) -> expr.Expr | None:
-    if not t.has(key):
-        t.raw(key, None)
-        return None
-    value = t.raw(key)
-    try:
-        return expr.parse(value)
-    except expr.ExprError as exc:
-        raise t.error(key, f"a number or arithmetic over numbers and reference names ({exc})", value)
-
-
 def _campaign(t: Table | None, base: Path) -> tuple[RunLink | None, Campaign | None]:
     """[campaign]: the run's link and its campaign (whose banked deltas become references)."""
     if t is None:
         return None, None
-
     link = parse_link(t, base)
     return link, load_campaign(link.file)
 
 
-def _prereg(t: Table | None, base: Path, campaign: Campaign | None = None) -> Prereg | None:
-    if t is None:
-        return None
-    raw = t.data
-    question = t.str("question", "")
-    metric = t.str("metric", check=bool, expected="the key of the eval metric in the log")
-    baseline = t.int("baseline_step", minimum=0)
-    read = t.int("read_step", minimum=1)
-    if read <= baseline:
-        raise t.error("read_step", f"a step after baseline_step ({baseline})", read)
-    precision = t.int("precision", 4, minimum=0)
-    if precision > 12:
-        raise t.error("precision", "an integer between 0 and 12", precision)
-    train_metric = t.str("train_metric", None, check=bool, expected="the key of the train-slice metric")
-
-    refs_table = t.table("references")
-    references: dict[str, float] = {}
-    if refs_table is not None:
-        for ref in list(refs_table.data):
-            if not ref.isidentifier():
-                raise refs_table.error(ref, "a reference name usable in a bound (letters, digits, _)", ref)
-            references[ref] = refs_table.number(ref)
-        refs_table.finish()
-    if campaign is not None:  # a campaign's banked deltas are references by name, frozen in the hash
-
-        references = merged_references(references, campaign, t.file)
-
-    bands: list[Band] = []
-    for bt in t.tables("bands"):
-        label = bt.str("label", check=bool, expected="a non-empty label")
-        band = Band(label=label, max=_bound(bt, "max"), min=_bound(bt, "min"))
-        bt.finish()  # a typo ("mx") is named as such, before "no bound" is said
-        if band.max is None and band.min is None:
-            raise SpecError(bt.file, bt.path, "a band with max, min or both", "<neither>")
-        for key, bound in (("max", band.max), ("min", band.min)):
-            if bound is None:
-                continue
-            unknown = sorted(bound.names - set(references))
-            if unknown:
-                raise bt.error(key, "arithmetic over numbers and names from [prereg.references] ("
-                               + (", ".join(sorted(references)) or "none declared") + ")", bound.source)
-        bt.finish()
-        bands.append(band)
-    if not bands:
-        raise t.missing("bands", "at least one [[prereg.bands]] table", "<none>")
-
-    other = t.table("otherwise")
-    otherwise = "AMBIGUOUS"
-    if other is not None:
-        otherwise = other.str("label", check=bool, expected="a non-empty label")
-        other.finish()
-    labels = [b.label for b in bands] + [otherwise]
-    duplicates = sorted({lb for lb in labels if labels.count(lb) > 1})
-    if duplicates:
-        raise t.error("bands", "distinct labels for every band and [prereg.otherwise]", duplicates)
-    if AMBIGUOUS_BY_INSTRUMENT in labels:
-        raise t.error("bands", f"labels other than {AMBIGUOUS_BY_INSTRUMENT} (babysit reserves it)",
-                      AMBIGUOUS_BY_INSTRUMENT)
-
-    interpretation = t.str_map("interpretation", {})
-    for label in interpretation:
-        if label not in labels and label != AMBIGUOUS_BY_INSTRUMENT:
-            raise t.error(f"interpretation.{label}", "a label of the bands, the otherwise label or "
-                          + AMBIGUOUS_BY_INSTRUMENT + " (" + ", ".join(labels) + ")", "<unknown label>")
-
-    fixture = None
-    ft = t.table("fixture")
-    if ft is not None:
-        fixture = Fixture(
-            log=(base / ft.str("log", check=bool, expected="a path to a train log")).resolve(),
-            expect_delta=ft.number("expect_delta"),
-            expect_label=ft.str("expect_label", check=lambda v: v in labels,
-                                expected="one of the labels (" + ", ".join(labels) + ")"),
-        )
-        ft.finish()
-    t.finish()
-    try:
-        canonical = canonical_prereg({**raw, "references": references} if campaign is not None else raw)
-    except ValueError:
-        raise SpecError(t.file, t.path, "finite numbers only", "<nan or inf>")
-    return Prereg(
-        question=question,
-        metric=metric,
-        baseline_step=baseline,
-        read_step=read,
-        bands=tuple(bands),
-        precision=precision,
-        train_metric=train_metric,
-        references=MappingProxyType(references),
-        otherwise=otherwise,
-        interpretation=MappingProxyType(interpretation),
-        fixture=fixture,
-        canonical=canonical,
-        sha256=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
-    )
