@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from babysit.core.errors import SpecError
 from babysit.core.reading import presets
@@ -22,6 +23,7 @@ from babysit.sources import stdout, unreadable
 from babysit.sources.evidence import Evidence
 
 FIXTURES = Path(__file__).parent / "fixtures" / "printed"
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 ROOT = Path(__file__).resolve().parents[1]
 WLM_BATCH = "| epoch {:3d} | {:5d}/{:5d} batches | lr {:02.2f} | ms/batch {:5.2f} | loss {:5.2f} | ppl {:8.2f}"
 WLM_END = "| end of epoch {:3d} | time: {:5.2f}s | valid loss {:5.2f} | valid ppl {:8.2f}"
@@ -108,6 +110,17 @@ def test_a_bad_step_expression_is_refused_naming_its_key(pattern, key, wanted):
     with pytest.raises(SpecError) as err:
         source({"kind": "stdout", "patterns": [pattern]})
     assert err.value.key == key and wanted in err.value.message
+
+
+@pytest.mark.parametrize("pattern, wanted", [
+    ({"regex": r"b (?P<step>\d+)", "held_step": "step"}, 'a step = "EXPR" beside it'),
+    ({"regex": r"b (?P<b>\d+)", "step": "b", "held_step": "b * latest_nbatches"}, "latest_ before one"),
+    ({"regex": r"b (?P<b>\d+)", "step": "b", "held_step": "b ** 2"}, "arithmetic"),
+])
+def test_a_bad_held_step_is_refused_naming_its_key(pattern, wanted):
+    with pytest.raises(SpecError) as err:
+        source({"kind": "stdout", "patterns": [pattern]})
+    assert err.value.key == "source.patterns[0].held_step" and wanted in err.value.message, err.value.message
 
 
 def test_register_refuses_a_misspelt_step_name_with_exit_2(tmp_path):
@@ -206,6 +219,34 @@ def test_a_more_specific_preset_replaces_the_general_reader_when_its_line_comes(
     assert {k: v for i in later.items for k, v in i.metrics.items()} == \
         {"loss": 3.908, "grad_norm": 0.8837, "learning_rate": 0.0008667, "epoch": 0.8333}
     assert {i.step for i in later.items} == {10}  # at the training bar's step
+
+
+def test_hf_dicts_read_before_its_bar_are_placed_by_their_epoch_however_the_exit_read_is_cut(tmp_path):
+    """HF's dicts (stdout) and bar (stderr) captured apart and read only at the run's exit: every dict comes
+    before any bar step, so each is held until the reading has caught up, then placed at epoch × the bar's
+    last step ÷ the last epoch printed: the steps HF logged at, however many reads the exit's drain takes."""
+    (sample,) = [s for s in tomllib.loads((CORPUS / "huggingface.toml").read_text())["sample"]
+                 if s["name"] == "trainer_split"]
+    src = source({"kind": "stdout", "preset": "auto"})
+    reads = {}
+    for budget in (2**20, 700, 150):
+        attempt = tmp_path / str(budget) / "run" / "attempt-1"
+        attempt.mkdir(parents=True)
+        (attempt / "stdout.log").write_text(sample["text"])
+        (attempt / "stderr.log").write_text(sample["stderr"])
+        state: dict = {}
+        items = []
+        while True:
+            got = stdout.read(src, attempt.parent, state, budget=budget, final=True)
+            state, items = got.state, items + [(i.step, dict(i.metrics)) for i in got.items]
+            if not got.more:
+                break
+        assert not got.problems, got.problems
+        reads[budget] = items
+    assert reads[700] == reads[150] == reads[2**20]
+    losses = [(step, m["loss"]) for step, m in reads[150] if "loss" in m]
+    assert losses == [(5, 3.908), (10, 3.86), (15, 3.837), (20, 3.812), (25, 3.803), (30, 3.796)]
+    assert [step for step, m in reads[150] if "eval_loss" in m] == [10, 20, 30]  # before: no dict gave a record
 
 
 def test_a_flood_of_progress_bars_reads_the_same_records_as_line_by_line(tmp_path):

@@ -61,6 +61,8 @@ def test_corpus_sample_reads_to_its_expected_records(tmp_path, stem, table, samp
     attempt = tmp_path / "run" / "attempt-1"
     attempt.mkdir(parents=True)
     (attempt / STREAMS[sample["stream"]]).write_bytes(sample["text"].encode("utf-8"))
+    if "stderr" in sample:  # captured apart, as babysit captures a run: read only at its exit, as after it
+        (attempt / "stderr.log").write_bytes(sample["stderr"].encode("utf-8"))
     got = stdout.read(auto_source(), tmp_path / "run", {}, final=True)
     records = [(item.step, dict(item.metrics)) for item in got.items]
     want = [(e["step"], {k: float(v) for k, v in e["metrics"].items()}) for e in sample["expect"]]
@@ -88,5 +90,6 @@ def test_corpus_spans_twenty_frameworks_and_every_sample_says_where_it_comes_fro
             assert COMMIT.search(sample["origin"]), f"{where}: origin names no 40-hex commit"
         assert sample["reader"] in readers, where
         assert sample["stream"] in STREAMS, where
+        assert "stderr" not in sample or sample["stream"] == "stdout", f"{where}: `stderr` is the other stream"
         assert sample["expect"], f"{where}: no expected record"
     assert sum(any(math.isnan(v) for e in s["expect"] for v in e["metrics"].values()) for _, _, s in SAMPLES) >= 3

@@ -17,7 +17,7 @@ from typing import Any
 import re2
 
 from babysit.core.spec import expr
-from babysit.core.spec.source import RESERVED, STEP_GROUP, SourcePattern, SourceSpec
+from babysit.core.spec.source import LATEST, RESERVED, STEP_GROUP, SourcePattern, SourceSpec
 from babysit.sources import records
 from babysit.sources.records import Block, Item
 
@@ -115,7 +115,8 @@ class Matcher:
     metrics: tuple[tuple[int, str, str], ...]
     step_expr: expr.Expr | None = None
     forward_only: bool = False
-    key: str = ""  # the regex: a forward-only pattern's last step is kept under it
+    key: str = ""  # the regex: a forward-only pattern's last step and a held match's pattern are kept under it
+    held_expr: expr.Expr | None = None
 
 
 def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = None) -> list[Matcher]:
@@ -128,7 +129,7 @@ def matchers(source: SourceSpec, patterns: tuple[SourcePattern, ...] | None = No
                         if source.rename(g) not in RESERVED)
         out.append(Matcher(i, program(p.regex), tuple(index for _, index in named), names,
                            names.index(STEP_GROUP) if STEP_GROUP in names else -1, metrics, p.step, p.forward_only,
-                           p.regex))
+                           p.regex, p.held_step))
     return out
 
 
@@ -157,10 +158,14 @@ def hits_where(matchers: list[Matcher], detect: Program | None, lines: list[byte
     return found
 
 
+HELD_MAX = 10_000  # matches held for a step at most; beyond, the oldest are dropped (said)
+
+
 class LineContext:
     """What parsing one line needs from the lines before it: the latest value of every group any
     pattern captured (for step expressions), the last computed step (to say once that one went back),
-    the last step of each forward-only pattern."""
+    the last step of each forward-only pattern, and the matches held for a step until the reading has
+    caught up (`held`: [pattern key, the line's values, the match's metrics])."""
 
     def __init__(self, state: Mapping[str, Any] | None = None) -> None:
         state = state or {}
@@ -168,6 +173,7 @@ class LineContext:
         self.last_step: int | None = state.get("last_step")
         self.told_backwards: bool = bool(state.get("told_backwards"))
         self.last_by_pattern: dict[str, int] = dict(state.get("last_by_pattern", {}))
+        self.held: list[list[Any]] = [list(h) for h in state.get("held", ())]
         self.notices: list[tuple[str, str]] = []
         self.track = True  # keep the latest values: off when no pattern computes its step
 
@@ -177,17 +183,54 @@ class LineContext:
 
     def to_dict(self) -> dict[str, Any]:
         return {"values": self.values, "last_step": self.last_step, "told_backwards": self.told_backwards,
-                "last_by_pattern": self.last_by_pattern}
+                "last_by_pattern": self.last_by_pattern, "held": self.held}
 
 
 def record(pieces: list[Item | Block], found: list[Hit], line: bytes, offset: int, ctx: LineContext,
            problems: list[str]) -> None:
     """Append the records of one line's matches (`found`, in order) to `pieces`; `offset`: the source's
     step offset. What cannot be a record is said in `problems`."""
+    held = len(ctx.held)
     for m, values in found:
         step = _match_step(m, values, line, ctx, problems)
         if step is not None:
             _append(pieces, step + offset, _metrics(m, values, problems))
+    if len(ctx.held) > held:  # a held match is placed by its whole line's values (HF's epoch for its loss)
+        own: dict[str, float] = {}
+        for m, values in found:
+            own.update(_captured(m, values))
+        for h in ctx.held[held:]:
+            h[1] = own
+        if len(ctx.held) > HELD_MAX:
+            del ctx.held[:len(ctx.held) - HELD_MAX]
+            note(problems, f"over {HELD_MAX} matches were held for a step: the oldest were dropped")
+
+
+def place_held(pieces: list[Item | Block], matchers: list[Matcher], offset: int, ctx: LineContext,
+               problems: list[str], *, last: bool = False) -> None:
+    """The held matches placed, now that the reading has caught up with the run's output: each at its
+    pattern's `held_step` over its line's values and the latest ones (`latest_NAME`), to the nearest
+    integer. One that still lacks a name stays held, unless this is the attempt's `last` chance (said)."""
+    if not ctx.held:
+        return
+    by_key = {m.key: m for m in matchers}
+    latest = {f"{LATEST}{name}": value for name, value in ctx.values.items()}
+    kept = []
+    for key, own, metrics in ctx.held:
+        m = by_key.get(key)
+        if m is None or m.held_expr is None:
+            continue  # its preset no longer reads the run
+        try:
+            step = round(m.held_expr.evaluate({**latest, **own}))
+        except expr.ExprError as exc:
+            if last:
+                note(problems, f'pattern {m.number}: held_step = "{m.held_expr.source}" could not be computed '
+                               f"({exc}): its held lines gave no record")
+            else:
+                kept.append([key, own, metrics])
+            continue
+        _append(pieces, step + offset, metrics)
+    ctx.held = kept
 
 
 def parse_line(source: SourceSpec, matchers: list[Matcher], text: bytes | str, out: list[Item],
@@ -210,11 +253,7 @@ def _match_step(m: Matcher, values: tuple[bytes | None, ...], line: bytes, ctx: 
     """The step of one match: its `step` group, or its step expression over this match's groups and the
     latest values of earlier lines; None (said in `problems`) when there is none, or when a forward-only
     pattern's step is below its last (a progress bar starting the next epoch, a nested eval bar)."""
-    captured: dict[str, float] = {}
-    if ctx.track:
-        for group, text in zip(m.names, values, strict=True):
-            if text is not None and (value := number(text)) is not None:
-                captured[group] = value
+    captured = _captured(m, values) if ctx.track else {}
     if m.step_expr is None:
         step = _step(values[m.step_at])
         if step is None:
@@ -222,7 +261,12 @@ def _match_step(m: Matcher, values: tuple[bytes | None, ...], line: bytes, ctx: 
                            r'make it match digits only, e.g. (?P<step>\d+)')
             return None
     else:
-        step = _computed_step(m, {**ctx.values, **captured}, problems)
+        known = {**ctx.values, **captured}
+        if m.held_expr is not None and not m.step_expr.names <= known.keys():
+            ctx.held.append([m.key, {}, _metrics(m, values, problems)])  # `record` adds the line's values
+            ctx.values.update(captured)
+            return None
+        step = _computed_step(m, known, problems)
         if step is None:
             ctx.values.update(captured)
             return None
@@ -242,6 +286,12 @@ def _match_step(m: Matcher, values: tuple[bytes | None, ...], line: bytes, ctx: 
     if captured:
         ctx.values.update(captured)
     return step
+
+
+def _captured(m: Matcher, values: tuple[bytes | None, ...]) -> dict[str, float]:
+    """A match's groups that hold a number, by group name (what step expressions read)."""
+    return {group: value for group, text in zip(m.names, values, strict=True)
+            if text is not None and (value := number(text)) is not None}
 
 
 def _computed_step(m: Matcher, values: Mapping[str, float], problems: list[str]) -> int | None:

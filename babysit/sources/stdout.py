@@ -38,6 +38,7 @@ from babysit.sources.patterns import (
     hits_where,
     matchers,
     note,
+    place_held,
     program,
     record,
 )
@@ -138,6 +139,8 @@ def read(source: SourceSpec, run_dir: Path, state: Mapping[str, Any],
         lines = _visible(got.lines)
         seen += len(lines)
         matching.take(lines)
+    if not more:  # caught up with the output: what was held for a step is placed
+        matching.place_held(last=final)
     general, preset = matching.general, matching.preset
     if general is not None:
         ctx.notices.extend(general.notices)
@@ -178,11 +181,15 @@ class _Matching:
         self.sample: bytes | None = None  # the newest line no reader read, one with a number if any
 
     def new_attempt(self) -> None:
-        """The lines from here are a new attempt's: its steps and values are forgotten (no "went
-        backwards", no step of the last process)."""
+        """The lines from here are a new attempt's: what the last one held is placed with its own values,
+        then its steps and values are forgotten (no "went backwards", no step of the last process)."""
+        self.place_held(last=True)
         self.ctx.new_attempt()
         if self.general is not None:
             self.general = printed.Progress()
+
+    def place_held(self, *, last: bool) -> None:
+        place_held(self.pieces, self.compiled, self.source.step_offset, self.ctx, self.problems, last=last)
 
     def take(self, lines: list[bytes]) -> None:
         """Read `lines` (visible ones, in order)."""

@@ -34,6 +34,7 @@ MLFLOW_STORE = source_kinds.MLFLOW_STORE
 WANDB_DIR = source_kinds.WANDB_DIR
 RESERVED = ("step", "ts")  # babysit's own keys in a record: no metric may be named so
 STEP_GROUP = "step"
+LATEST = "latest_"  # held_step's name for a group's latest value when the reading has caught up
 # What RE2 cannot run that Python's `re` can, with the rewrite that works (the refusal says it).
 UNSUPPORTED = (("(?=", "lookahead (?=…)"), ("(?!", "negative lookahead (?!…)"), ("(?<=", "lookbehind (?<=…)"),
                ("(?<!", "negative lookbehind (?<!…)"), ("(?P=", "a backreference (?P=name)"),
@@ -87,6 +88,7 @@ class SourcePattern:
     regex: str
     step: expr.Expr | None = None
     forward_only: bool = False  # a match whose step is below this pattern's last is no record (a bar's reset)
+    held_step: expr.Expr | None = None  # a match `step` cannot place yet (its stream read ahead): placed so later
 
     @cached_property
     def compiled(self) -> Any:
@@ -128,7 +130,8 @@ class SourceSpec:
     def fingerprint(self) -> str:
         """What the records were read with: a changed source means the record log is rebuilt."""
         body = {"kind": self.kind, "path": str(self.path) if self.path else None,
-                "patterns": [[p.regex, p.step.source if p.step else None, p.forward_only] for p in self.patterns],
+                "patterns": [[p.regex, p.step.source if p.step else None, p.forward_only]
+                             + ([p.held_step.source] if p.held_step else []) for p in self.patterns],
                 "preset": self.preset, "metrics": dict(self.metrics),
                 "step_offset": self.step_offset, "step_column": self.step_column}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
@@ -226,6 +229,8 @@ def _pattern(t: Table) -> SourcePattern:
     regex = t.str("regex", check=bool, expected="a non-empty regular expression")
     step_text = t.str("step", None, check=bool, expected="an arithmetic expression over the pattern's groups")
     forward_only = t.bool("forward_only", False)
+    held_text = t.str("held_step", None, check=bool, expected="an arithmetic expression over the line's groups "
+                      "and latest_NAME values")
     problem = regex_error(regex)
     if problem is not None:
         raise SpecError(t.file, t.key("regex"), "a valid regular expression in RE2's syntax (docs/your-trainer.md, "
@@ -248,8 +253,18 @@ def _pattern(t: Table) -> SourcePattern:
                                'step = "EXPR" computing it from the groups', regex)
     if "ts" in compiled.groupindex:
         raise t.error("regex", 'no group named "ts" (babysit stamps the read time)', regex)
+    held = None
+    if held_text is not None:
+        if step is None:
+            raise t.error("held_step", 'a step = "EXPR" beside it (held_step places what that expression cannot '
+                          "place yet)", held_text)
+        try:
+            held = expr.parse(held_text)
+        except expr.ExprError as exc:
+            raise t.error("held_step", "arithmetic over the line's groups and latest_NAME values: numbers, names, "
+                          f"+ - * / and parentheses ({exc})", held_text)
     t.finish()
-    return SourcePattern(regex, step, forward_only)
+    return SourcePattern(regex, step, forward_only, held)
 
 
 def _check_steps(patterns: tuple[SourcePattern, ...], t: Table, also: tuple[SourcePattern, ...] = ()) -> None:
@@ -265,6 +280,12 @@ def _check_steps(patterns: tuple[SourcePattern, ...], t: Table, also: tuple[Sour
                             "names that are named groups of the patterns (" + ", ".join(sorted(known)) + ")",
                             p.step.source, hint=f"no pattern has a group named {missing[0]!r}: add "
                                                 f"(?P<{missing[0]}>\\d+) to the regex that prints it")
+        late = known | {f"{LATEST}{g}" for g in known}
+        if p.held_step is not None and (missing := sorted(p.held_step.names - late)):
+            raise SpecError(t.file, f"{t.key('patterns')}[{i}].held_step",
+                            "names that are named groups of the patterns, or latest_ before one",
+                            p.held_step.source, hint=f"no pattern has a group named "
+                                                     f"{missing[0].removeprefix(LATEST)!r}")
 
 
 def _expand(value: str, name: str, t: Table) -> str:
