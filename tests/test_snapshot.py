@@ -226,3 +226,20 @@ def test_a_row_an_older_daemon_or_a_test_wrote_reads_with_unknowns_not_zeros():
     (row,) = Snapshot.from_dict({"gpus": [{"util_pct": 90.0}]}).gpus
     assert row == GpuRow(0, False, None, 90.0, None, 0, None, None, None, ())
     assert Snapshot.from_dict({"gpus": [{"index": 5}, {"util_pct": 1.0}]}).gpus[1].index == 1  # its place
+
+
+def test_a_poll_of_a_job_across_nodes_has_every_nodes_gpus_named_by_node():
+    """Each node's GPU 0 is a row of its own: the mean util is over both nodes, a fault on n2 is said on n2,
+    and a GPU one node's sidecar did not list is "not seen" on that node."""
+    from dataclasses import replace
+
+    across = GpuView(True, None, (replace(reading(util=90.0), node="n1"),
+                                  replace(reading(util=50.0, faults=("xid 79",)), node="n2")))
+    s = snap(view=across, host=None)
+    assert [(g.node, g.index, g.util_pct) for g in s.gpus] == [("n1", 0, 90.0), ("n2", 0, 50.0)]
+    assert s.mean_util_pct == 70.0 and "gpu-fault" in s.flags
+    assert Snapshot.from_dict(json.loads(json.dumps(s.to_dict()))).gpus == s.gpus
+    assert "GPU 0 on n2: xid 79" in render("poll", {"snapshot": s.to_dict()}).text
+    gone = snap(view=GpuView(True, None, (replace(reading(), node="n1"), replace(reading(index=3), node="n2"))),
+                host=None)
+    assert gone.gpu_note == "no GPU visible: GPU 0 on n2 not seen by the probe" and "gpu-unseen" in gone.flags

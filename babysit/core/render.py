@@ -179,9 +179,9 @@ _FLAG_TEXT: dict[str, Callable[[Snapshot], str]] = {
     "gpu-unseen": lambda s: "no GPU visible to babysit: GPU guards cannot see this run's GPUs"
                             + (f" ({s.gpu_note})" if s.gpu_note else ""),
     "gpu-held": lambda s: "another process holds the run's GPU: " + "; ".join(
-        f"GPU {g.index}: pid {h.pid} ({h.name})" for g in s.gpus for h in g.held_by_foreign or ()),
+        f"{g.where}: pid {h.pid} ({h.name})" for g in s.gpus for h in g.held_by_foreign or ()),
     "gpu-fault": lambda s: "GPU fault: " + "; ".join(
-        f"GPU {g.index}: {', '.join(g.faults)}" for g in s.gpus if g.faults),
+        f"{g.where}: {', '.join(g.faults)}" for g in s.gpus if g.faults),
     "stalled?": lambda s: f"no new log record for {_since(s.seconds_since_last_record)} — the stall guard "
                           f"stops the run at {_since(s.stall_seconds)}",
     "waiting-for-first-record": lambda s: (

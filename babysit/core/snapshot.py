@@ -43,10 +43,16 @@ class GpuRow:
     held_by_foreign: tuple[Holder, ...] | None
     faults: tuple[str, ...]
     util_seconds: float | None = None  # the window util_pct covers when GPM counters measured it
+    node: str | None = None  # a job across nodes: the node it is on (the run's GPU `index` of that node)
 
     @classmethod
-    def blank(cls, index: int) -> GpuRow:
-        return cls(index, False, None, None, None, 0, None, None, None, ())
+    def blank(cls, index: int, node: str | None = None) -> GpuRow:
+        return cls(index, False, None, None, None, 0, None, None, None, (), node=node)
+
+    @property
+    def where(self) -> str:
+        """"GPU 0", or "GPU 0 on n2" for a GPU of a job across nodes: how a poll names it."""
+        return f"GPU {self.index}" + (f" on {self.node}" if self.node else "")
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a poll's JSON holds it (the store, the outbox, an incident's detail)."""
@@ -57,7 +63,8 @@ class GpuRow:
                     {"pid": h.pid, "name": h.name, "used_memory_bytes": h.used_memory_bytes}
                     for h in self.held_by_foreign],
                 "faults": list(self.faults),
-                **({"util_seconds": self.util_seconds} if self.util_seconds is not None else {})}  # GPM only
+                **({"util_seconds": self.util_seconds} if self.util_seconds is not None else {}),  # GPM only
+                **({"node": self.node} if self.node else {})}  # a job across nodes only
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], position: int = 0) -> GpuRow:
@@ -70,9 +77,11 @@ class GpuRow:
                    util_samples=int(d.get("util_samples") or 0), memory_used_bytes=d.get("memory_used_bytes"),
                    memory_total_bytes=d.get("memory_total_bytes"),
                    held_by_foreign=None if held is None else tuple(
-                       Holder(index, int(h["pid"]), str(h.get("name") or ""), h.get("used_memory_bytes"))
+                       Holder(index, int(h["pid"]), str(h.get("name") or ""), h.get("used_memory_bytes"),
+                              d.get("node"))
                        for h in held),
-                   faults=tuple(str(f) for f in d.get("faults") or ()), util_seconds=d.get("util_seconds"))
+                   faults=tuple(str(f) for f in d.get("faults") or ()), util_seconds=d.get("util_seconds"),
+                   node=d.get("node"))
 
 
 @dataclass(frozen=True)
@@ -246,7 +255,8 @@ def mean_util_pct(rows: Sequence[GpuRow]) -> float | None:
 
 def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int] | None,
               flags: list[str]) -> tuple[list[GpuRow], str | None]:
-    """One row per run GPU, plus the note that explains what could not be seen."""
+    """One row per run GPU (a job across nodes: per run GPU of each node, named by node), plus the note
+    that explains what could not be seen."""
     if not gpus:
         return [], None
     if view is None:
@@ -256,26 +266,27 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
         flags.append("gpu-unseen")
         return [GpuRow.blank(i) for i in gpus], f"no GPU visible: {view.reason}"
     rows: list[GpuRow] = []
-    missing: list[int] = []
-    for index in gpus:
-        reading = view.gpu(index)
-        if reading is None:
-            missing.append(index)
-            rows.append(GpuRow.blank(index))
-            continue
-        foreign = None
-        if run_pids is not None and reading.processes_known:
-            foreign = foreign_holders(view, (index,), run_pids)  # the guards' one rule of who is foreign
-            if foreign:
-                flags.append("gpu-held")
-        if reading.faults:
-            flags.append("gpu-fault")
-        rows.append(GpuRow(index=index, visible=True, name=reading.name, util_pct=reading.util_pct,
-                           util_min_pct=reading.util_min_pct, util_samples=reading.util_samples,
-                           memory_used_bytes=reading.memory_used_bytes,
-                           memory_total_bytes=reading.memory_total_bytes, held_by_foreign=foreign,
-                           faults=tuple(reading.faults), util_seconds=reading.util_seconds))
+    missing: list[str] = []
+    for node, part in view.by_node():
+        for index in gpus:
+            reading = part.gpu(index)
+            if reading is None:
+                missing.append(f"{index}" + (f" on {node}" if node else ""))
+                rows.append(GpuRow.blank(index, node))
+                continue
+            foreign = None
+            if run_pids is not None and reading.processes_known:
+                foreign = foreign_holders(part, (index,), run_pids)  # the guards' one rule of who is foreign
+                if foreign:
+                    flags.append("gpu-held")
+            if reading.faults:
+                flags.append("gpu-fault")
+            rows.append(GpuRow(index=index, visible=True, name=reading.name, util_pct=reading.util_pct,
+                               util_min_pct=reading.util_min_pct, util_samples=reading.util_samples,
+                               memory_used_bytes=reading.memory_used_bytes,
+                               memory_total_bytes=reading.memory_total_bytes, held_by_foreign=foreign,
+                               faults=tuple(reading.faults), util_seconds=reading.util_seconds, node=node))
     if missing:
         flags.append("gpu-unseen")
-        return rows, "no GPU visible: GPU " + ", ".join(map(str, missing)) + " not seen by the probe"
+        return rows, "no GPU visible: GPU " + ", ".join(missing) + " not seen by the probe"
     return rows, None
