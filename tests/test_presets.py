@@ -249,6 +249,21 @@ def test_hf_dicts_read_before_its_bar_are_placed_by_their_epoch_however_the_exit
     assert [step for step, m in reads[150] if "eval_loss" in m] == [10, 20, 30]  # before: no dict gave a record
 
 
+def test_a_second_attempt_s_hf_dicts_never_take_the_first_attempt_s_bar_step(tmp_path):
+    """Two attempts of the split HF sample read at the end: attempt 2's dicts, read before its bar, are
+    held and placed by its own epochs, not at the step attempt 1's bar ended on."""
+    (sample,) = [s for s in tomllib.loads((CORPUS / "huggingface.toml").read_text())["sample"]
+                 if s["name"] == "trainer_split"]
+    for n in (1, 2):
+        attempt = tmp_path / "run" / f"attempt-{n}"
+        attempt.mkdir(parents=True)
+        (attempt / "stdout.log").write_text(sample["text"])
+        (attempt / "stderr.log").write_text(sample["stderr"])
+    got = stdout.read(source({"kind": "stdout", "preset": "auto"}), tmp_path / "run", {}, final=True)
+    losses = [i.step for i in got.items if "loss" in i.metrics]
+    assert losses == [5, 10, 15, 20, 25, 30] * 2, losses
+
+
 def test_a_flood_of_progress_bars_reads_the_same_records_as_line_by_line(tmp_path):
     """A read of many lines looks only at those holding a pattern's literal (or a colour code, which may
     split one): the records are the same as parsing every line."""
