@@ -15,11 +15,12 @@ import pytest
 
 from babysit.campaign import clicks
 from babysit.channels.notify import ConsoleChannel
-from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Store
+from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.service.daemon import Daemon
 from tests.backends import BACKENDS, Backend, backend
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml
 
 RUNS = ("a", "b", "c")
 
@@ -28,8 +29,8 @@ def _daemon(tmp_path: Path, store: Backend):
     (tmp_path / "gpus.json").write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
     lines = [store.registry_head() + "[daemon]", 'state_dir = ".babysit"', ""]
     for name in RUNS:
-        (tmp_path / f"{name}.toml").write_text(f'[run]\nname = "{name}"\ncommand = ["train"]\nlog = "{name}.jsonl"\n'
-                                               "gpus = [0]\n[guards]\nmin_free_host_ram_gib = 1\n")
+        (tmp_path / f"{name}.toml").write_text(run_toml(name, ["train"], log=f"{name}.jsonl", gpus=[0],
+                                                        guards={"min_free_host_ram_gib": 1}))
         lines += ["[[runs]]", f'name = "{name}"', f'spec = "{name}.toml"', 'registered_at = "2026-01-01T00:00:00Z"', ""]
     (tmp_path / "babysit.toml").write_text("\n".join(lines))
     clock = FakeClock()
@@ -254,8 +255,7 @@ def test_a_request_the_daemon_died_in_before_answering_is_not_carried_out_twice_
             assert "babysit status a" in result and "ask again" in result
         assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls  # once
         again.guards()  # answered: nothing is owed or begun any longer, nothing is done again
-        facts = again.store.run_state("a")[1]
-        assert not facts.get(OWED_ANSWERS_FACT) and not facts.get(STARTED_REQUESTS_FACT)
+        assert again.store.owed_answers("a") == {} and again.store.started_requests("a") == {}
         assert executor.process("a", 1).signals == signals and len(again.store.polls("a")) == polls
     finally:
         asker.close()
@@ -299,12 +299,12 @@ def test_an_owner_s_click_the_daemon_died_in_is_answered_as_interrupted_in_the_g
             again.store.close()
 
 
-def test_a_begun_mark_survives_a_failed_read_of_the_run_s_facts_and_a_new_request_after_it(
+def test_a_begun_mark_survives_a_failed_read_of_the_run_s_marks_and_a_new_request_after_it(
         any_daemon, tmp_path: Path) -> None:
-    """A poll the first daemon began and died in; the next daemon's read of the run's facts fails once (the
-    store refusing), and a new poll of the same run is in the same look. The new poll's begun mark is written
-    over what the facts hold, not over an empty copy: the first poll is answered `interrupted` at the next
-    round, never taken twice (before: the new mark erased the old, and the first poll was posted again)."""
+    """A poll the first daemon began and died in; the next daemon's read of the run's begun marks fails once
+    (the store refusing), and a new poll of the same run is in the same look. The new poll's begun mark is
+    a row of its own, beside the first's: the first poll is answered `interrupted` at the next round, never
+    taken twice (when the marks were one JSON object, a mark written over an empty copy erased the old)."""
     d, clock, executor, host, timers, store = any_daemon
     asker = store.asker(d.state_dir)
     again = None
@@ -313,20 +313,21 @@ def test_a_begun_mark_survives_a_failed_read_of_the_run_s_facts_and_a_new_reques
         _dies_answering(d)
         second = asker.request("a", "poll-now", "test", 0.0)
 
-        def flaky_once(daemon: Daemon) -> None:
-            real = daemon.store.run_state
-            failed: list[str] = []
+        failed: list[str] = []
 
-            def run_state(run: str) -> object:
+        def flaky_once(daemon: Daemon) -> None:
+            real = daemon.store.started_requests
+
+            def started_requests(run: str) -> dict[int, str]:
                 if not failed:
                     failed.append(run)
                     raise RuntimeError("the store refused the read (once)")
                 return real(run)
 
-            daemon.store.run_state = run_state  # type: ignore[method-assign]
+            daemon.store.started_requests = started_requests  # type: ignore[method-assign]
 
         again = _up(tmp_path, store, clock, host, executor, timers, before_first_look=flaky_once)
-        assert asker.request_result(second) == "polled"
+        assert failed == ["a"] and asker.request_result(second) == "polled"
         again.guards()
         result = asker.request_result(first)
         assert result is not None and result.startswith("interrupted"), result

@@ -23,10 +23,6 @@ _UPSERT_READING = ("INSERT INTO run_reading (run, tail, source, step, last_recor
                    " step=excluded.step, last_record_at=excluded.last_record_at")
 
 
-# Until babysit/service/control.py moves to the marks' tables (babysit/db/marks.py): its keys, as facts.
-OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT = "owed_answers", "requests_started"
-
-
 class RunFacts(SqlBase):
     """The run_state and run_reading tables: a run's status, facts and reading."""
 
@@ -66,10 +62,9 @@ class RunFacts(SqlBase):
         """Set the run's status and merge `facts` into what is known of it."""
         self._merge(run, status, facts, now)
 
-    def merge_run_facts(self, run: str, now: float, at_once: bool = True, **facts: Any) -> None:
+    def merge_run_facts(self, run: str, now: float, **facts: Any) -> None:
         """Merge `facts` into what is known of the run, its status left as it is (`pending` for a run with
-        no state yet). Written at once: a fact a restarted daemon must find (a stop signal sent). `at_once`
-        is ignored, and goes once control.py no longer passes it."""
+        no state yet). Written at once: a fact a restarted daemon must find (a stop signal sent)."""
         self._merge(run, None, facts, now)
 
     def _merge(self, run: str, status: str | None, facts: dict[str, Any], now: float) -> None:

@@ -23,7 +23,7 @@ from babysit.core import progress
 from babysit.core.errors import StateError
 from babysit.core.spec.amendment import amendment_sha256
 from babysit.db.campaigns import CampaignTables
-from babysit.db.facts import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, RunFacts
+from babysit.db.facts import RunFacts
 from babysit.db.marks import RunMarks
 from babysit.db.outbox import OutboxTable
 from babysit.db.polls import PollTables
@@ -32,8 +32,8 @@ from babysit.db.sqlite_schema import DATA_STEPS, MIGRATIONS, SCHEMA_VERSION, sta
 from babysit.runtime import wake
 
 # The names the shell imports from here, wherever they are defined (`from babysit.db.store import Attempt`).
-__all__ = ["BUSY_TIMEOUT_S", "OWED_ANSWERS_FACT", "SCHEMA_VERSION", "STARTED_REQUESTS_FACT", "Amendment", "Attempt",
-           "HostLease", "OutboxMessage", "OutboxSummary", "OwnerCall", "Poll", "PollRow", "Row", "Store"]
+__all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "Amendment", "Attempt", "HostLease", "OutboxMessage", "OutboxSummary",
+           "OwnerCall", "Poll", "PollRow", "Row", "Store"]
 
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's (SQLite's busy timeout)
 

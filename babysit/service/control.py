@@ -2,9 +2,10 @@
 on by another box's gateway) carried out at most once and answered at least once.
 
 Its own module because that promise outlives a daemon: an answer carried out but not yet written, and a
-request begun, are saved in the run's facts, so a daemon restarted in between writes the owed answer (or
-says the request was interrupted) instead of carrying it out twice. When to look for requests is the
-daemon's (babysit.service.daemon); which runs exist is the roster's (babysit.service.roster).
+request begun, are saved in the store (babysit/db/marks.py, one row a request), so a daemon restarted in
+between writes the owed answer (or says the request was interrupted) instead of carrying it out twice.
+When to look for requests is the daemon's (babysit.service.daemon); which runs exist is the roster's
+(babysit.service.roster).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import structlog
 
 from babysit.campaign import clicks
 from babysit.core.errors import BabysitError
-from babysit.db.store import OWED_ANSWERS_FACT, STARTED_REQUESTS_FACT, Row
+from babysit.db.store import Row
 from babysit.register import relaunch
 from babysit.run.context import DaemonContext
 from babysit.runtime.faults import crash_point
@@ -32,8 +33,6 @@ class ControlRequests:
         self.ctx = ctx
         self.store = ctx.store
         self._owed: dict[int, str] = {}  # request id -> its answer, carried out but not yet written
-        self._owed_saved: dict[str, dict[str, str]] = {}  # run -> its owed answers as its facts hold them
-        self._started_saved: dict[str, dict[str, str]] = {}  # run -> its requests begun (_mark_started)
 
     def answer(self, requests: Sequence[Row]) -> bool:
         """Carry out and answer each request; False when an answer could not be written (the store refused
@@ -58,70 +57,47 @@ class ControlRequests:
 
     def _owed_before(self, req: Row) -> bool:
         """Was `req` taken by a daemon that stopped before its answer was written? Then it is not carried
-        out again: the answer that daemon saved in the run's facts is the one owed, or, for a request it had
-        begun (`_mark_started`) and died in, an answer saying so."""
+        out again: the answer that daemon saved is the one owed, or, for a request it had begun
+        (`_mark_started`) and died in, an answer saying so. A failed read raises: the request waits for the
+        next look, its marks untouched."""
         if req.run not in self.roster.supervisors:  # answered without acting ("no run named …"): nothing saved
             return False
-        saved, started = self._saved_facts(req.run)
-        key = str(req.id)
-        if key not in saved and key not in started:
+        saved = self.store.owed_answers(req.run)
+        if req.id in saved:
+            self._owed[req.id] = saved[req.id]
+        elif req.id in self.store.started_requests(req.run):
+            self._owed[req.id] = interrupted_answer(req)
+        else:
             return False
-        self._owed[req.id] = saved[key] if key in saved else interrupted_answer(req)
         return True
-
-    def _saved_facts(self, run: str) -> tuple[dict[str, str], dict[str, str]]:
-        """The run's owed answers and begun requests, read from its facts once (this daemon's writes keep
-        them since), so that no write of either goes out before what a predecessor left there is known: a
-        write from an empty copy would erase a begun mark and carry its request out twice. A failed read
-        raises: the request waits for the next look."""
-        if run not in self._owed_saved or run not in self._started_saved:
-            facts = self.store.run_state(run)[1]
-            self._owed_saved[run] = dict(facts.get(OWED_ANSWERS_FACT) or {})
-            self._started_saved[run] = dict(facts.get(STARTED_REQUESTS_FACT) or {})
-        return self._owed_saved[run], self._started_saved[run]
 
     def _mark_started(self, req: Row) -> None:
         """A request whose second carrying-out would be a second effect (a poll posted twice, a relaunch of
-        an attempt that ended meanwhile, an owner's call) is marked begun in its run's facts first, so a
-        daemon that dies before its answer is written is followed by one that answers it as interrupted
-        rather than doing it again. An abort is not marked: the run's recorded stop makes a second abort a
-        no-op (`already stopping`), and an abort waits on no store write. A store that refuses the mark
-        does not stop the request (it is carried out, as before the mark existed)."""
+        an attempt that ended meanwhile, an owner's call) is marked begun first, so a daemon that dies
+        before its answer is written is followed by one that answers it as interrupted rather than doing
+        it again. An abort is not marked: the run's recorded stop makes a second abort a no-op (`already
+        stopping`), and an abort waits on no store write. A store that refuses the mark does not stop the
+        request (it is carried out, as before the mark existed)."""
         if req.kind == "abort" or req.run not in self.roster.supervisors:
             return
-        started = self._saved_facts(req.run)[1]  # read by _owed_before just now
-        started[str(req.id)] = req.kind
         try:
-            self.store.merge_run_facts(req.run, self.ctx.now(), at_once=True,
-                                       **{STARTED_REQUESTS_FACT: dict(started)})
+            self.store.mark_request_started(req.run, req.id, req.kind)
         except Exception as exc:
             log.warning("control request's start not saved; carried out unmarked", request=req.id, run=req.run,
                         error=f"{type(exc).__name__}: {exc}")
 
     def _save_owed(self, run: str, request_id: int, answer: str | None) -> None:
-        """The owed answer into its run's facts (None: written, so neither owed nor begun any longer), so a
-        daemon restarted before it is written writes it rather than carrying the request out again. Only a
-        run babysat here (an answer without an action is simply given again); a store that takes nothing
+        """The owed answer saved (None: written, so neither owed nor begun any longer), so a daemon
+        restarted before it is written writes it rather than carrying the request out again. Only a run
+        babysat here (an answer without an action is simply given again); a store that takes nothing
         keeps it in memory."""
         if run not in self.roster.supervisors:
             return
         try:
-            saved, started = self._saved_facts(run)
-        except Exception as exc:
-            log.warning("owed control answer not saved; kept in memory", request=request_id, run=run,
-                        error=f"{type(exc).__name__}: {exc}")
-            return
-        key = str(request_id)
-        if saved.get(key) == answer and (answer is not None or key not in started):
-            return
-        if answer is None:
-            saved.pop(key, None)
-            started.pop(key, None)
-        else:
-            saved[key] = answer
-        try:
-            self.store.merge_run_facts(run, self.ctx.now(), at_once=True,
-                                       **{OWED_ANSWERS_FACT: dict(saved), STARTED_REQUESTS_FACT: dict(started)})
+            if answer is None:
+                self.store.forget_request(run, request_id)
+            else:
+                self.store.save_owed_answer(run, request_id, answer)
         except Exception as exc:
             log.warning("owed control answer not saved; kept in memory", request=request_id, run=run,
                         error=f"{type(exc).__name__}: {exc}")
