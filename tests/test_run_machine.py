@@ -170,7 +170,11 @@ class Driver:
             check(w.stop is not None and w.stop["attempt"] == effect.n and w.stop.get("sent_at") is None,
                   f"a stop signal never recorded, or sent twice: {w.stop}")
             w.signals.append(effect.n)
-            w.stop = {**w.stop, "sent_at": self.now}
+            w.stop = {**w.stop, "sent_at": self.now}  # recorded with the signal (the window between: not modelled)
+            self.feed(ev.StopSent(self.now, effect.n, self.now))
+        elif isinstance(effect, ev.NoteStop):
+            check(w.stop is not None and w.stop["attempt"] == effect.stop.attempt, f"another stop noted: {effect}")
+            w.stop = effect.stop.to_dict()
         elif isinstance(effect, ev.Kill):
             a = s.attempt(effect.n)
             check(a is not None and a.live, f"SIGKILL of {a}")
@@ -341,6 +345,14 @@ def test_an_abort_signals_once_and_its_stop_is_never_retried() -> None:
     assert m.step(state, ev.GuardReading(6.0, 1, (Action("stop", "stalled", "quiet"),)))[1] == ()
     state, effects = m.step(state, ev.ExitSeen(9.0, 1, "stopped", "stopped", stopped_by="abort", retry_override=True))
     assert not any(isinstance(e, ev.Launch) for e in effects) and state.status is RunStatus.STOPPED
+
+
+def test_a_stop_sent_is_in_the_state_and_recorded_once() -> None:
+    state, _ = m.step(run_one(), ev.Request(5.0, "abort", "ana", 7))
+    state, effects = m.step(state, ev.StopSent(5.1, 1, sent_at=5.05))
+    assert state.stop is not None and state.stop.sent_at == 5.05 and effects == (ev.NoteStop(state.stop),)
+    assert m.step(state, ev.StopSent(5.2, 1, sent_at=5.2))[1] == ()  # sent once
+    assert m.step(run_one(), ev.StopSent(5.2, 1, sent_at=5.2))[1] == ()  # no stop in force
 
 
 def test_a_stalled_guard_stop_keeps_its_class_and_follows_retry_on() -> None:

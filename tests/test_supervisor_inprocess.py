@@ -18,7 +18,6 @@ from babysit.core.spec.run_toml import load_spec
 from babysit.db.store import Store
 from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext
-from babysit.run.run_stop import RunStop
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
 
@@ -272,7 +271,7 @@ def test_a_stop_the_dead_daemon_recorded_but_never_sent_is_sent_by_the_next_one(
     proc.obeys_stop = False
     r.timers.advance(60)
     with monkeypatch.context() as m:  # the daemon dies after recording the abort, before signalling
-        m.setattr(RunStop, "send", lambda self, attempt, stop, grace: None)
+        m.setattr(RunSupervisor, "send_stop", lambda self, attempt, stop, grace: None)
         assert r.sup.request("abort", "ana") == "stopping"
     assert proc.signals == [] and r.store.run_state("r")[0] == "stopping"
     r.clock.now += 5

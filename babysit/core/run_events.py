@@ -203,8 +203,17 @@ class StopGraceOver:
     exited: bool
 
 
+@dataclass(frozen=True)
+class StopSent:
+    """The stop signal of attempt n went out at `sent_at`: a daemon that dies after this does not send it again."""
+
+    at: float
+    n: int
+    sent_at: float
+
+
 Event = (Registered | Launched | LaunchRefused | WaitingForGpu | Adopted | RecordsRead | PollDue | GuardReading
-         | ExitSeen | InternalError | Request | VerdictRead | StopGraceOver)
+         | ExitSeen | InternalError | Request | VerdictRead | StopGraceOver | StopSent)
 
 
 # -- effects --------------------------------------------------------------------------------------------
@@ -289,11 +298,18 @@ class Watch:
 @dataclass(frozen=True)
 class Signal:
     """Send the stop signal to attempt n's leader, the SIGKILL armed `kill_after` seconds later first;
-    then record that it was sent."""
+    then tell the machine it was sent (`StopSent`)."""
 
     n: int
     stop: StopOrder
     kill_after: float
+
+
+@dataclass(frozen=True)
+class NoteStop:
+    """Record the stop in force (its `sent_at` now set): a restarted daemon reads it back."""
+
+    stop: StopOrder
 
 
 @dataclass(frozen=True)
@@ -361,5 +377,5 @@ class Reply:
     text: str
 
 
-Effect = (Launch | Adopt | SetStatus | RecordExit | NoteAttempt | Post | Incident | Watch | Signal | ArmKill | Kill
-          | Recheck | TakePoll | ReadVerdict | SaveVerdict | Chart | PostVerdict | Forget | Reply)
+Effect = (Launch | Adopt | SetStatus | RecordExit | NoteAttempt | Post | Incident | Watch | Signal | NoteStop
+          | ArmKill | Kill | Recheck | TakePoll | ReadVerdict | SaveVerdict | Chart | PostVerdict | Forget | Reply)

@@ -401,6 +401,13 @@ def _grace_over(s: RunState, e: ev.StopGraceOver) -> Step:
     return s, (ev.Kill(e.n),)
 
 
+def _stop_sent(s: RunState, e: ev.StopSent) -> Step:
+    if s.stop is None or s.stop.attempt != e.n or s.stop.sent_at is not None:
+        return s, ()
+    order = replace(s.stop, sent_at=e.sent_at)
+    return replace(s, stop=order), (ev.NoteStop(order),)
+
+
 def _put(s: RunState, attempt: AttemptState) -> RunState:
     return replace(s, attempts=tuple(attempt if a.n == attempt.n else a for a in s.attempts))
 
@@ -410,4 +417,5 @@ _HANDLERS: dict[type, Any] = {
     ev.WaitingForGpu: _waiting_for_gpu, ev.Adopted: _adopted,
     ev.RecordsRead: _records, ev.PollDue: _poll, ev.GuardReading: _guard, ev.ExitSeen: _exit,
     ev.InternalError: _internal_error, ev.Request: _request, ev.VerdictRead: _verdict, ev.StopGraceOver: _grace_over,
+    ev.StopSent: _stop_sent,
 }

@@ -2,7 +2,7 @@
 (`core/run_machine.step`) and each effect it returns is carried out here or by the part that owns it —
 babysit/run/run_launch.py (launch, adopt), run_log.py (the log read, what its records tell), run_observe.py
 (one look at the attempt), run_guard.py (the live check), run_polls.py, run_exit.py (an exit watched,
-drained, classified), run_stop.py (the stop signal, the SIGKILL), run_verdict.py.
+drained, classified), run_verdict.py, run_posts.py. The stop signal and the SIGKILL are sent here.
 
 The order of every step is: decide (pure functions), write the fact to the store, then act. So a
 daemon killed between any two lines resumes from the store without launching twice, posting twice or
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,6 @@ from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_polls import RunPolls
 from babysit.run.run_posts import RunPosts
-from babysit.run.run_stop import RunStop
 from babysit.run.run_verdict import RunVerdicts
 from babysit.run.stackdump import stack_dump
 from babysit.runtime.faults import crash_point
@@ -70,7 +70,6 @@ class RunSupervisor:
         self.polls = RunPolls(self, self.runlog, self.observer)  # its poll calendar's entry
         self.exits = RunExits(self)  # an attempt's end: watched, drained, classified, decided
         self.launcher = RunLauncher(self, self.runlog, self.observer)  # an attempt launched, or adopted
-        self.stopper = RunStop(self)  # the stop signal and the SIGKILL after its grace period
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -149,11 +148,15 @@ class RunSupervisor:
                 crash_point("after-mark-ended")
                 self.attempt = self.ctx.store.attempt(self.run, e.n)
             case ev.Signal():
-                self.stopper.send(self._row(e.n), e.stop.to_dict(), e.kill_after)
+                self.send_stop(self._row(e.n), e.stop, e.kill_after)
+            case ev.NoteStop():
+                self.ctx.store.merge_run_facts(self.run, self.ctx.now(), stop=e.stop.to_dict())
             case ev.ArmKill():
-                self.stopper.arm_kill(self._row(e.n), e.delay)
+                self.arm_kill(self._row(e.n), e.delay)
             case ev.Kill():
-                self.stopper.kill(self._row(e.n))
+                log.warning("grace period over: SIGKILL", run=self.run, attempt=e.n,
+                            grace_s=self.spec.guards.stop_grace_seconds)
+                self.executor.kill(self._row(e.n))  # its whole tree, or scancel
             case ev.Recheck():
                 self.guarding.recheck_soon(e.action)
             case ev.TakePoll():
@@ -200,6 +203,26 @@ class RunSupervisor:
         self.message("ended", {"attempt": attempt.n, "outcome": attempt.outcome, "summary": summary,
                                 "exit_code": attempt.exit_code, "signal": attempt.exit_signal},
                       key=f"{self.run}:{attempt.n}:ended")
+
+    # -- the stop ---------------------------------------------------------------------------------------
+    def send_stop(self, attempt: Attempt, stop: ev.StopOrder, grace: float) -> None:
+        """The stop signal (on the asker's thread, outside the run's lock), the SIGKILL armed first for
+        `grace` seconds on (a stop that fails, scancel refused, still ends in one); then `StopSent`: a
+        daemon that died before it sends the signal on adoption, one that died after does not."""
+        self.arm_kill(attempt, grace)
+        sent_at = self.ctx.now()  # before the signal: a trainer may save within the same millisecond
+        self.executor.stop(attempt, signal.Signals[stop.signal])
+        self.feed(ev.StopSent(self.ctx.now(), attempt.n, sent_at))
+
+    def arm_kill(self, attempt: Attempt, delay: float) -> None:
+        """In `delay` seconds the machine is told the grace period is over, and whether the attempt exited
+        (`StopGraceOver`: it says `Kill` only of one still alive)."""
+        n = attempt.n
+
+        def grace_over() -> None:
+            self.feed(ev.StopGraceOver(self.ctx.now(), n, exited=self.executor.wait(attempt, 0)))
+
+        self.later(f"kill:{self.run}", delay, grace_over, "killing it after the grace period")
 
     # -- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
