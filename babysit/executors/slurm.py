@@ -55,6 +55,7 @@ POLL_ENV = "BABYSIT_SLURM_POLL_SECONDS"  # how often the state is asked (default
 PROBE_INTERVAL_ENV = "BABYSIT_PROBE_INTERVAL"  # the sidecar's sampling interval (default 10 s)
 STACKS_TIMEOUT_S = 40.0  # srun + py-spy on every node, side by side
 BEATS_READ = 20  # a rank's newest beats a node's pace is measured over
+NODE_STACKS_DIR = "stacks"  # in the attempt directory: each node's stack line and flight records (node_stacks)
 
 
 class SlurmError(BabysitError):
@@ -307,6 +308,9 @@ class SlurmExecutor:
         if job_id is None or state is None or state.state != "RUNNING" or not state.nodes:
             return {"note": f"no stack dump: Slurm job {job_id} is {state.state if state else 'unknown'}, "
                             "not running"}
+        into = Path(attempt.attempt_dir) / NODE_STACKS_DIR
+        for old in into.glob("node-*.json"):  # an earlier look's
+            old.unlink(missing_ok=True)
         try:
             hosts = _slurm(["scontrol", "show", "hostnames", state.nodes]).stdout.split()
             out = _slurm(["srun", "--overlap", "--mem=0", f"--jobid={job_id}", f"--nodelist={state.nodes}",
@@ -315,10 +319,7 @@ class SlurmExecutor:
                          timeout=STACKS_TIMEOUT_S, check=False, cwd=attempt.attempt_dir)
         except SlurmError as exc:
             return {"note": f"no stack dump: {exc.message}"}
-        dumps = []
-        for line in out.stdout.splitlines():
-            with contextlib.suppress(ValueError):
-                dumps.append(json.loads(line))
+        dumps = node_dumps(out.stdout, into)
         if not dumps:
             return {"note": f"no stack dump: srun --overlap on job {job_id} printed nothing "
                             f"(exit {out.rc}): {out.stderr.strip()[-300:]}"}
@@ -457,6 +458,22 @@ def excluded_nodes(adir: Path) -> tuple[str, ...]:
         if k.isdigit() and here.isdigit() and int(k) < int(here):
             lost.update(str(n) for n in (_read_json(other) or {}).get("nodes") or ())
     return tuple(sorted(lost))
+
+
+def node_dumps(stdout: str, into: Path) -> list[dict]:
+    """Each node's `node_stacks` line, one a node: the file it wrote on the shared disk, else its line in
+    srun's output (srun interleaves two nodes' long lines printed at once, so a line may not parse)."""
+    dumps: dict[str, dict] = {}
+    for line in stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            found = json.loads(line)
+            if isinstance(found, dict):
+                dumps[str(found.get("node"))] = found
+    for path in sorted(into.glob("node-*.json")):
+        found = _read_json(path)
+        if found is not None:
+            dumps[str(found.get("node"))] = found
+    return list(dumps.values())
 
 
 def _probe_interval() -> float:

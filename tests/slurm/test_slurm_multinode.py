@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import secrets
 import signal
 import subprocess
@@ -26,13 +27,14 @@ PREREG = {"metric": "eval_chunk_mae", "baseline_step": 10, "read_step": 30,
           "bands": [{"label": "LEARNS", "max": 0.0}], "otherwise": {"label": "FLAT"}}
 
 
-def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, *extra: str, **tables: dict) -> Path:
+def trainer_run(bench: Bench, tmp_path: Path, name: str, steps: int, *extra: str, env: dict | None = None,
+                **tables: dict) -> Path:
     """A 2-node run of the reference trainer (tiny recipe), evaluating every 10 steps, saving every 10."""
     command = [sys.executable, "-m", "trainer", "--recipe", "tiny", "--steps", str(steps), "--eval-every", "10",
                "--save-every", "10", "--log", f"outputs/{name}/train_log.jsonl",
                "--checkpoints", f"outputs/{name}/ckpt", *extra]
     env = {"BABYSIT_TRAINER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "BABYSIT_RDZV_PORT": str(29500 + secrets.randbelow(2000))}
+           "BABYSIT_RDZV_PORT": str(29500 + secrets.randbelow(2000)), **(env or {})}
     # pinned to n1 and n2 (queued while another test holds them): the tests name the nodes
     tables.setdefault("slurm", {"nodes": 2, "time_limit": "00:05:00", "sbatch_options": ["--nodelist=n[1-2]"]})
     tables.setdefault("guards", {"exclusive_gpu": False, "stall_minutes": 90})  # torch + gloo start slowly on busy cores
@@ -144,9 +146,14 @@ def test_a_stopped_rank_on_node_2_gives_every_ranks_stack_from_every_node_and_is
                                                                                        tmp_path: Path) -> None:
     """Rank 1 (on n2) SIGSTOPped mid-run: rank 0 waits in the all-reduce, no record comes, the stall guard
     fires; before anything is killed babysit dumps both ranks' Python stacks from both nodes (py-spy
-    through `srun --overlap`) and names the stopped rank and its node."""
+    through `srun --overlap`) and names the stopped rank and its node. The run keeps its flight records
+    where TORCH_NCCL_DEBUG_INFO_TEMP_FILE says (gloo writes none: each rank's file is put there as an NCCL
+    rank's dump would be); each node gathers its ranks' into the attempt's stacks/ folder."""
     name = f"hang-{secrets.token_hex(3)}"
+    local = tmp_path / "node-local"  # one host here; on a cluster, each node's own disk
+    local.mkdir()
     trainer_run(bench, tmp_path, name, 400, "--inject-step-delay", "0.1",
+                env={"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{local}/nccl_trace_rank_"},
                 guards={"exclusive_gpu": False, "stall_minutes": 40, "stop_grace_seconds": 5})
     daemon = bench.start_up()
     rank_log = Path()
@@ -161,6 +168,10 @@ def test_a_stopped_rank_on_node_2_gives_every_ranks_stack_from_every_node_and_is
         status = bench.until("status naming the nodes", lambda: "RUNNING on n[1-2]" in (
             out := bench.babysit("status").stdout) and out)
         assert f"{name}: Slurm job {attempt.job_id} RUNNING on n[1-2]" in status, status
+        for rank in (0, 1):  # PyTorch's format: a pickle of plain data, rank 1 a collective behind
+            entries = [{"collective_seq_id": seq, "profiling_name": "nccl:all_reduce", "process_group": ("0", ""),
+                        "input_sizes": [[4]], "state": "completed"} for seq in range(1, 8 - rank)]
+            (local / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps({"version": "2.4", "entries": entries}))
         os.kill(beat["pid"], signal.SIGSTOP)
         assert daemon.wait(timeout=200) == 0, bench.daemon_logs()[-3000:]
     finally:
@@ -181,6 +192,11 @@ def test_a_stopped_rank_on_node_2_gives_every_ranks_stack_from_every_node_and_is
     assert "train.py" in stacks[keys[0]] and "train.py" in stacks[keys[1]], stacks
     assert stacks[keys[1]].startswith("(process stopped")
     assert stacks["stalled"].startswith(f"rank {beat['rank']} on n2 (pid {beat['pid']})"), stacks["stalled"]
+    gathered = Path(attempt.attempt_dir) / "stacks"
+    for node, rank in (("n1", other), ("n2", beat["rank"])):
+        assert (gathered / f"nccl_trace_rank_{rank}").read_bytes() == (local / f"nccl_trace_rank_{rank}").read_bytes()
+        assert (f"{node} rank {rank}: {gathered}/nccl_trace_rank_{rank} (from {node}:{local}/nccl_trace_rank_{rank}"
+                in stacks["flight_records"]), stacks["flight_records"]
     last = max(r["ts"] for r in records(tmp_path, name) if "train_loss" in r)
     print(f"stacks taken {stalled[0].at - last:.1f} s after the last record (stall limit 40 s)")
 

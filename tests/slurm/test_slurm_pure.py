@@ -524,3 +524,17 @@ def test_the_warning_comes_five_minutes_or_a_tenth_of_the_limit_before_it(tmp_pa
     with pytest.raises(BabysitError, match=r"slurm.time_limit_warning_seconds: expected a number of seconds under "
                                            r"time_limit \(00:01:00\), got 60"):
         load_spec(spec)
+
+
+def test_each_nodes_stack_line_is_read_from_its_file_when_srun_interleaved_the_output(tmp_path: Path) -> None:
+    """Two nodes print 30 KiB lines at once: srun mixes them, and neither parses. Each node's file on the
+    shared disk (`stacks/node-<node>.json`) is whole; a line that parses stands for a node without a file."""
+    from babysit.executors.slurm import node_dumps
+
+    n1, n2 = ({"node": n, "procs": [{"rank": r, "stack": "x" * 30000}]} for n, r in (("n1", 0), ("n2", 1)))
+    a, b = json.dumps(n1), json.dumps(n2)
+    mixed = a[:4096] + b[:4096] + a[4096:] + "\n" + b[4096:] + "\n" + json.dumps({"node": "n3", "procs": []}) + "\n"
+    (tmp_path / "node-n1.json").write_text(a + "\n")
+    (tmp_path / "node-n2.json").write_text(b + "\n")
+    assert sorted((d["node"], len(d["procs"])) for d in node_dumps(mixed, tmp_path)) == [
+        ("n1", 1), ("n2", 1), ("n3", 0)]
