@@ -70,10 +70,12 @@ def test_a_two_node_ddp_run_reaches_its_final_verdict_with_a_poll_row_per_node(b
     assert rows is not None, [s.nodes for s in polls]
     assert [n.node for n in rows] == ["n1", "n2"] and sorted(r for n in rows for r in n.ranks) == [0, 1]
     assert all(n.step and n.available_ram_bytes and n.total_ram_bytes for n in rows), rows
+    assert all(n.gpus == 1 and n.gpu_util_pct == 95 for n in rows), rows  # each sidecar's own GPU (simulated)
     posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
     text = "\n".join(m.get("text", "") for m in posted if m.get("kind") == "poll")
     for row in rows:  # which rank lands on which node is torchrun's rendezvous's choice
         assert f"node {row.node} (rank {row.ranks[0]}): step " in text, text[-2000:]
+    assert "s/step · GPU util 95 % · free RAM " in text, text[-2000:]
 
 
 def records(tmp_path: Path, name: str) -> list[dict]:
