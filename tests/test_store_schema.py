@@ -149,6 +149,33 @@ def test_a_v4_state_db_keeps_its_runs_offsets_marks_and_owed_answers_in_their_ow
     assert schema_diff(f"sqlite:///{path}") == []
 
 
+def test_a_fleet_mirror_an_older_babysit_left_is_not_read_as_todays(tmp_path: Path) -> None:
+    """A box's readers fall back to its local mirror while PostgreSQL is down; a mirror still at schema 4 (its
+    daemon not yet restarted on today's babysit) is opened read-only, so not migrated: it is not shown
+    rather than failing on a table it lacks, and a mirror at today's schema is."""
+    from babysit.db.mirror_view import JOURNAL_FILE, MirrorStore
+    from babysit.db.sqlite_schema import MIGRATIONS, statements
+
+    path = tmp_path / JOURNAL_FILE
+    db = sqlite3.connect(path)
+    for step in range(1, 5):
+        for statement in statements(MIGRATIONS[step]):
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 4")
+    db.execute("INSERT INTO runs VALUES ('r1', 'box-a', 1.0)")
+    db.execute("INSERT INTO run_state VALUES ('r1', 'running', ?, 1700.5)", (json.dumps(V4_FACTS),))
+    db.commit()
+    db.close()
+    assert MirrorStore.of_box(tmp_path, "box-a", "down") is None
+    Store(path).close()  # what the daemon's start does to its mirror: migrated
+    mirror = MirrorStore.of_box(tmp_path, "box-a", "down")
+    assert mirror is not None
+    try:
+        assert mirror.run_state("r1")[1]["tail"] == V4_FACTS["tail"]
+    finally:
+        mirror.close()
+
+
 def _downgrade_postgres(url: str, to: str) -> None:
     import sqlalchemy as sa
     from alembic import command

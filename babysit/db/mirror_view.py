@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from babysit.core.errors import StateError
-from babysit.db.store import BUSY_TIMEOUT_S, Store
+from babysit.db.store import BUSY_TIMEOUT_S, SCHEMA_VERSION, Store
 
 JOURNAL_FILE = "fleet-journal.db"  # babysit.db.journal.JOURNAL_FILE (that module imports psycopg)
 
@@ -42,8 +42,9 @@ class MirrorStore(Store):
             return None
         try:
             store = cls(path, host, 0.0, unreachable)
-            if not store._query("SELECT 1 FROM runs WHERE host=? LIMIT 1", (host,)):
-                store.close()
+            if store.schema_version() != SCHEMA_VERSION or not store._query(
+                    "SELECT 1 FROM runs WHERE host=? LIMIT 1", (host,)):
+                store.close()  # another babysit's schema (read-only: not migrated here), or none of this box's runs
                 return None
         except (StateError, sqlite3.Error):
             return None
