@@ -16,7 +16,7 @@ import tomllib
 
 from babysit.core.errors import SpecError
 from babysit.core.reading import presets
-from babysit.core.reading.suggest import suggest
+from babysit.core.reading.suggest import suggest, unread_answer
 from babysit.core.spec.source import SourceSpec, parse_source, preset_line, preset_patterns
 from babysit.core.spec.tomlfile import Table
 from babysit.sources import stdout, unreadable
@@ -206,6 +206,22 @@ def test_auto_says_none_matched_and_what_would(tmp_path):
     follow = source({"kind": "stdout", "patterns": [{"regex": would}]})
     again = read_lines(follow, tmp_path / "b", "upd 120 loss=0.52 acc 0.91\n")
     assert [(i.step, i.metrics) for i in again.items] == [(120, {"loss": 0.52, "acc": 0.91})]
+
+
+def test_the_incident_the_first_poll_and_the_early_answer_say_one_wording(tmp_path):
+    """What reads a run's printed lines, and that nothing does and what would, is one renderer
+    (suggest.unread_answer): the log-unreadable incident and the first poll's line say its words."""
+    src = source({"kind": "stdout", "preset": "auto"})
+    got = read_lines(src, tmp_path, "upd 120 loss=0.52 acc 0.91\n")
+    tried = tuple(name for name, _ in src.candidates)
+    incident = unreadable(src, Evidence(lines_seen=got.lines, records_parsed=0, output_bytes=100, sample=got.sample),
+                          log=tmp_path / "records.jsonl")
+    assert incident.startswith(unread_answer(tried, got.sample, lines=1))
+    assert incident.endswith(" The run is not stopped for this.")
+    assert stdout.KIND.reading_line(src, None, got.sample) == "📄 " + unread_answer(tried, got.sample)
+    early = unread_answer(tried, got.sample, lines=1, early=True, spec_file="r.toml", command=("python3", "t.py"))
+    assert early.endswith(f"or run again with: babysit run --pattern '{suggest(got.sample)}' -- python3 t.py")
+    assert "Put it in r.toml under [source]" in early and "A preamble before the first metrics is normal" in early
 
 
 def test_a_more_specific_preset_replaces_the_general_reader_when_its_line_comes(tmp_path):

@@ -113,8 +113,8 @@ class LogTeller:
             return
         self.answered.add("unread")
         spec = self.log.spec
-        message = suggest.unread_answer(spec.command, str(spec.spec_file), pumped.evidence.sample, lines,
-                                        tuple(name for name, _ in spec.source.candidates))
+        message = suggest.unread_answer(tuple(name for name, _ in spec.source.candidates), pumped.evidence.sample,
+                                        lines=lines, early=True, spec_file=str(spec.spec_file), command=spec.command)
         self.ctx.store.merge_run_facts(self.run, self.ctx.now(), reading=None)
         self.host.message("text", {"text": f"📖 {self.run}: {message}"}, key=f"{self.run}:reading-none")
 

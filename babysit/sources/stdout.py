@@ -24,7 +24,7 @@ from typing import Any
 
 from babysit.core.reading import printed
 from babysit.core.reading.presets import GENERAL
-from babysit.core.reading.suggest import suggest
+from babysit.core.reading.suggest import unread_answer
 from babysit.core.spec.source import AUTO, SourceSpec, preset_line
 from babysit.sources import lines as ln
 from babysit.sources import records
@@ -347,24 +347,12 @@ class StdoutKind(Kind):
             return None
         if chosen is not None:
             return "📄 " + preset_line(chosen)
-        would = suggest(sample) if sample else None
-        return ("📄 nothing reads its printed lines yet (presets tried: " + ", ".join(n for n, _ in source.candidates)
-                + "; the general reader found no step counter with metrics)"
-                + (f"; a line none read: {sample!r}; a pattern that would read it: regex = '{would}'"
-                   if would else "") + " (docs/your-trainer.md)")
+        return "📄 " + unread_answer(tuple(n for n, _ in source.candidates), sample)
 
     def unreadable(self, source: SourceSpec, evidence: Evidence, log: Path) -> str:
         lines = evidence.lines_seen or 0
         if source.preset == AUTO and not source.patterns:
-            would = suggest(evidence.sample) if evidence.sample else None
-            return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed: no preset matched them (tried "
-                    + ", ".join(name for name, _ in source.candidates) + ") and the general reader found no step "
-                    "counter (`step 10`, `iter 10/500`, `epoch 1 batch 20/100`) with `name value` metrics in them."
-                    + sample(evidence, "A line none read")
-                    + (f" A pattern that would read it: [[source.patterns]] regex = '{would}'." if would else
-                       " Print a step counter beside the metrics (`step 10 loss 0.52`).")
-                    + " A pattern goes under [source] in run.toml as [[source.patterns]] (docs/your-trainer.md); "
-                    "or log with babysit.log(step, loss=…).")
+            return unread_answer(tuple(name for name, _ in source.candidates), evidence.sample, lines=lines)
         tried = "; ".join(f"{i}) {p.regex}" for i, p in enumerate(source.patterns, start=1))
         return (f"{lines} lines of the run's stdout/stderr read, 0 records parsed. Patterns tried: {tried}."
                 + sample(evidence, "A line none matched")

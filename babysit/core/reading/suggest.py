@@ -70,22 +70,27 @@ def _unique(name: str, used: set[str]) -> str:
     return out
 
 
-def unread_answer(command: tuple[str, ...], spec_file: str, sample: str | None, lines: int,
-                  presets_tried: tuple[str, ...]) -> str:
-    """What `babysit run` and the run's thread say when no printed line has given a record yet: a line,
-    the pattern that would read it, where to put it, and the one command that runs again with it."""
-    tried = ", ".join(presets_tried)
-    head = (f"nothing reads its printed lines yet: {lines} line{'s' if lines != 1 else ''}, no record "
-            f"(presets tried: {tried}; then the general reader, which needs a step counter such as `step 10`, "
-            "`iter 10/500` or `epoch 1 batch 20/100` beside `name value` metrics). A preamble before the first "
-            "metrics is normal: babysit says so when a record comes.")
+def unread_answer(presets_tried: tuple[str, ...], sample: str | None, *, lines: int | None = None,
+                  early: bool = False, spec_file: str | None = None, command: tuple[str, ...] | None = None) -> str:
+    """What babysit says when no printed line has given a record: that nothing reads them, what was tried,
+    a line none read, the pattern that would read it and where it goes. One wording for `babysit run`'s
+    answer and the run's thread (`early`: the preamble may still be printing), the first poll's reading
+    line and the `log-unreadable` incident; with `command`, it ends with the one that runs again with it."""
+    count = f": {lines} line{'s' if lines != 1 else ''}, no record" if lines is not None else ""
+    text = (f"nothing reads its printed lines yet{count} (no preset matched, of {', '.join(presets_tried)}; the "
+            "general reader needs a step counter such as `step 10`, `iter 10/500` or `epoch 1 batch 20/100` beside "
+            "`name value` metrics).")
+    if early:
+        text += " A preamble before the first metrics is normal: babysit says so when a record comes."
     if sample is None:
-        return head + " Print a step and metrics (`step 10 loss 0.52`), or log with babysit.log(step, loss=…)."
+        return text + " Print a step and metrics (`step 10 loss 0.52`), or log with babysit.log(step, loss=…)."
     would = suggest(sample)
-    quoted = f" A line: {sample[:200]!r}."
+    text += f" A line: {sample[:200]!r}."
     if would is None:
-        return (head + quoted + " It shows no step counter: print one beside the metrics (`step 10 loss 0.52`), "
+        return (text + " It shows no step counter: print one beside the metrics (`step 10 loss 0.52`), "
                 "or log with babysit.log(step, loss=…) (docs/your-trainer.md).")
-    again = "babysit run --pattern " + shlex.quote(would) + " -- " + shlex.join(command)
-    return (head + quoted + f" A pattern that would read it: '{would}'. Put it in {spec_file} under [source] as "
-            f"[[source.patterns]] regex = '{would}', or run again with: {again}")
+    text += (f" A pattern that would read it: '{would}'. Put it in {spec_file or 'run.toml'} under [source] as "
+             f"[[source.patterns]] regex = '{would}' (docs/your-trainer.md)")
+    if command is None:
+        return text + "."
+    return text + ", or run again with: babysit run --pattern " + shlex.quote(would) + " -- " + shlex.join(command)
