@@ -229,7 +229,7 @@ def reading(n: int) -> dict[str, Any]:
 def test_deferred_readings_land_in_one_commit_at_the_end_and_keep_the_status(backend: Backend, store: Store) -> None:
     store.set_run_state("a", "running", 1.0, launched=True)
     reader = backend.reader()
-    with store.deferred_facts():
+    with store.deferred_readings():
         store.save_reading("a", **reading(1))
         store.save_reading("b", **reading(3))  # a run with no state yet stays pending
         store.save_reading("a", **reading(2))
@@ -255,7 +255,7 @@ def test_a_deferred_block_of_many_runs_writes_every_reading(store: Store) -> Non
     runs = [f"r{i}" for i in range(400)]  # more than one UPSERT's worth
     for run in runs:
         store.set_run_state(run, "running", 1.0)
-    with store.deferred_facts():
+    with store.deferred_readings():
         for i, run in enumerate(runs):
             store.save_reading(run, **reading(i))
     states = store.run_states()
@@ -264,7 +264,7 @@ def test_a_deferred_block_of_many_runs_writes_every_reading(store: Store) -> Non
 
 def test_facts_merged_inside_a_deferred_block_are_written_at_once(backend: Backend, store: Store) -> None:
     """A fact a restarted daemon must find (a stop signal sent) never waits for a round's end."""
-    with store.deferred_facts():
+    with store.deferred_readings():
         store.save_reading("a", **reading(1))
         store.merge_run_facts("a", 1.0, stop={"sent_at": 1.0})
         seen = backend.reader().execute("SELECT facts FROM run_state").fetchone()[0]

@@ -29,4 +29,4 @@ def test_sqlite_and_postgresql_stores_match_the_interface_signature_for_signatur
             declared = inspect.signature(getattr(StateStore, name))
             assert list(ours.parameters) == list(declared.parameters), (cls.__name__, name)
             assert str(ours.return_annotation) == str(declared.return_annotation) or name in (
-                "tx", "batch", "deferred_facts"), (cls.__name__, name)
+                "tx", "batch", "deferred_readings"), (cls.__name__, name)

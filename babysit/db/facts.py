@@ -4,7 +4,7 @@ was read, saved by every round that read some, so a restart reads on from there)
 
 `run_state` reads them together: the facts with the reading's `tail`, `source`, `step` and
 `last_record_at` beside them. The reading is one UPSERT a save; a round's saves wait for the round's end
-(`deferred_facts`) so that they cost one commit, and never run ahead of the record log they count."""
+(`deferred_readings`) so that they cost one commit, and never run ahead of the record log they count."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class RunFacts(SqlBase):
     """The run_state and run_reading tables: a run's status, facts and reading."""
 
     @contextmanager
-    def deferred_facts(self) -> Iterator[None]:
+    def deferred_readings(self) -> Iterator[None]:
         """The `save_reading` calls this thread makes inside are written together at the end, the last of
         each run's: a round's readings of every run cost one commit, not one each; a reader's, one after
         its record log is synced."""
@@ -38,11 +38,11 @@ class RunFacts(SqlBase):
         try:
             yield
         finally:
-            self.flush_deferred_facts()
+            self.flush_deferred_readings()
             self._local.readings = None
 
-    def flush_deferred_facts(self) -> None:
-        """Write the readings `deferred_facts` holds now (inside a `batch()`, as part of it)."""
+    def flush_deferred_readings(self) -> None:
+        """Write the readings `deferred_readings` holds now (inside a `batch()`, as part of it)."""
         pending = getattr(self._local, "readings", None)
         if pending:
             self._local.readings = {}
@@ -79,7 +79,7 @@ class RunFacts(SqlBase):
     def save_reading(self, run: str, *, tail: dict[str, Any], source: dict[str, Any], step: int | None,
                      last_record_at: float | None) -> None:
         """How far the run's output was read: the record log's reading (`tail`), the source's own state,
-        the last step and the last record's time. Inside `deferred_facts()`, written at that block's end."""
+        the last step and the last record's time. Inside `deferred_readings()`, written at that block's end."""
         reading = (run, tail, source, step, last_record_at)
         pending = getattr(self._local, "readings", None)
         if pending is not None:

@@ -34,7 +34,7 @@ class SqlBase:
     def _init_common(self) -> None:
         self._lock = threading.RLock()
         self._batch_depth = 0  # > 0 while the lock's holder is inside batch()
-        self._local = threading.local()  # deferred_facts' pending readings, per thread
+        self._local = threading.local()  # deferred_readings' pending readings, per thread
         self.on_enqueue: Callable[[], None] | None = None
         self._polls_read: dict[int, Poll] = {}  # polls read before, by id (`_poll`)
 

@@ -128,7 +128,7 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
     """Poll each running run once (`kind`: on-demand, or first / periodic as each run's history says);
     how many polls were recorded. One run's failure is that run's (`poll_failed`)."""
     staged = []
-    with store.deferred_facts():  # the log offsets the reads move, committed with the polls
+    with store.deferred_readings():  # the log offsets the reads move, committed with the polls
         for supervisor in supervisors:
             try:
                 with supervisor.lock:
@@ -140,7 +140,7 @@ def poll_round(store: Store, supervisors: Sequence[PolledRun], kind: str | None 
         recorded = []
         try:
             with store.batch():
-                store.flush_deferred_facts()
+                store.flush_deferred_readings()
                 rows = []
                 for supervisor, poll in staged:
                     # never wait for a run's lock while holding the store's: its holder may be waiting

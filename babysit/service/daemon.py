@@ -321,7 +321,7 @@ class Daemon:
             except BabysitError as exc:
                 log.warning("refreshing the local mirror failed", error=exc.message)
         try:
-            with self.store.deferred_facts():  # every run's log offsets in one commit at the end
+            with self.store.deferred_readings():  # every run's log offsets in one commit at the end
                 for supervisor in list(self.supervisors.values()):
                     try:
                         running = supervisor.is_running()
@@ -341,7 +341,7 @@ class Daemon:
         """The read interval of runs whose records babysit stamps with the time it reads them ([source]
         stdout, csv): a step's time is known to within it (docs/your-trainer.md)."""
         try:
-            with self.store.deferred_facts():
+            with self.store.deferred_readings():
                 for supervisor in list(self.supervisors.values()):
                     if not supervisor.spec.source.copies:
                         continue

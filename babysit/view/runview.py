@@ -127,8 +127,8 @@ class RunRow(ProgressFields):
 
 @dataclass(frozen=True)
 class ShownFacts:
-    """What the surfaces show of a run's facts (its run_state row's JSON, as its daemon wrote it), read
-    once from that JSON (`from_dict`, the SQL boundary) into the values `build_row` needs."""
+    """What the surfaces show of a run's facts (`Store.run_state`: its run_state row's JSON and its reading,
+    as its daemon wrote them), read once (`from_dict`, the SQL boundary) into the values `build_row` needs."""
 
     step: int | None = None  # the daemon's last reading of the log
     enforced: bool = False  # the daemon stored the spec it enforces (then `enforced_cap` is its cap)
