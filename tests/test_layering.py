@@ -309,8 +309,8 @@ def daemon_rooms() -> list[Path]:
 
 def test_the_daemon_and_a_runs_parts_use_each_other_by_public_names_only():
     """The supervisor is a thin shell over parts (run_launch, run_log, run_observe, run_guard, run_exit,
-    run_stop, run_polls, run_verdict, run_errors): the daemon and the parts ask each other through public
-    methods and attributes, never `supervisor._x` — a private reach is a concern that leaked its seam."""
+    run_polls, run_verdict, run_posts): the daemon and the parts ask each other through public methods and
+    attributes, never `supervisor._x` — a private reach is a concern that leaked its seam."""
     bad = [hit for path in daemon_rooms() for hit in private_reaches(path)]
     assert not bad, "private names reached into (make it public where it belongs, or move it):\n" + "\n".join(bad)
 

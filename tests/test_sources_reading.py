@@ -1,4 +1,4 @@
-"""A run's reading of a flood, as the daemon does it (babysit/run/run_log.py over babysit/run/runreader.py): a read
+"""A run's reading of a flood, as the daemon does it (babysit/run/run_log.py over babysit/run/log_chunks.py): a read
 of many chunks saves the offsets once, after the record log is durable, so what is saved never runs ahead
 of what the record log holds; and a read that hands the rest to the reader thread leaves it free to read."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from babysit.run.runreader import CHUNK_BYTES
+from babysit.run.log_chunks import CHUNK_BYTES
 from tests.supervised import supervised_run
 
 RUN_TOML = """[run]

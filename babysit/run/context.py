@@ -19,10 +19,10 @@ from babysit.db.store import Attempt, Store
 from babysit.executors import Executor
 from babysit.probes.gpu import GpuProbe
 from babysit.probes.host import HostProbe, ProcHostProbe
+from babysit.run.log_chunks import ReadWorker
 from babysit.run.polling import PollCalendar
 from babysit.run.run_posts import RunPosts
 from babysit.run.run_verdict import RunVerdicts
-from babysit.run.runreader import ReadWorker
 from babysit.runtime.clock import SYSTEM, Clock
 from babysit.runtime.exitwatch import ExitWatcher
 from babysit.runtime.timers import ThreadTimers, Timers
@@ -79,3 +79,4 @@ class RunHost(Protocol):
     def failed(self, where: str, exc: BaseException) -> None: ...
     def internal_error(self, where: str, exc: BaseException) -> None: ...
     def use_gpus(self, gpus: Any) -> None: ...
+    def read_state(self) -> None: ...

@@ -19,7 +19,7 @@ from babysit.core.spec.run_toml import RunSpec
 from babysit.core.spec.source import describe
 from babysit.db.store import Attempt
 from babysit.run.context import DaemonContext, RunHost
-from babysit.run.runreader import RunReader
+from babysit.run.log_chunks import RunReader
 from babysit.sources import logtail
 from babysit.sources.sniff import sniff
 

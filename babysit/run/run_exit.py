@@ -1,44 +1,31 @@
 """One run's exits: an attempt's end handed to the daemon's one exit watcher (or asked for, where the
 executor has no descriptor: Slurm), its output drained, its exit classified (core/classify.py) from what
-was seen — the exit record, the last records, a stop that was asked for, the GPUs' own fault evidence —
-and fed to the run's transition as `ExitSeen`. Whatever goes wrong in between, the attempt ends and the
-run reaches a defined state (`InternalError`): a watcher or timer thread never leaves a run `running`.
+was seen — the exit record, the last records, a stop that was asked for and whether the trainer saved
+after it, the GPUs' own fault evidence — and fed to the run's transition as `ExitSeen`. Whatever goes
+wrong in between, the attempt ends and the run reaches a defined state (`InternalError`): a watcher or
+timer thread never leaves a run `running`.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Protocol
+import os
+from pathlib import Path
+from typing import Any
 
 import structlog
 
 from babysit.core import classify
 from babysit.core import run_events as ev
-from babysit.core.errors import BabysitError
-from babysit.core.run_machine import RunState
+from babysit.core.errors import BabysitError, short_error
 from babysit.core.status import AttemptStatus, Outcome
 from babysit.db.store import Attempt
-from babysit.run import gpufault, runstate, stopcheck
-from babysit.run.run_errors import short_error
+from babysit.run import gpufault
+from babysit.run.context import RunHost
+from babysit.run.log_chunks import CHUNK_BYTES
 from babysit.run.run_guard import GUARD_LOCK_WAIT_SECONDS
 from babysit.run.run_log import RunLog
-from babysit.run.run_part import RunPartHost
-from babysit.run.runreader import CHUNK_BYTES
 
 log = structlog.get_logger("babysit.run.supervisor")
-
-
-class ExitingRun(RunPartHost, Protocol):
-    """What the exit handling needs of its run (`babysit.run.supervisor.RunSupervisor`)."""
-
-    lock: threading.RLock
-    attempt: Attempt | None
-    state: RunState
-    runlog: RunLog
-
-    def is_running(self) -> bool: ...
-    def incident(self, kind: str, message: str, detail: dict[str, Any], key: str) -> None: ...
-    def internal_error(self, where: str, exc: BaseException) -> None: ...
 
 
 # Ends whose own incident already says the run failed: "no record was read" adds nothing to them. Any other
@@ -47,9 +34,9 @@ LOUD_ENDS = (Outcome.CRASHED, Outcome.OOM, Outcome.GPU_FAULT, Outcome.DIVERGED)
 
 
 class RunExits:
-    def __init__(self, host: ExitingRun) -> None:
+    def __init__(self, host: RunHost, runlog: RunLog) -> None:
         self.host, self.ctx, self.run = host, host.ctx, host.run
-        self.executor, self.lock, self.runlog = host.executor, host.lock, host.runlog  # fixed for the run's life
+        self.executor, self.lock, self.runlog = host.executor, host.lock, runlog  # fixed for the run's life
         self.exiting: int | None = None  # the attempt whose exit a thread is draining
 
     def watch(self) -> None:
@@ -149,20 +136,20 @@ class RunExits:
             attempt, spec = self.sync_start(attempt), self.host.spec
             # the last records (a diverged event, the final eval) belong to it, an unterminated last line too
             self.runlog.read_log(drain=True, final=True)
-            stop = self.ctx.store.run_state(self.run)[1].get("stop") or {}
-            stop_requested = stop.get("attempt") == n
-            sent_at = (stop.get("sent_at") or stop.get("at")) if stop_requested else None
+            stop = self.host.state.stop
+            stop = stop if stop is not None and stop.attempt == n else None  # a stop of this attempt was asked for
+            sent_at = (stop.sent_at or stop.at) if stop is not None else None
             fresh = self.ctx.store.attempt(self.run, n)  # the exit's own read_log may have noted a NaN on it
             evidence = gpufault.at_exit(self.ctx.gpu_probe, self.ctx.store, fresh, spec.gpus)
             cls = classify.classify_exit(
                 classify.ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
-                last_records=list(self.runlog.recent), rules=spec.classify, stop_requested=stop_requested,
-                stop_reason=stop.get("reason") if stop_requested else None,
+                last_records=list(self.runlog.recent), rules=spec.classify, stop_requested=stop is not None,
+                stop_reason=stop.reason if stop is not None else None,
                 host_memory_pressure=bool(attempt.detail.get("host_memory_pressure")),
                 nonfinite_seen=fresh.detail.get("nonfinite"),
                 nonfinite_metrics=spec.guards.nonfinite_metrics,
                 stop_sent_at=sent_at,
-                checkpoint_after_stop=stopcheck.written_after(spec.checkpoints, sent_at) if sent_at else None,
+                checkpoint_after_stop=written_after(spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
                 node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None,
                 time_limit=info.time_limit))
@@ -178,10 +165,10 @@ class RunExits:
                 detail["undrained"] = vanished
             if cls.outcome == "gpu-fault" or cls.detail.get("completed_before_stop") == "gpu-fault":
                 self.quarantine(n, evidence)  # before the retry chooses its GPUs; a broken GPU stays broken
-            if stop_requested and "stop_reason" in cls.detail:
+            if stop is not None and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.
-                detail["stopped_by"] = stop.get("reason")
+                detail["stopped_by"] = stop.reason
             seen = ev.ExitSeen(self.ctx.now(), n, cls.outcome, summary, ended_at=info.ended_at or self.ctx.now(),
                                exit_code=info.exit_code, signal=info.signal, retry_override=cls.retry,
                                stopped_by=detail.get("stopped_by"), detail=detail)
@@ -213,7 +200,7 @@ class RunExits:
         Never raises."""
         try:
             now = self.ctx.now()
-            self.host.state = runstate.restore(self.ctx.store, self.host.spec, now)
+            self.host.read_state()
             row = self.ctx.store.attempt(self.run, n)
             info = self.executor.exit_info(row) if row.status != AttemptStatus.ENDED else None
             self.host.attempt = row
@@ -222,3 +209,46 @@ class RunExits:
                                             signal=info.signal if info else None))
         except Exception:
             log.exception("could not end the run after an internal error", run=self.run, attempt=n)
+
+
+# Did the trainer save after a requested stop? What a launcher's exit status cannot say (torchrun exits 1 after
+# any signal, whatever its ranks did), the checkpoint folder can: a file written there after the signal is
+# the trainer saving on its way out. core/classify.py weighs it with the trainer's stop record; this only
+# looks, bounded: a folder of many thousand files is not walked whole at every exit.
+MAX_ENTRIES = 5000  # entries looked at, at most
+MAX_DEPTH = 3  # folders below [run].checkpoints (HF: checkpoint-500/…, Lightning: version_0/checkpoints/…)
+POINTER_BYTES = 256  # a file this small is a pointer (`latest`), not the checkpoint itself
+# Linux stamps a file with its coarse clock (up to a jiffy, 1-10 ms, behind time.time()): a file written
+# just after the signal can carry an mtime a few ms before it
+MTIME_SLACK_S = 0.02
+
+
+def written_after(folder: Path, since: float) -> tuple[str, float] | None:
+    """(the file's path relative to `folder`, seconds after `since`) of the newest file modified at or after
+    `since`, a real checkpoint preferred over a pointer file; None when there is none (or no folder)."""
+    best: tuple[bool, float, str] | None = None
+    seen = 0
+    stack: list[tuple[Path, int]] = [(Path(folder), 0)]
+    while stack and seen < MAX_ENTRIES:
+        here, depth = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth < MAX_DEPTH:
+                        stack.append((Path(entry.path), depth + 1))
+                    continue
+                st = entry.stat()
+            except OSError:
+                continue
+            if st.st_mtime >= since - MTIME_SLACK_S:
+                key = (st.st_size > POINTER_BYTES, st.st_mtime, os.path.relpath(entry.path, folder))
+                if best is None or key[:2] > best[:2]:
+                    best = key
+    if best is None:
+        return None
+    return best[2], max(0.0, best[1] - since)

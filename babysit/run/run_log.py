@@ -1,4 +1,4 @@
-"""One run's log as the daemon reads it: the reader (babysit/run/runreader.py: the source pumped, the record
+"""One run's log as the daemon reads it: the reader (babysit/run/log_chunks.py: the source pumped, the record
 log read in chunks) and the state its records fill — step points, recent records, the latest evals and
 shown metrics, the declared end step, a non-finite watched metric, when output and records were last
 seen. The guards and polls observe this state (babysit/run/run_observe.py); the supervisor owns one.
@@ -23,8 +23,8 @@ from babysit.core.reading.log_records import LogRecord, ProgressPoint
 from babysit.core.spec.run_toml import RunSpec
 from babysit.db.store import Attempt
 from babysit.run.context import RunHost
+from babysit.run.log_chunks import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.run.log_telling import LogTeller
-from babysit.run.runreader import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
 from babysit.sources import logtail
 from babysit.sources.records import ColumnSegment, RecordBatch
 
@@ -43,7 +43,7 @@ class _NameRole(NamedTuple):
 
 class RunLog:
     """The run's reader and the read state. `read_log`, `is_running`, `failed` and `run` are what the
-    daemon's reader thread (`runreader.ReadWorker`) asks of what it reads."""
+    daemon's reader thread (`log_chunks.ReadWorker`) asks of what it reads."""
 
     def __init__(self, host: RunHost, facts: dict[str, Any], check_guards: Callable[[], None]) -> None:
         self.host, self.ctx, self.run = host, host.ctx, host.run
@@ -117,7 +117,7 @@ class RunLog:
         # one save of the offsets a call, not one a chunk (a flood drained at ~30 chunks a second paid a store
         # commit and an fsync for each): the record log made durable first, so what is saved never runs ahead
         # of what it holds; a daemon killed before the save reads those chunks again (the pump cuts first)
-        with self.ctx.store.deferred_readings():
+        with self.ctx.store.deferred_facts():
             try:
                 return self._read_chunks(budget, drain, wait, chunk, final)
             finally:
@@ -254,7 +254,7 @@ class RunLog:
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
-        A round defers it (`Store.deferred_readings`): a daemon killed before the round's one commit reads
+        A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
         those records again, and the pump cuts its record log back first, so nothing is counted twice."""
         self.ctx.store.save_reading(self.run, tail=self.tail.to_dict(), source=dict(self.pump.state),
                                     step=self.points[-1].step if self.points else None,

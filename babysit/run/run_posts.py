@@ -14,7 +14,7 @@ takes nothing. The refusal is logged once a spell (until the held posts are queu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -24,11 +24,6 @@ from babysit.db.store import Store
 
 log = structlog.get_logger("babysit.run.supervisor")
 IN_PLACE = frozenset({"header"})  # posts that edit one message in place (a poll's live header): only the newest held
-
-
-def held_keys(held: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The dedupe keys of a run's held posts (a restarted daemon: said, though not yet queued)."""
-    return {h["key"] for h in held if h.get("key") is not None}
 
 
 class RunPosts:

@@ -26,7 +26,6 @@ from babysit.core.errors import BabysitError, short_error
 from babysit.core.spec.run_toml import RunSpec
 from babysit.core.status import AttemptStatus, RunStatus
 from babysit.db.store import Attempt
-from babysit.run import runstate
 from babysit.run.context import DaemonContext
 from babysit.run.run_exit import RunExits
 from babysit.run.run_guard import RunGuard
@@ -35,7 +34,7 @@ from babysit.run.run_log import RunLog
 from babysit.run.run_observe import RunObserver
 from babysit.run.run_polls import RunPolls
 from babysit.run.run_posts import RunPosts
-from babysit.run.run_verdict import RunVerdicts
+from babysit.run.run_verdict import RunVerdicts, verdict_key
 from babysit.run.stackdump import stack_dump
 from babysit.runtime.faults import crash_point
 
@@ -68,7 +67,7 @@ class RunSupervisor:
         self.observer = RunObserver(self, self.runlog)  # one look at the attempt: what guards and polls decide on
         self.guarding = RunGuard(self, self.observer)  # the live check
         self.polls = RunPolls(self, self.runlog, self.observer)  # its poll calendar's entry
-        self.exits = RunExits(self)  # an attempt's end: watched, drained, classified, decided
+        self.exits = RunExits(self, self.runlog)  # an attempt's end: watched, drained, classified, decided
         self.launcher = RunLauncher(self, self.runlog, self.observer)  # an attempt launched, or adopted
 
     # -- state ------------------------------------------------------------------------------------------
@@ -231,12 +230,22 @@ class RunSupervisor:
         with self.lock:
             self.verdicts.check_prereg()
             now = self.ctx.now()
-            self.state = runstate.restore(self.ctx.store, self.spec, now)
+            self.read_state()
             n = self.state.undecided
             if n is not None:  # the machine decides after attempt n's exit: an error there ends the run
                 self.exits.deciding(ev.Registered(now), n, f"deciding after attempt {n}'s exit")
                 return
             self.feed(ev.Registered(now))
+
+    def read_state(self) -> None:
+        """The run's state read back from the store, whose rows are the truth (every fact is written before
+        it is acted on): at start, and after an internal error that may have left the machine ahead of them."""
+        status, facts = self.ctx.store.run_state(self.run)
+        attempts = tuple(attempt_state(a) for a in self.ctx.store.attempts(self.run))
+        self.state = run_machine.RunState.restore(
+            self.spec, status=status, attempts=attempts, stop=facts.get("stop"),
+            verdict_posted=self.posts.posted(verdict_key(self.run)),  # queued, or held while the outbox refused it
+            now=self.ctx.now(), relaunched=facts.get("relaunched"))
 
     # -- what the parts share ---------------------------------------------------------------------------
     def later(self, key: str, delay: float, fn: Callable[[], None], where: str) -> None:
@@ -319,3 +328,13 @@ class RunSupervisor:
         asker's thread."""
         event = ev.Request(self.ctx.now(), "poll" if kind == "poll-now" else kind, by, request_id)
         return self.feed(event, defer=(ev.Signal, ev.TakePoll)) or "not running"
+
+
+def attempt_state(a: Attempt) -> run_machine.AttemptState:
+    """One attempt row as the machine knows it (its detail holds what its exit and the guards noted)."""
+    d = a.detail
+    return run_machine.AttemptState(
+        n=a.n, profile=a.profile, status=AttemptStatus(a.status), gpus=a.gpus, started_at=a.started_at,
+        ended_at=a.ended_at, outcome=a.outcome, retry_override=d.get("retry_override"),
+        stopped_by=d.get("stopped_by"), host_memory_pressure=bool(d.get("host_memory_pressure")),
+        halvings=int(d.get("halvings", 0)), nonfinite=d.get("nonfinite"), summary=d.get("summary"), detail=d)

@@ -1,5 +1,6 @@
-"""One run's reading: its source pumped into the record log and the record log read on, one bounded
-chunk at a time, by whichever thread asks (the daemon's reader thread, a guard, an exit's drain).
+"""A run's log read in bounded chunks: its source pumped into the record log and the record log read on,
+one chunk at a time, by whichever thread asks (the daemon's reader thread, `ReadWorker` below; a guard;
+an exit's drain).
 
 Why chunks: a backlog (a trainer printing 10,000 lines a second between two rounds, a daemon
 restarted after hours) was parsed a whole 64 MiB window at a time, and the daemon's memory grew with

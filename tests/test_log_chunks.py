@@ -1,4 +1,4 @@
-"""A run's reading in bounded chunks (babysit/run/runreader.py): a backlog is read a chunk at a time, every
+"""A run's reading in bounded chunks (babysit/run/log_chunks.py): a backlog is read a chunk at a time, every
 line counted once; the records the pump made are handed over as logtail would read them back (the
 same steps, times, metrics and non-finite fields, the same tail), and read from the file instead when
 someone else wrote to the record log too."""
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from babysit.core.spec.run_toml import load_spec
-from babysit.run.runreader import CHUNK_BYTES, RunReader
+from babysit.run.log_chunks import CHUNK_BYTES, RunReader
 from babysit.sources import logtail
 
 RUN = r"""[run]

@@ -1,4 +1,4 @@
-"""stopcheck.written_after: the newest checkpoint file written after a stop signal, a real checkpoint
+"""run_exit.written_after: the newest checkpoint file written after a stop signal, a real checkpoint
 preferred over a pointer file (`latest`), found in the folders trainers nest them in."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from babysit.run.stopcheck import written_after
+from babysit.run.run_exit import written_after
 
 
 def touch(path: Path, size: int, mtime: float) -> None:
