@@ -29,7 +29,6 @@ writing it, at the batch sizes a real run makes. Less an empty handler's run, in
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -41,75 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, summary
+from _log_calls import load_client, records, time_babysit, time_wandb
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def records(n: int) -> list[dict[str, float]]:
-    return [{"train_loss": 2.5 / (1 + i / 1000), "lr": 3e-4, "grad_norm": 0.8731 + i * 1e-6} for i in range(n)]
-
-
-def client_at(before: str | None) -> Any:
-    """This tree's `babysit.integrations.client`, or (before) DIR's loaded on its own (stdlib only):
-    DIR/babysit/integrations/client.py, or DIR/babysit/client.py for code from before the package move."""
-    if before is None:
-        from babysit.integrations import client
-
-        return client
-    where = Path(before) / "babysit" / "integrations" / "client.py"
-    if not where.exists():
-        where = Path(before) / "babysit" / "client.py"
-    spec = importlib.util.spec_from_file_location("babysit_client_before", where)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def time_babysit(tmp: Path, recs: list[dict[str, float]], clients: dict[str, Any],
-                 rounds: int = 10) -> dict[str, dict[str, Any]]:
-    """Each client's `log` over the records, in `rounds` interleaved rounds (a noisy box's load falls on
-    both alike): every call's wall time, and the CPU a call (`time.process_time` over a round / its calls)."""
-    os.environ["BABYSIT_LOG"] = str(tmp / "train_log.jsonl")
-    walls: dict[str, list[float]] = {name: [] for name in clients}
-    cpus: dict[str, list[float]] = {name: [] for name in clients}
-    per = max(1, len(recs) // rounds)
-    for r in range(rounds):
-        chunk = recs[r * per:(r + 1) * per]
-        for name, client in clients.items():
-            log = client.log
-            log(0, warmup=1.0)
-            out = walls[name]
-            c0 = time.process_time()
-            for step, rec in enumerate(chunk, start=1):
-                t0 = time.perf_counter()
-                log(step, **rec)
-                out.append(time.perf_counter() - t0)
-            cpus[name].append((time.process_time() - c0) / len(chunk))
-    result = {}
-    for name in clients:
-        cpu = sorted(cpus[name])
-        result[name] = {**summary(walls[name]), "cpu_us": cpu[len(cpu) // 2] * 1e6, "cpu_min_us": cpu[0] * 1e6}
-    return result
-
-
-def time_wandb(tmp: Path, recs: list[dict[str, float]]) -> tuple[list[float], float, float]:
-    os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp)})
-    import wandb
-
-    t0 = time.perf_counter()
-    run = wandb.init(project="babysit-bench")
-    init_s = time.perf_counter() - t0
-    wandb.log({"warmup": 1.0}, step=0)
-    out = []
-    for step, rec in enumerate(recs, start=1):
-        t0 = time.perf_counter()
-        wandb.log(rec, step=step)
-        out.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    run.finish()
-    return out, init_s, time.perf_counter() - t0
 
 
 def records_thread(records: Any) -> int | None:
@@ -697,11 +631,11 @@ def main() -> int:
             emit(title, ["call", "median", "p90", "CPU a call", "target"], hf_rows(hfs), {"hf": hfs}, a.json)
         return 0
     recs = records(a.calls)
-    clients = {"now": client_at(None)}
+    clients = {"now": load_client(None)}
     if a.before:
-        clients["before"] = client_at(a.before)
+        clients["before"] = load_client(a.before)
     with tempfile.TemporaryDirectory() as d:
-        timed = time_babysit(Path(d), recs, clients)
+        timed = time_babysit(Path(d) / "train_log.jsonl", recs, clients)
         ours = timed["now"]
         rows = []
         for name, got in timed.items():

@@ -14,79 +14,16 @@ is what the loop sees: the record handed to wandb's own process, which writes it
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, fmt_us, summary
+from _log_calls import load_client, records, time_babysit, time_wandb
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def records(n: int) -> list[dict[str, float]]:
-    """A trainer's step records: a decaying loss, a constant learning rate, a drifting grad norm."""
-    return [{"train_loss": 2.5 / (1 + i / 1000), "lr": 3e-4, "grad_norm": 0.8731 + i * 1e-6} for i in range(n)]
-
-
-def load_client(tree: str | None) -> Any:
-    """This tree's `babysit.integrations.client`, or TREE's loaded on its own (it is stdlib-only)."""
-    if tree is None:
-        from babysit.integrations import client
-
-        return client
-    spec = importlib.util.spec_from_file_location("babysit_client_before",
-                                                  Path(tree) / "babysit" / "integrations" / "client.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def time_babysit(log: Path, recs: list[dict[str, float]], clients: dict[str, Any],
-                 rounds: int = 10) -> dict[str, dict[str, float]]:
-    """Each client's `log` over the records in `rounds` interleaved rounds: wall time a call, CPU a call."""
-    os.environ["BABYSIT_LOG"] = str(log)
-    walls: dict[str, list[float]] = {name: [] for name in clients}
-    cpus: dict[str, list[float]] = {name: [] for name in clients}
-    per = max(1, len(recs) // rounds)
-    for r in range(rounds):
-        chunk = recs[r * per:(r + 1) * per]
-        for name, client in clients.items():
-            write = client.log
-            write(0, warmup=1.0)
-            c0 = time.process_time()
-            for step, rec in enumerate(chunk, start=1):
-                t0 = time.perf_counter()
-                write(step, **rec)
-                walls[name].append(time.perf_counter() - t0)
-            cpus[name].append((time.process_time() - c0) / len(chunk))
-    return {name: {**summary(walls[name]), "cpu_us": sorted(cpus[name])[len(cpus[name]) // 2] * 1e6}
-            for name in clients}
-
-
-def time_wandb(tmp: Path, recs: list[dict[str, float]]) -> tuple[dict[str, float], float, float]:
-    """`wandb.log` over the same records, offline: its per-call summary, then init and finish seconds."""
-    os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp)})
-    import wandb
-
-    t0 = time.perf_counter()
-    run = wandb.init(project="babysit-bench")
-    init_s = time.perf_counter() - t0
-    wandb.log({"warmup": 1.0}, step=0)
-    walls = []
-    for step, rec in enumerate(recs, start=1):
-        t0 = time.perf_counter()
-        wandb.log(rec, step=step)
-        walls.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    run.finish()
-    return summary(walls), init_s, time.perf_counter() - t0
 
 
 def main() -> int:
@@ -99,7 +36,8 @@ def main() -> int:
     clients = {"now": load_client(None), **({"before": load_client(a.before)} if a.before else {})}
     with tempfile.TemporaryDirectory() as d:
         ours = time_babysit(Path(d) / "train_log.jsonl", recs, clients)
-        theirs, init_s, finish_s = time_wandb(Path(d), recs)
+        walls, init_s, finish_s = time_wandb(Path(d), recs)
+    theirs = summary(walls)
     rows = []
     for name, got in ours.items():
         ratio = theirs["median_us"] / got["median_us"]
