@@ -30,7 +30,8 @@ STOPPED_LINES = 500  # printed lines with no record after records came (and 5 de
 
 
 class ReadLog(Protocol):
-    """What the telling looks at of the reading (`babysit.run.run_log.RunLog`), which holds the teller."""
+    """What the telling looks at of the reading (`babysit.run.run_log.RunLog`). A Protocol because RunLog
+    holds the teller: importing it here would close an import circle."""
 
     host: RunHost  # the run: its lock, attempt, messages, incidents and timers
     ctx: DaemonContext

@@ -27,7 +27,8 @@ GATHER_MINUTES = 1 / 60  # polls due within a declared second of the earliest go
 
 class PolledRun(Protocol):
     """What a round needs of a run (`babysit.run.run_polls.RunPolls`, one a supervisor); each call but `run` and
-    `poll_failed` is made under `lock`."""
+    `poll_failed` is made under `lock`. A Protocol because RunPolls reaches the context, which holds this
+    calendar (importing it would close a circle), and tests/test_polling.py drives rounds with stand-ins."""
 
     run: str
     lock: threading.RLock
@@ -39,7 +40,8 @@ class PolledRun(Protocol):
 
 
 class PollContext(Protocol):
-    """What the calendar needs of the daemon's context (`babysit.run.context.DaemonContext`)."""
+    """What the calendar needs of the daemon's context (`babysit.run.context.DaemonContext`, which builds the
+    calendar: importing it would close a circle; tests/test_polling.py passes a stand-in)."""
 
     store: Store
     timers: Timers
