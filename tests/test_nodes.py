@@ -144,3 +144,12 @@ def test_the_flight_records_gathered_on_each_node_are_named_in_the_stall() -> No
     assert "py-spy dump of pid n1 rank 0 pid 10 (2 process(es) dumped):" in text  # the words are no dump
     assert "stalled: rank 1 on n2 (pid 20)" in text
     assert "NCCL flight records gathered from the nodes:\n  n1 rank 0: /att/stacks/nccl_trace_rank_0" in text
+
+
+def test_slurms_node_lists_expand_to_names_and_an_unreadable_one_to_none() -> None:
+    from babysit.core.nodes import hostnames
+
+    assert hostnames("n[1-3,5]") == ("n1", "n2", "n3", "n5")
+    assert hostnames("gpu[08-10],cpu1") == ("gpu08", "gpu09", "gpu10", "cpu1")
+    assert hostnames("node17") == ("node17",) and hostnames(None) == () and hostnames("") == ()
+    assert hostnames("rack[1-2]-n[1-2]") == ()  # two brackets in a name: unknown, never a wrong list

@@ -263,6 +263,8 @@ def _gpu_checks(guards: GuardsSpec, facts: LiveFacts) -> list[Action]:
     view = facts.view
     if not facts.gpus or view is None:
         return []
+    if view.pending:  # a job's sidecars starting: said by the poll, warned once it is late (never silent)
+        return []
     if not view.available:
         return [Action("warn", "gpu-unseen", f"cannot see the run's GPUs, guards are blind: {view.reason}",
                        {"gpus": list(facts.gpus), "reason": view.reason})]

@@ -9,6 +9,7 @@ never a number borrowed from another node.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,33 @@ def _util(gpus: Sequence[Mapping[str, Any]]) -> float | None:
     """The mean utilization of a node's GPUs whose utilization was measured; None when none was."""
     utils = [float(g["util_pct"]) for g in gpus if isinstance(g.get("util_pct"), (int, float))]
     return sum(utils) / len(utils) if utils else None
+
+
+_HOSTLIST_ITEM = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
+
+
+def hostnames(nodelist: str | None) -> tuple[str, ...]:
+    """Slurm's compressed node list as names: "n[1-3,5]" → n1 n2 n3 n5, "gpu[08-09],cpu1" → gpu08 gpu09
+    cpu1 (a range keeps its digits' width). () for None, and for a list this cannot read (several brackets
+    in one name): the caller then knows no node list, never a wrong one."""
+    out: list[str] = []
+    text = (nodelist or "").strip()
+    pos = 0
+    while pos < len(text):
+        m = _HOSTLIST_ITEM.match(text, pos)
+        if m is None or (m.end() < len(text) and text[m.end()] != ","):
+            return ()
+        head, ranges, tail = m.groups()
+        if ranges is None:
+            out.append(head + tail)
+        else:
+            for part in ranges.split(","):
+                lo, _, hi = part.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    return ()
+                out += [f"{head}{n:0{len(lo)}d}{tail}" for n in range(int(lo), int(hi or lo) + 1)]
+        pos = m.end() + 1
+    return tuple(out)
 
 
 def lowest_ram(rows: Sequence[NodeRow]) -> tuple[int | None, str | None]:

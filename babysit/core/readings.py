@@ -61,6 +61,7 @@ class GpuView:
     available: bool
     reason: str | None
     gpus: tuple[GpuReading, ...] = ()
+    pending: bool = False  # not read yet, and not late: a job's probe sidecars starting (`reason` says so)
 
     def gpu(self, index: int) -> GpuReading | None:
         """The GPU with this index (on a view across nodes: the first node's; `on(node)` picks one)."""

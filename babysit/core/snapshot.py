@@ -262,6 +262,8 @@ def _gpu_rows(gpus: Sequence[int], view: GpuView | None, run_pids: frozenset[int
     if view is None:
         flags.append("gpu-unseen")
         return [GpuRow.blank(i) for i in gpus], "GPUs not read for this snapshot"
+    if view.pending:  # a job's sidecars starting: not read yet, and not late (no flag until it is)
+        return [GpuRow.blank(i) for i in gpus], str(view.reason)
     if not view.available:
         flags.append("gpu-unseen")
         return [GpuRow.blank(i) for i in gpus], f"no GPU visible: {view.reason}"

@@ -36,7 +36,7 @@ from pathlib import Path
 import structlog
 
 from babysit.core.errors import BabysitError
-from babysit.core.nodes import NodeRow, node_rows, stacks_by_rank, straggler
+from babysit.core.nodes import NodeRow, hostnames, node_rows, stacks_by_rank, straggler
 from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.core.spec.slurm import SlurmSpec
 from babysit.db.store import Attempt
@@ -435,8 +435,13 @@ class SlurmExecutor:
         return None
 
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
-        """The job's GPUs as the probe sidecar saw them: the daemon's node cannot see them."""
-        return SidecarGpuProbe(Path(attempt.attempt_dir), stale_after=max(60.0, 6 * _probe_interval()))
+        """The job's GPUs as the probe sidecars saw them: the daemon's node cannot see them. Each of the
+        job's nodes is expected to speak: a sidecar still silent `stale_after` past the job's start is
+        "not measured", a queued job's none is waited for."""
+        state = self.job_state(attempt)
+        return SidecarGpuProbe(Path(attempt.attempt_dir), stale_after=max(60.0, 6 * _probe_interval()),
+                               nodes=hostnames(state.nodes) if state is not None else (),
+                               started_at=state.start if state is not None and state.started else None)
 
     def own_pids(self, attempt: Attempt) -> frozenset[int]:
         return frozenset()  # the job's processes live on another node: its probe sidecar marks them

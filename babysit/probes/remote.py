@@ -154,11 +154,21 @@ def recent_records(path: Path, n: int, max_bytes: int = 64 * 1024) -> list[dict[
 
 
 def view_from_records(records: Sequence[Mapping[str, Any]], indices: Sequence[int], now: float,
-                      stale_after: float) -> GpuView:
-    """The run's GPUs from the newest record of each node (pure). See the module docstring."""
-    if not records:
-        return GpuView(False, "no probe sidecar reading yet (the job is queued or just started; if it runs, "
-                              "see probe.log in the attempt directory)", ())
+                      stale_after: float, nodes: Sequence[str] = (), started_at: float | None = None) -> GpuView:
+    """The run's GPUs from the newest record of each node (pure). See the module docstring.
+
+    `nodes`: the job's nodes, where known; one whose sidecar has not written is waited for (`pending`)
+    while the job is younger than `stale_after` (`started_at`: its start; None: not started), then it is
+    "not measured", never left out."""
+    seen = {str(r.get("host")) for r in records}
+    silent = [n for n in nodes if n not in seen] if nodes else ([] if records else ["?"])
+    if silent:
+        which = "" if silent == ["?"] else f" on {', '.join(silent)}"
+        if started_at is None or now - started_at < stale_after:
+            return GpuView(False, f"waiting for the probe sidecar's first reading{which} (the job is queued or "
+                                  "just started)", (), pending=True)
+        return GpuView(False, f"no probe sidecar reading{which} {now - started_at:.0f} s after the job started "
+                              "(see probe.log in the attempt directory)", ())
     out: list[GpuReading] = []
     for record in sorted(records, key=lambda r: str(r.get("host", ""))):
         age = now - float(record.get("ts") or 0)
@@ -179,9 +189,12 @@ def view_from_records(records: Sequence[Mapping[str, Any]], indices: Sequence[in
 class SidecarGpuProbe:
     """A `GpuProbe` over the sidecar files of one attempt: `probe-*.jsonl` in `path` (or one file)."""
 
-    def __init__(self, path: str | Path, stale_after: float = 60.0) -> None:
+    def __init__(self, path: str | Path, stale_after: float = 60.0, *, nodes: Sequence[str] = (),
+                 started_at: float | None = None) -> None:
         self.path = Path(path)
         self.stale_after = stale_after
+        self.nodes = tuple(nodes)  # the job's nodes, where known: each one's sidecar is expected
+        self.started_at = started_at  # the job's start (None: not started): how long a silent sidecar may be
 
     def files(self) -> list[Path]:
         if self.path.is_dir():
@@ -193,7 +206,8 @@ class SidecarGpuProbe:
 
     def read(self, indices: Sequence[int], window: str = GUARD_WINDOW) -> GpuView:
         # the sidecar's records are already interval averages: every window reads the newest one
-        return view_from_records(self.records(), indices, time.time(), self.stale_after)
+        return view_from_records(self.records(), indices, time.time(), self.stale_after, self.nodes,
+                                 self.started_at)
 
     def host(self) -> list[dict[str, Any]]:
         """The newest host reading (free RAM, the job's RSS and CPU) of each node."""

@@ -386,8 +386,29 @@ def test_sidecar_maps_the_runs_indices_onto_the_jobs_gpus_and_drops_the_jobs_own
     assert reading is not None and reading.util_pct == 90 and [p.name for p in reading.processes] == ["intruder"]
 
 
+def test_a_silent_node_is_waited_for_while_the_job_starts_then_not_measured() -> None:
+    """n2's sidecar has not written: while the job is younger than stale_after the view is pending (the
+    guards wait; a queued job's too), then it is unavailable naming n2, never n1's GPUs alone."""
+    from babysit.core.guards import live
+    from babysit.core.spec.run_toml import GuardsSpec
+    from tests.test_guards import facts
+
+    n1 = [_record("n1", 99.0, [{"index": 0, "processes": []}])]
+    young = view_from_records(n1, [0], now=100.0, stale_after=60, nodes=("n1", "n2"), started_at=90.0)
+    queued = view_from_records([], [0], now=100.0, stale_after=60, nodes=(), started_at=None)
+    assert young.pending and queued.pending and "first reading on n2" in (young.reason or "")
+    assert live(GuardsSpec(), facts(view=young)) == ()
+    late = view_from_records(n1, [0], now=200.0, stale_after=60, nodes=("n1", "n2"), started_at=90.0)
+    assert not late.available and not late.pending and late.reason.startswith("no probe sidecar reading on n2 110 s")
+    (warn,) = live(GuardsSpec(), facts(view=late))
+    assert (warn.kind, warn.incident) == ("warn", "gpu-unseen")
+    both = view_from_records([*n1, _record("n2", 99.0, [{"index": 0, "processes": []}])], [0], now=200.0,
+                             stale_after=600, nodes=("n1", "n2"), started_at=90.0)
+    assert both.available and both.nodes == ("n1", "n2")
+
+
 def test_sidecar_silence_and_absence_are_not_measured_never_fine() -> None:
-    assert not view_from_records([], [0], now=1.0, stale_after=60).available
+    assert not view_from_records([], [0], now=100.0, stale_after=60, started_at=1.0).available
     stale = view_from_records([_record("n1", 0.0, [])], [0], now=100.0, stale_after=60)
     assert not stale.available and "silent" in (stale.reason or "")
     nodriver = view_from_records([_record("n1", 99.0, [], available=False)], [0], now=100.0, stale_after=60)
