@@ -2,18 +2,20 @@
 
 The Elm architecture: the run's state is one frozen value, everything that happens to it is an
 event, and everything babysit does about it is an effect the shell carries out (babysit/run/supervisor.py
-and babysit/run_effects.py). No clock, no store, no process here: the events carry the times and what
-the shell saw, the effects say what to write, post, launch, signal or kill.
+and the parts it owns). No clock, no store, no process here: the events carry the times and what the
+shell saw, the effects say what to write, post, launch, signal or kill.
 
 Life cycle (the statuses are `RunStatus`):
 
     Registered ─▶ Launch ─▶ Launched ─▶ RUNNING ──ExitSeen──▶ decide ─▶ retry: RETRYING ─▶ Launch …
-        │           └─LaunchRefused─▶ REFUSED       │                 └▶ FINISHED | FAILED | STOPPED
-        │                                          ├─GuardReading(stop) / Request(abort) ─▶ STOPPING
+        │           ├─LaunchRefused─▶ REFUSED       │                 └▶ FINISHED | FAILED | STOPPED
+        │           └─WaitingForGpu─▶ WAITING_GPU   ├─GuardReading(stop) / Request(abort) ─▶ STOPPING
+        │                                          │    ─▶ Signal ─▶ StopSent ─▶ NoteStop
         └─ a live attempt: Adopt ─▶ Adopted         └─StopGraceOver (still alive) ─▶ Kill
 
 A restarted daemon restores the state from the store (`RunState.restore`) and feeds `Registered`:
-adoption, a decision a dead daemon did not get to, or a first launch all come from this one function.
+adoption, a decision a dead daemon did not get to (`RunState.undecided`), or a first launch all come
+from this one function; the shell only chooses how an error in that decision is handled.
 
 Invariants (tests/test_run_machine.py drives random event sequences through `step`): at most one
 live attempt; the stop signal only to a running attempt not already being stopped; one outcome per
