@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
+
+from babysit.core.spec.tomlfile import tomllib  # the TOML parser (tomli below Python 3.11)
 
 TRAIN_LOG = "outputs/{name}/train_log.jsonl"  # the reference trainer's log; babysit fills in {name}
 SHOWN_CHARS = 1500  # how much of the last value a timed-out wait shows (its end: where a log or a screen grew)

@@ -12,6 +12,7 @@ from babysit.channels import delivery
 from babysit.channels.delivery import DeliveryWorker
 from babysit.channels.notify import Delivery
 from babysit.db.store import Store
+from tests.support import wait_for
 
 
 class Recording:
@@ -37,13 +38,6 @@ def worker(tmp_path: Path) -> tuple[Store, Recording, DeliveryWorker]:
     return store, channel, w
 
 
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_a_burst_is_sent_after_it_settles_and_every_message_once(tmp_path: Path, monkeypatch) -> None:
     # wide settings, so a loaded machine's slow enqueue cannot end the burst early
     monkeypatch.setattr(delivery, "SETTLE_S", 0.5)
@@ -52,7 +46,7 @@ def test_a_burst_is_sent_after_it_settles_and_every_message_once(tmp_path: Path,
     try:
         ids = [store.enqueue("r", "text", {"run": "r", "text": f"m{i}"}, time.time()) for i in range(200)]
         burst_end = time.monotonic()
-        wait_until(lambda: len(channel.sent) == len(ids))
+        wait_for("every message sent", lambda: len(channel.sent) == len(ids), timeout=30, every=0.01)
         assert min(t for _, t in channel.sent) >= burst_end  # old code: the first went out mid-burst
         assert sorted(i for i, _ in channel.sent) == ids
     finally:
@@ -78,7 +72,7 @@ def test_a_lone_message_goes_out_without_waiting_for_more(tmp_path: Path) -> Non
     store, channel, w = worker(tmp_path)
     try:
         store.enqueue("r", "text", {"run": "r", "text": "alone"}, time.time())
-        wait_until(lambda: len(channel.sent) == 1, timeout=10)
+        wait_for("the one message sent", lambda: len(channel.sent) == 1, timeout=10, every=0.01)
     finally:
         w.close()
         store.close()

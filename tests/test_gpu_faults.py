@@ -19,10 +19,11 @@ from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, gpus: str, extra: str = "") -> None:
+    def __init__(self, tmp_path: Path, gpus: list[int] | str, spare_gpus: list[int] | None = None) -> None:
         self.root = tmp_path
         self.clock = FakeClock()
         self.timers = ManualTimers(self.clock)
@@ -31,18 +32,9 @@ class Rig:
         self.faults: dict[int, list[str]] = {0: [], 1: [], 2: []}
         self.write_gpus()
         spec = tmp_path / "r.toml"
-        spec.write_text(f"""[run]
-name = "r"
-command = ["python", "train.py"]
-log = "log.jsonl"
-gpus = {gpus}
-{extra}
-
-[retry]
-on = ["gpu-fault", "oom"]
-gpu_fault_max = 2
-max_attempts = 2
-""")
+        spec.write_text(run_toml("r", ["python", "train.py"], log="log.jsonl",
+                                 run={"gpus": gpus, **({"spare_gpus": spare_gpus} if spare_gpus else {})},
+                                 retry={"on": ["gpu-fault", "oom"], "gpu_fault_max": 2, "max_attempts": 2}))
         state = tmp_path / ".babysit"
         self.store = Store.in_dir(state)
         self.ctx = DaemonContext(store=self.store, state_dir=state, gpu_probe=FileGpuProbe(self.gpu_file),
@@ -70,8 +62,8 @@ max_attempts = 2
 def rig(tmp_path: Path):
     made: list[Rig] = []
 
-    def make(gpus: str, extra: str = "") -> Rig:
-        made.append(Rig(tmp_path, gpus, extra))
+    def make(gpus: list[int] | str, spare_gpus: list[int] | None = None) -> Rig:
+        made.append(Rig(tmp_path, gpus, spare_gpus))
         return made[-1]
 
     yield make
@@ -80,7 +72,7 @@ def rig(tmp_path: Path):
 
 
 def test_a_machine_xid_stops_quarantines_and_the_retry_runs_on_a_healthy_gpu_of_the_box(rig) -> None:
-    r = rig('"any 1"')
+    r = rig("any 1")
     r.sup.start()
     assert r.visible(1) == "0"
     r.fault(0, "xid 79")  # GPU 0 fell off the bus mid-run
@@ -105,7 +97,7 @@ def test_a_machine_xid_stops_quarantines_and_the_retry_runs_on_a_healthy_gpu_of_
 
 
 def test_a_run_tied_to_its_gpu_waits_for_the_quarantined_gpu_and_launches_once_it_is_released(rig) -> None:
-    r = rig("[0]")
+    r = rig([0])
     r.sup.start()
     r.fault(0, "ecc double-bit")
     r.sup.guard()
@@ -126,7 +118,7 @@ def test_a_run_tied_to_its_gpu_waits_for_the_quarantined_gpu_and_launches_once_i
 
 
 def test_a_spare_gpu_stands_in_for_a_quarantined_one_in_order(rig) -> None:
-    r = rig("[0, 1]", "spare_gpus = [2]")
+    r = rig([0, 1], spare_gpus=[2])
     r.sup.start()
     assert r.visible(1) == "0,1"
     r.fault(1, "xid 95")
@@ -137,7 +129,7 @@ def test_a_spare_gpu_stands_in_for_a_quarantined_one_in_order(rig) -> None:
 
 
 def test_the_trainers_own_xid_is_the_trainers_bug_and_nothing_is_quarantined(rig) -> None:
-    r = rig('"any 1"')
+    r = rig("any 1")
     r.sup.start()
     r.fault(0, "xid 31")  # an illegal memory access in the trainer's kernel
     r.sup.guard()
@@ -153,7 +145,7 @@ def test_the_trainers_own_xid_is_the_trainers_bug_and_nothing_is_quarantined(rig
 
 
 def test_gpu_fault_retries_have_their_own_budget(rig) -> None:
-    r = rig('"any 1"')
+    r = rig("any 1")
     r.sup.start()
     for n, gpu in ((1, 0), (2, 1)):  # max_attempts = 2, yet two machine faults each get their retry
         r.fault(gpu, "xid 48")
@@ -219,7 +211,7 @@ def test_a_run_that_logged_its_completion_before_a_gpu_fault_stop_completed_and_
     """The trainer logged `"event": "completed"` and was exiting (teardown: workers, NCCL) when GPU 0 fell
     off the bus; the stop's SIGTERM killed it. Its work was done: a gpu-fault retry would train it again
     (from its last checkpoint, or from scratch). The broken GPU is quarantined all the same."""
-    r = rig('"any 1"')
+    r = rig("any 1")
     r.sup.start()
     r.executor.process("r", 1).obeys_stop = False
     (r.root / "log.jsonl").write_text(json.dumps({"step": 60, "ts": r.clock.now, "train_loss": 0.1}) + "\n"

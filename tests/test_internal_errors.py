@@ -8,9 +8,7 @@ executor; only the executor's exit record is broken (injected, as the daemon inj
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import time
 from pathlib import Path
 
 from babysit.core.spec.run_toml import load_spec
@@ -20,6 +18,7 @@ from babysit.executors.local import LocalExecutor
 from babysit.probes.gpu import open_gpu_probe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
+from tests.support import run_toml, wait_for
 
 FAKE_TRAINER = Path(__file__).parent / "reliability" / "fake_trainer.py"
 
@@ -35,8 +34,7 @@ class BrokenExitRecord(LocalExecutor):
 def supervisor(tmp_path: Path) -> RunSupervisor:
     spec_file = tmp_path / "run.toml"
     cmd = [sys.executable, str(FAKE_TRAINER), "log.jsonl", "--steps", "3", "--sleep", "0.01"]
-    spec_file.write_text(f'[run]\nname = "r"\ncommand = {json.dumps(cmd)}\nlog = "log.jsonl"\n'
-                         "[retry]\nmax_attempts = 3\non = [\"crashed\"]\n")
+    spec_file.write_text(run_toml("r", cmd, log="log.jsonl", retry={"max_attempts": 3, "on": ["crashed"]}))
     state = tmp_path / ".babysit"
     ctx = DaemonContext(store=Store.in_dir(state), state_dir=state, gpu_probe=open_gpu_probe("none"),
                         executors={"local": BrokenExitRecord()}, scale=1.0)
@@ -48,9 +46,8 @@ def test_an_exit_that_cannot_be_classified_ends_the_attempt_and_the_run_instead_
     sup = supervisor(tmp_path)
     store = sup.ctx.store
     sup.start()
-    deadline = time.monotonic() + 60  # the exit watcher hands the exit to the supervisor's timers
-    while store.run_state("r")[0] not in ("failed", "finished") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the exit watcher hands the exit to the supervisor's timers
+    wait_for("the run to end", lambda: store.run_state("r")[0] in ("failed", "finished"), timeout=60, every=0.05)
     status, facts = store.run_state("r")
     assert status == "failed", "the old watcher thread died here and left the run `running` forever"
     # the broken record (stderr_tail None) fails wherever the classifier first touches it (TypeError or

@@ -11,16 +11,10 @@ from pathlib import Path
 from babysit.core.spec.run_toml import load_spec
 from babysit.run.log_chunks import CHUNK_BYTES, RunReader
 from babysit.sources import logtail
+from tests.support import run_toml, stdout_source
 
-RUN = r"""[run]
-name = "r1"
-command = ["python", "train.py"]
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\d+): loss (?P<loss>[-+.\w]+), time (?P<ms>[\d.]+)ms'
-"""
+RUN = run_toml("r1", ["python", "train.py"],
+               source=stdout_source(r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+), time (?P<ms>[\d.]+)ms"))
 
 
 def setup(tmp_path: Path, lines: list[str]) -> tuple[RunReader, Path]:

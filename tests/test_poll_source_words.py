@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from babysit.core.render import render
 from babysit.core.spec.run_toml import load_spec
@@ -17,24 +16,13 @@ from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml, stdout_source
 
-SPEC = """[run]
-name = "r"
-command = ["python", "train.py", "--steps", "1000"]
-{log}
-gpus = []
 
-[guards]
-exclusive_gpu = false
-min_free_host_ram_gib = 1
-stall_minutes = 20
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-{source}
-"""
-STDOUT = '[source]\nkind = "stdout"\n[[source.patterns]]\nregex = "iter (?P<step>\\\\d+): loss (?P<loss>[0-9.]+)"\n'
+def run_spec(**tables: Any) -> str:
+    """A run whose polls come every (accelerated) minute and whose stall guard stops it at 20 s."""
+    return run_toml("r", ["python", "train.py", "--steps", "1000"], gpus=[], poll=(1, 1), **tables,
+                    guards={"exclusive_gpu": False, "min_free_host_ram_gib": 1, "stall_minutes": 20})
 
 
 def _late_poll(tmp_path: Path, spec: str) -> str:
@@ -58,14 +46,12 @@ def _late_poll(tmp_path: Path, spec: str) -> str:
 
 
 def test_a_stdout_run_s_poll_asks_about_the_trainer_s_output_not_babysit_s_own_file(tmp_path: Path) -> None:
-    text = _late_poll(tmp_path, SPEC.format(log="", source=STDOUT))
+    text = _late_poll(tmp_path, run_spec(source=stdout_source(r"iter (?P<step>\d+): loss (?P<loss>[0-9.]+)")))
     assert "records.jsonl" not in text, text  # babysit's own copy: nothing the trainer could write to
     assert ("no record in the trainer's output (stdout and stderr) yet, 12s after launch — is it printing lines "
             "the run's [source] patterns match? (the stall guard stops the run at 20s)") in text, text
 
 
-@pytest.mark.parametrize("log", ['log = "log.jsonl"'])
-def test_a_jsonl_run_s_poll_still_names_its_log_and_asks_if_the_trainer_writes_there(tmp_path: Path,
-                                                                                      log: str) -> None:
-    text = _late_poll(tmp_path, SPEC.format(log=log, source=""))
+def test_a_jsonl_run_s_poll_still_names_its_log_and_asks_if_the_trainer_writes_there(tmp_path: Path) -> None:
+    text = _late_poll(tmp_path, run_spec(log="log.jsonl"))
     assert f"no record in {tmp_path / 'log.jsonl'} yet, 12s after launch — is the trainer writing there?" in text, text

@@ -14,27 +14,14 @@ from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.db.store import Attempt, Poll, Row, Store
 from babysit.view.runtable import change_line, status_table
 from babysit.view.runview import RegistryCache, RunRow, ShownFacts, TailCache, build_row, collect, target_step
+from tests.support import run_toml
 
 T0 = 1_800_000_000.0
 
-SPEC = """[run]
-name = "r"
-command = ["python", "train.py", "--steps", "2000"]
-log = "log.jsonl"
-gpus = [0, 1]
-[guards]
-gpu_hours_cap = 12.0
-[retry]
-max_attempts = 2
-[prereg]
-question = "q"
-metric = "eval_loss"
-baseline_step = 500
-read_step = 1000
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.1
-"""
+SPEC = run_toml("r", ["python", "train.py", "--steps", "2000"], log="log.jsonl", gpus=[0, 1],
+                guards={"gpu_hours_cap": 12.0}, retry={"max_attempts": 2},
+                prereg={"question": "q", "metric": "eval_loss", "baseline_step": 500, "read_step": 1000,
+                        "bands": [{"label": "HEALTHY", "max": 0.1}]})
 
 
 @pytest.fixture

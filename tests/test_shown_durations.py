@@ -18,22 +18,10 @@ from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml
 
-SPEC = """[run]
-name = "r"
-command = ["python", "train.py", "--steps", "1000"]
-log = "log.jsonl"
-gpus = []
-
-[guards]
-exclusive_gpu = false
-min_free_host_ram_gib = 1
-stall_minutes = 20
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-"""
+SPEC = run_toml("r", ["python", "train.py", "--steps", "1000"], log="log.jsonl", gpus=[], poll=(1, 1),
+                guards={"exclusive_gpu": False, "min_free_host_ram_gib": 1, "stall_minutes": 20})
 
 
 @pytest.fixture(params=[60.0, 1.0], ids=["real", "accelerated"])

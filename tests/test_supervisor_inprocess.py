@@ -20,12 +20,13 @@ from babysit.probes.gpu import FileGpuProbe
 from babysit.run.context import DaemonContext
 from babysit.run.supervisor import RunSupervisor
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml
 
 GIB = 2**30
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, guards: str = "", gpus: str = "[0]") -> None:
+    def __init__(self, tmp_path: Path, guards: dict[str, float] | None = None) -> None:
         self.root = tmp_path
         self.clock = FakeClock()
         self.host = FakeHostProbe()
@@ -34,21 +35,9 @@ class Rig:
         self.gpu_file = tmp_path / "gpus.json"
         self.set_gpu_processes([])
         spec_file = tmp_path / "r.toml"
-        spec_file.write_text(f"""[run]
-name = "r"
-command = ["python", "train.py", "--steps", "1000"]
-log = "log.jsonl"
-gpus = {gpus}
-
-[guards]
-min_free_host_ram_gib = 1
-stop_grace_seconds = 30
-{guards}
-
-[poll]
-first_after_minutes = 5
-every_minutes = 30
-""")
+        spec_file.write_text(run_toml("r", ["python", "train.py", "--steps", "1000"], log="log.jsonl", gpus=[0],
+                                      guards={"min_free_host_ram_gib": 1, "stop_grace_seconds": 30, **(guards or {})},
+                                      poll=(5, 30)))
         state = tmp_path / ".babysit"
         self.store = Store.in_dir(state)
         self.ctx = DaemonContext(store=self.store, state_dir=state, gpu_probe=FileGpuProbe(self.gpu_file),
@@ -78,7 +67,7 @@ every_minutes = 30
 def rig(tmp_path: Path):
     made: list[Rig] = []
 
-    def make(**kw: str) -> Rig:
+    def make(**kw: dict[str, float]) -> Rig:
         made.append(Rig(tmp_path, **kw))
         return made[-1]
 
@@ -137,7 +126,7 @@ def test_a_poll_that_fails_is_said_and_tried_again_a_minute_later(rig) -> None:
 
 
 def test_each_check_reads_the_host_once_and_the_poll_and_the_guards_agree_on_the_projection(rig) -> None:
-    r = rig(guards="gpu_hours_cap = 0.5")
+    r = rig(guards={"gpu_hours_cap": 0.5})
     r.sup.start()
     r.timers.advance(60)
     r.log(10, seconds_per_step=2.0)  # 990 steps left at 2 s: 0.55 GPU-h more, past the 0.5 cap
@@ -180,7 +169,7 @@ def test_the_commands_steps_are_read_from_it_once_an_attempt_not_at_every_check(
 
 
 def test_the_cap_stops_the_run_now_and_sigkills_it_after_the_grace_period(rig) -> None:
-    r = rig(guards="gpu_hours_cap = 0.05")  # 180 GPU-seconds
+    r = rig(guards={"gpu_hours_cap": 0.05})  # 180 GPU-seconds
     r.sup.start()
     proc = r.executor.process("r", 1)
     proc.obeys_stop = False  # it ignores SIGTERM: only the SIGKILL after the grace period ends it

@@ -7,9 +7,9 @@ import itertools
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from babysit.core.spec.run_toml import load_spec
+from babysit.core.spec.tomlfile import tomllib
 from babysit.runtime import registry
 from tests.support import SHOWN_CHARS, TRAIN_LOG, register, run_toml, stdout_source, wait_for
 

@@ -24,7 +24,8 @@ import pytest
 
 from babysit.db.deadline import WATCHDOG
 from babysit.db.postgres import PostgresStore
-from tests.fleet.helpers import PY, babysit, box_env, fleet_box, wait_for
+from tests.fleet.helpers import PY, babysit, box_env, fleet_box
+from tests.support import run_toml, wait_for
 
 BANNER = "the database cannot be reached"
 DEADLINE_S = 1.5  # the daemon's, in these tests (its default is 15 s)
@@ -202,8 +203,8 @@ def test_the_daemon_s_guard_rounds_go_on_while_postgres_is_frozen(
     lines = [f'[store]\nurl = "{pg_url}"\ndeadline_seconds = {DEADLINE_S}\n[host]\nname = "box-a"\n[daemon]',
              'state_dir = ".babysit"', ""]
     for run in ("a", "b"):
-        (tmp_path / f"{run}.toml").write_text(f'[run]\nname = "{run}"\ncommand = ["train"]\nlog = "{run}.jsonl"\n'
-                                              "gpus = [0]\n[guards]\nmin_free_host_ram_gib = 1\n")
+        (tmp_path / f"{run}.toml").write_text(run_toml(run, ["train"], log=f"{run}.jsonl", gpus=[0],
+                                                       guards={"min_free_host_ram_gib": 1}))
         lines += ["[[runs]]", f'name = "{run}"', f'spec = "{run}.toml"', 'registered_at = "2026-01-01T00:00:00Z"', ""]
     (tmp_path / "babysit.toml").write_text("\n".join(lines))
     clock = FakeClock()
