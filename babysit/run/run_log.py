@@ -117,7 +117,7 @@ class RunLog:
         # one save of the offsets a call, not one a chunk (a flood drained at ~30 chunks a second paid a store
         # commit and an fsync for each): the record log made durable first, so what is saved never runs ahead
         # of what it holds; a daemon killed before the save reads those chunks again (the pump cuts first)
-        with self.ctx.store.deferred_facts():
+        with self.ctx.store.deferred_readings():
             try:
                 return self._read_chunks(budget, drain, wait, chunk, final)
             finally:
@@ -254,7 +254,7 @@ class RunLog:
 
     def _save_tail(self) -> None:
         """The record log's offset and the source's own state in one write: a restart reads on from both.
-        A round defers it (`Store.deferred_facts`): a daemon killed before the round's one commit reads
+        A round defers it (`Store.deferred_readings`): a daemon killed before the round's one commit reads
         those records again, and the pump cuts its record log back first, so nothing is counted twice."""
         self.ctx.store.save_reading(self.run, tail=self.tail.to_dict(), source=dict(self.pump.state),
                                     step=self.points[-1].step if self.points else None,
