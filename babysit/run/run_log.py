@@ -21,6 +21,7 @@ from babysit.core import progress, snapshot
 from babysit.core.reading import nonfinite
 from babysit.core.reading.log_records import LogRecord, ProgressPoint
 from babysit.core.spec.run_toml import RunSpec
+from babysit.core.status import AttemptStatus
 from babysit.db.store import Attempt
 from babysit.run.context import RunHost
 from babysit.run.log_chunks import CHUNK_BYTES, SMALL_CHUNK_BYTES, Chunk, ReadInterrupted, RunReader
@@ -313,7 +314,8 @@ class RunLog:
                                                                self.nonfinite_pending)
         bad = next(iter(counted.items()), None)
         attempt = self.host.attempt
-        if bad is not None and self.nonfinite is None and attempt is not None and attempt.status == "running":
+        if bad is not None and self.nonfinite is None and attempt is not None \
+                and attempt.status == AttemptStatus.RUNNING:
             self.nonfinite = (record.step, bad[0], bad[1])
             self.ctx.store.merge_attempt_detail(attempt.id, {"nonfinite": f"{bad[0]} = {bad[1]} at step {record.step}"})
             self.host.later(f"nonfinite:{self.run}", 0.0, self.check_guards,
