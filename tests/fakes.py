@@ -215,5 +215,8 @@ class FakeExecutor:
     def start_time(self, attempt: Attempt) -> float | None:
         return attempt.started_at
 
+    def requeues(self, attempt: Attempt) -> tuple[dict[str, object], ...]:
+        return ()  # nothing requeues a process in place
+
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         return default

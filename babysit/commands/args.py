@@ -68,7 +68,7 @@ def add_commands(sub: Subcommands) -> None:
     """Every command, in the order `babysit --help` lists them."""
     for add in (add_run, add_register, add_up, add_status, add_verdict, add_amend, add_prereg, add_abort,
                 add_relaunch, add_smoke,
-                add_bot, add_slack, add_probe, add_demo, add_web, add_campaign, add_db, add_gpu):
+                add_bot, add_slack, add_probe, add_demo, add_web, add_campaign, add_db, add_gpu, add_node):
         add(sub)
 
 
@@ -278,6 +278,19 @@ def add_gpu(sub: Subcommands) -> None:
     add_gpu_probe_option(p)
     add_registry_option(p)
     p.set_defaults(handler=("gpu", "run"))
+
+
+def add_node(sub: Subcommands) -> None:
+    p = sub.add_parser("node", help="list, quarantine or release the Slurm nodes babysit keeps runs off",
+                       description="A Slurm node lost under a run's job (NODE_FAIL, BOOT_FAIL) is quarantined: "
+                                   "every later submission is made with --exclude of it. `release` lifts it once "
+                                   "the node is fixed (docs/slurm.md).")
+    p.add_argument("action", choices=("list", "quarantine", "release"),
+                   help="list the quarantined nodes; quarantine a node; release one")
+    p.add_argument("name", nargs="?", metavar="NODE", help="the node's Slurm name (as `sinfo -N` lists it)")
+    p.add_argument("--reason", default=None, help="why (quarantine; shown by `babysit node list`)")
+    add_registry_option(p)
+    p.set_defaults(handler=("node", "run"))
 
 
 def add_smoke(sub: Subcommands) -> None:

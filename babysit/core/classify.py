@@ -10,7 +10,8 @@ Pure: the daemon passes what it saw; the result decides the incident kind and fe
    name *failure* classes, so they never turn a success or a requested stop into a failure that
    would earn a retry.
 2. the job's time limit near, the trainer stopped for it → time-limit (chained); a node the scheduler lost
-   under the job (Slurm NODE_FAIL, BOOT_FAIL) → gpu-fault: the machine's.
+   under the job (Slurm NODE_FAIL, BOOT_FAIL) → node-lost: the machine's; a job the scheduler preempted
+   for another → preempted (chained: the trainer's fault it is not).
 3. user `[[classify]]` rules, in file order, over the stderr tail and the last records' text.
 4. built-ins: the reference trainer's codes (12 out of memory, 11 diverged, 10 stopped), OOM text
    (CUDA, cuBLAS, CPU allocator, MemoryError; an OOM on one rank is the root cause of the NCCL
@@ -100,14 +101,17 @@ class ExitFacts:
     lost_nodes: Sequence[str] = ()
     node_fail: str | None = None
     time_limit: bool = False
+    preempted: bool = False
 
 
 def classify_exit(facts: ExitFacts) -> ExitClass:
     """Classify one attempt's end. See the module docstring for the order.
 
     node_fail: the scheduler's end state when it lost a node under the job (Slurm NODE_FAIL, BOOT_FAIL),
-    lost_nodes: which ones. The machine's fault, never the trainer's: `gpu-fault` (its own retry budget;
-    the executor leaves those nodes out of the next attempt).
+    lost_nodes: which ones. The machine's fault, never the trainer's: `node-lost` (the machine faults' retry
+    budget; the executor quarantines those nodes and leaves them out of later submissions).
+    preempted: the scheduler ended the job for a higher-priority one (Slurm PREEMPTED): `preempted`, the
+    trainer's fault it is not; the run is continued from its checkpoint in a new job (core/retry.py).
     time_limit: the scheduler warned that the job's time limit was near and the trainer was stopped for
     it (Slurm `--signal`): `time-limit`, continued in a new job from its checkpoint (core/retry.py) — only
     when the trainer stopped cleanly (exit 10, or a `stopped` record): a chain must make progress.
@@ -185,9 +189,12 @@ def classify_exit(facts: ExitFacts) -> ExitClass:
 
     if facts.node_fail:
         which = ", ".join(facts.lost_nodes) or "a node of the job"
-        return ExitClass(Outcome.GPU_FAULT, None, f"the machine's fault: Slurm lost {which} under the job "
-                         f"({facts.node_fail}); not the trainer's",
+        return ExitClass(Outcome.NODE_LOST, None, f"node lost, the machine's fault: Slurm lost {which} under the "
+                         f"job ({facts.node_fail}); not the trainer's",
                          {**base, "node_fail": facts.node_fail, "lost_nodes": list(facts.lost_nodes)})
+    if facts.preempted:
+        return ExitClass(Outcome.PREEMPTED, None, "preempted: Slurm gave the job's nodes to a higher-priority job; "
+                         "not the trainer's fault", {**base, "preempted": True})
     text = stderr_tail + "\n" + "\n".join(_record_text(r) for r in last_records)
     for rule in facts.rules:
         match = re.search(rule.pattern, text, re.M)

@@ -6,9 +6,11 @@ there is an attempt k. The one thing a failure changes besides that is the decla
 `[machinery]` knobs (loader workers, prefetch), halved after host-memory pressure, because they
 are declared not to touch the training math.
 
-A `gpu-fault` (the machine's fault, never the method's) has its own budget: `[retry] gpu_fault_max`
-retries, which do not count against `max_attempts`; the supervisor quarantines the faulty GPU and
-relaunches on healthy ones (a run with `gpus = "any N"` or spare GPUs) or waits for it.
+A `gpu-fault` or a `node-lost` (the machine's fault, never the method's) has its own budget: `[retry]
+gpu_fault_max` retries, which do not count against `max_attempts`; the supervisor quarantines the faulty
+GPU and relaunches on healthy ones (a run with `gpus = "any N"` or spare GPUs) or waits for it; a lost
+node is quarantined and left out of the next submissions. A `time-limit` or `preempted` attempt (the
+scheduler's own end) is continued in a new one from its checkpoint, whatever `retry.on` says, at no cost.
 
 Never retried: a diverged attempt whose next profile is the same one (no [[attempts]] declared: the
 identical command diverges the same way), a completed attempt, a stop on request, a guard stop (gpu-held, gpu-hours-cap,
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from babysit.core.spec.run_toml import AttemptProfile, RunSpec
-from babysit.core.status import Outcome
+from babysit.core.status import CHAINED_OUTCOMES, MACHINE_FAULTS, Outcome
 
 _INT = re.compile(r"[+-]?\d+")
 # Stops that are never retried: the reason is outside the run (a foreign GPU holder, the budget, a person).
@@ -81,21 +83,23 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
         return no(f"attempt {last.n} was stopped on request")
     if last.retry_override is False:
         return no(f"a [[classify]] rule marked {last.outcome} as not retryable")
-    if last.outcome == Outcome.TIME_LIMIT:  # one run across jobs: the next link resumes, whatever retry.on says
+    if last.outcome in CHAINED_OUTCOMES:  # one run across jobs: the next link resumes, whatever retry.on says
         n = last.n + 1
-        return RetryDecision(True, f"attempt {last.n} reached its scheduler time limit: continued as attempt {n}, "
+        why = "reached its scheduler time limit" if last.outcome == Outcome.TIME_LIMIT else \
+            "was preempted by the scheduler, not by a fault of the trainer's"
+        return RetryDecision(True, f"attempt {last.n} {why}: continued as attempt {n}, "
                              "resuming from the latest checkpoint", n, spec.profile_for(n - after), True, False,
                              last.halved_knobs)
     on = spec.retry.on
     if last.retry_override is not True and last.outcome not in on:
         return no(f"{last.outcome} is not in retry.on ({', '.join(on) or 'empty'})")
-    faults = sum(1 for a in history if a.outcome == Outcome.GPU_FAULT)
-    if last.outcome == Outcome.GPU_FAULT and faults > spec.retry.gpu_fault_max:
-        return no(f"attempt {last.n} ended gpu-fault, the {_nth(faults)} machine fault: no gpu-fault retries left "
-                  f"(retry.gpu_fault_max = {spec.retry.gpu_fault_max})")
-    links = sum(1 for a in history if a.outcome == Outcome.TIME_LIMIT)
+    faults = sum(1 for a in history if a.outcome in MACHINE_FAULTS)
+    if last.outcome in MACHINE_FAULTS and faults > spec.retry.gpu_fault_max:
+        return no(f"attempt {last.n} ended {last.outcome}, the {_nth(faults)} machine fault: no {last.outcome} "
+                  f"retries left (retry.gpu_fault_max = {spec.retry.gpu_fault_max})")
+    links = sum(1 for a in history if a.outcome in CHAINED_OUTCOMES)
     most = after + spec.retry.max_attempts + faults + links  # a machine fault, a time limit: no attempt lost
-    if last.outcome != Outcome.GPU_FAULT and last.n >= most:
+    if last.outcome not in MACHINE_FAULTS and last.n >= most:
         return no(f"attempt {last.n} of {most} failed ({last.outcome}): no attempts left")
     n = last.n + 1
     if last.outcome == Outcome.DIVERGED and spec.profile_for(n - after) == spec.profile_for(last.n - after):
@@ -108,7 +112,7 @@ def next_attempt(history: Sequence[PastAttempt], spec: RunSpec, after: int = 0) 
     resume = spec.retry.resume == "latest-checkpoint"
     why = "a [[classify]] rule said retry" if last.retry_override else f"{last.outcome} is in retry.on"
     profile = spec.profile_for(n - after)
-    of = (f"gpu-fault retry {faults} of {spec.retry.gpu_fault_max}" if last.outcome == Outcome.GPU_FAULT
+    of = (f"{last.outcome} retry {faults} of {spec.retry.gpu_fault_max}" if last.outcome in MACHINE_FAULTS
           else f"attempt {n} of {most}")
     reason = (f"attempt {last.n} ended {last.outcome} ({why}): {of}, "
               f"profile {profile.profile}" + (", resuming from the latest checkpoint" if resume else ", fresh")
@@ -141,6 +145,18 @@ def build_argv(spec: RunSpec, n: int, *, resume: bool, halvings: int, after: int
         notes["not_integer"] = "machinery knobs with a non-integer value, left alone: " + ", ".join(
             found_notes["not_integer"])
     return argv, notes
+
+
+def rerun_argv(spec: RunSpec, argv: Sequence[str], n: int) -> tuple[str, ...]:
+    """What attempt n runs when its scheduler reruns it in place (a Slurm requeue: same job, same attempt):
+    its argv with the resume args, as a retry would resume; () where the run does not resume from a
+    checkpoint, or the argv resumes already."""
+    if spec.retry.resume != "latest-checkpoint" or not spec.retry.resume_args:
+        return ()
+    extra = [a.replace("{name}", spec.name).replace("{attempt}", str(n)) for a in spec.retry.resume_args]
+    if list(argv[len(argv) - len(extra):]) == extra:
+        return ()
+    return (*argv, *extra)
 
 
 def _halve_knobs(argv: list[str], knobs: Sequence[str], factor: int, notes: dict[str, list[str]]) -> None:

@@ -54,12 +54,18 @@ class Outcome(StrEnum):
     CRASHED = "crashed"
     STALLED = "stalled"
     GPU_FAULT = "gpu-fault"  # the machine's fault: its own retry budget
+    NODE_LOST = "node-lost"  # the machine's fault: the scheduler lost a node under the job (Slurm NODE_FAIL)
     TIME_LIMIT = "time-limit"  # Slurm's time limit reached cleanly: the run goes on in a new job
+    PREEMPTED = "preempted"  # the scheduler took the job's nodes for another job: the run goes on in a new job
 
 
 # The outcomes a run can be retried on, and a [[classify]] rule can give (run.toml's retry.on, failure_class)
 FAILURE_OUTCOMES: tuple[Outcome, ...] = (Outcome.OOM, Outcome.DIVERGED, Outcome.CRASHED, Outcome.STALLED,
-                                        Outcome.GPU_FAULT)
+                                        Outcome.GPU_FAULT, Outcome.NODE_LOST)
+# The machine's faults: they share `[retry] gpu_fault_max`, never `max_attempts`
+MACHINE_FAULTS: tuple[Outcome, ...] = (Outcome.GPU_FAULT, Outcome.NODE_LOST)
+# The scheduler's own ends, not failures: the run goes on from its checkpoint whatever `retry.on` says
+CHAINED_OUTCOMES: tuple[Outcome, ...] = (Outcome.TIME_LIMIT, Outcome.PREEMPTED)
 
 
 class AttemptStatus(StrEnum):

@@ -35,10 +35,13 @@ class Attempt:
     detail: dict[str, Any]
 
     def gpu_seconds(self, now: float) -> float:
+        """Wall time × GPUs, the live attempt's to `now`; with the runs its job made before the scheduler
+        requeued it (`requeued_seconds`: started_at moved to the job's new start)."""
+        earlier = float(self.detail.get("requeued_seconds") or 0.0)
         if self.started_at is None:
-            return 0.0
+            return earlier * self.gpus
         end = self.ended_at if self.ended_at is not None else now
-        return max(0.0, end - self.started_at) * self.gpus
+        return (max(0.0, end - self.started_at) + earlier) * self.gpus
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,10 @@ class Executor(Protocol):
         """When the attempt really started: a queued job (Slurm) says None until it leaves the queue,
         and costs no GPU-time until then; a local process started at launch."""
 
+    def requeues(self, attempt: Attempt) -> tuple[dict[str, object], ...]:
+        """The runs of the attempt's job before its scheduler requeued it in place (same job; each
+        {restart, start, end, nodes}), oldest first: their GPU-time counts. () where nothing requeues."""
+
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         """Where the attempt's GPUs are read: the daemon's probe, or one beside a remote job."""
 

@@ -128,6 +128,9 @@ class LocalExecutor:
     def start_time(self, attempt: Attempt) -> float | None:
         return attempt.started_at  # a local process starts when it is launched: no queue
 
+    def requeues(self, attempt: Attempt) -> tuple[dict[str, object], ...]:
+        return ()  # nothing requeues a process in place
+
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         return default
 

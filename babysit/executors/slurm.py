@@ -5,7 +5,7 @@ seen through the probe sidecar the batch script starts beside the trainer (`baby
 
 Every Slurm command goes through `_slurm()` (argv list, never a shell, a timeout, a typed error). The
 pure parts live in `slurm_script` (the batch script) and `slurm_state` (parsing and the state → exit
-mapping).
+mapping), the nodes kept off runs in `slurm_nodes`.
 
 Crash safety. `launch` writes `submit.json` (the submit token) before `sbatch`, and `job.json` (the
 job id) atomically the instant `sbatch` returns — before the daemon's store hears of it. `find`
@@ -14,7 +14,8 @@ and the jobcomp file for the job name that carries the token. So a restart never
 
 GPU-seconds. `Launched.started_at` is the submit time; `start_time(attempt)` is the job's real
 StartTime once it left PENDING (None before), and the supervisor keeps the store's `started_at` on it,
-so a queued job costs nothing. `ExitInfo.ended_at` is the job's real EndTime.
+so a queued job costs nothing. `ExitInfo.ended_at` is the job's real EndTime. A job Slurm requeues
+stays the same attempt; its earlier runs are kept in `requeues.json` and counted too.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from pathlib import Path
 
 import structlog
 
+from babysit.core import retry
 from babysit.core.errors import BabysitError
 from babysit.core.nodes import NodeRow, hostnames, node_rows, stacks_by_rank, straggler
 from babysit.core.spec.run_toml import RunSpec, load_spec
 from babysit.core.spec.slurm import SlurmSpec
 from babysit.db.store import Attempt
-from babysit.executors import ExitInfo, Launched
+from babysit.executors import ExitInfo, Launched, slurm_nodes
 from babysit.executors import slurm_script as script
 from babysit.executors import slurm_state as st
 from babysit.executors.local import tail_lines
@@ -56,6 +58,7 @@ PROBE_INTERVAL_ENV = "BABYSIT_PROBE_INTERVAL"  # the sidecar's sampling interval
 STACKS_TIMEOUT_S = 40.0  # srun + py-spy on every node, side by side
 BEATS_READ = 20  # a rank's newest beats a node's pace is measured over
 NODE_STACKS_DIR = "stacks"  # in the attempt directory: each node's stack line and flight records (node_stacks)
+REQUEUES_FILE = "requeues.json"  # the job's runs before Slurm requeued it (same job id, Restarts up)
 
 
 class SlurmError(BabysitError):
@@ -119,7 +122,8 @@ class SlurmExecutor:
 
         adir = Path(attempt.attempt_dir)
         adir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for stale in ("job.json", "exit.json", "state.json", "stdout.log", "stderr.log", script.TIME_LIMIT_FILE):
+        for stale in ("job.json", "exit.json", "state.json", "stdout.log", "stderr.log", script.TIME_LIMIT_FILE,
+                      REQUEUES_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (adir / stale).unlink()
         for old in (*adir.glob("probe-*.jsonl"), *adir.glob("rank-*.jsonl")):
@@ -129,8 +133,9 @@ class SlurmExecutor:
         run_env = {k: v for k, v in env.items() if os.environ.get(k) != v and not k.startswith("SLURM_")}
         request = script.BatchRequest(
             run=attempt.run, attempt=attempt.n, token=token, attempt_dir=str(adir), workdir=workdir,
-            argv=tuple(argv), env=tuple(sorted(run_env.items())), slurm=spec.slurm or _default_slurm(),
-            exclude=excluded_nodes(adir), stop_signal=spec.stop_signal,
+            argv=tuple(argv), env=tuple(sorted(run_env.items())), slurm=spec.slurm or SlurmSpec(),
+            exclude=slurm_nodes.excluded(self.state_dir, adir), stop_signal=spec.stop_signal,
+            restart_argv=retry.rerun_argv(spec, argv, attempt.n),
             n_gpus=len(spec.gpus), probe_argv=(sys.executable, "-m", "babysit", "probe"),
             probe_interval=float(os.environ.get(PROBE_INTERVAL_ENV) or 10.0))
         try:
@@ -225,9 +230,19 @@ class SlurmExecutor:
             return cached or last
         with self._lock:
             self._cache[job_id] = state
-        if last is None or (last.state, last.reason, last.start) != (state.state, state.reason, state.start):
+            earlier, kept = st.requeued_run(last, state), self.requeues(attempt)
+            if earlier is not None and all(r.get("restart") != earlier["restart"] for r in kept):
+                # the run before Slurm requeued the job, kept once (two threads may both have seen it)
+                _write_json(adir / REQUEUES_FILE, {"job_id": job_id, "runs": [*kept, earlier]})
+        seen = (last.state, last.reason, last.start, last.restarts) if last is not None else None
+        if seen != (state.state, state.reason, state.start, state.restarts):
             _write_json(adir / "state.json", state.to_dict())  # what was last seen, for a vanished job
         return state
+
+    def requeues(self, attempt: Attempt) -> tuple[dict[str, object], ...]:
+        """The job's runs before Slurm requeued it (`slurm_state.requeued_run`), oldest first."""
+        kept = _read_json(Path(attempt.attempt_dir) / REQUEUES_FILE) or {}
+        return tuple(r for r in kept.get("runs") or () if isinstance(r, dict))
 
     def _ask(self, job_id: str, adir: Path, last: st.JobState | None, now: float) -> st.JobState:
         out = _slurm(["scontrol", "show", "job", "-o", job_id], check=False)
@@ -354,14 +369,15 @@ class SlurmExecutor:
             return None
         info = st.exit_info(state, tail_lines(Path(attempt.attempt_dir) / "stderr.log"))
         if state.state in st.MACHINE_LOST:
-            info = replace(info, lost_nodes=self._lost_nodes(Path(attempt.attempt_dir), state))
+            info = replace(info, lost_nodes=self._lost_nodes(attempt, state))
         if (Path(attempt.attempt_dir) / script.TIME_LIMIT_FILE).exists():
             info = replace(info, time_limit=True)  # the batch shell's trap saw Slurm's warning
         return info
 
-    def _lost_nodes(self, adir: Path, state: st.JobState) -> tuple[str, ...]:
-        """Which of the job's nodes Slurm lost, asked once (`sinfo`) and kept in `lost_nodes.json`: the
-        next attempts of the run are submitted with `--exclude` of them (`excluded_nodes`)."""
+    def _lost_nodes(self, attempt: Attempt, state: st.JobState) -> tuple[str, ...]:
+        """Which of the job's nodes Slurm lost, asked once (`sinfo`), kept in `lost_nodes.json` and
+        quarantined: later submissions of every run leave them out (`slurm_nodes.excluded`)."""
+        adir = Path(attempt.attempt_dir)
         kept = _read_json(adir / "lost_nodes.json")
         if kept is not None:
             return tuple(kept.get("nodes") or ())
@@ -371,6 +387,9 @@ class SlurmExecutor:
                 found = st.lost_nodes(_slurm(["sinfo", "-h", "-N", "-n", state.nodes, "-o", "%N %T"]).stdout)
         _write_json(adir / "lost_nodes.json", {"nodes": list(found), "job_id": state.job_id, "state": state.state,
                                                "job_nodes": state.nodes})
+        if found and self.state_dir is not None:
+            slurm_nodes.quarantine(self.state_dir, found, f"lost under Slurm job {state.job_id} ({state.state}) "
+                                   f"of run {attempt.run}", time.time(), run=attempt.run, job_id=state.job_id)
         return found
 
     def wait(self, attempt: Attempt, timeout: float | None) -> bool:
@@ -454,17 +473,6 @@ class SlurmExecutor:
         return str(job["job_id"]) if job and job.get("job_id") else None
 
 
-def excluded_nodes(adir: Path) -> tuple[str, ...]:
-    """Nodes an earlier attempt of this run lost (NODE_FAIL): `attempt-<k>/lost_nodes.json` for k < n."""
-    here = adir.name.removeprefix("attempt-")
-    lost: set[str] = set()
-    for other in adir.parent.glob("attempt-*/lost_nodes.json"):
-        k = other.parent.name.removeprefix("attempt-")
-        if k.isdigit() and here.isdigit() and int(k) < int(here):
-            lost.update(str(n) for n in (_read_json(other) or {}).get("nodes") or ())
-    return tuple(sorted(lost))
-
-
 def node_dumps(stdout: str, into: Path) -> list[dict]:
     """Each node's `node_stacks` line, one a node: the file it wrote on the shared disk, else its line in
     srun's output (srun interleaves two nodes' long lines printed at once, so a line may not parse)."""
@@ -483,11 +491,6 @@ def node_dumps(stdout: str, into: Path) -> list[dict]:
 
 def _probe_interval() -> float:
     return float(os.environ.get(PROBE_INTERVAL_ENV) or 10.0)
-
-
-def _default_slurm() -> object:
-
-    return SlurmSpec()
 
 
 def _spec_path(env: dict[str, str]) -> str:

@@ -57,6 +57,9 @@ class BatchRequest:
     probe_interval: float = 10.0
     exclude: tuple[str, ...] = ()  # nodes an earlier attempt lost: `--exclude`
     stop_signal: str = "SIGTERM"  # the run's stop signal: what the time-limit warning becomes for the trainer
+    # What the script runs when Slurm reruns it after a requeue ($SLURM_RESTART_COUNT > 0): the argv with
+    # the run's resume args, so the requeued job goes on from its checkpoint; () = the argv again.
+    restart_argv: tuple[str, ...] = ()
 
 
 def job_name(run: str, attempt: int, token: str) -> str:
@@ -164,6 +167,10 @@ def render(req: BatchRequest) -> str:
         f"cd {q(req.workdir)} || {{ echo \"babysit: cannot cd to the run's workdir\" >&2; exit 111; }}",
     ]
     lines += [f"export {key}={q(value)}" for key, value in req.env]
+    restart = req.restart_argv if req.restart_argv and req.restart_argv != req.argv else ()
+    rerun = '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]'  # Slurm requeued the job and runs this script again
+    lines += ["# a rerun after a requeue: the earlier run's end is not this one's",
+              f'{rerun} && rm -f "$babysit_dir/exit.json" "$babysit_dir/{TIME_LIMIT_FILE}"']
     per_node = gpus_per_node(s, req.n_gpus)
     if uses_torchrun(s, req.n_gpus):
         port = f"${{BABYSIT_RDZV_PORT:-{DEFAULT_RDZV_PORT}}}"
@@ -176,6 +183,8 @@ def render(req: BatchRequest) -> str:
         ]
         words = torchrun_argv(req.argv, s.nodes, per_node)
         lines.append(f"export {RANK_ARGV_ENV}={q(' '.join(q(w) for w in req.argv))}")
+        if restart:
+            lines.append(f"{rerun} && export {RANK_ARGV_ENV}={q(' '.join(q(w) for w in restart))}")
         lines.append(f'export {RANK_LOG_ENV}="$babysit_dir/rank-{{rank}}.jsonl"  # every rank\'s step beats')
         command = "srun --kill-on-bad-exit=1 " + " ".join(_word(w) for w in words)
     else:
@@ -193,7 +202,9 @@ def render(req: BatchRequest) -> str:
             '[ -n "$babysit_child" ] && kill -s "$1" "$babysit_child" 2>/dev/null; }',
             *(f"trap 'babysit_stop {sig}' {sig}" for sig in stops),
             "# a script's background job ignores SIGINT and SIGQUIT unless it resets them: the trainer may stop on INT",
-            f"( trap - INT QUIT; exec {command} ) &",
+            *([f"if {rerun}; then ( trap - INT QUIT; exec {' '.join(q(w) for w in restart)} ) &",
+               f"else ( trap - INT QUIT; exec {command} ) & fi"] if restart
+              else [f"( trap - INT QUIT; exec {command} ) &"]),
             "babysit_child=$!",
             '[ -n "$babysit_stopping" ] && kill -s "$babysit_stopping" "$babysit_child" 2>/dev/null',
         ]

@@ -56,6 +56,7 @@ class JobState:
     alloc_gpus: int | None = None
     nodes: str | None = None
     seen_at: float | None = None  # when babysit read it (wall clock)
+    restarts: int | None = None  # how often Slurm requeued the job (scontrol Restarts=); None: not said
 
     @property
     def terminal(self) -> bool:
@@ -160,8 +161,24 @@ def from_scontrol(job_id: str, text: str, now: float) -> JobState | None:
                         reason=None if reason in (None, "None", "(null)") else reason,
                         exit_code=code, exit_signal=sig, start=parse_time(kv.get("StartTime")),
                         end=parse_time(kv.get("EndTime")), alloc_gpus=alloc,
-                        nodes=_none(kv.get("NodeList")), seen_at=now)
+                        nodes=_none(kv.get("NodeList")), seen_at=now, restarts=_int(kv.get("Restarts")))
     return None
+
+
+def requeued_run(last: JobState | None, job: JobState) -> dict[str, object] | None:
+    """The run of a job that Slurm requeued (`scontrol requeue`, a preemption with PreemptMode=REQUEUE,
+    `--requeue` after a node failure) between two looks: the same job id, its restart count up. Slurm
+    forgets that run's StartTime once it requeues, so it is kept here: from the last start babysit saw to
+    when it saw the requeue — the job's new start if it already runs again, else now (at most one poll
+    late). None when nothing was requeued, or when the earlier run was never seen started."""
+    if last is None or job.restarts is None or job.restarts <= (last.restarts or 0):
+        return None
+    if not last.started or last.start is None:
+        return None
+    seen = job.seen_at if job.seen_at is not None else last.start
+    end = min(seen, job.start) if job.started and job.start is not None else seen
+    return {"restart": job.restarts, "start": last.start, "end": max(last.start, end), "nodes": last.nodes,
+            "state": job.state}
 
 
 SACCT_FIELDS = "JobID,State,ExitCode,Start,End,AllocTRES,NodeList,Reason"
@@ -291,6 +308,10 @@ def status_note(job: JobState | None) -> str | None:
 
 def _append(tail: str, line: str) -> str:
     return f"{tail.rstrip()}\n{line}" if tail.strip() else line
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def _none(text: str | None) -> str | None:

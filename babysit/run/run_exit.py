@@ -92,7 +92,8 @@ class RunExits:
         """
         if attempt.status != AttemptStatus.RUNNING:
             return attempt
-        real = self.executor.start_time(attempt)
+        real = self.executor.start_time(attempt)  # asks the job's state: a requeue is seen here
+        attempt = self.sync_requeues(attempt)
         if real is None:
             real = self.ctx.now()
             if attempt.started_at is not None and real - attempt.started_at < 5:
@@ -101,6 +102,29 @@ class RunExits:
             return attempt
         self.ctx.store.mark_running(attempt.id, started_at=real, pid=attempt.pid,
                                     pid_create_time=attempt.pid_create_time, job_id=attempt.job_id)
+        return self.ctx.store.attempt(self.run, attempt.n)
+
+    def sync_requeues(self, attempt: Attempt) -> Attempt:
+        """The runs of the attempt's job before its scheduler requeued it (Slurm: same job id, Restarts up):
+        their GPU-time kept on the attempt (`requeued_seconds`, which its GPU-hours and the cap count, since
+        its started_at moves to the new start) and each said once. The attempt goes on: same job, its
+        script rerun from the run's latest checkpoint."""
+        runs = self.executor.requeues(attempt)
+        known = attempt.detail.get("requeues") or []
+        if len(runs) <= len(known):
+            return attempt
+        seconds = sum(max(0.0, float(r["end"]) - float(r["start"])) for r in runs)
+        self.ctx.store.merge_attempt_detail(attempt.id, {"requeues": [dict(r) for r in runs],
+                                                         "requeued_seconds": seconds})
+        goes_on = "resumes from the latest checkpoint" if self.host.spec.retry.resume == "latest-checkpoint" \
+            else "starts again (retry.resume is not latest-checkpoint)"
+        for r in runs[len(known):]:
+            ran = max(0.0, float(r["end"]) - float(r["start"]))
+            self.host.incident("requeued", f"Slurm requeued job {attempt.job_id} (restart {r.get('restart')}): not "
+                               f"the trainer's fault. It had run {ran / 60:.1f} min on {r.get('nodes') or '?'}, "
+                               f"{ran * attempt.gpus / 3600:.2f} GPU-hours, counted. The same job runs again and "
+                               f"{goes_on}", {"attempt": attempt.n, **dict(r)},
+                               key=f"{self.run}:{attempt.n}:requeued:{r.get('restart')}")
         return self.ctx.store.attempt(self.run, attempt.n)
 
     def on_exit(self, n: int) -> None:
@@ -152,7 +176,7 @@ class RunExits:
                 checkpoint_after_stop=written_after(spec.checkpoints, sent_at) if sent_at else None,
                 gpu_evidence=evidence, end_step=self.runlog.end_step(fresh), lost_nodes=info.lost_nodes,
                 node_fail=info.state if info.state in ("NODE_FAIL", "BOOT_FAIL") else None,
-                time_limit=info.time_limit))
+                time_limit=info.time_limit, preempted=info.state == "PREEMPTED"))
             if cls.outcome not in LOUD_ENDS:  # it ended as if all went well, and no record was read: said
                 self.runlog.teller.check_unread_at_exit(attempt)
             summary = cls.summary
@@ -165,6 +189,12 @@ class RunExits:
                 detail["undrained"] = vanished
             if cls.outcome == "gpu-fault" or cls.detail.get("completed_before_stop") == "gpu-fault":
                 self.quarantine(n, evidence)  # before the retry chooses its GPUs; a broken GPU stays broken
+            if cls.outcome == Outcome.NODE_LOST and info.lost_nodes:  # the executor quarantined them
+                names = ", ".join(info.lost_nodes)
+                self.host.incident("node-quarantined", f"{names} quarantined: lost under attempt {n}'s job; no run "
+                                   f"is submitted to {'them' if len(info.lost_nodes) > 1 else 'it'} until "
+                                   f"`babysit node release {info.lost_nodes[0]}`", {"nodes": list(info.lost_nodes)},
+                                   key=f"{self.run}:{n}:node-quarantined")
             if stop is not None and "stop_reason" in cls.detail:
                 # Only a stop that decided the outcome is a guard stop: a trainer that exited with its
                 # own code (OOM, divergence) while being stopped keeps that class and its retry.

@@ -54,13 +54,16 @@ class RunObserver:
         if t2 - t0 > SLOW_CHECK_SECONDS:
             log.info("check slow", run=self.run, log_and_host_s=round(t1 - t0, 3), gpu_read_s=round(t2 - t1, 3))
         prereg = spec.prereg
+        since_start = None if attempt.started_at is None else now - attempt.started_at
+        quiet = runlog.quiet_seconds(now)
+        if quiet is not None and since_start is not None:  # a job its scheduler requeued waits, then starts
+            quiet = min(quiet, since_start)  # again: its stall clock too (started_at follows its new start)
         return observe(  # durations in real seconds; the declared-minute thresholds scale by minute_seconds
             run=self.run, attempt=attempt.n, at=now, points=tuple(runlog.points),
             read_step=prereg.read_step if prereg else None, end_step=runlog.end_step(attempt), gpus=spec.gpus,
             gpu_hours_used=self.gpu_hours(attempt, now), gpu_hours_cap=spec.guards.gpu_hours_cap, n_gpus=attempt.gpus,
             view=view, host=host, run_pids=run_pids, past_run_pids=frozenset(self.run_pids_seen),
-            seconds_since_last_record=runlog.quiet_seconds(now),
-            seconds_since_launch=None if attempt.started_at is None else now - attempt.started_at,
+            seconds_since_last_record=quiet, seconds_since_launch=since_start,
             data_wait_frac=runlog.data_wait_frac(), nonfinite=runlog.nonfinite, minute_seconds=self.ctx.scale)
 
     def snapshot(self, kind: str, obs: Observation | None = None) -> snapshot.Snapshot:

@@ -3,7 +3,9 @@
 Modes: `ok N` (N records, exit 0) · `fail` (exit 3) · `oom` (a MemoryError) · `term SIGNALS_FILE`
 (records until SIGTERM; on TERM it writes a record and a line to SIGNALS_FILE, exits 10) · `sleep S` ·
 `leader SIGNALS_FILE` (a trainer with a DataLoader-like worker in its process group: each writes the
-stop signals that reach it to SIGNALS_FILE; the trainer stops its worker and exits 10).
+stop signals that reach it to SIGNALS_FILE; the trainer stops its worker and exits 10) · `resumable N
+CKPT [--resume latest]` (N steps, 0.3 s each, each step saved to CKPT; with --resume it starts after the
+saved step and says so in its `start` record; exits 10 on SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def record(step: int, **extra: object) -> None:
@@ -21,7 +24,7 @@ def record(step: int, **extra: object) -> None:
         f.write(json.dumps({"step": step, "ts": time.time(), "train_loss": 1.0 / (step + 1), **extra}) + "\n")
 
 
-def main(mode: str, arg: str = "") -> int:
+def main(mode: str, arg: str = "", *rest: str) -> int:
     if mode == "ok":
         for step in range(int(arg or 3)):
             record(step)
@@ -81,6 +84,18 @@ def main(mode: str, arg: str = "") -> int:
         with open(arg, "a", encoding="utf-8") as f:
             f.write("ready worker\n")
         time.sleep(120)
+        return 0
+    if mode == "resumable":
+        ckpt = rest[0]
+        first = int(Path(ckpt).read_text()) + 1 if "--resume" in rest and os.path.exists(ckpt) else 0
+        record(first, event="start", config={"resumed_from_step": first - 1 if first else None})
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(10))
+        for step in range(first, int(arg)):
+            record(step)
+            with open(ckpt, "w", encoding="utf-8") as f:
+                f.write(str(step))
+            time.sleep(0.3)
+        record(int(arg) - 1, event="completed")
         return 0
     if mode == "sleep":
         end = time.time() + float(arg)

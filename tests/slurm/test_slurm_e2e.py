@@ -244,3 +244,59 @@ def test_babysit_run_with_the_slurm_executor_submits_it_follows_it_and_exits_0(b
     assert attempt.job_id and attempt.outcome == "completed"
     assert "iter 60: loss" in res.stdout and 'preset "nanogpt"' in res.stdout
     assert 'executor = "slurm"' in (bench.state_dir / "adhoc" / f"{name}.toml").read_text()
+
+
+def test_a_requeued_job_is_followed_as_the_same_attempt_resumed_with_its_earlier_run_counted(
+        bench: Bench, tmp_path: Path) -> None:
+    """`scontrol requeue` mid-run (what a preemption with PreemptMode=REQUEUE does): the same job id goes
+    back to PENDING with Restarts=1 and Slurm reruns its script. babysit follows it as the same attempt
+    (never a new run, never an end), says it once as not the trainer's fault, reruns the trainer from its
+    checkpoint, and counts the GPU-time the job had run before the requeue."""
+    name = unique("treq")
+    bench.run_toml(name, jobscript("resumable", "30", str(tmp_path / "ckpt")), gpus=[0],
+                   guards={"exclusive_gpu": False, "stall_minutes": 90},
+                   retry={"max_attempts": 1, "resume": "latest-checkpoint"},
+                   slurm={"time_limit": "00:05:00", "sbatch_options": ["--requeue"]})  # the CI's JobRequeue=0
+    daemon = bench.start_up()
+    try:
+        log = tmp_path / "outputs" / name / "train_log.jsonl"
+        bench.until("step 5", lambda: log.exists() and any(
+            json.loads(x).get("step", 0) >= 5 for x in log.read_text().splitlines()), timeout=60)
+        job_id = bench.store().attempts(name)[0].job_id or ""
+        first = slurm_job(job_id)
+        requeued_at = time.time()
+        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, timeout=15)
+        bench.until("the job requeued", lambda: slurm_job(job_id).get("Restarts") == "1", timeout=30)
+        bench.until("the requeue seen", lambda: (Path(bench.store().attempts(name)[0].attempt_dir)
+                                                 / "requeues.json").exists(), timeout=30)
+        def started_again() -> bool:  # Slurm holds a requeued job ~2 min (BeginTime): start it again now
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=15)
+            return slurm_job(job_id).get("JobState") == "RUNNING"
+
+        bench.until("the job running again", started_again, timeout=30)
+        assert daemon.wait(timeout=120) == 0, bench.daemon_logs()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    attempt = only_attempt(bench, name)
+    assert attempt.outcome == "completed" and attempt.job_id == job_id, attempt.detail
+    assert bench.store().run_state(name)[0] == "finished"
+    [earlier] = attempt.detail["requeues"]
+    assert earlier["restart"] == 1 and earlier["start"] == parse_time(first["StartTime"])
+    assert earlier["end"] >= requeued_at - 1
+    assert attempt.detail["requeued_seconds"] == pytest.approx(earlier["end"] - earlier["start"])
+    job = slurm_job(job_id)
+    assert attempt.started_at == parse_time(job["StartTime"]) > earlier["end"]  # the rerun's own start
+    assert attempt.gpu_seconds(time.time()) == pytest.approx(attempt.ended_at - attempt.started_at
+                                                             + attempt.detail["requeued_seconds"])
+    said = [i for i in bench.store().incidents(name) if i.kind == "requeued"]
+    assert len(said) == 1 and said[0].body["restart"] == 1, said
+    posted = [json.loads(line) for line in (bench.state_dir / "channel.jsonl").read_text().splitlines()]
+    text = [m["text"] for m in posted if m.get("kind") == "incident" and "requeued" in m.get("text", "")]
+    assert len(text) == 1 and f"Slurm requeued job {job_id} (restart 1): not the trainer's fault" in text[0], text
+    assert not [i.kind for i in bench.store().incidents(name) if i.kind in ("crashed", "retrying")]
+    starts = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x).get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["config"]["resumed_from_step"] >= 5, starts
+    assert "--resume latest" in (Path(attempt.attempt_dir) / "job.sbatch").read_text()
+    assert json.loads(log.read_text().splitlines()[-1])["event"] == "completed"

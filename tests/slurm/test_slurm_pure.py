@@ -4,11 +4,13 @@ and the sidecar reader. No Slurm needed: these run everywhere."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -316,9 +318,11 @@ def test_jobcomp_line() -> None:
 
 
 def _classify(job: st.JobState, tail: str = "", stop: bool = False) -> str:
-    info = st.exit_info(job, tail)
+    info = st.exit_info(job, tail)  # read as babysit/run/run_exit.py reads it
     return classify_exit(ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
-                         last_records=[], rules=(), stop_requested=stop)).outcome
+                         last_records=[], rules=(), stop_requested=stop,
+                         node_fail=info.state if info.state in st.MACHINE_LOST else None,
+                         preempted=info.state == "PREEMPTED")).outcome
 
 
 def _job(state: str, code: int | None = 0, sig: int | None = None) -> st.JobState:
@@ -332,8 +336,10 @@ def _job(state: str, code: int | None = 0, sig: int | None = None) -> st.JobStat
     ("FAILED", 12, None, False, "oom"),
     ("OUT_OF_MEMORY", 0, 125, False, "oom"),
     ("TIMEOUT", 10, None, False, "crashed"),  # the trainer's clean stop on SIGTERM is no clean end here
-    ("NODE_FAIL", 0, None, False, "crashed"),
-    ("PREEMPTED", 0, 15, False, "crashed"),
+    ("NODE_FAIL", 0, None, False, "node-lost"),  # the machine's fault
+    ("BOOT_FAIL", 0, None, False, "node-lost"),
+    ("PREEMPTED", 0, 15, False, "preempted"),  # the scheduler's, not the trainer's: the run goes on
+    ("PREEMPTED", 10, None, True, "stopped"),  # babysit's own stop came first
     ("CANCELLED", 10, None, True, "stopped"),  # babysit's own stop
     ("CANCELLED", 0, 15, True, "stopped"),
     ("CANCELLED", 0, None, True, "stopped"),  # cancelled while PENDING: ExitCode 0:0 is no success
@@ -471,18 +477,18 @@ def test_a_node_fail_is_the_machines_fault_whatever_the_exit_and_stderr_say() ->
     cls = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="RuntimeError: Connection closed by peer\n"
                         "babysit: Slurm ended job 7 NODE_FAIL: a node of the job failed", last_records=[], rules=[],
                         stop_requested=False, lost_nodes=("n2",), node_fail="NODE_FAIL"))
-    assert cls.outcome == "gpu-fault" and cls.detail["lost_nodes"] == ["n2"]
-    assert "the machine's fault: Slurm lost n2 under the job (NODE_FAIL)" in cls.summary
+    assert cls.outcome == "node-lost" and cls.detail["lost_nodes"] == ["n2"]
+    assert cls.summary.startswith("node lost, the machine's fault: Slurm lost n2 under the job (NODE_FAIL)")
     unknown = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="", last_records=[], rules=[],
                             stop_requested=False, node_fail="NODE_FAIL"))
-    assert unknown.outcome == "gpu-fault" and "Slurm lost a node of the job" in unknown.summary
+    assert unknown.outcome == "node-lost" and "Slurm lost a node of the job" in unknown.summary
     timeout = classify_exit(ExitFacts(exit_code=None, signal=None, stderr_tail="babysit: Slurm ended job 7 TIMEOUT",
                             last_records=[], rules=[], stop_requested=False))
     assert timeout.outcome == "crashed"  # not a node's fault
 
 
 def test_the_next_attempt_excludes_the_nodes_earlier_attempts_lost(tmp_path: Path) -> None:
-    from babysit.executors.slurm import excluded_nodes
+    from babysit.executors.slurm_nodes import lost_earlier as excluded_nodes
 
     run = tmp_path / "runs" / "r"
     for n, lost in ((1, ["n2"]), (2, ["n4", "n2"]), (4, ["n9"])):
@@ -545,6 +551,144 @@ def test_the_warning_comes_five_minutes_or_a_tenth_of_the_limit_before_it(tmp_pa
     with pytest.raises(BabysitError, match=r"slurm.time_limit_warning_seconds: expected a number of seconds under "
                                            r"time_limit \(00:01:00\), got 60"):
         load_spec(spec)
+
+
+# -- requeues and preemption ------------------------------------------------------------------------------
+
+
+def _scontrol(state: str, restarts: int, start: str, nodes: str = "n1") -> str:
+    return (f"JobId=42 JobName=j JobState={state} Reason=None Requeue=1 Restarts={restarts} BatchFlag=1 "
+            f"ExitCode=0:0 StartTime={start} EndTime=Unknown NodeList={nodes if state == 'RUNNING' else '(null)'}")
+
+
+def test_a_requeued_job_keeps_its_earlier_run_from_its_start_to_when_the_requeue_was_seen() -> None:
+    """Slurm forgets a requeued job's StartTime (a PENDING job's is the estimate): the earlier run is the
+    last start babysit saw to the look that saw the restart count go up."""
+    t0 = st.parse_time("2026-12-07T02:56:47") or 0.0
+    ran = st.from_scontrol("42", _scontrol("RUNNING", 0, "2026-12-07T02:56:47"), t0 + 20)
+    assert ran is not None and ran.restarts == 0 and ran.started
+    queued = st.from_scontrol("42", _scontrol("PENDING", 1, "2026-12-07T02:59:10"), t0 + 25)
+    assert queued is not None and queued.restarts == 1 and not queued.started
+    earlier = st.requeued_run(ran, queued)
+    assert earlier == {"restart": 1, "start": t0, "end": t0 + 25, "nodes": "n1", "state": "PENDING"}
+    again = st.from_scontrol("42", _scontrol("RUNNING", 1, "2026-12-07T02:57:35", "n2"), t0 + 60)
+    assert again is not None and st.requeued_run(queued, again) is None  # the same restart, seen running
+    # a requeue and a restart between two looks: the earlier run ends no later than the new start
+    missed = st.requeued_run(ran, again)
+    assert missed is not None and missed["end"] == again.start == t0 + 48 and missed["nodes"] == "n1"
+    assert st.requeued_run(None, queued) is None and st.requeued_run(ran, ran) is None
+    never = st.from_scontrol("42", _scontrol("PENDING", 0, "2026-12-07T02:56:47"), t0)
+    assert st.requeued_run(never, queued) is None  # it had never run: nothing to count
+    assert st.JobState.from_dict(queued.to_dict()) == queued  # kept in state.json across a daemon restart
+
+
+def test_a_requeued_attempts_earlier_runs_count_in_its_gpu_hours() -> None:
+    """started_at follows the job's new start after a requeue; the runs before it count all the same."""
+    from babysit.core import progress
+    from babysit.db.store import Attempt
+
+    live = Attempt(1, "r", 1, "default", (), "slurm", 16, "/a/1", "running", None, None, "42", 0.0, 7200.0, None,
+                   None, None, None, {"requeued_seconds": 1800.0})
+    assert progress.gpu_hours_used([live], now=10800.0) == pytest.approx(16 * 1.5)  # 1 h now + 0.5 h before
+    waiting = Attempt(1, "r", 1, "default", (), "slurm", 16, "/a/1", "running", None, None, "42", 0.0, None, None,
+                      None, None, None, {"requeued_seconds": 1800.0})
+    assert progress.gpu_hours_used([waiting], now=10800.0) == pytest.approx(8.0)
+
+
+def test_a_rerun_after_a_requeue_resumes_and_forgets_the_earlier_runs_end(tmp_path: Path) -> None:
+    """Slurm reruns the same batch script after a requeue, with SLURM_RESTART_COUNT up: the trainer gets the
+    run's resume args, and the exit file of the run before is not taken for this one's end."""
+    from babysit.core.retry import rerun_argv
+    from babysit.core.spec.run_toml import RetrySpec, RunSpec
+
+    spec = RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                   checkpoints=Path("c"), retry=RetrySpec(resume="latest-checkpoint", resume_args=("--from", "{name}")))
+    argv = ("python3", "-c", "import sys; print(' '.join(sys.argv[1:]))", "a b")
+    assert rerun_argv(spec, argv, 2) == (*argv, "--from", "r")
+    assert rerun_argv(spec, (*argv, "--from", "r"), 2) == ()  # it resumes already
+    assert rerun_argv(RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                              checkpoints=Path("c")), argv, 2) == ()  # retry.resume = "fresh": run it again
+    path = tmp_path / "job.sh"
+    path.write_text(script.render(request(attempt_dir=str(tmp_path), workdir=str(tmp_path), argv=argv, env=(),
+                                          restart_argv=rerun_argv(spec, argv, 2))))
+    for restarts, want in (("0", "a b"), ("1", "a b --from r")):
+        (tmp_path / "exit.json").write_text('{"exit_code": 10}')
+        out = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "SLURM_RESTART_COUNT": restarts})
+        assert out.stdout.strip() == want, out.stderr
+    torch = script.render(request(slurm=SlurmSpec(nodes=2), argv=argv, restart_argv=rerun_argv(spec, argv, 2)))
+    assert f'[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && export {script.RANK_ARGV_ENV}=' in torch
+
+
+def test_a_preempted_attempt_continues_resumed_whatever_retry_on_says_and_costs_no_attempt() -> None:
+    from babysit.core.retry import PastAttempt, next_attempt
+    from babysit.core.spec.run_toml import RetrySpec, RunSpec
+
+    spec = RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                   checkpoints=Path("c"), retry=RetrySpec(max_attempts=1, on=()))
+    decision = next_attempt([PastAttempt(1, "default", "preempted")], spec)
+    assert decision.retry and decision.resume and decision.n == 2
+    assert "preempted by the scheduler, not by a fault of the trainer's" in decision.reason
+    after = next_attempt([PastAttempt(1, "default", "preempted"), PastAttempt(2, "default", "crashed")],
+                         replace(spec, retry=RetrySpec(max_attempts=1, on=("crashed",))))
+    assert not after.retry and "no attempts left" in after.reason  # the preemption cost no attempt; max is 1
+
+
+def test_a_lost_node_shares_the_machine_fault_budget_and_needs_retry_on() -> None:
+    from babysit.core.retry import PastAttempt, next_attempt
+    from babysit.core.spec.run_toml import RetrySpec, RunSpec
+
+    def spec(on: tuple[str, ...]) -> RunSpec:
+        return RunSpec(name="r", command=("t",), log=None, spec_file=Path("r.toml"), workdir=Path("."),
+                       checkpoints=Path("c"), retry=RetrySpec(max_attempts=1, on=on, gpu_fault_max=2))
+
+    lost = [PastAttempt(1, "default", "node-lost")]
+    assert not next_attempt(lost, spec(("gpu-fault",))).retry  # a lost node is no GPU fault
+    first = next_attempt(lost, spec(("node-lost",)))
+    assert first.retry and "node-lost retry 1 of 2" in first.reason
+    three = [PastAttempt(1, "default", "gpu-fault"), PastAttempt(2, "default", "node-lost"),
+             PastAttempt(3, "default", "node-lost")]
+    out = next_attempt(three, spec(("gpu-fault", "node-lost")))
+    assert not out.retry and "no node-lost retries left (retry.gpu_fault_max = 2)" in out.reason
+
+
+def test_a_quarantined_node_is_excluded_from_every_runs_next_submission_until_released(tmp_path: Path) -> None:
+    from babysit.executors import slurm_nodes
+
+    adir = tmp_path / "runs" / "r" / "attempt-2"  # what attempt 2 of run r is submitted with --exclude of
+    assert slurm_nodes.excluded(tmp_path, adir) == ()
+    assert slurm_nodes.quarantine(tmp_path, ["n5"], "lost under Slurm job 7 (NODE_FAIL)", 1.0, run="a") == ["n5"]
+    assert slurm_nodes.quarantine(tmp_path, ["n5", "n2"], "by hand", 2.0) == ["n2"]  # n5 keeps its first reason
+    (adir.parent / "attempt-1").mkdir(parents=True)
+    (adir.parent / "attempt-1" / "lost_nodes.json").write_text(json.dumps({"nodes": ["n7"]}))
+    assert slurm_nodes.excluded(tmp_path, adir) == ("n2", "n5", "n7")  # every run's, and its own run's
+    assert slurm_nodes.lines(slurm_nodes.quarantined(tmp_path))[0].startswith(
+        "n5: quarantined 1970-01-01 00:00 UTC by babysit: lost under Slurm job 7 (NODE_FAIL)")
+    assert slurm_nodes.release(tmp_path, "n5") and not slurm_nodes.release(tmp_path, "n5")
+    assert slurm_nodes.excluded(tmp_path, adir) == ("n2", "n7")
+
+
+def test_babysit_node_lists_quarantines_and_releases_a_node_and_says_what_to_do_on_a_bad_name(
+        tmp_path: Path) -> None:
+    from babysit.executors.slurm_nodes import excluded
+
+    (tmp_path / "babysit.toml").write_text("")
+
+    def babysit(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "babysit", "node", *args, "--registry",
+                               str(tmp_path / "babysit.toml")], capture_output=True, text=True, timeout=60)
+
+    assert babysit("list").stdout.strip() == "no node is quarantined"
+    got = babysit("quarantine", "n5", "--reason", "fans failing")
+    assert got.returncode == 0 and "n5 quarantined: no run is submitted to it" in got.stdout
+    assert excluded(tmp_path / ".babysit", tmp_path / "attempt-1") == ("n5",)  # what the next sbatch excludes
+    assert "n5: quarantined " in babysit("list").stdout and "fans failing" in babysit("list").stdout
+    bad = babysit("quarantine", "n[1-2]")
+    assert bad.returncode == 2 and "expected one Slurm node name" in bad.stderr and "HINT:" in bad.stderr
+    unknown = babysit("release", "n4")
+    assert unknown.returncode == 2 and "n4 is not quarantined (quarantined: n5)" in unknown.stderr
+    assert babysit("release", "n5").returncode == 0
+    assert excluded(tmp_path / ".babysit", tmp_path / "attempt-1") == ()
 
 
 def test_each_nodes_stack_line_is_read_from_its_file_when_srun_interleaved_the_output(tmp_path: Path) -> None:
