@@ -2,7 +2,9 @@
 
 It samples the job's GPUs (NVML, window-averaged utilisation) and the host (free RAM, the trainer
 tree's RSS and CPU) and appends one JSON line per interval to --out, which the daemon on the login
-node reads. SIGTERM (the end of the job, or babysit's stop) ends it cleanly.
+node reads. SIGUSR1 (the batch script's, once the trainer exited) or SIGTERM (Slurm ending the job) ends
+it cleanly, after one last record: an Xid that killed the trainer arrives as the job ends, and the
+exit's classification reads it there.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     # simulated GPUs may differ by node: `file:…/gpus-{host}.json` reads this node's file (tests, demos)
     probe = open_gpu_probe((args.gpu_probe or os.environ.get(GPU_PROBE_ENV) or "nvml").replace("{host}", host))
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # USR1 is the batch script's stop (srun passes it on; a TERM to srun SIGKILLs its tasks); TERM is Slurm's
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, lambda *_: stop.set())
 
     if args.gpus:
         try:
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     next_at = time.monotonic()
     try:
         with open(out, "a", encoding="utf-8") as f:
-            while not stop.is_set():
+            while True:  # a record, then the wait; a stop during the wait gets one last record
                 if indices is None:
                     everything = probe.read(())
                     indices = choose_gpus([g.index for g in everything.gpus], os.environ) \
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
                 f.flush()
                 written += 1
-                if args.count is not None and written >= args.count:
+                if stop.is_set() or (args.count is not None and written >= args.count):
                     break
                 next_at += args.interval
                 while not stop.is_set() and time.monotonic() < next_at:

@@ -241,7 +241,8 @@ def _gpu_evidence(detail: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     out: list[tuple[str, list[str]]] = []
     items = [e for e in detail.get("gpu_evidence") or detail.get("evidence") or () if isinstance(e, Mapping)]
     if items:
-        lines = [f"GPU {e.get('gpu')} {e.get('uuid')}: {e.get('name')} — {e.get('meaning')}; "
+        lines = [f"GPU {e.get('gpu')}{' on ' + str(e['node']) if e.get('node') else ''} {e.get('uuid')}: "
+                 f"{e.get('name')} — {e.get('meaning')}; "
                  f"{'the machine' if e.get('side') == 'machine' else 'the trainer'}: {e.get('action_words')}"
                  + (f" (at {datetime.fromtimestamp(float(e['at']), timezone.utc):%H:%M:%S} UTC)"
                     if isinstance(e.get("at"), (int, float)) else "") for e in items[:6]]

@@ -248,7 +248,11 @@ def render(req: BatchRequest) -> str:
         'if [ "$babysit_rc" -gt 128 ]; then wait "$babysit_child" 2>/dev/null; babysit_w=$?; '
         '[ "$babysit_w" -ne 127 ] && babysit_rc=$babysit_w; fi',
         'if [ -n "$babysit_probe" ]; then',
-        '  kill -TERM "$babysit_probe" 2>/dev/null; wait "$babysit_probe" 2>/dev/null',
+        '  # USR1, which srun passes on to every node\'s sidecar (a TERM makes srun SIGKILL them): each writes a',
+        '  # last record, which holds an Xid that killed the trainer, and exits; TERM if one has not in 20 s',
+        '  kill -USR1 "$babysit_probe" 2>/dev/null',
+        '  ( sleep 20; kill -TERM "$babysit_probe" 2>/dev/null ) & babysit_probe_timer=$!',
+        '  wait "$babysit_probe" 2>/dev/null; kill "$babysit_probe_timer" 2>/dev/null',
         'fi',
         'printf \'{"exit_code": %d, "started_at": %s, "ended_at": %s, "job_id": "%s"}\\n\' '
         '"$babysit_rc" "$babysit_started" "$(date +%s.%N)" "${SLURM_JOB_ID:-}" > "$babysit_dir/exit.json.tmp" '

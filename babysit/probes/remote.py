@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from babysit.core.gpu import health as gpuhealth
 from babysit.core.readings import GpuProcess, GpuReading, GpuSignal, GpuView
 from babysit.probes.gpu import GUARD_WINDOW
 from babysit.sources.logtail import tail_bytes
@@ -208,6 +209,15 @@ class SidecarGpuProbe:
         # the sidecar's records are already interval averages: every window reads the newest one
         return view_from_records(self.records(), indices, time.time(), self.stale_after, self.nodes,
                                  self.started_at)
+
+    def job_evidence(self, indices: Sequence[int]) -> list[dict[str, object]]:
+        """Every machine- or application-side health signal the job's sidecars kept, as the attempt's
+        evidence, each naming its node: what its exit is classified on. Each record holds all since the job
+        started, the last one is written as the job ends, and the files are this attempt's alone (cleared
+        at launch), so however old the records are by then, they are the job's."""
+        view = view_from_records(self.records(), indices, time.time(), float("inf"))
+        return [gpuhealth.evidence(g, sig, sig.at) for g in view.gpus for sig in gpuhealth.signals_of(g)
+                if gpuhealth.assess(sig).side in ("machine", "application")]
 
     def host(self) -> list[dict[str, Any]]:
         """The newest host reading (free RAM, the job's RSS and CPU) of each node."""

@@ -75,11 +75,15 @@ def examine(store: Store, attempt: Attempt, actions: Sequence[Action], run_pids:
 
 def at_exit(probe: Any, store: Store, attempt: Attempt, gpus: Sequence[int]) -> list[dict[str, Any]]:
     """Every signal that hit the attempt's GPUs while it ran: what was recorded, and what the probe's
-    history holds since its start (a probe without history, a file or Slurm probe, adds nothing)."""
+    history holds since its start: NVML's events, or a Slurm job's sidecars' records (`job_evidence`,
+    each naming its node); a file probe has no history and adds nothing."""
     recorded = store.attempt(attempt.run, attempt.n).detail.get("gpu_evidence") or []
     since = getattr(probe, "signals_since", None)
+    kept = getattr(probe, "job_evidence", None)
     seen = []
-    if since is not None and gpus and attempt.started_at is not None:
+    if kept is not None and gpus:
+        seen = kept(gpus)
+    elif since is not None and gpus and attempt.started_at is not None:
         for index, uuid, sig in since(gpus, attempt.started_at):
             if gpuhealth.assess(sig).side in ("machine", "application"):
                 seen.append(gpuhealth.evidence_of(index, uuid, sig, sig.at))

@@ -164,7 +164,9 @@ class RunExits:
             stop = stop if stop is not None and stop.attempt == n else None  # a stop of this attempt was asked for
             sent_at = (stop.sent_at or stop.at) if stop is not None else None
             fresh = self.ctx.store.attempt(self.run, n)  # the exit's own read_log may have noted a NaN on it
-            evidence = gpufault.at_exit(self.ctx.gpu_probe, self.ctx.store, fresh, spec.gpus)
+            # the signals of the attempt's GPUs: where they are read (a Slurm job's: its sidecars, each node's)
+            probe = self.executor.gpu_probe(fresh, self.ctx.gpu_probe)
+            evidence = gpufault.at_exit(probe, self.ctx.store, fresh, spec.gpus)
             cls = classify.classify_exit(
                 classify.ExitFacts(exit_code=info.exit_code, signal=info.signal, stderr_tail=info.stderr_tail,
                 last_records=list(self.runlog.recent), rules=spec.classify, stop_requested=stop is not None,

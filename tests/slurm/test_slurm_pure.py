@@ -703,3 +703,42 @@ def test_each_nodes_stack_line_is_read_from_its_file_when_srun_interleaved_the_o
     (tmp_path / "node-n2.json").write_text(b + "\n")
     assert sorted((d["node"], len(d["procs"])) for d in node_dumps(mixed, tmp_path)) == [
         ("n1", 1), ("n2", 1), ("n3", 0)]
+
+
+def test_the_jobs_sidecar_records_are_its_exit_evidence_each_naming_its_node(tmp_path: Path) -> None:
+    """At the exit the daemon reads every signal the sidecars kept (however old the records): n2's Xid 79 is
+    machine-side evidence on n2, a throttle warning is none."""
+    from babysit.probes.remote import SidecarGpuProbe
+
+    xid = {"kind": "xid", "code": 79, "value": None, "at": 5.0, "text": "xid 79"}
+    warm = {"kind": "throttle", "code": None, "value": 64.0, "at": 6.0, "text": "HW thermal slowdown"}
+    for node, signals in (("n1", [warm]), ("n2", [xid])):
+        (tmp_path / f"probe-{node}.jsonl").write_text(json.dumps(_record(node, 1.0, [
+            {"index": 3, "uuid": f"GPU-{node}", "processes": [], "signals": signals}])) + "\n")
+    (item,) = SidecarGpuProbe(tmp_path).job_evidence([0])
+    assert (item["node"], item["gpu"], item["uuid"], item["xid"], item["side"]) == ("n2", 0, "GPU-n2", 79, "machine")
+
+
+def test_the_sidecar_writes_a_last_record_when_it_is_stopped(tmp_path: Path) -> None:
+    """An Xid that kills the trainer comes as the job ends: SIGTERM (the batch script's, or Slurm's) gets one
+    more record, holding it, instead of none until the next interval."""
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 90, "processes": []}]}))
+    out = tmp_path / "probe-{host}.jsonl"
+    probe = subprocess.Popen([sys.executable, "-m", "babysit", "probe", "--out", str(out), "--interval", "60",
+                              "--gpu-probe", f"file:{gpus}"], env={**os.environ, "SLURMD_NODENAME": "n7"},
+                             stderr=subprocess.PIPE, text=True)
+    written = tmp_path / "probe-n7.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (written.exists() and written.read_text().endswith("\n")):
+            time.sleep(0.1)
+        gpus.write_text(json.dumps({"gpus": [{"index": 0, "util_pct": 0, "processes": [], "faults": ["xid 79"]}]}))
+        probe.send_signal(signal.SIGTERM)
+        assert probe.wait(timeout=30) == 0, probe.stderr.read() if probe.stderr else ""
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+    first, last = (json.loads(line) for line in written.read_text().splitlines())
+    assert first["gpu"]["gpus"][0]["faults"] == [] and last["gpu"]["gpus"][0]["faults"] == ["xid 79"]
