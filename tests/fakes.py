@@ -220,3 +220,6 @@ class FakeExecutor:
 
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         return default
+
+    def quarantine_nodes(self, attempt: Attempt, nodes: Sequence[str], reason: str) -> tuple[str, ...]:
+        return ()

@@ -77,6 +77,10 @@ class Executor(Protocol):
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         """Where the attempt's GPUs are read: the daemon's probe, or one beside a remote job."""
 
+    def quarantine_nodes(self, attempt: Attempt, nodes: Sequence[str], reason: str) -> tuple[str, ...]:
+        """Keep every later submission off these nodes of the attempt's job (a machine fault on their GPUs);
+        returns those newly quarantined. () where the executor has no nodes to keep off (one box)."""
+
     def launch(self, attempt: Attempt, argv: list[str], env: dict[str, str], workdir: str) -> Launched:
         """Start the attempt; the store already says `launching`."""
 

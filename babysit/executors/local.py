@@ -134,6 +134,9 @@ class LocalExecutor:
     def gpu_probe(self, attempt: Attempt, default: GpuProbe) -> GpuProbe:
         return default
 
+    def quarantine_nodes(self, attempt: Attempt, nodes: Sequence[str], reason: str) -> tuple[str, ...]:
+        return ()  # one box: its GPUs are quarantined by UUID instead
+
     def _alive(self, attempt: Attempt) -> bool:
         lock = Path(attempt.attempt_dir) / "alive.lock"
         try:

@@ -168,6 +168,14 @@ class SlurmExecutor:
         log.info("submitted", run=attempt.run, attempt=attempt.n, job=job_id)
         return Launched(started_at=submitted, job_id=job_id)
 
+    def quarantine_nodes(self, attempt: Attempt, nodes: Sequence[str], reason: str) -> tuple[str, ...]:
+        """A machine fault on these nodes' GPUs (an Xid the guards or the exit saw there): quarantined like a
+        lost node, so every later submission leaves them out (`slurm_nodes.excluded`)."""
+        if self.state_dir is None or not nodes:
+            return ()
+        return tuple(slurm_nodes.quarantine(self.state_dir, nodes, reason, time.time(), run=attempt.run,
+                                            job_id=attempt.job_id))
+
     def find(self, attempt: Attempt) -> Launched | None:
         adir = Path(attempt.attempt_dir)
         job = _read_json(adir / "job.json")

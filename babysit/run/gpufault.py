@@ -92,11 +92,12 @@ def at_exit(probe: Any, store: Store, attempt: Attempt, gpus: Sequence[int]) -> 
 
 def quarantine(store: Store, run: str, evidence: Iterable[Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
     """Quarantine each GPU whose machine-side evidence prescribes a reset, a reboot or support; returns
-    the items newly quarantined (a GPU already quarantined keeps its first reason)."""
+    the items newly quarantined (a GPU already quarantined keeps its first reason). A GPU on a node of a
+    job across nodes is not: its node is (`faulty_nodes`), since the scheduler picks GPUs there."""
     new = []
     for e in gpuhealth.machine_evidence(evidence):
         uuid = str(e.get("uuid") or "?")
-        if not e.get("quarantine") or uuid == "?":
+        if not e.get("quarantine") or uuid == "?" or e.get("node"):
             continue
         on = f" on {e['node']}" if e.get("node") else ""
         reason = f"{e.get('name')}{on} during {run} — {e.get('action_words')}"
@@ -104,6 +105,16 @@ def quarantine(store: Store, run: str, evidence: Iterable[Mapping[str, Any]], no
         if store.quarantine_gpu(uuid, int(gpu) if isinstance(gpu, int) else None, reason, dict(e), now, run=run):
             new.append(e)
     return new
+
+
+def faulty_nodes(evidence: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The nodes whose GPUs show machine-side evidence that prescribes a reset, a reboot or support:
+    node -> what was seen there ("Xid 79 (GPU has fallen off the bus) on GPU 0")."""
+    out: dict[str, str] = {}
+    for e in gpuhealth.machine_evidence(evidence):
+        if e.get("quarantine") and e.get("node"):
+            out.setdefault(str(e["node"]), f"{e.get('name')} on GPU {e.get('gpu')}")
+    return out
 
 
 def choose(probe: Any, store: Store, spec: RunSpec, declared: Sequence[int], view: GpuView) -> gpuchoice.GpuChoice:

@@ -30,7 +30,7 @@ log = structlog.get_logger("babysit.run.supervisor")
 
 # Ends whose own incident already says the run failed: "no record was read" adds nothing to them. Any other
 # end (completed, stopped, stalled, a time limit) with no record read gets a log-unreadable incident.
-LOUD_ENDS = (Outcome.CRASHED, Outcome.OOM, Outcome.GPU_FAULT, Outcome.DIVERGED)
+LOUD_ENDS = (Outcome.CRASHED, Outcome.OOM, Outcome.GPU_FAULT, Outcome.NODE_LOST, Outcome.DIVERGED)
 
 
 class RunExits:
@@ -218,12 +218,19 @@ class RunExits:
             self.end_after_internal_error(n, exc)
 
     def quarantine(self, n: int, evidence: list[dict[str, Any]]) -> None:
-        """After a machine fault: the GPUs it hit are quarantined (by UUID), each said once."""
+        """After a machine fault: the GPUs it hit are quarantined (by UUID), and on a job across nodes the
+        nodes they are on (the executor leaves them out of every later submission), each said once."""
         for e in gpufault.quarantine(self.ctx.store, self.run, evidence, self.ctx.now()):
             self.host.incident("gpu-quarantined", f"GPU {e.get('gpu')} ({e.get('uuid')}) quarantined after "
                                f"{e.get('name')}: {e.get('meaning')} — {e.get('action_words')}, then "
                                f"`babysit gpu release {e.get('uuid')}`", {"evidence": [e]},
                                key=f"{self.run}:{n}:quarantined:{e.get('uuid')}")
+        attempt = self.ctx.store.attempt(self.run, n)
+        for node, seen in gpufault.faulty_nodes(evidence).items():
+            if self.executor.quarantine_nodes(attempt, (node,), f"{seen} during run {self.run}, attempt {n}"):
+                self.host.incident("node-quarantined", f"{node} quarantined: {seen} there, the machine's fault; no "
+                                   f"run is submitted to it until `babysit node release {node}`",
+                                   {"nodes": [node], "fault": seen}, key=f"{self.run}:{n}:node-quarantined:{node}")
 
     def end_after_internal_error(self, n: int, exc: Exception) -> None:
         """After an internal error in deciding: attempt n is ended (it did exit) and, unless a later attempt

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from babysit.executors.slurm_nodes import quarantined
 from tests.slurm.conftest import Bench, jobscript, slurm_job
 
 pytestmark = pytest.mark.slurm
@@ -69,8 +70,13 @@ def test_a_foreign_holder_or_a_machine_xid_on_node_2_stops_the_run_naming_n2(ben
     assert attempt.detail["fault_nodes"] == ["n2"] and "the machine's fault, on n2" in attempt.detail["summary"]
     assert [(e["node"], e["xid"], e["side"]) for e in attempt.detail["gpu_evidence"]] == [("n2", 79, "machine")]
     assert any("GPU 0 on n2: Xid 79" in t for t in said), said
+    # n2 is quarantined, as a lost node is: every later submission leaves it out (its GPU is not, by UUID)
+    assert list(quarantined(bench.state_dir)) == ["n2"], quarantined(bench.state_dir)
+    assert "Xid 79" in quarantined(bench.state_dir)["n2"]["reason"]
+    kinds = [i.kind for i in store.incidents(xid)]
+    assert "node-quarantined" in kinds and "gpu-quarantined" not in kinds, kinds
 
     (attempt,) = store.attempts(dies)
     assert attempt.outcome == "gpu-fault" and attempt.detail["fault_nodes"] == ["n2"], attempt.detail
     assert [(e["node"], e["xid"]) for e in attempt.detail["gpu_evidence"]] == [("n2", 79)]
-    assert "the machine's" in attempt.detail["summary"] and "GPU 0 on n2" in attempt.detail["summary"], attempt.detail
+    assert "the machine's" in attempt.detail["summary"] and " on n2" in attempt.detail["summary"], attempt.detail
