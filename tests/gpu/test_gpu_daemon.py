@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.gpu.cuda import foreign, require_cuda
-from tests.scenarios.conftest import Daemon, babysit, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, store_of, tiny_run
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -24,11 +25,6 @@ pytestmark = pytest.mark.gpu
 def cuda() -> None:
     require_cuda()
 
-
-
-def register(root: Path, spec: Path) -> None:
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
 
 
 def test_foreign_cuda_process_blocks_the_launch(tmp_path: Path) -> None:
@@ -50,11 +46,11 @@ def test_foreign_cuda_process_stops_a_live_run(tmp_path: Path) -> None:
     register(tmp_path, tiny_run(tmp_path, "gpu_live", gpus="[0]", args=("--device", "cuda"), steps=200000))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
-    wait_for(lambda: (store.run_state("gpu_live")[1].get("step") or 0) >= 50, 180, "GPU progress")
+    wait_for("GPU progress", lambda: (store.run_state("gpu_live")[1].get("step") or 0) >= 50, 180)
     holder = foreign(seconds=60)
     started = time.time()  # the holder has its CUDA context and memory now: NVML can see it
     try:
-        wait_for(lambda: store.run_state("gpu_live")[0] in ("stopping", "stopped"), 60, "the guard to fire")
+        wait_for("the guard to fire", lambda: store.run_state("gpu_live")[0] in ("stopping", "stopped"), 60)
         fired = time.time() - started
         assert daemon.wait(timeout=120) == 0, daemon.output()
     finally:
@@ -75,22 +71,11 @@ def test_torchrun_workers_are_the_runs_own(tmp_path: Path) -> None:
     import torch
 
     ranks = torch.cuda.device_count()  # one rank a GPU: every worker is the run's own on its GPU
-    spec = tmp_path / "ddp.toml"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m", "trainer",
            "--recipe", "tiny", "--device", "cuda", "--steps", "600", "--log-path", "outputs/gpu_ddp/train_log.jsonl",
            "--checkpoints", "outputs/gpu_ddp/checkpoints"]
-    spec.write_text(f"""[run]
-name = "gpu_ddp"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = {json.dumps(list(range(ranks)))}
-[guards]
-min_free_host_ram_gib = 0.1
-[poll]
-first_after_minutes = 1
-every_minutes = 2
-""")
-    register(tmp_path, spec)
+    register(tmp_path, run_toml("gpu_ddp", cmd, log=TRAIN_LOG, gpus=range(ranks), poll=(1, 2),
+                                guards={"min_free_host_ram_gib": 0.1}))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     assert daemon.wait(timeout=300) == 0, daemon.output()
     store = store_of(tmp_path)
@@ -104,37 +89,16 @@ every_minutes = 2
 
 
 def test_real_cuda_oom_is_classified_and_retried_with_the_fallback(tmp_path: Path) -> None:
-    attempts = """
-[retry]
-max_attempts = 2
-on = ["oom"]
-
-[[attempts]]
-profile = "micro-1024"
-args = ["--backward-chunks", "1"]
-
-[[attempts]]
-profile = "fallback-gc"
-args = ["--batch-size", "64", "--backward-chunks", "4", "--grad-checkpointing"]
-"""
-    spec = tmp_path / "oom.toml"
     cmd = [sys.executable, "-m", "trainer", "--recipe", "gpu", "--steps", "5", "--eval-every", "0",
            "--save-every", "0", "--log", "outputs/gpu_oom/train_log.jsonl", "--checkpoints",
            "outputs/gpu_oom/checkpoints"]
-    spec.write_text(f"""[run]
-name = "gpu_oom"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-[guards]
-min_free_host_ram_gib = 1
-stall_minutes = 600         # accelerated: 600 s; a fresh machine builds the data cache before step 1
-[poll]
-first_after_minutes = 1
-every_minutes = 5
-{attempts}
-""")
-    register(tmp_path, spec)
+    # stall_minutes: 600 s accelerated; a fresh machine builds the data cache before step 1
+    register(tmp_path, run_toml("gpu_oom", cmd, log=TRAIN_LOG, gpus=[0], poll=(1, 5),
+                                guards={"min_free_host_ram_gib": 1, "stall_minutes": 600},
+                                retry={"max_attempts": 2, "on": ["oom"]},
+                                attempts={"micro-1024": ["--backward-chunks", "1"],
+                                          "fallback-gc": ["--batch-size", "64", "--backward-chunks", "4",
+                                                          "--grad-checkpointing"]}))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     assert daemon.wait(timeout=540) == 0, daemon.output()
     store = store_of(tmp_path)

@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.gpu.cuda import foreign, require_cuda
-from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import Daemon, babysit, store_of
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -29,28 +31,13 @@ def cuda() -> None:
     require_cuda()
 
 
-def gpu_run(root: Path, name: str, *, extra: str = "", steps: int = 100000, args: tuple[str, ...] = ()) -> Path:
+def gpu_run(root: Path, name: str, *, steps: int = 100000, args: tuple[str, ...] = (),
+            guards: dict[str, float] | None = None, **tables: Any) -> Path:
     cmd = [sys.executable, "-m", "trainer", "--recipe", "gpu", "--steps", str(steps), "--eval-every", "0",
            "--save-every", "0", "--log", f"outputs/{name}/train_log.jsonl", "--checkpoints",
            f"outputs/{name}/checkpoints", *args]
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-[guards]
-min_free_host_ram_gib = 1
-stall_minutes = 600
-stop_grace_seconds = 120
-{extra}
-[poll]
-first_after_minutes = 1
-every_minutes = 5
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
-    return spec
+    return register(root, run_toml(name, cmd, log=TRAIN_LOG, gpus=[0], poll=(1, 5), **tables, guards={
+        "min_free_host_ram_gib": 1, "stall_minutes": 600, "stop_grace_seconds": 120, **(guards or {})}))
 
 
 def checkpoint_step(root: Path, name: str) -> int:
@@ -93,7 +80,7 @@ def test_abort_checkpoints_the_gpu_recipe_with_its_workers(tmp_path: Path) -> No
     gpu_run(tmp_path, "stop_abort")
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
-    wait_for(lambda: (store.run_state("stop_abort")[1].get("step") or 0) >= 30, 300, "GPU progress")
+    wait_for("GPU progress", lambda: (store.run_state("stop_abort")[1].get("step") or 0) >= 30, 300)
     t0 = time.time()
     res = babysit("abort", "stop_abort", "--registry", str(tmp_path / "babysit.toml"), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -105,7 +92,7 @@ def test_a_foreign_process_stop_checkpoints(tmp_path: Path) -> None:
     gpu_run(tmp_path, "stop_foreign")
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
-    wait_for(lambda: (store.run_state("stop_foreign")[1].get("step") or 0) >= 30, 300, "GPU progress")
+    wait_for("GPU progress", lambda: (store.run_state("stop_foreign")[1].get("step") or 0) >= 30, 300)
     holder = foreign(2, 120)
     t0 = time.time()
     try:
@@ -117,7 +104,7 @@ def test_a_foreign_process_stop_checkpoints(tmp_path: Path) -> None:
 
 
 def test_the_gpu_hour_cap_stop_checkpoints(tmp_path: Path) -> None:
-    gpu_run(tmp_path, "stop_cap", extra="gpu_hours_cap = 0.01")  # 36 GPU-seconds
+    gpu_run(tmp_path, "stop_cap", guards={"gpu_hours_cap": 0.01})  # 36 GPU-seconds
     t0 = time.time()
     daemon = Daemon(tmp_path, "--exit-when-idle")
     assert daemon.wait(timeout=400) == 0, daemon.output()
@@ -128,22 +115,15 @@ def test_the_gpu_hour_cap_stop_checkpoints(tmp_path: Path) -> None:
 
 def test_oom_then_fallback_never_sees_a_false_foreign_holder(tmp_path: Path) -> None:
     trials = int(os.environ.get("BABYSIT_OOM_TRIALS", "10"))
-    attempts = """[retry]
-max_attempts = 2
-on = ["oom"]
-[[attempts]]
-profile = "micro-1024"
-args = ["--backward-chunks", "1"]
-[[attempts]]
-profile = "fallback-gc"
-args = ["--batch-size", "64", "--backward-chunks", "4", "--grad-checkpointing"]
-"""
+    retry = {"max_attempts": 2, "on": ["oom"]}
+    attempts = {"micro-1024": ["--backward-chunks", "1"],
+                "fallback-gc": ["--batch-size", "64", "--backward-chunks", "4", "--grad-checkpointing"]}
     results = []
     for trial in range(trials):
         root = tmp_path / f"t{trial}"
         root.mkdir()
         name = f"oom_{trial}"
-        gpu_run(root, name, steps=5, extra=attempts)
+        gpu_run(root, name, steps=5, retry=retry, attempts=attempts)
         t0 = time.time()
         daemon = Daemon(root, "--exit-when-idle")
         assert daemon.wait(timeout=300) == 0, daemon.output()

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -23,12 +24,13 @@ import pytest
 from babysit.executors.local import LocalExecutor
 from babysit.run.stackdump import STOPPED_MARK
 from tests.gpu.cuda import foreign, require_gpus
-from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, wait_for
+from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]  # a first run builds the gpu recipe's data cache
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 LOOP = Path(__file__).with_name("collective_loop.py")
-RUN_ENV = '{NCCL_NVLS_ENABLE = "0", OMP_NUM_THREADS = "4"}'
+RUN_ENV = {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4"}
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +44,9 @@ def cli(root: Path, *args: str) -> tuple[int, str]:
     return res.returncode, res.stdout + res.stderr
 
 
-def register(root: Path, name: str, body: str, env: str = RUN_ENV) -> Path:
-    spec = root / f"{name}.toml"
-    spec.write_text(f'[run]\nname = "{name}"\nlog = "outputs/{{name}}/train_log.jsonl"\nenv = {env}\n{body}')
-    code, out = cli(root, "register", str(spec), "--accelerated")
-    assert code == 0, out
-    return spec
+def gpu_run(name: str, command: list[str], *, env: dict[str, str] = RUN_ENV, **spec: Any) -> str:
+    """A run.toml on these GPUs: the reference trainer's log, NVLink multicast off in its environment."""
+    return run_toml(name, command, log=TRAIN_LOG, env=env, **spec)
 
 
 def trainer_cmd(name: str, ranks: int, steps: int, *extra: str) -> list[str]:
@@ -88,23 +87,18 @@ def kill_all(root: Path, name: str) -> None:
 def test_ddp_polls_every_gpu_busy_stops_on_a_foreign_cuda_process_and_resumes(tmp_path: Path, ngpus: int) -> None:
     require_gpus(ngpus)
     name, last = f"ddp{ngpus}", ngpus - 1
-    body = f"""command = {json.dumps(trainer_cmd(f"ddp{ngpus}", ngpus, 100000))}
-gpus = {list(range(ngpus))}
-[guards]
-min_free_host_ram_gib = 1
-stall_minutes = 600
-stop_grace_seconds = 120
-[poll]
-first_after_minutes = 10
-every_minutes = 10
-"""
-    spec = register(tmp_path, name, body)
+
+    def ddp(steps: int) -> str:
+        return gpu_run(name, trainer_cmd(name, ngpus, steps), gpus=range(ngpus), poll=(10, 10),
+                       guards={"min_free_host_ram_gib": 1, "stall_minutes": 600, "stop_grace_seconds": 120})
+
+    spec = register(tmp_path, ddp(100000))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
     holder = None
     try:
-        wait_for(lambda: step_of(tmp_path, name) >= 30, 400, "GPU progress")
-        wait_for(lambda: [p for p in store.polls(name) if (p.snapshot.step or 0) >= 30], 60, "a poll in training")
+        wait_for("GPU progress", lambda: step_of(tmp_path, name) >= 30, 400)
+        wait_for("a poll in training", lambda: [p for p in store.polls(name) if (p.snapshot.step or 0) >= 30], 60)
         polls = [p.snapshot for p in store.polls(name) if (p.snapshot.step or 0) >= 30]
         (running,) = store.attempts(name)
         before = tree(running.pid)
@@ -127,7 +121,7 @@ every_minutes = 10
     (stopped,) = [r for r in records(log) if r.get("event") == "stopped"]
     assert not [p for p in before if pid_alive(p)], "a rank or a worker outlived the run"
 
-    spec.write_text(spec.read_text().replace('"--steps", "100000"', f'"--steps", "{stopped["step"] + 3}"'))
+    spec.write_text(ddp(stopped["step"] + 3))
     code, out = cli(tmp_path, "relaunch", name, "--accelerated", "--resume", "--wait", "0")
     assert code == 0, out
     daemon = Daemon(tmp_path, "--exit-when-idle")
@@ -156,26 +150,14 @@ def test_two_gpus_a_retry_of_an_any_1_run_avoids_the_quarantined_gpu_0_and_compl
     cmd = [sys.executable, "-m", "trainer", "--recipe", "gpu", "--eval-every", "0", "--save-every", "0",
            "--num-workers", "6", "--log-path", f"outputs/{name}/train_log.jsonl", "--checkpoints",
            f"outputs/{name}/checkpoints"]
-    register(tmp_path, name, f"""command = {json.dumps(cmd)}
-gpus = "any 1"
-[guards]
-min_free_host_ram_gib = 1
-stall_minutes = 600
-stop_grace_seconds = 120
-[retry]
-max_attempts = 2
-on = ["oom"]
-[[attempts]]
-profile = "micro-1024"
-args = ["--steps", "20", "--backward-chunks", "1"]
-[[attempts]]
-profile = "fits"
-args = ["--steps", "20"]
-""")
+    register(tmp_path, gpu_run(name, cmd, run={"gpus": "any 1"}, retry={"max_attempts": 2, "on": ["oom"]},
+                               guards={"min_free_host_ram_gib": 1, "stall_minutes": 600, "stop_grace_seconds": 120},
+                               attempts={"micro-1024": ["--steps", "20", "--backward-chunks", "1"],
+                                         "fits": ["--steps", "20"]}))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
     try:
-        wait_for(lambda: store.attempts(name) and store.attempts(name)[0].pid, 120, "attempt 1 to launch")
+        wait_for("attempt 1 to launch", lambda: store.attempts(name) and store.attempts(name)[0].pid, 120)
         code, out = cli(tmp_path, "gpu", "quarantine", "0", "--reason", "issue 30: GPU 0 taken out by hand")
         assert code == 0 and "(index 0) quarantined" in out, out
         quarantined_at = time.time()
@@ -203,18 +185,14 @@ def test_a_sigstopped_rank_is_named_with_every_ranks_stack_and_the_flight_record
         tmp_path: Path, ngpus: int, backend: str) -> None:
     require_gpus(ngpus)
     name = f"hung_{backend}"
-    register(tmp_path, name, f"""command = {json.dumps([*TORCHRUN, "--nproc-per-node", "2", str(LOOP)])}
-gpus = {list(range(ngpus))}
-[guards]
-exclusive_gpu = false
-min_free_host_ram_gib = 1
-stall_minutes = 30
-stop_grace_seconds = 10
-""", env=f'{{NCCL_NVLS_ENABLE = "0", OMP_NUM_THREADS = "1", BACKEND = "{backend}"}}')
+    register(tmp_path, gpu_run(name, [*TORCHRUN, "--nproc-per-node", "2", str(LOOP)], gpus=range(ngpus),
+                               env={"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1", "BACKEND": backend},
+                               guards={"exclusive_gpu": False, "min_free_host_ram_gib": 1, "stall_minutes": 30,
+                                       "stop_grace_seconds": 10}))
     daemon = Daemon(tmp_path, "--exit-when-idle")
     store = store_of(tmp_path)
     try:
-        wait_for(lambda: step_of(tmp_path, name) >= 5, 300, "the collective loop to run")
+        wait_for("the collective loop to run", lambda: step_of(tmp_path, name) >= 5, 300)
         (running,) = store.attempts(name)
         ranks = {int(environ(p)["RANK"]): p for p in tree(running.pid) if "RANK" in environ(p)}
         assert sorted(ranks) == [0, 1], ranks

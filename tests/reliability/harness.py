@@ -18,72 +18,34 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from babysit.db.store import Store
 from babysit.runtime import registry
+from tests.support import TRAIN_LOG, register, run_toml
 
 PY = sys.executable
 RUNS = ("r_retry", "r_prereg")
 GPUS = {"r_retry": 0, "r_prereg": 1}
 
 
-def _spec(name: str, gpu: int, steps: int, body: str) -> str:
+def _spec(name: str, gpu: int, steps: int, **tables: Any) -> str:
     cmd = [PY, "-m", "trainer", "--recipe", "tiny", "--log", f"outputs/{name}/train_log.jsonl",
            "--checkpoints", f"outputs/{name}/checkpoints", "--steps", str(steps)]
-    return f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [{gpu}]
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 1
-every_minutes = 2
-{body}"""
+    return run_toml(name, cmd, log=TRAIN_LOG, gpus=[gpu], poll=(1, 2), **tables,
+                    guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 20, "stall_minutes": 120})
 
 
-RETRY_BODY = """
-[retry]
-max_attempts = 3
-on = ["diverged"]
+RETRY = {"retry": {"max_attempts": 3, "on": ["diverged"]},
+         "attempts": {"hot": ["--inject-nan-at-step", "60"], "cool": ["--lr-scale", "0.5"]}}
 
-[[attempts]]
-profile = "hot"
-args = ["--inject-nan-at-step", "60"]
-
-[[attempts]]
-profile = "cool"
-args = ["--lr-scale", "0.5"]
-"""
-
-PREREG_BODY = """
-[prereg]
-question = "Does the tiny recipe's eval error move between steps 50 and 100?"
-metric = "eval_chunk_mae"
-baseline_step = 50
-read_step = 100
-precision = 4
-train_metric = "train_chunk_mae"
-
-[prereg.references]
-ref = 0.01
-
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.0
-[[prereg.bands]]
-label = "SAME-DRIFT"
-min = "0.5 * ref"
-[prereg.otherwise]
-label = "AMBIGUOUS"
-"""
+PREREG = {"question": "Does the tiny recipe's eval error move between steps 50 and 100?", "metric": "eval_chunk_mae",
+          "baseline_step": 50, "read_step": 100, "precision": 4, "train_metric": "train_chunk_mae",
+          "references": {"ref": 0.01}, "bands": [{"label": "HEALTHY", "max": 0.0},
+                                                 {"label": "SAME-DRIFT", "min": "0.5 * ref"}],
+          "otherwise": {"label": "AMBIGUOUS"}}
 
 
 def gpu_file(path: Path) -> None:
@@ -97,13 +59,9 @@ def make_workspace(root: Path, runs: tuple[str, ...] = RUNS) -> None:
     """Two runs on simulated GPUs 0 and 1: one diverges then is retried, one reads a FINAL verdict."""
     root.mkdir(parents=True, exist_ok=True)
     gpu_file(root / "gpus.json")
-    specs = {"r_retry": _spec("r_retry", 0, 200, RETRY_BODY), "r_prereg": _spec("r_prereg", 1, 150, PREREG_BODY)}
+    specs = {"r_retry": _spec("r_retry", 0, 200, **RETRY), "r_prereg": _spec("r_prereg", 1, 150, prereg=PREREG)}
     for name in runs:
-        path = root / f"{name}.toml"
-        path.write_text(specs[name])
-        res = subprocess.run([PY, "-m", "babysit", "register", str(path), "--accelerated", "--registry",
-                              str(root / "babysit.toml")], cwd=root, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
+        register(root, specs[name])
 
 
 def daemon_env(root: Path, crash_at: str | None = None) -> dict[str, str]:

@@ -21,7 +21,7 @@ from babysit.db.store import Store
 from babysit.runtime import registry
 from tests.reliability.harness import Daemons
 from tests.reliability.test_security import fake_run
-from tests.scenarios.conftest import wait_for
+from tests.support import wait_for
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_the_daemon_survives_a_full_state_disk_mid_run_and_finishes_when_space_r
     try:
         proc = daemons.start("--exit-when-idle")
         store = Store.in_dir(small_disk / ".babysit")
-        wait_for(lambda: (store.run_state("diskfull")[1].get("step") or 0) >= 3, 60, "progress")
+        wait_for("progress", lambda: (store.run_state("diskfull")[1].get("step") or 0) >= 3, 60)
         filler = fill(small_disk)
         time.sleep(3)
         assert proc.poll() is None, "the daemon rides out a full disk"
@@ -124,16 +124,11 @@ def test_the_log_rotated_or_deleted_under_a_live_run_is_read_on(how: str, tmp_pa
 
 
 def test_a_trainer_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path, daemons: Daemons) -> None:
-    fake_run(tmp_path, "stubborn", "--ignore-term", "--sleep", "0.2", steps=5000,
-             extra="[retry]\non = [\"crashed\"]\n")
-    text = (tmp_path / "stubborn.toml").read_text().replace("min_free_host_ram_gib = 0.01",
-                                                           "min_free_host_ram_gib = 0.01\nstop_grace_seconds = 2")
-    (tmp_path / "stubborn.toml").write_text(text)
-    subprocess.run([sys.executable, "-m", "babysit", "register", str(tmp_path / "stubborn.toml"), "--accelerated",
-                    "--registry", str(tmp_path / "babysit.toml")], check=True, capture_output=True, timeout=60)
+    fake_run(tmp_path, "stubborn", "--ignore-term", "--sleep", "0.2", steps=5000, guards={"stop_grace_seconds": 2},
+             retry={"on": ["crashed"]})
     proc = daemons.start("--exit-when-idle")
     store = Store.in_dir(tmp_path / ".babysit")
-    wait_for(lambda: (store.run_state("stubborn")[1].get("step") or 0) >= 3, 60, "progress")
+    wait_for("progress", lambda: (store.run_state("stubborn")[1].get("step") or 0) >= 3, 60)
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "babysit", "abort", "stubborn", "--registry",
                           str(tmp_path / "babysit.toml")], capture_output=True, text=True, timeout=60)

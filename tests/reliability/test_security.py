@@ -22,6 +22,7 @@ import pytest
 from tests.reliability.harness import Daemons
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_bot_http import ALLOWED, CHANNEL, DONE, SECRET, Bot, aborts, bot, sign  # noqa: F401
+from tests.support import register, run_toml
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 CANARY_TOKEN = "xoxb-4242-CANARY-babysit-token-do-not-leak"
@@ -98,35 +99,19 @@ NASTY = ["; touch PWNED1", "$(touch PWNED2)", "`touch PWNED3`", "| touch PWNED4"
          "> PWNED6", "' \" \\ \n\t*?[]~", "--flag=$HOME", "$(rm -rf PWNED_DIR)"]
 
 
-def register(root: Path, spec: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "babysit", "register", str(spec), "--accelerated", "--registry",
-                          str(root / "babysit.toml")], cwd=root, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-
-
-def fake_run(root: Path, name: str, *args: str, extra: str = "", steps: int = 10) -> Path:
+def fake_run(root: Path, name: str, *args: str, steps: int = 10, guards: dict[str, float] | None = None,
+             retry: dict[str, list[str]] | None = None, attempts: dict[str, list[str]] | None = None) -> Path:
+    """A registered run of the fake trainer (`steps` records), its environment holding shell bait."""
     cmd = [sys.executable, str(FAKE_TRAINER), "outputs/train_log.jsonl", "--steps", str(steps), *args]
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/train_log.jsonl"
-env = {{ SHELL_BAIT = "$(touch PWNED7); touch PWNED8" }}
-[guards]
-min_free_host_ram_gib = 0.01
-[poll]
-first_after_minutes = 1
-every_minutes = 2
-{extra}""")
-    register(root, spec)
-    return spec
+    return register(root, run_toml(name, cmd, log="outputs/train_log.jsonl", poll=(1, 2), retry=retry,
+                                   attempts=attempts, env={"SHELL_BAIT": "$(touch PWNED7); touch PWNED8"},
+                                   guards={"min_free_host_ram_gib": 0.01, **(guards or {})}))
 
 
 def test_args_with_shell_metacharacters_reach_the_trainer_verbatim_and_run_nothing(tmp_path: Path,
                                                                                  daemons: Daemons) -> None:
     args = ["--argv-out", str(tmp_path / "argv.json"), "--", *NASTY]
-    attempts = '[[attempts]]\nprofile = "p"\nargs = ' + json.dumps(["--", "; touch PWNED9"])
-    fake_run(tmp_path, "meta.run-1_x", *args, extra=attempts)
+    fake_run(tmp_path, "meta.run-1_x", *args, attempts={"p": ["--", "; touch PWNED9"]})
     (tmp_path / "PWNED_DIR").mkdir()
     proc = daemons.start("--exit-when-idle")
     assert proc.wait(60) == 0, (tmp_path / "daemon-out.txt").read_text()[-2000:]

@@ -7,8 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,16 +75,6 @@ class Daemon:
     def output(self) -> tuple[str, str]:
         out, err = self.proc.communicate(timeout=10)
         return out, err
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def store_of(root: Path) -> Store:

@@ -7,45 +7,19 @@ import sys
 from pathlib import Path
 
 from tests.scenarios.conftest import Daemon, babysit, store_of
+from tests.support import register, run_toml, stdout_source
 
 TRAINER = "babysit.demo.nanogpt_like"  # nanoGPT's printed lines, no babysit code
-PATTERNS = r'''
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\d+): loss (?P<train_loss>\S+), time (?P<ms>[\d.]+)ms'
-[[source.patterns]]
-regex = 'step (?P<step>\d+): train loss \S+, val loss (?P<val_loss>\S+)'
-'''
+PATTERNS = (r"iter (?P<step>\d+): loss (?P<train_loss>\S+), time (?P<ms>[\d.]+)ms",
+            r"step (?P<step>\d+): train loss \S+, val loss (?P<val_loss>\S+)")
 
 
-def register_run(root: Path, name: str, *, source: str = PATTERNS, attempts: list[list[str]] | None = None,
-                 extra: str = "") -> None:
-    cmd = [sys.executable, "-m", TRAINER]
-    profiles = "\n".join(f'[[attempts]]\nprofile = "p{i + 1}"\nargs = {json.dumps(a)}\n'
-                         for i, a in enumerate(attempts or []))
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-total_steps = 60
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 10
-{extra}
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-
-[retry]
-on = ["diverged"]
-{source}
-{profiles}
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+def register_run(root: Path, name: str, *, attempts: list[list[str]], patterns: tuple[str, ...] = PATTERNS,
+                 prereg: dict | None = None) -> None:
+    register(root, run_toml(name, [sys.executable, "-m", TRAINER], run={"total_steps": 60},
+                            source=stdout_source(*patterns), poll=(1, 1), retry={"on": ["diverged"]},
+                            guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 10},
+                            attempts={f"p{i + 1}": a for i, a in enumerate(attempts)}, prereg=prereg))
 
 
 def run_daemon(root: Path) -> None:
@@ -87,8 +61,7 @@ def test_its_nan_twin_is_stopped_as_diverged_while_alive_and_retried(workspace: 
 
 
 def test_a_nan_run_that_exits_0_is_never_completed(workspace: Path) -> None:
-    register_run(workspace, "nano_nan0", attempts=[["--iters", "30", "--nan-at", "25", "--sleep", "0.001"]],
-                 extra="")
+    register_run(workspace, "nano_nan0", attempts=[["--iters", "30", "--nan-at", "25", "--sleep", "0.001"]])
     run_daemon(workspace)
     store = store_of(workspace)
     attempts = store.attempts("nano_nan0")
@@ -110,9 +83,10 @@ def test_nanogpts_default_preamble_and_its_compile_raise_no_incident(workspace: 
 
 
 def test_patterns_that_match_nothing_raise_log_unreadable_and_the_run_goes_on(workspace: Path) -> None:
-    wrong = PATTERNS.replace("iter (?P<step>", "iteration (?P<step>").replace("step (?P<step>", "epoch (?P<step>")
+    wrong = tuple(p.replace("iter (?P<step>", "iteration (?P<step>").replace("step (?P<step>", "epoch (?P<step>")
+                  for p in PATTERNS)
     # 150 lines over ~8 s: past both thresholds (100 lines, 5 declared minutes = 5 s under --accelerated)
-    register_run(workspace, "nano_wrong", source=wrong, attempts=[["--iters", "150", "--sleep", "0.05"]])
+    register_run(workspace, "nano_wrong", patterns=wrong, attempts=[["--iters", "150", "--sleep", "0.05"]])
     run_daemon(workspace)
     store = store_of(workspace)
     (attempt,) = store.attempts("nano_wrong")
@@ -128,22 +102,12 @@ def test_patterns_that_match_nothing_raise_log_unreadable_and_the_run_goes_on(wo
     assert not [i for i in store.incidents("nano_wrong") if i.kind == "stalled"]
 
 
-PREREG = """
-[prereg]
-question = "Does val loss fall between iterations 20 and 60?"
-metric = "val_loss"
-baseline_step = 20
-read_step = 60
-[[prereg.bands]]
-label = "IMPROVES"
-max = 0.0
-[prereg.otherwise]
-label = "FLAT-OR-WORSE"
-"""
+PREREG = {"question": "Does val loss fall between iterations 20 and 60?", "metric": "val_loss", "baseline_step": 20,
+          "read_step": 60, "bands": [{"label": "IMPROVES", "max": 0.0}], "otherwise": {"label": "FLAT-OR-WORSE"}}
 
 
 def test_the_frozen_verdict_reads_the_values_the_trainer_printed(workspace: Path) -> None:
-    register_run(workspace, "nano_read", source=PATTERNS + PREREG, attempts=[["--iters", "60", "--sleep", "0.01"]])
+    register_run(workspace, "nano_read", prereg=PREREG, attempts=[["--iters", "60", "--sleep", "0.01"]])
     run_daemon(workspace)
     out = babysit("verdict", "nano_read", "--json", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
     assert out.returncode == 0, out.stderr

@@ -20,8 +20,9 @@ import pytest
 
 from babysit.core.spec import adhoc
 from babysit.view import runview
-from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import Daemon, babysit, store_of
 from tests.scenarios.test_live_view import Terminal
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +43,8 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
 
 def wait_running(root: Path) -> None:
     """Until run `nano`'s attempt runs, and a second more: a stop then finds the trainer printing."""
-    wait_for(lambda: any(a.status == "running" for a in store_of(root).attempts("nano"))
-             if (root / ".babysit" / "state.db").exists() else False, what="the run launched")
+    wait_for("the run launched", lambda: (root / ".babysit" / "state.db").exists()
+             and any(a.status == "running" for a in store_of(root).attempts("nano")))
     time.sleep(1.0)
 
 
@@ -121,8 +122,8 @@ def test_with_babysit_up_running_the_daemon_takes_it_and_babysit_run_follows(wor
     registry.write_text("")
     daemon = Daemon(workspace, "--no-view", env=ENV)
     try:
-        wait_for(lambda: (workspace / ".babysit" / "daemon.lock").exists() and
-                 (workspace / ".babysit" / "daemon.lock").read_text().strip(), what="the daemon up")
+        lock = workspace / ".babysit" / "daemon.lock"
+        wait_for("the daemon up", lambda: lock.exists() and lock.read_text().strip())
         code, out = finish(start(workspace, *NANOGPT, "--iters", "300", "--sleep", "0.02"))
         assert code == adhoc.EXIT_COMPLETED, out
         assert "babysits nano; following it here" in out
@@ -224,35 +225,14 @@ def test_word_language_model_is_read_to_a_final_verdict_with_its_pace(workspace:
     print formats at commit 0f4dca7d), unchanged: the batch counter restarts every epoch and the valid
     loss has no batch, so the preset computes global steps; the verdict reads valid_loss between epochs."""
     nbatches = 200
-    spec = workspace / "wlm.toml"
-    spec.write_text(f"""[run]
-name = "wlm"
-command = {json.dumps([PY, "-m", "babysit.demo.word_language_model_like", "--epochs", "2", "--nbatches",
-                       str(nbatches), "--log-interval", "20", "--batch-seconds", "0.02"])}
-total_steps = {2 * nbatches}
-
-[source]
-kind = "stdout"
-preset = "word_language_model"
-
-[guards]
-min_free_host_ram_gib = 0.1
-
-[prereg]
-question = "Does valid loss fall by at least 0.5 between epochs 1 and 2?"
-metric = "valid_loss"
-baseline_step = {nbatches}
-read_step = {2 * nbatches}
-precision = 2
-[[prereg.bands]]
-label = "LEARNING"
-max = -0.5
-[prereg.otherwise]
-label = "FLAT"
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
-                  cwd=workspace, env=ENV)
-    assert res.returncode == 0, res.stderr
+    command = [PY, "-m", "babysit.demo.word_language_model_like", "--epochs", "2", "--nbatches", str(nbatches),
+               "--log-interval", "20", "--batch-seconds", "0.02"]
+    register(workspace, run_toml(
+        "wlm", command, run={"total_steps": 2 * nbatches}, guards={"min_free_host_ram_gib": 0.1},
+        source={"kind": "stdout", "preset": "word_language_model"},
+        prereg={"question": "Does valid loss fall by at least 0.5 between epochs 1 and 2?", "metric": "valid_loss",
+                "baseline_step": nbatches, "read_step": 2 * nbatches, "precision": 2,
+                "bands": [{"label": "LEARNING", "max": -0.5}], "otherwise": {"label": "FLAT"}}), env=ENV)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", env=ENV)
     assert daemon.wait(timeout=120) == 0, daemon.output()
     final = store_of(workspace).final_verdict("wlm")
@@ -270,20 +250,10 @@ label = "FLAT"
 
 
 def test_a_run_with_no_source_whose_log_stays_empty_is_told_which_preset_reads_its_lines(workspace: Path) -> None:
-    spec = workspace / "plain.toml"
-    spec.write_text(f"""[run]
-name = "plain"
-command = {json.dumps([*NANOGPT, "--iters", "200", "--sleep", "0.02"])}
-log = "outputs/{{name}}/train_log.jsonl"   # it never writes it: it prints nanoGPT's lines
-
-[guards]
-min_free_host_ram_gib = 0.1
-
-[poll]
-first_after_minutes = 2
-""")
-    assert babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
-                   cwd=workspace, env=ENV).returncode == 0
+    # its log is never written: it prints nanoGPT's lines
+    register(workspace, run_toml("plain", [*NANOGPT, "--iters", "200", "--sleep", "0.02"], log=TRAIN_LOG,
+                                 guards={"min_free_host_ram_gib": 0.1}, tables={"poll": {"first_after_minutes": 2}}),
+             env=ENV)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", env=ENV)
     assert daemon.wait(timeout=120) == 0, daemon.output()
     (first,) = [p for p in channel(workspace, "poll") if "first poll" in p["text"]]
@@ -297,22 +267,9 @@ first_after_minutes = 2
 def test_a_computed_step_that_goes_backwards_is_an_incident_once_with_the_line(workspace: Path) -> None:
     printer = [PY, "-c", "import time\nfor epoch in range(3):\n    for b in (10, 20, 30):\n"
                "        print(f'batch {b} loss {1.0 / (b + epoch):.4f}', flush=True)\n        time.sleep(0.2)\n"]
-    spec = workspace / "reset.toml"
-    spec.write_text(f"""[run]
-name = "reset"
-command = {json.dumps(printer)}
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'batch (?P<batch>\\d+) loss (?P<loss>[-+.\\w]+)'
-step = "batch"
-
-[guards]
-min_free_host_ram_gib = 0.1
-""")
-    assert babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
-                   cwd=workspace, env=ENV).returncode == 0
+    register(workspace, run_toml("reset", printer, guards={"min_free_host_ram_gib": 0.1}, source={
+        "kind": "stdout", "patterns": [{"regex": r"batch (?P<batch>\d+) loss (?P<loss>[-+.\w]+)", "step": "batch"}]}),
+             env=ENV)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", env=ENV)
     assert daemon.wait(timeout=120) == 0, daemon.output()
     incidents = [r for r in channel(workspace, "incident") if "step-backwards" in r["text"]]
@@ -328,8 +285,8 @@ def test_on_a_terminal_its_row_is_live_its_output_above_and_a_keyboard_ctrl_c_st
     term = Terminal([PY, "-m", "babysit", "run", "--accelerated", "--gpu-probe", "none", "--name", "tty",
                      "--registry", str(workspace / "babysit.toml"), "--", *NANOGPT, "--iters", "100000",
                      "--sleep", "0.02"], workspace)
-    term.wait_for(lambda text: re.search(r"tty\s+running\s+1/1 default\s+\d+", text), 60, "the run's live row")
-    term.wait_for(lambda text: "iter 40: loss" in text, 60, "its output above the table")
+    term.wait_for("the run's live row", lambda text: re.search(r"tty\s+running\s+1/1 default\s+\d+", text), 60)
+    term.wait_for("its output above the table", lambda text: "iter 40: loss" in text, 60)
     term.ctrl_c()  # the terminal's line discipline: SIGINT to babysit run (the trainer has a session of its own)
     code = term.wait(90)
     assert code == adhoc.EXIT_STOPPED, term.text[-3000:]

@@ -4,12 +4,12 @@ unreadable, and its s/step is the trainer's true rate, not the burst's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+from tests.scenarios.conftest import PY, Daemon, store_of
+from tests.support import register, run_toml, stdout_source
 
 pytestmark = pytest.mark.slow  # three bursts 5 s apart: 16 s of a worker, waiting
 
@@ -31,29 +31,10 @@ for burst in range({BURSTS}):
 
 def test_bursts_slower_than_half_the_stall_limit_are_neither_a_stall_nor_an_unreadable_source(
         workspace: Path) -> None:
-    spec = workspace / "bursty.toml"
-    spec.write_text(f"""[run]
-name = "bursty"
-command = {json.dumps([PY, "-c", TRAINER])}
-total_steps = {BURSTS * PER_BURST}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stall_minutes = {STALL_MINUTES}
-stop_grace_seconds = 10
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'
-""")
-    reg = workspace / "babysit.toml"
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(reg), cwd=workspace)
-    assert res.returncode == 0, res.stderr
+    register(workspace, run_toml("bursty", [PY, "-c", TRAINER], run={"total_steps": BURSTS * PER_BURST},
+                                 source=stdout_source(r"iter (?P<step>\d+): loss (?P<loss>\S+)"), poll=(1, 1),
+                                 guards={"min_free_host_ram_gib": 0.1, "stall_minutes": STALL_MINUTES,
+                                         "stop_grace_seconds": 10}))
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=120) == 0, daemon.output()
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from babysit.cli import build_parser, main
-from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run
+from tests.support import wait_for
 
 PREREG_FIXTURE = """
 [prereg]
@@ -98,7 +99,7 @@ def test_sigterm_stops_the_daemon_not_the_run_and_status_reports_it(tmp_path: Pa
                    cwd=tmp_path).returncode == 0
     daemon = Daemon(tmp_path)
     store = store_of(tmp_path)
-    wait_for(lambda: (store.run_state("keeps_running")[1].get("step") or 0) >= 5, 90, "progress")
+    wait_for("progress", lambda: (store.run_state("keeps_running")[1].get("step") or 0) >= 5, 90)
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.wait(timeout=30) == 0
     (attempt,) = store.attempts("keeps_running")

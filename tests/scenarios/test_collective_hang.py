@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+from tests.scenarios.conftest import PY, Daemon, store_of
+from tests.support import TRAIN_LOG, register, run_toml
 
 HANG = Path(__file__).resolve().parents[1] / "fixtures" / "nccl" / "gloo_hang.py"
 
@@ -28,21 +29,8 @@ def test_a_hung_collective_is_stopped_with_every_ranks_stack_and_the_missing_ran
     pytest.importorskip("torch.distributed")
     command = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), str(HANG)]
-    spec = workspace / "hang.toml"
-    spec.write_text(f"""[run]
-name = "hang"
-command = {json.dumps(command)}
-log = "outputs/{{name}}/train_log.jsonl"
-env = {{ SKIP_STEP = "3", OMP_NUM_THREADS = "1" }}
-
-[guards]
-stall_minutes = 40
-stop_grace_seconds = 15
-min_free_host_ram_gib = 0
-""")
-    reg = workspace / "babysit.toml"
-    done = babysit("register", str(spec), "--accelerated", "--registry", str(reg), cwd=workspace)
-    assert done.returncode == 0, done.stderr
+    register(workspace, run_toml("hang", command, log=TRAIN_LOG, env={"SKIP_STEP": "3", "OMP_NUM_THREADS": "1"},
+                                 guards={"stall_minutes": 40, "stop_grace_seconds": 15, "min_free_host_ram_gib": 0}))
     daemon = Daemon(workspace, "--exit-when-idle", "--gpu-probe", "none")
     assert daemon.wait(timeout=360) == 0, daemon.output()
     store = store_of(workspace)

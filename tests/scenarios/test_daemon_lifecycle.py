@@ -7,17 +7,13 @@ import os
 import time
 from pathlib import Path
 
-from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run
+from tests.support import register, wait_for
 
 
 def channel(root: Path) -> list[dict]:
     path = root / ".babysit" / "channel.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def register(root: Path, spec: Path) -> None:
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
 
 
 def test_daemon_babysits_a_run_to_completion_and_posts_its_story(workspace: Path) -> None:
@@ -38,7 +34,7 @@ def test_daemon_killed_with_sigkill_mid_run_is_readopted_without_a_second_launch
     register(workspace, tiny_run(workspace, "tiny_adopt", steps=400))
     first = Daemon(workspace)
     store = store_of(workspace)
-    wait_for(lambda: (store.run_state("tiny_adopt")[1].get("step") or 0) >= 20, 90, "the run to make progress")
+    wait_for("the run to make progress", lambda: (store.run_state("tiny_adopt")[1].get("step") or 0) >= 20, 90)
     (attempt,) = store.attempts("tiny_adopt")
     first.kill9()
     assert pid_alive(attempt.pid), "the run must outlive its daemon"
@@ -58,7 +54,7 @@ def test_a_second_daemon_on_the_same_state_refuses(workspace: Path) -> None:
     register(workspace, tiny_run(workspace, "tiny_lock", steps=300))
     first = Daemon(workspace)
     store = store_of(workspace)
-    wait_for(lambda: store.attempts("tiny_lock"), 60, "the launch")
+    wait_for("the launch", lambda: store.attempts("tiny_lock"), 60)
     res = babysit("up", "--accelerated", "--registry", str(workspace / "babysit.toml"), cwd=workspace, timeout=30)
     assert res.returncode == 1
     assert "already runs" in res.stderr
@@ -99,7 +95,7 @@ def test_abort_stops_the_run_gracefully_and_nothing_retries(workspace: Path) -> 
                                  extra='[retry]\non = ["oom", "diverged", "crashed"]'))
     daemon = Daemon(workspace, "--exit-when-idle")
     store = store_of(workspace)
-    wait_for(lambda: (store.run_state("tiny_abort")[1].get("step") or 0) >= 10, 90, "progress")
+    wait_for("progress", lambda: (store.run_state("tiny_abort")[1].get("step") or 0) >= 10, 90)
     res = babysit("abort", "tiny_abort", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
     assert res.returncode == 0 and "stopping" in res.stdout, res.stdout + res.stderr
     assert daemon.wait(timeout=90) == 0, daemon.output()
@@ -136,7 +132,7 @@ def test_a_foreign_process_taking_the_gpu_mid_run_stops_the_run(workspace: Path)
     register(workspace, tiny_run(workspace, "tiny_guard", gpus="[0]", steps=5000))
     daemon = Daemon(workspace, "--exit-when-idle", env={"BABYSIT_GPU_PROBE": f"file:{gpus}"})
     store = store_of(workspace)
-    wait_for(lambda: (store.run_state("tiny_guard")[1].get("step") or 0) >= 10, 90, "progress")
+    wait_for("progress", lambda: (store.run_state("tiny_guard")[1].get("step") or 0) >= 10, 90)
     gpu_file(gpus, [{"pid": 424242, "name": "intruder", "used_memory_bytes": 2**30}])
     assert daemon.wait(timeout=90) == 0, daemon.output()
     (attempt,) = store.attempts("tiny_guard")

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import Daemon, store_of
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 TRAINER = Path(__file__).with_name("nvml_trainer.py")
 
@@ -24,28 +25,11 @@ def gpu_file(path: Path, processes: list[dict] | None = None) -> Path:
 
 
 def register_run(root: Path, name: str, gpus: Path, attempts: list[list[str]]) -> None:
-    cmd = [sys.executable, str(TRAINER), f"outputs/{name}/train_log.jsonl", str(gpus)]
-    profiles = "\n".join(f'[[attempts]]\nprofile = "p{i + 1}"\nargs = {json.dumps(a)}\n' for i, a in enumerate(attempts))
     (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-
-[guards]
-exclusive_gpu = true
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 10
-
-[retry]
-on = ["oom"]
-
-{profiles}
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+    register(root, run_toml(name, [sys.executable, str(TRAINER), f"outputs/{name}/train_log.jsonl", str(gpus)],
+                            log=TRAIN_LOG, gpus=[0], retry={"on": ["oom"]},
+                            guards={"exclusive_gpu": True, "min_free_host_ram_gib": 0.1, "stop_grace_seconds": 10},
+                            attempts={f"p{i + 1}": a for i, a in enumerate(attempts)}))
 
 
 def run_to_the_end(root: Path, gpus: Path) -> None:
@@ -84,7 +68,7 @@ def test_an_oom_while_being_stopped_keeps_its_class_and_its_retry(workspace: Pat
                  [["--steps", "100000", "--on-term-exit", "12", "--on-term-clear"], ["--steps", "20"]])
     daemon = Daemon(workspace, "--exit-when-idle", env={"BABYSIT_GPU_PROBE": f"file:{gpus}"})
     store = store_of(workspace)
-    wait_for(lambda: (store.run_state("oom_on_stop")[1].get("step") or 0) >= 5, 60, "progress")
+    wait_for("progress", lambda: (store.run_state("oom_on_stop")[1].get("step") or 0) >= 5, 60)
     # an intruder (pid 1 stands in: it is alive and not the run's) takes the GPU mid-run
     data = json.loads(gpus.read_text())
     data["gpus"][0]["processes"].append({"pid": 1, "name": "intruder", "used_memory_bytes": 2**30})

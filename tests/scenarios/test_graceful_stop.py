@@ -18,12 +18,8 @@ import psutil
 import pytest
 
 from babysit.executors.local import LocalExecutor
-from tests.scenarios.conftest import PY, Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
-
-
-def register(root: Path, spec: Path) -> None:
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+from tests.scenarios.conftest import PY, Daemon, babysit, pid_alive, store_of, tiny_run
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 
 def abort(root: Path, run: str) -> None:
@@ -33,7 +29,7 @@ def abort(root: Path, run: str) -> None:
 
 def progressed(root: Path, run: str, step: int) -> None:
     store = store_of(root)
-    wait_for(lambda: (store.run_state(run)[1].get("step") or 0) >= step, 120, f"{run} to reach step {step}")
+    wait_for(f"{run} to reach step {step}", lambda: (store.run_state(run)[1].get("step") or 0) >= step, 120)
 
 
 def patient(spec: Path) -> Path:
@@ -132,25 +128,11 @@ while True:
 """
 
 
-def script_run(root: Path, name: str, mode: str, *, stop_signal: str | None, grace: float) -> Path:
-    pids = root / f"{name}.pids"
-    path = root / f"{name}.toml"
-    stop = f'stop_signal = "{stop_signal}"\n' if stop_signal else ""
-    path.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps([PY, "-c", SIGNAL_TRAINER, mode, str(pids)])}
-log = "outputs/{{name}}/train_log.jsonl"
-{stop}
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = {grace}
-
-[poll]
-first_after_minutes = 1
-every_minutes = 3
-""")
+def script_run(root: Path, name: str, mode: str, *, stop_signal: str | None, grace: float) -> str:
     (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
-    return path
+    return run_toml(name, [PY, "-c", SIGNAL_TRAINER, mode, str(root / f"{name}.pids")], log=TRAIN_LOG,
+                    run={"stop_signal": stop_signal} if stop_signal else None,
+                    guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": grace}, poll=(1, 3))
 
 
 def noted(root: Path, name: str) -> tuple[list[int], list[str]]:
@@ -269,14 +251,14 @@ def test_torchrun_ranks_that_ignore_the_stop_die_with_the_run_after_the_grace(tm
                        pid_create_time=started.pid_create_time)
     attempt = store.attempt("r", 1)
     try:
-        wait_for(lambda: pids.exists() and pids.read_text().count("pid ") == 2, 60, "two ranks")
+        wait_for("two ranks", lambda: pids.exists() and pids.read_text().count("pid ") == 2, 60)
         ranks = [int(ln.split()[1]) for ln in pids.read_text().splitlines()]
         assert all(os.getsid(r) == r for r in ranks), "torchrun ranks lead sessions of their own"
         executor.stop(attempt, signal.SIGTERM)
         assert not executor.wait(attempt, 2.0), "the ranks ignore SIGTERM; torchrun waits 30 s for them"
         executor.kill(attempt)
         assert executor.wait(attempt, 20)
-        wait_for(lambda: not any(pid_alive(r) for r in ranks), 10, "the ranks to die with their run")
+        wait_for("the ranks to die with their run", lambda: not any(pid_alive(r) for r in ranks), 10)
     finally:
         executor.kill(attempt)
         for line in (pids.read_text().splitlines() if pids.exists() else []):
@@ -323,23 +305,8 @@ def test_a_torchrun_stop_is_told_clean_by_the_checkpoint_written_after_it_not_by
     saved from one that died by a checkpoint written after the signal, and says so."""
     (workspace / "rank.py").write_text(LAUNCHED_RANK)
     name = f"launched_{mode}"
-    spec = workspace / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps([*TORCHRUN, "rank.py"])}
-log = "outputs/{{name}}/train_log.jsonl"
-env = {{MODE = "{mode}"}}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 30
-
-[poll]
-first_after_minutes = 1
-every_minutes = 3
-""")
-    register(workspace, spec)
+    register(workspace, run_toml(name, [*TORCHRUN, "rank.py"], log=TRAIN_LOG, env={"MODE": mode}, poll=(1, 3),
+                                 guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 20, "stall_minutes": 30}))
     daemon = Daemon(workspace, "--exit-when-idle")
     store = store_of(workspace)
     try:

@@ -20,11 +20,13 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.scenarios.conftest import PY, Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+from tests.support import register, run_toml, wait_for
 
 FAKE = Path(__file__).resolve().parents[1] / "reliability" / "fake_trainer.py"
 ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\x1b[=>78]")
@@ -33,23 +35,8 @@ ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]
 def fake_run(root: Path, name: str, *, steps: int, sleep: float = 0.05, command: list[str] | None = None) -> None:
     """Register a fake-trainer run whose first poll comes long after the test is over (60 s accelerated)."""
     argv = command or [PY, str(FAKE), f"outputs/{name}/log.jsonl", "--steps", str(steps), "--sleep", str(sleep)]
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(argv)}
-log = "outputs/{{name}}/log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-
-[poll]
-first_after_minutes = 60
-every_minutes = 60
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+    register(root, run_toml(name, argv, log="outputs/{name}/log.jsonl", gpus=[], poll=(60, 60),
+                            guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 5}))
 
 
 class Terminal:
@@ -88,13 +75,14 @@ class Terminal:
     def text(self) -> str:
         return ANSI.sub(b"", bytes(self.raw)).decode("utf-8", "replace")
 
-    def wait_for(self, predicate: object, timeout: float, what: str) -> None:
+    def wait_for(self, what: str, check: Callable[[str], object], timeout: float) -> None:
+        """tests.support.wait_for's order, over the terminal's text, read on while waiting (until it closes)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.eof:
-            if predicate(self.text):  # type: ignore[operator]
+            if check(self.text):
                 return
             self.pump(0.2)
-        assert predicate(self.text), f"timed out waiting for {what}:\n{self.text[-3000:]}"  # type: ignore[operator]
+        assert check(self.text), f"timed out after {timeout:g}s waiting for {what}; last seen:\n{self.text[-3000:]}"
 
     def ctrl_c(self) -> None:
         os.write(self.fd, b"\x03")  # the terminal's line discipline turns it into SIGINT, as a keyboard does
@@ -145,8 +133,8 @@ def test_messages_and_warnings_print_above_the_table_and_never_tear_it(workspace
             out = subprocess.run(["tmux", "-L", sock, "capture-pane", "-p"], capture_output=True, text=True)
             return out.stdout.splitlines()
 
-        lines: list[str] = wait_for(lambda: (s := screen()) and any("EXIT=" in x for x in s) and s, 60,
-                                    "the daemon to finish")  # type: ignore[assignment]
+        lines: list[str] = wait_for("the daemon to finish",
+                                    lambda: (s := screen()) and any("EXIT=" in x for x in s) and s, 60)
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
     assert "EXIT=0" in "\n".join(lines)
@@ -187,10 +175,10 @@ def test_status_watch_on_a_terminal_follows_the_run_and_ctrl_c_ends_it_cleanly(w
     daemon = Daemon(workspace, "--no-view")
     try:
         store = store_of(workspace)
-        wait_for(lambda: (store.run_state("watched")[1].get("step") or 0) >= 5, 60, "progress")
+        wait_for("progress", lambda: (store.run_state("watched")[1].get("step") or 0) >= 5, 60)
         term = Terminal([PY, "-m", "babysit", "status", "--watch", "--interval", "0.5",
                          "--registry", str(workspace / "babysit.toml")], workspace)
-        term.wait_for(lambda t: len(set(steps_shown(t, "watched", "running", 100000))) >= 3, 30, "three refreshes")
+        term.wait_for("three refreshes", lambda t: len(set(steps_shown(t, "watched", "running", 100000))) >= 3, 30)
         term.ctrl_c()
         assert term.wait(timeout=20) == 0, term.text[-2000:]
         assert "Traceback" not in term.text and "interrupted" not in term.text
@@ -230,7 +218,7 @@ def test_status_tells_step_pace_and_eta_from_the_log_before_the_first_poll(works
     daemon = Daemon(workspace)
     try:
         store = store_of(workspace)
-        wait_for(lambda: (store.run_state("nopoll")[1].get("step") or 0) >= 40, 60, "progress")
+        wait_for("progress", lambda: (store.run_state("nopoll")[1].get("step") or 0) >= 40, 60)
         res = babysit("status", "nopoll", "--json", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
         row = json.loads(res.stdout)
         assert row["last_poll_at"] is None and not store.polls("nopoll"), "no poll yet"

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from babysit.db.store import Store
-from tests.scenarios.conftest import Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import Daemon, store_of
+from tests.support import register, run_toml, stdout_source, wait_for
 
 BASELINE, FINAL = 4.0, 2.3456
 TRAINER = r"""
@@ -33,37 +34,15 @@ w(f"step {n}: train loss 2.5000, val loss {FINAL:.4f}\n")  # the last line, just
 """.replace("BASELINE", repr(BASELINE)).replace("FINAL", repr(FINAL))
 
 
-def register(root: Path, name: str, lines: int, pad: int, go: str = "-", trainer: str = TRAINER) -> None:
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps([sys.executable, "-c", trainer, str(lines), str(pad), go])}
-total_steps = {lines}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 10
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+), time (?P<ms>[\\d.]+)ms'
-[[source.patterns]]
-regex = 'step (?P<step>\\d+): train loss [-+.\\w]+, val loss (?P<val_loss>[-+.\\w]+)'
-
-[prereg]
-question = "Does val loss fall over the run?"
-metric = "val_loss"
-baseline_step = 0
-read_step = {lines}
-[[prereg.bands]]
-label = "IMPROVES"
-max = 0.0
-[prereg.otherwise]
-label = "FLAT-OR-WORSE"
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+def register_printer(root: Path, name: str, lines: int, pad: int, go: str = "-", trainer: str = TRAINER) -> None:
+    register(root, run_toml(
+        name, [sys.executable, "-c", trainer, str(lines), str(pad), go], run={"total_steps": lines},
+        guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 10},
+        source=stdout_source(r"iter (?P<step>\d+): loss (?P<train_loss>[-+.\w]+), time (?P<ms>[\d.]+)ms",
+                             r"step (?P<step>\d+): train loss [-+.\w]+, val loss (?P<val_loss>[-+.\w]+)"),
+        prereg={"question": "Does val loss fall over the run?", "metric": "val_loss", "baseline_step": 0,
+                "read_step": lines, "bands": [{"label": "IMPROVES", "max": 0.0}],
+                "otherwise": {"label": "FLAT-OR-WORSE"}}))
 
 
 def assert_read_to_the_end(root: Path, name: str, lines: int) -> None:
@@ -87,7 +66,7 @@ def assert_read_to_the_end(root: Path, name: str, lines: int) -> None:
 def test_a_burst_far_over_the_old_read_budgets_is_read_to_its_last_line_before_the_verdict(
         workspace: Path) -> None:
     lines = 20_000  # x 2,000 bytes: 40 MiB of stdout in a fraction of a second, then the exit (over 36 MiB)
-    register(workspace, "burst", lines, pad=1960)
+    register_printer(workspace, "burst", lines, pad=1960)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=300) == 0, daemon.output()
     assert_read_to_the_end(workspace, "burst", lines)
@@ -96,17 +75,17 @@ def test_a_burst_far_over_the_old_read_budgets_is_read_to_its_last_line_before_t
 def test_a_backlog_written_while_no_daemon_was_up_is_read_whole_by_the_next_one(workspace: Path) -> None:
     lines = 20_000  # x 2,000 bytes: 40 MiB, over the old adoption read's 36 MiB whatever the timing
     go = workspace / "go"
-    register(workspace, "backlog", lines, pad=1960, go=str(go))
+    register_printer(workspace, "backlog", lines, pad=1960, go=str(go))
     first = Daemon(workspace, "--no-view", "--gpu-probe", "none")
     store = Store.in_dir(workspace / ".babysit")
     try:
-        attempt = wait_for(lambda: next((a for a in store.attempts("backlog") if a.pid), None), 60, "the launch")
+        attempt = wait_for("the launch", lambda: next((a for a in store.attempts("backlog") if a.pid), None), 60)
     finally:
         store.close()
     first.proc.send_signal(signal.SIGTERM)  # the daemon goes, the run stays
     assert first.wait(timeout=60) == 0, first.output()
     go.touch()  # now the burst and the exit, with no daemon up
-    wait_for(lambda: not _alive(attempt.pid), 60, "the trainer's exit")
+    wait_for("the trainer's exit", lambda: not _alive(attempt.pid), 60)
     second = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert second.wait(timeout=300) == 0, second.output()
     assert_read_to_the_end(workspace, "backlog", lines)
@@ -127,7 +106,7 @@ def test_a_last_printed_line_without_its_newline_is_read_at_the_exit(workspace: 
     """`print(..., end="")` then exit: the unterminated last line is a line once the trainer is gone
     (never while it lives: it may be writing that line still). Before, it was never read: the verdict
     missed the final eval it prints."""
-    register(workspace, "noeol", 200, pad=0, trainer=UNTERMINATED)
+    register_printer(workspace, "noeol", 200, pad=0, trainer=UNTERMINATED)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=120) == 0, daemon.output()
     store = store_of(workspace)
@@ -147,7 +126,7 @@ def test_a_last_printed_line_without_its_newline_is_read_at_the_exit(workspace: 
 def test_two_million_printed_lines_then_the_final_eval_are_all_read(workspace: Path) -> None:
     """The issue's measurement: nanoGPT-length lines, 2,000,000 of them in a few seconds."""
     lines = 2_000_000
-    register(workspace, "two_million", lines, pad=0)
+    register_printer(workspace, "two_million", lines, pad=0)
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=600) == 0, daemon.output()
     assert_read_to_the_end(workspace, "two_million", lines)
@@ -177,21 +156,8 @@ print("iter 6: loss 3.0, time 1.00ms", flush=True)
 
 def test_a_source_that_vanished_before_it_was_read_to_its_end_is_named_in_the_ended_message(
         workspace: Path) -> None:
-    spec = workspace / "gone.toml"
-    spec.write_text(f"""[run]
-name = "gone"
-command = {json.dumps([sys.executable, "-c", VANISHES])}
-
-[guards]
-min_free_host_ram_gib = 0.1
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+)'
-""")
-    assert babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
-                   cwd=workspace).returncode == 0
+    register(workspace, run_toml("gone", [sys.executable, "-c", VANISHES], guards={"min_free_host_ram_gib": 0.1},
+                                 source=stdout_source(r"iter (?P<step>\d+): loss (?P<train_loss>[-+.\w]+)")))
     daemon = Daemon(workspace, "--exit-when-idle", "--no-view", "--gpu-probe", "none")
     assert daemon.wait(timeout=120) == 0, daemon.output()
     stdout_log = workspace / ".babysit" / "runs" / "gone" / "attempt-1" / "stdout.log"

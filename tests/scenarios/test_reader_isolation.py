@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from babysit.db.store import Store
-from tests.scenarios.conftest import PY, Daemon, babysit, wait_for
+from tests.scenarios.conftest import PY, Daemon
+from tests.support import register, run_toml, stdout_source, wait_for
 
 STALL_MINUTES = 5  # 5 s under --accelerated
 GUARD_SECONDS = 0.5  # the default 30 s guard interval, accelerated
@@ -50,51 +51,33 @@ time.sleep(600)
 """
 
 
-def register(root: Path, name: str, program: str, regex: str, stall_minutes: int, *args: str) -> None:
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps([PY, "-c", program, *args])}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stall_minutes = {stall_minutes}
-stop_grace_seconds = 5
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = '{regex}'
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+def register_printer(root: Path, name: str, program: str, regex: str, stall_minutes: int, *args: str) -> None:
+    register(root, run_toml(name, [PY, "-c", program, *args], source=stdout_source(regex), poll=(1, 1),
+                            guards={"min_free_host_ram_gib": 0.1, "stall_minutes": stall_minutes,
+                                    "stop_grace_seconds": 5}))
 
 
 def test_a_pathological_pattern_and_a_flooding_run_leave_a_stalled_neighbour_stopped_on_time(
         workspace: Path) -> None:
-    register(workspace, "backtracks", BACKTRACKS, "^(?P<step>(a|aa)+)$", stall_minutes=60)
+    register_printer(workspace, "backtracks", BACKTRACKS, "^(?P<step>(a|aa)+)$", stall_minutes=60)
     gate = workspace / "flood.go"
-    register(workspace, "floods", FLOODS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", 60, str(gate))
-    register(workspace, "stalls", STALLS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=STALL_MINUTES)
+    register_printer(workspace, "floods", FLOODS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", 60, str(gate))
+    register_printer(workspace, "stalls", STALLS, r"iter (?P<step>\d+): loss (?P<loss>[-+.\w]+)", stall_minutes=STALL_MINUTES)
     daemon = Daemon(workspace, "--no-view", "--gpu-probe", "none")
     store = Store.in_dir(workspace / ".babysit")
     try:
-        stalled = wait_for(lambda: [i for i in store.incidents("stalls") if i.kind == "stalled"], 90, "the stall")[0]
+        stalled = wait_for("the stall", lambda: [i for i in store.incidents("stalls") if i.kind == "stalled"], 90)[0]
         last_record = max(json.loads(line)["ts"] for line in
                           (workspace / ".babysit" / "runs" / "stalls" / "records.jsonl").read_text().splitlines())
         late = stalled.at - last_record
         # its limit plus one guard interval, plus the reading interval and a second of a loaded 2-core box
         assert late <= STALL_MINUTES + GUARD_SECONDS + 1.5, late
-        unreadable = wait_for(lambda: [i for i in store.incidents("backtracks") if i.kind == "log-unreadable"],
-                              60, "the bad pattern's incident")[0]
+        unreadable = wait_for("the bad pattern's incident",
+                              lambda: [i for i in store.incidents("backtracks") if i.kind == "log-unreadable"], 60)[0]
         assert unreadable.body["records_parsed"] == 0 and unreadable.body["lines_seen"] >= 100
         gate.touch()  # the flood now
-        behind = wait_for(lambda: [i for i in store.incidents("floods") if i.kind == "reader-behind"], 60,
-                          "the flooding run's reader-behind incident")[0]
+        behind = wait_for("the flooding run's reader-behind incident",
+                          lambda: [i for i in store.incidents("floods") if i.kind == "reader-behind"], 60)[0]
         assert behind.body["unread_bytes"] > 0 and behind.body["unread_lines"] > 0, behind.body
         assert behind.body["behind_seconds"] >= 2 and behind.body["source"]["kind"] == "stdout", behind.body
         read = store.run_state("floods")[1]["source"]["lines"]

@@ -8,7 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.scenarios.conftest import PY, babysit, kill_runs, store_of, wait_for
+from tests.scenarios.conftest import PY, babysit, kill_runs, store_of
+from tests.support import wait_for
 
 # A daemon whose guard round is an hour away and that never exits when idle: only the wake can make it
 # take the relaunch of a run that is over.
@@ -71,7 +72,7 @@ def test_a_failed_run_is_relaunched_with_its_fixed_command_by_a_running_daemon_a
     daemon = subprocess.Popen([PY, "-c", HOURLY, str(workspace / "babysit.toml")], cwd=workspace,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: store.run_state("again")[0] == "failed", 60, "attempt 1 to fail on the typo")
+        wait_for("attempt 1 to fail on the typo", lambda: store.run_state("again")[0] == "failed", 60)
         (first,) = store.attempts("again")
         assert first.outcome == "crashed" and first.exit_code == 2
 
@@ -85,7 +86,7 @@ def test_a_failed_run_is_relaunched_with_its_fixed_command_by_a_running_daemon_a
         assert lines[0].startswith("  run.command: [") and " → [" in lines[0], "the fixed field, listed"
         assert lines[1].startswith("relaunching again after attempt 1: run.toml re-read (1 field(s) changed")
         assert lines[-1] == "relaunch again: launched attempt 2", "taken at once: the daemon's round is an hour away"
-        wait_for(lambda: store.run_state("again")[0] == "finished", 90, "the relaunched attempt to finish")
+        wait_for("the relaunched attempt to finish", lambda: store.run_state("again")[0] == "finished", 90)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.communicate(timeout=30)

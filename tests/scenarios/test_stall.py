@@ -10,23 +10,13 @@ from pathlib import Path
 
 from babysit.core.render import render
 from babysit.run.stackdump import stack_dump
-from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+from tests.scenarios.conftest import PY, Daemon, store_of
+from tests.support import TRAIN_LOG, register, run_toml
 
 
 def test_a_stall_is_stopped_and_its_channel_message_names_the_log_and_the_stack_dump(workspace: Path) -> None:
-    spec = workspace / "hang.toml"
-    spec.write_text(f"""[run]
-name = "hang"
-command = {json.dumps([PY, "-c", "import time; time.sleep(300)"])}
-log = "outputs/{{name}}/train_log.jsonl"
-
-[guards]
-stall_minutes = 1
-stop_grace_seconds = 10
-min_free_host_ram_gib = 0
-""")
-    reg = workspace / "babysit.toml"
-    assert babysit("register", str(spec), "--accelerated", "--registry", str(reg), cwd=workspace).returncode == 0
+    register(workspace, run_toml("hang", [PY, "-c", "import time; time.sleep(300)"], log=TRAIN_LOG,
+                                 guards={"stall_minutes": 1, "stop_grace_seconds": 10, "min_free_host_ram_gib": 0}))
     daemon = Daemon(workspace, "--exit-when-idle", "--gpu-probe", "none")
     assert daemon.wait(timeout=90) == 0, daemon.output()
     (attempt,) = store_of(workspace).attempts("hang")

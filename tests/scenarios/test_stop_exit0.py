@@ -11,7 +11,8 @@ from pathlib import Path
 
 from babysit.view import runview
 from babysit.web.pages import runs_page
-from tests.scenarios.conftest import PY, Daemon, babysit, store_of, wait_for
+from tests.scenarios.conftest import PY, Daemon, babysit, store_of
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 TRAINER = """
 import json, os, signal, sys, time
@@ -30,24 +31,13 @@ with open(sys.argv[1], "a") as log:
 
 def test_a_trainer_that_exits_0_on_an_abort_is_shown_stopped_everywhere(workspace: Path) -> None:
     (workspace / "train.py").write_text(TRAINER)
-    spec = workspace / "polite.toml"
-    spec.write_text(f"""[run]
-name = "polite"
-command = {json.dumps([PY, "train.py", "outputs/polite/train_log.jsonl"])}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 30
-""")
+    register(workspace, run_toml("polite", [PY, "train.py", "outputs/polite/train_log.jsonl"], log=TRAIN_LOG, gpus=[],
+                                 guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 20, "stall_minutes": 30}))
     registry = str(workspace / "babysit.toml")
-    assert babysit("register", str(spec), "--accelerated", "--registry", registry, cwd=workspace).returncode == 0
     daemon = Daemon(workspace, "--exit-when-idle")
     store = store_of(workspace)
     log = workspace / "outputs" / "polite" / "train_log.jsonl"
-    wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "polite's third record")
+    wait_for("polite's third record", lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120)
     asked = babysit("abort", "polite", "--registry", registry, cwd=workspace)
     assert "stopping" in asked.stdout, asked.stdout + asked.stderr
     assert daemon.wait(timeout=120) == 0, daemon.output()

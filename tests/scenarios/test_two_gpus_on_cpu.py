@@ -25,17 +25,17 @@ import pytest
 
 from babysit.executors.local import LocalExecutor
 from babysit.run.stackdump import STOPPED_MARK
-from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import Daemon, babysit, pid_alive, store_of, tiny_run
 from tests.scenarios.test_graceful_stop import (  # noqa: F401 (needs_torchrun: a fixture)
     TORCHRUN,
     needs_torchrun,
     patient,
     progressed,
     records,
-    register,
     stopped_by,
     tree_of,
 )
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 HANG = Path(__file__).parents[1] / "fixtures" / "nccl" / "gloo_hang.py"
 
@@ -95,7 +95,7 @@ def test_ddp_on_two_gpus_polls_both_stops_on_a_foreign_process_on_gpu_1_and_resu
     intruder = subprocess.Popen(["sleep", "300"])  # a live process that is not the run's
     try:
         progressed(workspace, name, 5)
-        wait_for(lambda: store.polls(name), 60, "a poll")
+        wait_for("a poll", lambda: store.polls(name), 60)
         (running,) = store.attempts(name)
         tree = tree_of(running.pid)
         assert len(tree) >= 4, "the shim, torchrun's agent and two ranks"
@@ -165,7 +165,7 @@ def test_any_1_of_two_gpus_avoids_the_quarantined_one_and_its_gpu_fault_retry_la
         released = cli(workspace, gpus, "gpu", "release", "0")
         assert released.returncode == 0, released.stdout + released.stderr
         edit_gpu(gpus, 1, faults=["xid 79"])  # GPU 1 falls off the bus mid-run
-        wait_for(lambda: len(store.attempts(name)) == 2 and store.attempts(name)[1].pid, 90, "the retry to launch")
+        wait_for("the retry to launch", lambda: len(store.attempts(name)) == 2 and store.attempts(name)[1].pid, 90)
         second = store.attempts(name)[1]
         try:
             assert launch_env(second.pid)["CUDA_VISIBLE_DEVICES"] == "0", "the retry runs on the other GPU"
@@ -192,24 +192,9 @@ def test_any_1_of_two_gpus_avoids_the_quarantined_one_and_its_gpu_fault_retry_la
 def test_a_sigstopped_rank_of_two_is_named_with_every_ranks_stack_in_the_stall_incident(workspace: Path) -> None:
     name = "stopped_rank"
     gpus = two_gpus(workspace / "gpus.json")
-    spec = workspace / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps([*TORCHRUN, str(HANG)])}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0, 1]
-env = {{SKIP_STEP = "1000000000", OMP_NUM_THREADS = "1"}}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-stall_minutes = 30
-
-[poll]
-first_after_minutes = 1
-every_minutes = 3
-""")
-    register(workspace, spec)
+    register(workspace, run_toml(name, [*TORCHRUN, str(HANG)], log=TRAIN_LOG, gpus=[0, 1], poll=(1, 3),
+                                 env={"SKIP_STEP": "1000000000", "OMP_NUM_THREADS": "1"},
+                                 guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 5, "stall_minutes": 30}))
     daemon = Daemon(workspace, "--exit-when-idle", env=probe_env(gpus))
     store = store_of(workspace)
     try:

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from babysit.runtime import wake
-from tests.scenarios.conftest import PY, babysit, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import PY, babysit, store_of, tiny_run
+from tests.support import register, wait_for
 
 # A daemon whose tick comes round once an hour: only the wake can make it see the abort in time.
 HOURLY_TICK = """
@@ -27,16 +28,13 @@ Daemon(reg, gpu_probe=open_gpu_probe("none"), channel=ConsoleChannel(state, sys.
 
 def test_abort_reaches_a_daemon_whose_tick_is_an_hour_away(workspace: Path) -> None:
     spec = tiny_run(workspace, "woken", steps=100_000)
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(workspace / "babysit.toml"),
-                  cwd=workspace)
-    assert res.returncode == 0, res.stderr
+    register(workspace, spec)
     daemon = subprocess.Popen([PY, "-c", HOURLY_TICK, str(workspace / "babysit.toml")], cwd=workspace,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         store = store_of(workspace)
-        wait_for(lambda: store.run_state("woken")[1].get("step") or (store.attempts("woken") and
-                                                                      store.attempts("woken")[0].status == "running"),
-                 60, "the run to start")
+        wait_for("the run to start", lambda: store.run_state("woken")[1].get("step") or (
+            store.attempts("woken") and store.attempts("woken")[0].status == "running"), 60)
         assert wake.daemon_pid(workspace / ".babysit") == daemon.pid
         aborted = babysit("abort", "woken", "--registry", str(workspace / "babysit.toml"), cwd=workspace)
         assert aborted.returncode == 0 and "stopping" in aborted.stdout, aborted.stdout + aborted.stderr

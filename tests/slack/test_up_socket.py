@@ -4,13 +4,10 @@ the babysitting; once Slack is back the bot connects by itself and an abort is c
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from bot.messages import ABORT_ACTION_ID
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.fake_socket import FakeSocketMode
+from tests.support import TRAIN_LOG, register, run_toml, wait_for
 
 APP_TOKEN = "xapp-test-token"
 ALLOWED = "UALLOWED01"
@@ -27,37 +25,11 @@ RUN = "sock_run"
 TRAINER = Path(__file__).resolve().parents[1] / "reliability" / "fake_trainer.py"
 
 
-def wait_for(what: str, predicate: Callable[[], object], timeout: float = 30) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def workspace(root: Path) -> None:
     (root / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\nabort_allow_list = ["{ALLOWED}"]\n')
     cmd = [sys.executable, str(TRAINER), f"outputs/{RUN}/train_log.jsonl", "--steps", "100000", "--sleep", "0.1"]
-    (root / "run.toml").write_text(f"""[run]
-name = "{RUN}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-stall_minutes = 120
-
-[poll]
-first_after_minutes = 1
-every_minutes = 1
-""")
-    res = subprocess.run([sys.executable, "-m", "babysit", "register", "run.toml", "--accelerated", "--registry",
-                          str(root / "babysit.toml")], cwd=root, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
+    register(root, run_toml(RUN, cmd, log=TRAIN_LOG, gpus=[], poll=(1, 1),
+                            guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 5, "stall_minutes": 120}))
 
 
 def thread_posts(fake: FakeSlack) -> int:
@@ -79,7 +51,7 @@ def test_up_bot_posts_and_answers_in_one_process_and_babysits_on_while_the_socke
     try:
         # Slack's socket side unreachable at startup (apps.connections.open fails): the daemon babysits
         wait_for("the launch post", lambda: any(RUN in (p["text"] or "") for p in fake.posts()), timeout=60)
-        wait_for("polls posted before the bot could connect", lambda: thread_posts(fake) >= 2)
+        wait_for("polls posted before the bot could connect", lambda: thread_posts(fake) >= 2, timeout=30)
         assert fake.calls_to("apps.connections.open") and not slack.links
 
         # reachable again: the bot connects by itself; one process, both directions
@@ -93,7 +65,7 @@ def test_up_bot_posts_and_answers_in_one_process_and_babysits_on_while_the_socke
         fake.socket_mode = None  # apps.connections.open now fails
         slack.stop()  # every connection cut, every reconnect refused
         before = thread_posts(fake)
-        wait_for("polls posted with the bot cut off", lambda: thread_posts(fake) >= before + 3)
+        wait_for("polls posted with the bot cut off", lambda: thread_posts(fake) >= before + 3, timeout=30)
         assert daemon.poll() is None
 
         # Slack is back (a new server, a new URL): the bot reconnects by itself, and an abort is confirmed
@@ -108,8 +80,8 @@ def test_up_bot_posts_and_answers_in_one_process_and_babysits_on_while_the_socke
                            response_url=fake.base + "/response/click")
         answers = wait_for("the abort's answer", lambda: [c.body["text"] for c in fake.calls_to("response")
                                                           if c.path == "/response/click" and "stopping" in
-                                                          c.body.get("text", "")])
-        assert len(answers) == 1  # type: ignore[arg-type]
+                                                          c.body.get("text", "")], timeout=30)
+        assert len(answers) == 1
         store = Store.in_dir(tmp_path / ".babysit")
         try:
             wait_for("the run to end aborted", lambda: store.run_state(RUN)[0] not in ("pending", "running", "stopping"),
@@ -121,7 +93,7 @@ def test_up_bot_posts_and_answers_in_one_process_and_babysits_on_while_the_socke
         assert len(requests) == 1 and status_after == "stopped", status_after
 
         wait_for("the abort posted in the run's thread", lambda: any(
-            "abort" in (p["text"] or "") and p["thread_ts"] for p in fake.posts()))
+            "abort" in (p["text"] or "") and p["thread_ts"] for p in fake.posts()), timeout=30)
         assert daemon.poll() is None
     finally:
         if daemon.poll() is None:

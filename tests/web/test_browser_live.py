@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.scenarios.conftest import PY, babysit, kill_runs, store_of, tiny_run, wait_for
+from tests.scenarios.conftest import PY, kill_runs, store_of, tiny_run
+from tests.support import register, wait_for
 from tests.web.conftest import fetch
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ class LiveDaemon:
         def found() -> str | None:
             hits = [m.group(1) for line in self.lines if (m := re.search(r"babysit web: serving (\S+)", line))]
             return hits[0] if hits else None
-        return str(wait_for(found, timeout=120, what="the daemon's web URL"))
+        return str(wait_for("the daemon's web URL", found, timeout=120))
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -91,8 +92,7 @@ class LiveDaemon:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("web-live")
     for spec in (tiny_run(root, LIVE, steps=1_000_000), tiny_run(root, RETRIED, extra=PREREG, attempts=ATTEMPTS)):
-        res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-        assert res.returncode == 0, res.stderr
+        register(root, spec)
     daemon = LiveDaemon(root)
     try:
         yield root, daemon.url()
@@ -145,15 +145,15 @@ def test_a_metrics_scrape_parses_and_moves_as_the_run_advances(live: tuple[Path,
         hits = [s.value for s in fams["babysit_run_step"].samples if s.labels["run"] == LIVE]
         return hits[0] if hits else None
 
-    first = wait_for(step, timeout=180, what="a step for the live run in /metrics")
-    wait_for(lambda: (step() or 0) > first, timeout=180, what="the step in /metrics to move")
+    first = wait_for("a step for the live run in /metrics", step, timeout=180)
+    wait_for("the step in /metrics to move", lambda: (step() or 0) > first, timeout=180)
 
 
 def test_a_retried_run_page_shows_its_curve_bands_and_incident(live: tuple[Path, str], page: Any) -> None:
     root, url = live
     store = store_of(root)
     try:
-        wait_for(lambda: store.final_verdict(RETRIED), timeout=400, what="the retried run's FINAL verdict")
+        wait_for("the retried run's FINAL verdict", lambda: store.final_verdict(RETRIED), timeout=400)
     finally:
         store.close()
     page.goto(url + f"run/{RETRIED}")

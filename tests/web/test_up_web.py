@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 from pathlib import Path
 
 from babysit.core.errors import EXIT_BAD_INPUT
-from tests.scenarios.conftest import PY, babysit, store_of
+from tests.scenarios.conftest import PY, store_of
+from tests.support import register, run_toml
 
 FAKE = Path(__file__).resolve().parents[1] / "reliability" / "fake_trainer.py"
 
 
 def register_fake(root: Path, name: str = "quick") -> None:
-    spec = root / f"{name}.toml"
     argv = [PY, str(FAKE), f"outputs/{name}/log.jsonl", "--steps", "20", "--sleep", "0.02"]
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(argv)}
-log = "outputs/{{name}}/log.jsonl"
-gpus = []
-
-[guards]
-min_free_host_ram_gib = 0.1
-
-[poll]
-first_after_minutes = 60
-every_minutes = 60
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root)
-    assert res.returncode == 0, res.stderr
+    register(root, run_toml(name, argv, log="outputs/{name}/log.jsonl", gpus=[], poll=(60, 60),
+                            guards={"min_free_host_ram_gib": 0.1}))
 
 
 def up(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
