@@ -24,6 +24,11 @@ never foreign while it is a zombie (it has exited). What remains must be seen on
 before the run is stopped: two for a live process babysit can see, three (so at least one whole
 guard interval) for a pid no process here has — an exited process NVML has not forgotten yet, or a
 process in another PID namespace, which stays.
+
+A job across nodes. Its view holds every node's GPUs, each reading naming its node (the run's `gpus`
+on each node): every GPU check runs on each node's part, and its text, detail and key name the node
+("GPU 0 on n2: …"), so a holder or an Xid on n2 stops the run as on one box and says where. A view
+still `pending` (the job's sidecars starting) is waited for, not warned about.
 """
 
 from __future__ import annotations
