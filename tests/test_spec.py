@@ -106,7 +106,7 @@ args = ["--batch-size", "1", "--grad-checkpointing"]
     ('[smoke]\nsteps = 0', "run.toml: smoke.steps: expected a positive integer, got 0"),
     ('[retry]\ngpu_fault_max = -1', "run.toml: retry.gpu_fault_max: expected"),
     ('[retry]\non = ["gpu-faults"]', "run.toml: retry.on: expected a list of failure classes (oom | diverged | crashed | "
-                                     "stalled | gpu-fault)"),
+                                     "stalled | gpu-fault | node-lost)"),
     ('[extra]\nx = 1', "run.toml: extra: expected a known key"),
 ])
 def test_bad_values_are_refused_naming_file_key_and_expectation(tmp_path: Path, fragment: str, message: str) -> None:
