@@ -49,6 +49,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 from babysit.db.localserver import LocalPostgres  # noqa: E402
 from babysit.db.migrate import upgrade_postgres  # noqa: E402
 from babysit.runtime import registry  # noqa: E402
-from tests.fleet import helpers  # noqa: E402  (the fleet tests' helpers: a box's run.toml, env, waits)
+from tests import support  # noqa: E402  (the suites' wait)
+from tests.fleet import helpers  # noqa: E402  (the fleet tests' helpers: a box's run.toml, env)
 
 PY = sys.executable
 BOXES = ("box-a", "box-b", "box-c")
@@ -67,10 +69,10 @@ SLACK_TOKEN = "xoxb-bench-token"
 PREREG = helpers.PREREG
 
 
-def spec(box: Path, run: str, cmd: list[str] | None = None, body: str = "") -> Path:
+def spec(box: Path, run: str, cmd: list[str] | None = None, **tables: Any) -> Path:
     """A CPU run (the trainer records every 5 s until SIGTERM), no poll due for ten hours."""
-    return helpers.run_toml(box, run, cmd or [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"], gpus="[]",
-                            min_free_gib=0.01, grace_s=30, poll_min=(600, 600), body=body)
+    return helpers.run_toml(box, run, cmd or [PY, str(TRAINER), f"outputs/{run}/train_log.jsonl", "5"], gpus=[],
+                            min_free_gib=0.01, grace_s=30, poll_min=(600, 600), **tables)
 
 
 def make_box(root: Path, name: str, url: str, runs: int, head: str = "") -> Path:
@@ -96,7 +98,7 @@ def env() -> dict[str, str]:
 
 def wait_for(check, timeout: float, every: float = 0.2):  # type: ignore[no-untyped-def]
     try:
-        return helpers.wait_for("the bench's condition", check, timeout, every)
+        return support.wait_for("the bench's condition", check, timeout, every)
     except AssertionError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -278,7 +280,7 @@ def outage(args: argparse.Namespace) -> int:
         boxes = {name: make_box(root, name, url, args.runs, head) for name in BOXES}
         for run in ending:
             box = boxes[f"box-{run[0]}"]
-            path = spec(box, run, [PY, str(GATED), f"outputs/{run}/train_log.jsonl", str(root / "gate")], PREREG)
+            path = spec(box, run, [PY, str(GATED), f"outputs/{run}/train_log.jsonl", str(root / "gate")], prereg=PREREG)
             res = subprocess.run([PY, "-m", "babysit", "register", str(path), "--registry", str(box / "babysit.toml")],
                                  cwd=box, env=env(), capture_output=True, text=True, timeout=120)
             if res.returncode != 0:

@@ -1,46 +1,27 @@
 """Helpers the fleet tests and bench/fleet.py share: a box's run.toml, its environment, `babysit` on it, a
-daemon started and stopped, waiting, the posts Slack got (the fixtures are in tests/fleet/conftest.py)."""
+daemon started and stopped, the posts Slack got (the fixtures are in tests/fleet/conftest.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests import support
+from tests.support import TRAIN_LOG, wait_for  # noqa: F401  (wait_for: re-exported for tests/fleet/test_fleet_reading.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 FAKE = ROOT / "tests" / "reliability" / "fake_trainer.py"  # a record every --sleep s, --steps of them
 GATED = ROOT / "bench" / "_gated_trainer.py"  # evals to its read step, then ends when its gate file appears
-PREREG = """
-[prereg]
-question = "Does val_loss fall between steps 50 and 100?"
-metric = "val_loss"
-baseline_step = 50
-read_step = 100
-[[prereg.bands]]
-label = "IMPROVED"
-max = 0.0
-[prereg.otherwise]
-label = "NOT-IMPROVED"
-"""  # what a gated run's FINAL verdict is read with
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.1) -> Any:
-    """`check()`'s first truthy answer, asked every `every` s; an AssertionError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+PREREG = {"question": "Does val_loss fall between steps 50 and 100?", "metric": "val_loss", "baseline_step": 50,
+          "read_step": 100, "bands": [{"label": "IMPROVED", "max": 0.0}],
+          "otherwise": {"label": "NOT-IMPROVED"}}  # what a gated run's FINAL verdict is read with
 
 
 def fake_trainer(run: str) -> list[str]:
@@ -48,35 +29,25 @@ def fake_trainer(run: str) -> list[str]:
     return [PY, str(FAKE), f"outputs/{run}/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
 
 
-def run_toml(box: Path, run: str, cmd: list[str] | None = None, *, gpus: str = "[0]", host: str | None = None,
-             log: str = "outputs/{name}/train_log.jsonl", file: str | None = None, min_free_gib: float = 0.1,
+def run_toml(box: Path, run: str, cmd: list[str] | None = None, *, gpus: Sequence[int] | None = (0,),
+             host: str | None = None, log: str = TRAIN_LOG, file: str | None = None, min_free_gib: float = 0.1,
              grace_s: int = 20, stall_min: int | None = 120, poll_min: tuple[int, int] = (30, 60),
-             body: str = "") -> Path:
-    """`box/RUN.toml` (or `file`): a run with the guards and polls a fleet test needs out of its way; `body`
-    appended ([prereg], [retry], …). The command runs in its spec's directory: outputs/ is under the box."""
-    path = box / (file or f"{run}.toml")
-    guards = f"min_free_host_ram_gib = {min_free_gib}\nstop_grace_seconds = {grace_s}\n"
+             **tables: Any) -> Path:
+    """`box/RUN.toml` (or `file`): a run with the guards and polls a fleet test needs out of its way, and any
+    other tables of tests.support.run_toml (prereg=, retry=, attempts=). The command runs in its spec's
+    directory: outputs/ is under the box."""
+    guards: dict[str, float] = {"min_free_host_ram_gib": min_free_gib, "stop_grace_seconds": grace_s}
     if stall_min is not None:
-        guards += f"stall_minutes = {stall_min}\n"
-    head = f"gpus = {gpus}\n" if gpus else ""
-    head += f'host = "{host}"\n' if host is not None else ""
-    path.write_text(f"""[run]
-name = "{run}"
-command = {json.dumps(cmd or fake_trainer(run))}
-log = "{log}"
-{head}
-[guards]
-{guards}
-[poll]
-first_after_minutes = {poll_min[0]}
-every_minutes = {poll_min[1]}
-{body}""")
+        guards["stall_minutes"] = stall_min
+    path = box / (file or f"{run}.toml")
+    path.write_text(support.run_toml(run, cmd or fake_trainer(run), log=log, gpus=gpus, guards=guards, poll=poll_min,
+                                     run={"host": host} if host is not None else None, **tables))
     return path
 
 
-def outage_spec(box: Path, run: str, cmd: list[str], body: str = "") -> Path:
+def outage_spec(box: Path, run: str, cmd: list[str], **tables: Any) -> Path:
     """What the outage tests register: no poll due for ten hours (nothing posted but what the test causes)."""
-    return run_toml(box, run, cmd, poll_min=(600, 600), body=body)
+    return run_toml(box, run, cmd, poll_min=(600, 600), **tables)
 
 
 def box_env(box: Path | None = None, gpu_probe: str | None = None) -> dict[str, str]:

@@ -17,7 +17,8 @@ import pytest
 
 from babysit.db.deadline import WATCHDOG, DeadlineExpired, bounded
 from babysit.db.postgres import PgConnection
-from tests.fleet.helpers import babysit, wait_for
+from tests.fleet.helpers import babysit
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 V2 = ROOT / "tests" / "fixtures" / "store" / "state_v2.db"  # a box's history, as tests/test_store_schema.py copies it

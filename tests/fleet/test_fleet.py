@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.helpers import PY, babysit, box_env, kill_trainers, pg_store, run_toml, up, wait_for
+from tests.fleet.helpers import PY, babysit, box_env, kill_trainers, pg_store, run_toml, up
 from tests.reliability.harness import gpu_file
+from tests.support import wait_for
 
 BOXES = ("box-a", "box-b", "box-c")
 LEASE_S = 3.0

@@ -11,8 +11,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.helpers import babysit, kill_trainers, pg_store, run_toml, stop, up, wait_for
+from tests.fleet.helpers import babysit, kill_trainers, pg_store, run_toml, stop, up
 from tests.reliability.harness import gpu_file
+from tests.support import wait_for
 
 LEASE_S = 3.0
 

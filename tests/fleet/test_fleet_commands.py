@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 from babysit.runtime.wake import daemon_pid
-from tests.fleet.helpers import FAKE, PY, babysit, box_env, fleet_box, pg_store, run_toml, wait_for
+from tests.fleet.helpers import FAKE, PY, babysit, box_env, fleet_box, pg_store, run_toml
 from tests.reliability.harness import gpu_file
+from tests.support import wait_for
 
 
 def _box(root: Path, url: str, name: str = "box-a") -> Path:
@@ -21,7 +22,7 @@ def _box(root: Path, url: str, name: str = "box-a") -> Path:
 
 
 def _again(box: Path, command: list[str]) -> Path:
-    return run_toml(box, "again", command, gpus="", log="outputs/{name}/log.jsonl", grace_s=5, stall_min=None,
+    return run_toml(box, "again", command, gpus=None, log="outputs/{name}/log.jsonl", grace_s=5, stall_min=None,
                     poll_min=(60, 60))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.helpers import wait_for
+from tests.support import wait_for
 
 
 def _box_b_left(pg_url: str) -> None:

@@ -20,6 +20,7 @@ import pytest
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_bot_http import CHANNEL, SECRET, Bot, everything, responses, slash
+from tests.support import run_toml
 
 
 def _body(run: str, status: str, at_step: int) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def _own_run(root: Path, store: Any, run: str, *, step: int, logged: int) -> Non
     from babysit.runtime import registry
 
     spec = root / f"{run}.toml"
-    spec.write_text(f'[run]\nname = "{run}"\ncommand = ["python", "train.py"]\nlog = "{run}.jsonl"\ngpus = []\n')
+    spec.write_text(run_toml(run, ["python", "train.py"], log=f"{run}.jsonl", gpus=[]))
     now = time.time()
     (root / f"{run}.jsonl").write_text("".join(json.dumps({"step": s, "ts": now - 100 + s * 0.2, "loss": 1 / s}) + "\n"
                                                for s in range(1, logged + 1)))

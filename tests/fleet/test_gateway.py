@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.helpers import PY, box_env, wait_for
+from tests.fleet.helpers import PY, box_env
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.fake_socket import FakeSocketMode
+from tests.support import wait_for
 
 APP_TOKEN = "xapp-test-token"
 LEASE_S = 3.0

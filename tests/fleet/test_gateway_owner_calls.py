@@ -18,11 +18,12 @@ import pytest
 
 from babysit.runtime import registry
 from tests.campaign.test_owner_calls import answered, dispatch
-from tests.fleet.helpers import PY, box_env, run_toml, wait_for
+from tests.fleet.helpers import PY, box_env, run_toml
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_bot_http import SECRET
+from tests.support import wait_for
 
 OWNER, STRANGER = "UOWNER0001", "USTRANGE01"
 

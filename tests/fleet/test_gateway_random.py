@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.helpers import PY, box_env, run_toml, wait_for
+from tests.fleet.helpers import PY, box_env, run_toml
 from tests.fleet.test_fleet_reads import _body
-from tests.reliability.harness import PREREG_BODY, gpu_file
+from tests.reliability.harness import PREREG, gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.fake_socket import FakeSocketMode
+from tests.support import wait_for
 
 APP_TOKEN = "xapp-test-token"
 ADMIN = "U0ADMIN01"
@@ -31,7 +32,7 @@ RUNS = {"box-a": ("ra1", "ra2", "ra3"), "box-b": ("rb1", "rb2", "rb3")}
 
 
 def _spec(box: Path, run: str, gpu: int) -> Path:
-    return run_toml(box, run, gpus=f"[{gpu}]", body=PREREG_BODY)
+    return run_toml(box, run, gpus=[gpu], prereg=PREREG)
 
 
 def _responses(fake: FakeSlack, path: str, n: int, timeout: float = 30.0) -> list[dict[str, Any]]:

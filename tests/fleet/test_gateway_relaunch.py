@@ -16,11 +16,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from babysit.runtime import registry
-from tests.fleet.helpers import FAKE, PY, box_env, wait_for
+from tests.fleet.helpers import FAKE, PY, babysit, box_env
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.test_bot_http import SECRET, sign
+from tests.support import TRAIN_LOG, run_toml, wait_for
 
 ADMIN = "U0ADMIN01"
 
@@ -56,12 +57,15 @@ def test_relaunch_of_another_box_s_run_is_checked_and_carried_out_by_that_box(
         (box / "babysit.toml").write_text(f'[daemon]\nabort_allow_list = ["{ADMIN}"]\n[store]\nurl = "{pg_url}"\n'
                                           f'[host]\nname = "{name}"\nlease_seconds = 3\n')
     box_b = boxes["box-b"]
-    cmd = [PY, str(FAKE), "outputs/run-b/train_log.jsonl", "--steps", "3", "--sleep", "0.05"]
-    (box_b / "run-b.toml").write_text(f'[run]\nname = "run-b"\ncommand = {json.dumps(cmd)}\n'
-                                      'log = "outputs/{name}/train_log.jsonl"\ngpus = []\n'
-                                      '[guards]\nmin_free_host_ram_gib = 0.01\n[retry]\nmax_attempts = 1\n')
-    out = subprocess.run([PY, "-m", "babysit", "register", "run-b.toml", "--accelerated", "--registry",
-                          str(box_b / "babysit.toml")], cwd=box_b, env=box_env(box_b), capture_output=True, text=True)
+
+    def run_b(steps: int, sleep: float) -> str:
+        cmd = [PY, str(FAKE), "outputs/run-b/train_log.jsonl", "--steps", str(steps), "--sleep", str(sleep)]
+        return run_toml("run-b", cmd, log=TRAIN_LOG, gpus=[], guards={"min_free_host_ram_gib": 0.01},
+                        retry={"max_attempts": 1})
+
+    spec = box_b / "run-b.toml"
+    spec.write_text(run_b(3, 0.05))
+    out = babysit(box_b, "register", str(spec), "--accelerated")
     assert out.returncode == 0, out.stderr
     with open(box_b / "daemon-out.txt", "wb") as log:
         daemon = subprocess.Popen([PY, "-m", "babysit", "up", "--accelerated", "--registry",
@@ -77,9 +81,7 @@ def test_relaunch_of_another_box_s_run_is_checked_and_carried_out_by_that_box(
     try:
         wait_for("run-b finished on box-b", lambda: store.run_state("run-b")[0] == "finished", timeout=60)
         # run.toml fixed on box-b (a longer run): the relaunch re-reads it there
-        long = [PY, str(FAKE), "outputs/run-b/train_log.jsonl", "--steps", "100000", "--sleep", "0.5"]
-        spec = box_b / "run-b.toml"
-        spec.write_text(spec.read_text().replace(json.dumps(cmd), json.dumps(long)))
+        spec.write_text(run_b(100000, 0.5))
         app = build_app(BotConfig(boxes["box-a"] / "babysit.toml"))  # box-a's gateway bot
         ack = _slash(app, fake, "relaunch run-b", "/response/relaunch-1")
         assert "Relaunch of `run-b` requested" in ack["text"], ack  # before: "unknown run" (not box-a's)

@@ -28,11 +28,11 @@ from tests.fleet.helpers import (
     pg_store,
     posted_ids,
     stop,
-    wait_for,
 )
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
+from tests.support import wait_for
 
 OUTAGE_S = 30.0
 
@@ -47,7 +47,7 @@ def test_a_run_ending_and_its_verdict_during_a_30s_outage_are_posted_once_and_re
     (box / "babysit.toml").write_text(f'[daemon]\nchannel = "C0RUNS"\nguard_interval_seconds = 60\n'
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     gate = box / "gate"
-    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], prereg=PREREG)
     trains = outage_spec(box, "trains", [PY, str(FAKE), "outputs/trains/train_log.jsonl", "--steps", "100000",
                                    "--sleep", "0.5"])
     for spec in (ends, trains):

@@ -18,7 +18,7 @@ from babysit.core.snapshot import Snapshot
 from babysit.db import journal, mirror
 from babysit.db.postgres import PgConnection, PostgresStore
 from babysit.db.store import PollRow
-from tests.fleet.helpers import wait_for
+from tests.support import wait_for
 
 
 def _daemon_store(url: str, state: Path) -> PostgresStore:

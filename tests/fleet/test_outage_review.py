@@ -18,10 +18,10 @@ from babysit.db import journal
 from babysit.db.store import PollRow
 from babysit.probes.gpu import FileGpuProbe
 from babysit.service.daemon import Daemon
-from tests.fleet.helpers import wait_for
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
+from tests.support import wait_for
 
 
 @pytest.fixture

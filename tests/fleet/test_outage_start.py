@@ -16,22 +16,11 @@ import pytest
 
 from babysit.core.errors import StateError
 from babysit.db.postgres import PostgresStore
-from tests.fleet.helpers import (
-    GATED,
-    PREREG,
-    PY,
-    babysit,
-    box_env,
-    kill_trainers,
-    outage_spec,
-    posted_ids,
-    stop,
-    up,
-    wait_for,
-)
+from tests.fleet.helpers import GATED, PREREG, PY, babysit, box_env, kill_trainers, outage_spec, posted_ids, stop, up
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
+from tests.support import wait_for
 
 
 def test_a_store_restarted_while_down_numbers_rows_from_its_saved_reserve_and_catches_up(
@@ -112,10 +101,9 @@ def test_a_daemon_restarted_while_postgres_is_down_babysits_its_runs_from_the_mi
                                       f'[store]\nurl = "{pg_url}"\n[host]\nname = "box-a"\nlease_seconds = 3\n')
     (box / "crasher.py").write_text(CRASHER)
     gate, crash = box / "gate", box / "crash"
-    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], PREREG)
+    ends = outage_spec(box, "ends", [PY, str(GATED), "outputs/ends/train_log.jsonl", str(gate)], prereg=PREREG)
     retries = outage_spec(box, "retries", [PY, str(box / "crasher.py"), "outputs/retries/train_log.jsonl", str(crash)],
-                    '[retry]\non = ["crashed"]\n[[attempts]]\nprofile = "first"\nargs = ["--crash"]\n'
-                    '[[attempts]]\nprofile = "second"\nargs = []\n')
+                          retry={"on": ["crashed"]}, attempts={"first": ["--crash"], "second": []})
     for spec in (ends, retries):
         out = babysit(box, "register", str(spec), "--accelerated")
         assert out.returncode == 0, out.stderr

@@ -15,9 +15,10 @@ import pytest
 
 from babysit.core.errors import SpecError
 from babysit.core.spec.run_toml import load_spec
-from tests.fleet.helpers import babysit, run_toml, stop, up, wait_for
+from tests.fleet.helpers import babysit, run_toml, stop, up
 from tests.fleet.test_fleet import LEASE_S, _registry
 from tests.reliability.harness import gpu_file
+from tests.support import wait_for
 
 
 def test_run_host_is_read_and_a_malformed_one_names_file_field_and_expected(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from babysit.db.postgres import PostgresStore
 from babysit.web.server import Settings, WebServer
-from tests.fleet.helpers import fleet_box, wait_for
+from tests.fleet.helpers import fleet_box
+from tests.support import wait_for
 from tests.web.conftest import fetch
 
 BANNER = "the database cannot be reached"

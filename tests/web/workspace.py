@@ -12,49 +12,20 @@ from pathlib import Path
 from babysit.cli import main
 from babysit.core.snapshot import Snapshot
 from babysit.db.store import Store
+from tests.support import TRAIN_LOG, run_toml
 
 RUN = "drift_web"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 HOSTILE_PROFILE = '<b onmouseover="window.pwned=3">bold</b>'
 
-RUN_TOML = """[run]
-name = "{name}"
-command = ["python", "-m", "trainer", "--recipe", "tiny"]
-log = "outputs/{{name}}/train_log.jsonl"
-gpus = [0]
-
-[guards]
-gpu_hours_cap = 2.0
-
-[retry]
-max_attempts = 2
-on = ["diverged"]
-
-[[attempts]]
-profile = '{profile}'
-args = ["--lr-scale", "4"]
-
-[[attempts]]
-profile = "stable-lr"
-args = ["--lr-scale", "0.5"]
-
-[prereg]
-question = "Does <eval> error climb after step 50? & why"
-metric = "eval_chunk_mae"
-baseline_step = 50
-read_step = 150
-train_metric = "train_chunk_mae"
-[prereg.references]
-drift_ref = 0.04
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.005
-[[prereg.bands]]
-label = "SAME-DRIFT"
-min = "0.5 * drift_ref"
-[prereg.otherwise]
-label = "AMBIGUOUS"
-"""
+RUN_TOML = run_toml(  # HTML in the profile's name and the question: the page must show it as text
+    RUN, ["python", "-m", "trainer", "--recipe", "tiny"], log=TRAIN_LOG, gpus=[0], guards={"gpu_hours_cap": 2.0},
+    retry={"max_attempts": 2, "on": ["diverged"]},
+    attempts={HOSTILE_PROFILE: ["--lr-scale", "4"], "stable-lr": ["--lr-scale", "0.5"]},
+    prereg={"question": "Does <eval> error climb after step 50? & why", "metric": "eval_chunk_mae", "baseline_step": 50,
+            "read_step": 150, "train_metric": "train_chunk_mae", "references": {"drift_ref": 0.04},
+            "bands": [{"label": "HEALTHY", "max": 0.005}, {"label": "SAME-DRIFT", "min": "0.5 * drift_ref"}],
+            "otherwise": {"label": "AMBIGUOUS"}})
 
 AMENDMENT = '''title = "scale <calibration>"
 rationale = "declared before the baseline"
@@ -80,7 +51,7 @@ def build(root: Path, *, final: bool = True, chart: Path | None = None) -> Path:
     FINAL verdict's row names its chart where a daemon draws it (`chart`: where another drew it)."""
     registry = root / "babysit.toml"
     spec = root / f"{RUN}.toml"
-    spec.write_text(RUN_TOML.format(name=RUN, profile=HOSTILE_PROFILE))
+    spec.write_text(RUN_TOML)
     assert main(["register", str(spec), "--registry", str(registry)]) == 0
     t0 = time.time() - 600
     evals = {50: 0.19, 100: 0.2, 150: 0.25} if final else {50: 0.19, 100: 0.2}
