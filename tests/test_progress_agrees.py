@@ -28,31 +28,17 @@ from babysit.view.runview import collect
 from babysit.web.data import Site
 from babysit.web.pages import runs_fragment
 from tests.fakes import FakeClock, FakeExecutor, FakeHostProbe, ManualTimers
+from tests.support import run_toml
 
 GIB = 2**30
-SPEC = """[run]
-name = "r"
-command = ["python", "train.py", "--steps", "2000"]
-log = "log.jsonl"
-gpus = [0]
 
-[guards]
-gpu_hours_cap = {cap}
-min_free_host_ram_gib = 1
 
-[poll]
-first_after_minutes = 5
-every_minutes = 30
-
-[prereg]
-question = "q"
-metric = "eval_loss"
-baseline_step = 500
-read_step = 1000
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.1
-"""
+def run_spec(cap: float) -> str:
+    """A one-GPU run with a verdict at step 1000 and a GPU-hour cap of `cap`."""
+    return run_toml("r", ["python", "train.py", "--steps", "2000"], log="log.jsonl", gpus=[0], poll=(5, 30),
+                    guards={"gpu_hours_cap": cap, "min_free_host_ram_gib": 1},
+                    prereg={"question": "q", "metric": "eval_loss", "baseline_step": 500, "read_step": 1000,
+                            "bands": [{"label": "HEALTHY", "max": 0.1}]})
 # What every surface must say at that instant: step 620 of the 1000 the ETA counts to (the read step,
 # before the command's 2000), 2 s a step (each step from its first record), 380 steps x 2 s, one GPU
 # for 1300 s, and the cap the daemon loaded (12), whatever run.toml says now (20).
@@ -62,7 +48,7 @@ STEP, TARGET, SPS, ETA, GPU_H, CAP = "620", "1000", "2", "12m40s to step 1000", 
 @pytest.fixture
 def workspace(tmp_path: Path):
     spec_file = tmp_path / "run.toml"
-    spec_file.write_text(SPEC.format(cap=12.0))
+    spec_file.write_text(run_spec(cap=12.0))
     (tmp_path / "babysit.toml").write_text('[[runs]]\nname = "r"\nspec = "run.toml"\n'
                                            'registered_at = "2026-01-01T00:00:00Z"\n')
     gpu_file = tmp_path / "gpus.json"
@@ -111,7 +97,7 @@ def test_poll_status_web_and_the_live_view_agree_on_one_runs_progress(workspace)
     launched = clock.now
     clock.advance(1300.0)  # 620 steps of 2 s, then 60 s into step 621 (its record not written yet)
     write_records(root / "log.jsonl", launched)
-    (root / "run.toml").write_text(SPEC.format(cap=20.0))  # edited after the daemon loaded it
+    (root / "run.toml").write_text(run_spec(cap=20.0))  # edited after the daemon loaded it
     now = clock.now
 
     assert sup.polls.now_alone("on-demand")

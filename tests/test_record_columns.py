@@ -10,6 +10,7 @@ import pytest
 
 from babysit.sources import patterns, records
 from tests.supervised import supervised_run
+from tests.support import run_toml, stdout_source
 
 
 def test_a_batch_is_the_sequence_of_records_the_loop_hands_on(tmp_path: Path) -> None:
@@ -33,32 +34,12 @@ def test_stamps_are_written_as_repr_of_the_rounded_time() -> None:
         assert records._ts_texts(chunk) == [repr(round(x, 6)) for x in chunk]
 
 
-RUN_TOML = """[run]
-name = "r"
-command = ["python", "train.py"]
-total_steps = 100000
-
-[guards]
-min_free_host_ram_gib = 1
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+), grad_norm (?P<grad_norm>[-+.\\w]+)'
-[[source.patterns]]
-regex = 'step (?P<step>\\d+): eval_loss (?P<eval_loss>[-+.\\w]+), total_steps (?P<total_steps>\\d+)'
-
-[prereg]
-question = "Does eval loss fall?"
-metric = "eval_loss"
-baseline_step = 0
-read_step = 4000
-[[prereg.bands]]
-label = "IMPROVES"
-max = 0.0
-[prereg.otherwise]
-label = "FLAT-OR-WORSE"
-"""
+RUN_TOML = run_toml(
+    "r", ["python", "train.py"], run={"total_steps": 100000}, guards={"min_free_host_ram_gib": 1},
+    source=stdout_source(r"iter (?P<step>\d+): loss (?P<train_loss>[-+.\w]+), grad_norm (?P<grad_norm>[-+.\w]+)",
+                         r"step (?P<step>\d+): eval_loss (?P<eval_loss>[-+.\w]+), total_steps (?P<total_steps>\d+)"),
+    prereg={"question": "Does eval loss fall?", "metric": "eval_loss", "baseline_step": 0, "read_step": 4000,
+            "bands": [{"label": "IMPROVES", "max": 0.0}], "otherwise": {"label": "FLAT-OR-WORSE"}})
 
 
 def _runlog_state(tmp_path: Path, text: str, columns: bool, monkeypatch: pytest.MonkeyPatch) -> dict:

@@ -15,19 +15,10 @@ import pytest
 
 from babysit.run.log_chunks import CHUNK_BYTES
 from tests.supervised import supervised_run
+from tests.support import run_toml, stdout_source
 
-RUN_TOML = """[run]
-name = "r"
-command = ["python", "train.py"]
-
-[guards]
-min_free_host_ram_gib = 1
-
-[source]
-kind = "stdout"
-[[source.patterns]]
-regex = 'iter (?P<step>\\d+): loss (?P<train_loss>[-+.\\w]+)'
-"""
+RUN_TOML = run_toml("r", ["python", "train.py"], guards={"min_free_host_ram_gib": 1},
+                    source=stdout_source(r"iter (?P<step>\d+): loss (?P<train_loss>[-+.\w]+)"))
 
 FLOOD = "".join(f" {i % 100:3d}%|###   | {i}/200000 [00:01<00:02, 100000.00it/s]\n"
                 + (f"iter {i}: loss {4 - i / 1e5:.4f}\n" if i % 100 == 0 else "") for i in range(1, 40_001))

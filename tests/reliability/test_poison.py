@@ -13,26 +13,14 @@ from babysit.cli import main
 from babysit.db.store import Store
 from tests.reliability.harness import Daemons
 from tests.reliability.test_security import FAKE_TRAINER
+from tests.support import run_toml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HUGE_INT = 10**400  # valid JSON, no float can hold it
 
-PREREG = """
-[prereg]
-metric = "eval_mae"
-baseline_step = 5
-read_step = 10
-[prereg.references]
-ref = 0.01
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.3
-[[prereg.bands]]
-label = "SAME-DRIFT"
-min = "0.5 * ref"
-[prereg.otherwise]
-label = "AMBIGUOUS"
-"""
+PREREG = {"metric": "eval_mae", "baseline_step": 5, "read_step": 10, "references": {"ref": 0.01},
+          "bands": [{"label": "HEALTHY", "max": 0.3}, {"label": "SAME-DRIFT", "min": "0.5 * ref"}],
+          "otherwise": {"label": "AMBIGUOUS"}}
 
 
 def evals(**by_step: object) -> str:
@@ -46,16 +34,8 @@ def scripted_run(root: Path, name: str, lines: str) -> None:
     cmd = [sys.executable, str(FAKE_TRAINER), f"outputs/{name}/log.jsonl", "--steps", "12", "--sleep", "0.02",
            "--append-lines", f"{name}.lines"]
     spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(cmd)}
-log = "outputs/{{name}}/log.jsonl"
-[guards]
-min_free_host_ram_gib = 0.01
-[poll]
-first_after_minutes = 1
-every_minutes = 2
-{PREREG}""")
+    spec.write_text(run_toml(name, cmd, log="outputs/{name}/log.jsonl", guards={"min_free_host_ram_gib": 0.01},
+                             poll=(1, 2), prereg=PREREG))
     assert main(["register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml")]) == 0
 
 
