@@ -102,7 +102,7 @@ class Bench:
             self.env.pop(secret, None)
 
     def run_toml(self, name: str, command: list[str], *, gpus: list[int] | None = None,
-                 env: dict[str, str] | None = None, **tables: dict[str, Any]) -> Path:
+                 env: dict[str, str] | None = None, **tables: dict[str, Any] | list[dict[str, Any]]) -> Path:
         lines = ["[run]", f"name = {toml_value(name)}", f"command = {toml_value(command)}",
                  f'log = "outputs/{name}/train_log.jsonl"', f"gpus = {toml_value(gpus or [])}",
                  'executor = "slurm"']
@@ -112,8 +112,9 @@ class Bench:
         tables.setdefault("retry", {"max_attempts": 1})
         tables.setdefault("slurm", {"time_limit": "00:05:00"})
         for table, values in tables.items():
-            lines.append(f"[{table}]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+            for one in values if isinstance(values, list) else [values]:  # a list: an array of tables
+                lines.append(f"[[{table}]]" if isinstance(values, list) else f"[{table}]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in one.items()]
         self.runs.append(name)
         path = self.root / f"{name}.toml"
         path.write_text("\n".join(lines) + "\n")
