@@ -297,13 +297,14 @@ def status_note(job: JobState | None) -> str | None:
     """One line for polls: why a job waits, or where it runs."""
     if job is None:
         return None
+    again = f", requeued {job.restarts}×" if job.restarts else ""  # the same job, run again
     if job.state == "PENDING":
-        return f"Slurm job {job.job_id} PENDING ({job.reason or 'no reason given'})"
+        return f"Slurm job {job.job_id} PENDING ({job.reason or 'no reason given'}){again}"
     if job.state == "RUNNING":
-        return f"Slurm job {job.job_id} RUNNING on {job.nodes or '?'}"
+        return f"Slurm job {job.job_id} RUNNING on {job.nodes or '?'}{again}"
     if job.terminal:
         return None
-    return f"Slurm job {job.job_id} {job.state}" + (f" ({job.reason})" if job.reason else "")
+    return f"Slurm job {job.job_id} {job.state}" + (f" ({job.reason})" if job.reason else "") + again
 
 
 def _append(tail: str, line: str) -> str:

@@ -372,6 +372,8 @@ def test_status_note_shows_the_pending_reason() -> None:
     pending = st.JobState(job_id="9", state="PENDING", source="scontrol", reason="BeginTime")
     assert st.status_note(pending) == "Slurm job 9 PENDING (BeginTime)"
     assert st.status_note(_job("COMPLETED")) is None
+    requeued = st.JobState(job_id="9", state="RUNNING", source="scontrol", nodes="n2", restarts=1)
+    assert st.status_note(requeued) == "Slurm job 9 RUNNING on n2, requeued 1×"
 
 
 # -- sidecar reader -------------------------------------------------------------------------------------
