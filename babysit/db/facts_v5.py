@@ -2,8 +2,9 @@
 leave the JSON of `run_state.facts` for tables of their own, and come back to it on a downgrade.
 
 Shared by SQLite's step (babysit/db/sqlite_schema.py) and PostgreSQL's revision 0005, so both backends
-move the same keys the same way. It describes the JSON shape schema 4 wrote: frozen with it, never
-changed with the store's code."""
+move the same keys the same way; and by a fleet daemon after it replays a journal an older babysit left
+(`move_out_replayed`). It describes the JSON shape schema 4 wrote: frozen with it, never changed with the
+store's code."""
 
 from __future__ import annotations
 
@@ -88,3 +89,40 @@ def move_out_sqlite(db: Any) -> None:
         db.executemany(insert_sql("started_requests", STARTED_COLUMNS), part.started)
         db.executemany(insert_sql("held_posts", HELD_COLUMNS), part.held)
         db.execute("UPDATE run_state SET facts=? WHERE run=?", (part.facts, run))
+
+
+def move_out_replayed(db: Any) -> int:
+    """After a fleet journal was replayed (babysit/db/journal.py; `db` a PgConnection, connected): the facts
+    that a journal an older babysit wrote put back into `run_state` moved out again, their values the
+    journal's (the newer). One transaction; how many runs it moved. Without such a journal: one query."""
+    like = " OR ".join(["facts LIKE ?"] * len(MOVED_KEYS))
+    db.execute("BEGIN")
+    try:
+        moved = 0
+        for run, text in db.execute(f"SELECT run, facts FROM run_state WHERE {like}",
+                                    tuple(f'%"{k}"%' for k in MOVED_KEYS)).fetchall():
+            facts = json.loads(text)
+            if not set(facts) & set(MOVED_KEYS):
+                continue  # the name was in a value, not a key
+            part = split(run, text)
+            if part.reading is not None:
+                db.execute(insert_sql("run_reading", READING_COLUMNS) + " ON CONFLICT (run) DO UPDATE SET"
+                           " tail=COALESCE(excluded.tail, run_reading.tail),"
+                           " source=COALESCE(excluded.source, run_reading.source),"
+                           " step=COALESCE(excluded.step, run_reading.step),"
+                           " last_record_at=COALESCE(excluded.last_record_at, run_reading.last_record_at)",
+                           part.reading)
+            for key, table, columns, rows in ((OWED_KEY, "owed_answers", OWED_COLUMNS, part.owed),
+                                              (STARTED_KEY, "started_requests", STARTED_COLUMNS, part.started),
+                                              (HELD_KEY, "held_posts", HELD_COLUMNS, part.held)):
+                if key in facts:  # the journal's whole value, as schema 4 wrote it each time
+                    db.execute(f"DELETE FROM {table} WHERE run=?", (run,))
+                    for row in rows:
+                        db.execute(insert_sql(table, columns), row)
+            db.execute("UPDATE run_state SET facts=? WHERE run=?", (part.facts, run))
+            moved += 1
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return moved

@@ -28,7 +28,7 @@ import psycopg
 import structlog
 
 from babysit.core.errors import StateError
-from babysit.db import journal, mirror
+from babysit.db import facts_v5, journal, mirror
 from babysit.db.deadline import DeadlineExpired
 from babysit.db.pgconnection import CONNECT_TIMEOUT_S, DEADLINE_S, DEADLINE_SETTING, PgConnection, with_id
 from babysit.db.redact import redact
@@ -133,6 +133,8 @@ class PostgresStore(Store):
         try:
             with self._lock:
                 left = journal.replay(pg, local)
+                if left:
+                    facts_v5.move_out_replayed(pg)  # a journal an older babysit left: its facts moved out
                 mirror.seed(pg, local, self.host)
                 pool = journal.IdPool.fresh(local)
                 local.execute("BEGIN IMMEDIATE")  # one commit for the reserve, not one an id (~30,000: seconds)
@@ -264,6 +266,8 @@ class PostgresStore(Store):
                     reader.close()
             with self._lock:  # the rest, then connected: no write of the daemon's in between
                 replayed += journal.replay(conn, self._db.local)
+                if replayed:
+                    facts_v5.move_out_replayed(conn)  # a journal an older babysit left: its facts moved out
                 if moved or self._mirror_moved():
                     self._reopen_mirror(conn)
                 else:

@@ -5,10 +5,13 @@ back."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from babysit.db import journal
 from babysit.db.postgres import PostgresStore
 from tests.support import wait_for
 
@@ -60,3 +63,37 @@ def test_a_run_s_reading_and_marks_are_in_the_mirror_and_written_there_while_pos
         store.close()
         if other is not None:
             other.close()
+
+
+def test_a_journal_an_older_babysit_left_is_replayed_with_its_facts_moved_to_their_tables(
+        pg_url: str, tmp_path: Path) -> None:
+    """A box whose daemon stopped while PostgreSQL was down, then upgraded: its journal holds schema 4's writes,
+    the run's whole facts JSON with its reading and marks inside. Replayed by today's daemon at its start,
+    they land in their tables, not in a JSON nobody reads them from any longer."""
+    setup = PostgresStore(pg_url, host="box-a")
+    assert setup.claim_run("r1", 1.0) == "box-a"
+    setup.set_run_state("r1", "running", 1.0, attempt=1)
+    setup.save_reading("r1", **reading(10))  # what the database held before the outage
+    setup.mark_request_started("r1", 9, "relaunch")
+    setup.close()
+    old_facts = {"attempt": 1, **reading(30), "owed_answers": {"9": "relaunched as attempt 2"},
+                 "requests_started": {"9": "relaunch"}, "held_posts": [LAUNCH]}
+    local = journal.open_local(tmp_path / journal.JOURNAL_FILE)
+    local.execute("INSERT INTO journal (at, statements) VALUES (?, ?)", (time.time(), json.dumps([[
+        "INSERT INTO run_state (run, status, facts, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (run) DO UPDATE"
+        " SET status=excluded.status, facts=excluded.facts, updated_at=excluded.updated_at",
+        ["r1", "running", json.dumps(old_facts), 30.0]]])))
+    local.close()
+
+    store = PostgresStore(pg_url, host="box-a", state_dir=tmp_path)
+    other = PostgresStore(pg_url, host="box-b")
+    try:
+        assert store.start_journal() == 1
+        assert other.run_state("r1") == ("running", {"attempt": 1, **reading(30)})
+        assert other.owed_answers("r1") == {9: "relaunched as attempt 2"}
+        assert other.started_requests("r1") == {9: "relaunch"} and other.held_posts("r1") == [LAUNCH]
+        (text,) = other._query("SELECT facts FROM run_state WHERE run='r1'")[0]
+        assert json.loads(text) == {"attempt": 1}
+    finally:
+        store.close()
+        other.close()
