@@ -93,8 +93,9 @@ def move_out_sqlite(db: Any) -> None:
 
 def move_out_replayed(db: Any) -> int:
     """After a fleet journal was replayed (babysit/db/journal.py; `db` a PgConnection, connected): the facts
-    that a journal an older babysit wrote put back into `run_state` moved out again, their values the
-    journal's (the newer). One transaction; how many runs it moved. Without such a journal: one query."""
+    that a journal an older babysit wrote put back into `run_state` moved out again, the reading the
+    journal's (the newer), the marks and held posts added to those there. One transaction; how many runs
+    it moved. Without such a journal: one query."""
     like = " OR ".join(["facts LIKE ?"] * len(MOVED_KEYS))
     db.execute("BEGIN")
     try:
@@ -112,13 +113,19 @@ def move_out_replayed(db: Any) -> int:
                            " step=COALESCE(excluded.step, run_reading.step),"
                            " last_record_at=COALESCE(excluded.last_record_at, run_reading.last_record_at)",
                            part.reading)
-            for key, table, columns, rows in ((OWED_KEY, "owed_answers", OWED_COLUMNS, part.owed),
-                                              (STARTED_KEY, "started_requests", STARTED_COLUMNS, part.started),
-                                              (HELD_KEY, "held_posts", HELD_COLUMNS, part.held)):
-                if key in facts:  # the journal's whole value, as schema 4 wrote it each time
-                    db.execute(f"DELETE FROM {table} WHERE run=?", (run,))
-                    for row in rows:
-                        db.execute(insert_sql(table, columns), row)
+            # marks added, never removed: one of a request answered since is never read again (its request is
+            # no longer pending), and one removed could be a mark written since, in the same journal
+            for table, columns, rows in (("owed_answers", OWED_COLUMNS, part.owed),
+                                         ("started_requests", STARTED_COLUMNS, part.started)):
+                for row in rows:
+                    db.execute(insert_sql(table, columns) + f" ON CONFLICT (run, request_id) DO UPDATE SET"
+                               f" {columns[2]}=excluded.{columns[2]}", row)
+            held = db.execute("SELECT dedupe_key, n FROM held_posts WHERE run=?", (run,)).fetchall()
+            keys, n = {r[0] for r in held}, max((r[1] for r in held), default=-1) + 1
+            for row in part.held:  # behind those held already, each once (queued by its key: never twice)
+                if row[3] not in keys:
+                    db.execute(insert_sql("held_posts", HELD_COLUMNS), (run, n, *row[2:]))
+                    n += 1
             db.execute("UPDATE run_state SET facts=? WHERE run=?", (part.facts, run))
             moved += 1
         db.execute("COMMIT")

@@ -69,12 +69,13 @@ def test_a_journal_an_older_babysit_left_is_replayed_with_its_facts_moved_to_the
         pg_url: str, tmp_path: Path) -> None:
     """A box whose daemon stopped while PostgreSQL was down, then upgraded: its journal holds schema 4's writes,
     the run's whole facts JSON with its reading and marks inside. Replayed by today's daemon at its start,
-    they land in their tables, not in a JSON nobody reads them from any longer."""
+    they land in their tables, not in a JSON nobody reads them from any longer; no mark there is erased."""
     setup = PostgresStore(pg_url, host="box-a")
     assert setup.claim_run("r1", 1.0) == "box-a"
     setup.set_run_state("r1", "running", 1.0, attempt=1)
     setup.save_reading("r1", **reading(10))  # what the database held before the outage
     setup.mark_request_started("r1", 9, "relaunch")
+    setup.mark_request_started("r1", 11, "poll-now")  # a mark the journal's JSON lacks: kept, never erased
     setup.close()
     old_facts = {"attempt": 1, **reading(30), "owed_answers": {"9": "relaunched as attempt 2"},
                  "requests_started": {"9": "relaunch"}, "held_posts": [LAUNCH]}
@@ -91,7 +92,8 @@ def test_a_journal_an_older_babysit_left_is_replayed_with_its_facts_moved_to_the
         assert store.start_journal() == 1
         assert other.run_state("r1") == ("running", {"attempt": 1, **reading(30)})
         assert other.owed_answers("r1") == {9: "relaunched as attempt 2"}
-        assert other.started_requests("r1") == {9: "relaunch"} and other.held_posts("r1") == [LAUNCH]
+        assert other.started_requests("r1") == {9: "relaunch", 11: "poll-now"}
+        assert other.held_posts("r1") == [LAUNCH]
         (text,) = other._query("SELECT facts FROM run_state WHERE run='r1'")[0]
         assert json.loads(text) == {"attempt": 1}
     finally:
