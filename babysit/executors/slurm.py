@@ -238,7 +238,8 @@ class SlurmExecutor:
             return cached or last
         with self._lock:
             self._cache[job_id] = state
-            earlier, kept = st.requeued_run(last, state), self.requeues(attempt)
+            earlier = st.requeued_run(last, state)
+            kept = self.requeues(attempt) if earlier is not None else ()  # a file read only on a requeue
             if earlier is not None and all(r.get("restart") != earlier["restart"] for r in kept):
                 # the run before Slurm requeued the job, kept once (two threads may both have seen it)
                 _write_json(adir / REQUEUES_FILE, {"job_id": job_id, "runs": [*kept, earlier]})
