@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 JOBSCRIPT = Path(__file__).resolve().parent / "jobscript.py"
 
@@ -144,13 +146,8 @@ class Bench:
         return Store.in_dir(self.state_dir)
 
     def until(self, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        """tests.support.wait_for, asked every 0.25 s: some checks run scontrol or read the store."""
+        return wait_for(what, check, timeout, every=0.25)
 
     def daemon_logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob("daemon-*.log")))
