@@ -10,7 +10,9 @@
 # without a file) so GPU requests (--gres=gpu:N) are real. No accounting daemon (babysit's no-sacct
 # path is what CI exercises); jobcomp/filetxt so finished jobs leave a line after they age out of slurmctld; a node
 # silent for SlurmdTimeout (10 s) is DOWN and its jobs end NODE_FAIL, not requeued (babysit
-# resubmits). Runs as root on a fresh Debian 12; idempotent: a second run rewrites the same config,
+# resubmits). Partition "urgent" (n3 alone, a higher PriorityTier) preempts the jobs it needs room
+# from: PreemptMode=REQUEUE requeues a `--requeue` job and ends any other PREEMPTED (the preemption
+# tests). Runs as root on a fresh Debian 12; idempotent: a second run rewrites the same config,
 # leaves running daemons alone and only waits for "idle"; a changed config restarts the daemons.
 # Exit 0: `sinfo` says every node is idle. Exit non-zero: the reason is printed last.
 set -euo pipefail
@@ -105,8 +107,11 @@ GresTypes=gpu
 SchedulerParameters=sched_interval=2
 DefMemPerCPU=512
 NodeName=n[1-${#nodes[@]}] NodeHostname=${host} NodeAddr=127.0.0.1 Port=[${first_port}-$(( first_port + ${#nodes[@]} - 1 ))] CPUs=$(nproc) RealMemory=${node_mem} Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=n[1-3] Default=YES MaxTime=INFINITE State=UP
-PartitionName=faults Nodes=n[4-6] MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=n[1-3] Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=faults Nodes=n[4-6] MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=n3 MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
 )
 gres_wanted=$(for n in "${nodes[@]}"; do echo "NodeName=$n Name=gpu File=/run/slurm/gpu/$n-[0-1]"; done)

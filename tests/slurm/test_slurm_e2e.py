@@ -300,3 +300,45 @@ def test_a_requeued_job_is_followed_as_the_same_attempt_resumed_with_its_earlier
     assert len(starts) == 2 and starts[1]["config"]["resumed_from_step"] >= 5, starts
     assert "--resume latest" in (Path(attempt.attempt_dir) / "job.sbatch").read_text()
     assert json.loads(log.read_text().splitlines()[-1])["event"] == "completed"
+
+
+def test_a_preempted_job_is_not_the_trainers_fault_and_the_run_goes_on_from_its_checkpoint(
+        bench: Bench, tmp_path: Path) -> None:
+    """A job in partition "urgent" (n3, a higher PriorityTier: `.ci/slurm-up.sh`) needs a GPU the run's job
+    holds: Slurm preempts the run's job (PreemptMode=REQUEUE, but the job is not `--requeue`: it ends
+    PREEMPTED). babysit calls it `preempted`, never the trainer's fault, and continues the run in a new
+    job from its checkpoint at once, whatever retry.on says: one run, one history, one cap."""
+    name = unique("tpre")
+    bench.run_toml(name, jobscript("resumable", "30", str(tmp_path / "ckpt")), gpus=[0],
+                   guards={"exclusive_gpu": False, "stall_minutes": 90},
+                   retry={"max_attempts": 1, "on": [], "resume": "latest-checkpoint"},
+                   # n3 alone, both its GPUs: the urgent job can only find room by preempting this one
+                   slurm={"time_limit": "00:05:00", "gres": "gpu:2", "torchrun": False,
+                          "sbatch_options": ["--nodelist=n3", "--exclusive"]})
+    daemon = bench.start_up()
+    urgent = ""
+    try:
+        log = tmp_path / "outputs" / name / "train_log.jsonl"
+        bench.until("step 5", lambda: log.exists() and any(
+            json.loads(x).get("step", 0) >= 5 for x in log.read_text().splitlines()), timeout=90)
+        urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-w", "n3", "--gres=gpu:1", "-o",
+                                 "/dev/null", f"--job-name=babysit-{name}-urgent", "--wrap", "sleep 2"],
+                                check=True, capture_output=True, text=True, timeout=15).stdout.strip()
+        assert daemon.wait(timeout=120) == 0, bench.daemon_logs()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    attempts = bench.store().attempts(name)
+    assert [a.outcome for a in attempts] == ["preempted", "completed"], [(a.outcome, a.detail) for a in attempts]
+    first, again = attempts
+    assert first.detail.get("state") == "PREEMPTED" and slurm_job(first.job_id or "").get("JobState") == "PREEMPTED"
+    assert first.detail["summary"].startswith("preempted: Slurm gave the job's nodes to a higher-priority job")
+    assert list(again.argv[-2:]) == ["--resume", "latest"]
+    starts = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x).get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["config"]["resumed_from_step"] >= 5, starts
+    assert bench.store().run_state(name)[0] == "finished"
+    kinds = [i.kind for i in bench.store().incidents(name)]
+    assert "preempted" in kinds and "crashed" not in kinds, kinds
+    assert first.gpus == 2 and first.gpu_seconds(time.time()) > 0  # its GPU-time counts in the run's hours
+    assert urgent and slurm_job(urgent).get("JobState") == "COMPLETED"
