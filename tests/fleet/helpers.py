@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import support
-from tests.support import TRAIN_LOG, wait_for  # noqa: F401  (wait_for: re-exported for tests/fleet/test_fleet_reading.py)
+from tests.support import TRAIN_LOG
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
