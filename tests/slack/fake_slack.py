@@ -129,7 +129,8 @@ class FakeSlack:
         with self.lock:
             return list(self.messages)
 
-    def wait_for(self, method: str, n: int = 1, timeout: float = 10.0) -> list[Call]:
+    def wait_calls(self, method: str, n: int = 1, timeout: float = 10.0) -> list[Call]:
+        """The calls to `method` once there are `n` of them; on a timeout, every call this fake got."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             calls = self.calls_to(method)

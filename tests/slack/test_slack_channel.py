@@ -203,10 +203,10 @@ def test_a_poll_round_reaches_slack_through_the_delivery_thread_each_post_once_u
     store.on_enqueue = worker.wake
     worker.start()
     try:
-        slack_env.wait_for("chat.postMessage", n=len(runs), timeout=60)
+        slack_env.wait_calls("chat.postMessage", n=len(runs), timeout=60)
         store.record_polls([PollRow(run, 1, 1_000_100.0, "first", Snapshot.from_dict({"run": run, "kind": "first", "step": 40 + i}),
                                     thread_of=roots[run], payload={"run": run}) for i, run in enumerate(runs)])
-        slack_env.wait_for("chat.update", n=len(runs), timeout=60)
+        slack_env.wait_calls("chat.update", n=len(runs), timeout=60)
         deadline = time.monotonic() + 60
         while store.pending_count() and time.monotonic() < deadline:
             time.sleep(0.05)
