@@ -18,7 +18,7 @@ from tests.fleet.helpers import PY, babysit, box_env, kill_trainers, pg_store, p
 from tests.reliability.harness import gpu_file
 from tests.slack.conftest import TOKEN
 from tests.slack.fake_slack import FakeSlack
-from tests.support import wait_for
+from tests.support import run_toml, wait_for
 
 DRIFT = ("import time\nfor i in range(1, 21):\n    print(f'step {i} | loss {1 / i:.4f}', flush=True)\n"
          "for i in range(700):\n    print(f'phase two: item {i} done', flush=True)\n    time.sleep(0.01)\n")
@@ -29,10 +29,8 @@ MUTE = ("import time\nfor i in range(1, 40):\n    print(f'upd {i * 10} loss={1 /
 def _spec(box: Path, run: str, script: str) -> Path:
     (box / f"{run}.py").write_text(script)
     spec = box / f"{run}.toml"
-    spec.write_text(f'[run]\nname = "{run}"\ncommand = {json.dumps([PY, f"{run}.py"])}\ngpus = []\n'
-                    '[source]\nkind = "stdout"\npreset = "auto"\n'
-                    '[guards]\nmin_free_host_ram_gib = 0.01\n[retry]\nmax_attempts = 1\n'
-                    '[poll]\nfirst_after_minutes = 600\nevery_minutes = 600\n')
+    spec.write_text(run_toml(run, [PY, f"{run}.py"], gpus=[], source={"kind": "stdout", "preset": "auto"},
+                             guards={"min_free_host_ram_gib": 0.01}, retry={"max_attempts": 1}, poll=(600, 600)))
     return spec
 
 
