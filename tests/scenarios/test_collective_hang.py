@@ -30,7 +30,7 @@ def test_a_hung_collective_is_stopped_with_every_ranks_stack_and_the_missing_ran
     command = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), str(HANG)]
     register(workspace, run_toml("hang", command, log=TRAIN_LOG, env={"SKIP_STEP": "3", "OMP_NUM_THREADS": "1"},
-                                 guards={"stall_minutes": 40, "stop_grace_seconds": 15, "min_free_host_ram_gib": 0}))
+                                 guards={"stall_minutes": 30, "stop_grace_seconds": 15, "min_free_host_ram_gib": 0}))
     daemon = Daemon(workspace, "--exit-when-idle", "--gpu-probe", "none")
     assert daemon.wait(timeout=360) == 0, daemon.output()
     store = store_of(workspace)
