@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import missing
-from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
+from tests.scenarios.conftest import Daemon, kill_runs, store_of
+from tests.support import TRAIN_LOG, register, run_toml
 
 pytestmark = pytest.mark.skipif(missing("transformers", "accelerate"),
                                 reason="HF Trainer needs transformers and accelerate (pip install '.[huggingface]')")
@@ -23,58 +24,21 @@ pytestmark = pytest.mark.skipif(missing("transformers", "accelerate"),
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_toml(root: Path) -> Path:
-    command = [sys.executable, "-m", "tests.integrations.hf_tiny", "--out", "outputs/{name}/hf",
-               "--history", "outputs/{name}/history-{attempt}.json"]
-    path = root / "hf_run.toml"
-    path.write_text(f"""[run]
-name = "hf_tiny"
-command = {json.dumps(command)}
-log = "outputs/{{name}}/train_log.jsonl"
-env = {{ PYTHONPATH = {json.dumps(str(REPO))} }}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = 240  # accelerated: 240 s; importing transformers on two busy cores takes a while
-
-[poll]
-first_after_minutes = 1
-every_minutes = 30
-
-[retry]
-max_attempts = 2
-on = ["diverged"]
-
-[[attempts]]
-profile = "hot"
-args = ["--nan-at", "12"]
-
-[[attempts]]
-profile = "cool"
-args = ["--max-steps", "30"]
-
-[prereg]
-question = "Does the eval loss fall between steps 10 and 30?"
-metric = "eval_loss"
-baseline_step = 10
-read_step = 30
-[[prereg.bands]]
-label = "LOWER"
-max = 0
-[prereg.otherwise]
-label = "NOT-LOWER"
-""")
-    return path
+COMMAND = [sys.executable, "-m", "tests.integrations.hf_tiny", "--out", "outputs/{name}/hf",
+           "--history", "outputs/{name}/history-{attempt}.json"]
+SPEC = run_toml(  # stall_minutes: 240 s accelerated; importing transformers on two busy cores takes a while
+    "hf_tiny", COMMAND, log=TRAIN_LOG, env={"PYTHONPATH": str(REPO)}, poll=(1, 30),
+    guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 20, "stall_minutes": 240},
+    retry={"max_attempts": 2, "on": ["diverged"]}, attempts={"hot": ["--nan-at", "12"], "cool": ["--max-steps", "30"]},
+    prereg={"question": "Does the eval loss fall between steps 10 and 30?", "metric": "eval_loss", "baseline_step": 10,
+            "read_step": 30, "bands": [{"label": "LOWER", "max": 0}], "otherwise": {"label": "NOT-LOWER"}})
 
 
 @pytest.mark.slow
 def test_daemon_classifies_a_nan_hf_run_diverged_retries_it_and_reads_hfs_own_evals(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("BABYSIT_LOG", "RANK")}
     try:
-        res = babysit("register", str(run_toml(tmp_path)), "--accelerated", "--registry",
-                      str(tmp_path / "babysit.toml"), cwd=tmp_path, env=env)
-        assert res.returncode == 0, res.stderr
+        register(tmp_path, SPEC, env=env)
         daemon = Daemon(tmp_path, "--exit-when-idle", env=env)
         assert daemon.wait(timeout=500) == 0, daemon.output()
         store = store_of(tmp_path)

@@ -21,7 +21,8 @@ from babysit.core.spec.tomlfile import Table
 from babysit.sources import mlflowstore
 from tests.conftest import once_per_session, shared_dir
 from tests.integrations.mlflow_plain import expected
-from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
+from tests.scenarios.conftest import Daemon, kill_runs, store_of
+from tests.support import register, run_toml
 
 pytest.importorskip("mlflow")
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,47 +153,24 @@ def test_the_attempt_environment_tags_mlflow_runs_over_the_users_own_context():
     assert json.loads(mlflowstore.run_context("r", 1, "not json")) == {"babysit.run": "r", "babysit.attempt": "1"}
 
 
-SPEC = """[run]
-name = "{name}"
-command = {command}
-workdir = "{name}"    # each run its own mlflow.db: two fresh stores made at once in one file would race
-total_steps = {steps}
-env = {{ PYTHONPATH = "{root}" }}
-
-[source]
-kind = "mlflow"
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-stall_minutes = 90
-
-[retry]
-max_attempts = 1
-
-[prereg]
-question = "Does eval_loss fall between steps 20 and {steps}?"
-metric = "eval_loss"
-baseline_step = 20
-read_step = {steps}
-[[prereg.bands]]
-label = "LOWER"
-max = 0
-[prereg.otherwise]
-label = "NOT-LOWER"
-"""
+def mlflow_run(name: str, args: list[str], steps: int) -> str:
+    """A run of the plain MLflow script, read from its own mlflow.db (its workdir: two fresh stores made at once
+    in one file would race), to a verdict on eval_loss."""
+    return run_toml(name, [sys.executable, "-m", "tests.integrations.mlflow_plain", *args],
+                    run={"workdir": name, "total_steps": steps}, env={"PYTHONPATH": str(ROOT)}, source={"kind": "mlflow"},
+                    guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 5, "stall_minutes": 90},
+                    retry={"max_attempts": 1},
+                    prereg={"question": f"Does eval_loss fall between steps 20 and {steps}?", "metric": "eval_loss",
+                            "baseline_step": 20, "read_step": steps, "bands": [{"label": "LOWER", "max": 0}],
+                            "otherwise": {"label": "NOT-LOWER"}})
 
 
 @pytest.mark.slow
 def test_the_daemon_babysits_an_mlflow_script_to_a_final_verdict_and_stops_its_nan_live(tmp_path):
     for name, args in (("ml", ["--steps", "80", "--sleep", "0.02"]),
                        ("mlnan", ["--steps", "100000", "--nan-at", "60", "--sleep", "0.02"])):
-        command = json.dumps([sys.executable, "-m", "tests.integrations.mlflow_plain", *args])
-        (tmp_path / f"{name}.toml").write_text(SPEC.format(name=name, command=command, steps=80, root=ROOT))
         (tmp_path / name).mkdir()
-        res = babysit("register", str(tmp_path / f"{name}.toml"), "--accelerated", "--registry",
-                      str(tmp_path / "babysit.toml"), cwd=tmp_path, env=ENV)
-        assert res.returncode == 0, res.stderr
+        register(tmp_path, mlflow_run(name, args, steps=80), env=ENV)
     try:
         daemon = Daemon(tmp_path, "--exit-when-idle", "--no-view", env=ENV)
         assert daemon.wait(timeout=400) == 0, daemon.output()

@@ -18,7 +18,8 @@ import pytest
 from babysit.core.spec.source import parse_source
 from babysit.core.spec.tomlfile import Table
 from babysit.sources import wandbfile
-from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
+from tests.scenarios.conftest import Daemon, kill_runs, store_of
+from tests.support import register, run_toml
 
 pytest.importorskip("wandb")
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,27 +86,13 @@ def test_a_file_that_is_not_wandbs_is_said_not_read(tmp_path):
 
 @pytest.mark.slow
 def test_the_daemon_babysits_a_wandb_script_and_stops_its_nan_live(tmp_path):
-    spec = tmp_path / "wb.toml"
-    spec.write_text(f"""[run]
-name = "wb"
-command = {json.dumps([sys.executable, "-m", "tests.integrations.wandb_plain", "--steps", "100000",
-                       "--nan-at", "60", "--sleep", "0.02"])}
-env = {{ WANDB_MODE = "offline", WANDB_SILENT = "true", PYTHONPATH = "{ROOT}" }}
-
-[source]
-kind = "wandb"
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 5
-
-[retry]
-max_attempts = 1
-""")
+    command = [sys.executable, "-m", "tests.integrations.wandb_plain", "--steps", "100000", "--nan-at", "60",
+               "--sleep", "0.02"]
+    spec = run_toml("wb", command, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)},
+                    source={"kind": "wandb"}, guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 5},
+                    retry={"max_attempts": 1})
     try:
-        res = babysit("register", str(spec), "--accelerated", "--registry", str(tmp_path / "babysit.toml"),
-                      cwd=tmp_path, env=ENV)
-        assert res.returncode == 0, res.stderr
+        register(tmp_path, spec, env=ENV)
         daemon = Daemon(tmp_path, "--exit-when-idle", "--no-view", env=ENV)
         assert daemon.wait(timeout=180) == 0, daemon.output()
     finally:
