@@ -29,6 +29,7 @@ import pytest
 from babysit.db.store import Store
 from tests.integrations.pace import read_times, seconds_per_step
 from tests.scenarios.conftest import Daemon, babysit, kill_runs, store_of
+from tests.support import TRAIN_LOG, register, run_toml
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -42,41 +43,14 @@ PACED = ["--max-steps", str(STEPS), "--every", str(EVERY), "--step-seconds", str
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def register(root: Path, name: str, command: list[str], *, run: str = "", tables: str = "", metric: str,
-             precision: int) -> None:
-    spec = root / f"{name}.toml"
-    spec.write_text(f"""[run]
-name = "{name}"
-command = {json.dumps(command)}
-total_steps = {STEPS}
-env = {{ PYTHONPATH = {json.dumps(str(REPO))} }}
-{run}
-
-[guards]
-min_free_host_ram_gib = 0.1
-stop_grace_seconds = 20
-stall_minutes = {STALL_MINUTES}
-
-[poll]
-first_after_minutes = 1
-every_minutes = 2
-{tables}
-
-[prereg]
-question = "Does {metric} fall between steps {EVERY} and {STEPS}?"
-metric = "{metric}"
-baseline_step = {EVERY}
-read_step = {STEPS}
-precision = {precision}
-[[prereg.bands]]
-label = "LOWER"
-max = 0
-[prereg.otherwise]
-label = "NOT-LOWER"
-""")
-    res = babysit("register", str(spec), "--accelerated", "--registry", str(root / "babysit.toml"), cwd=root,
-                  env=ENV)
-    assert res.returncode == 0, res.stderr
+def register_paced(root: Path, name: str, command: list[str], *, metric: str, precision: int, **tables: Any) -> None:
+    """A paced framework run whose verdict reads `metric` between its first and last log."""
+    register(root, run_toml(
+        name, command, run={"total_steps": STEPS}, env={"PYTHONPATH": str(REPO)}, poll=(1, 2), **tables,
+        guards={"min_free_host_ram_gib": 0.1, "stop_grace_seconds": 20, "stall_minutes": STALL_MINUTES},
+        prereg={"question": f"Does {metric} fall between steps {EVERY} and {STEPS}?", "metric": metric,
+                "baseline_step": EVERY, "read_step": STEPS, "precision": precision,
+                "bands": [{"label": "LOWER", "max": 0}], "otherwise": {"label": "NOT-LOWER"}}), env=ENV)
 
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("BABYSIT_LOG", "RANK")}
@@ -134,16 +108,10 @@ def test_hf_trainer_read_from_its_tensorboard_events_unchanged(tmp_path: Path) -
     command = [PY, "-m", "tests.integrations.hf_plain", "--out", "outputs/{name}/hf", *PACED,
                "--history", "outputs/{name}/history.json"]
     # HF writes its event files to <output_dir>/runs/<date>_<host>/, tags "train/loss", "eval/loss", …
-    tables = """
-[source]
-kind = "tensorboard"
-path = "outputs/{name}/hf/runs"
-[source.metrics]
-"train/loss" = "train_loss"
-"eval/loss" = "eval_loss"
-"""
+    source = {"kind": "tensorboard", "path": "outputs/{name}/hf/runs",
+              "metrics": {"train/loss": "train_loss", "eval/loss": "eval_loss"}}
     try:
-        register(tmp_path, name, command, tables=tables, metric="eval_loss", precision=6)
+        register_paced(tmp_path, name, command, source=source, metric="eval_loss", precision=6)
         store = run_daemon(tmp_path)
         attempt = assert_completed_without_false_alarms(store, name)
 
@@ -169,14 +137,10 @@ def test_lightning_read_from_its_metrics_csv_unchanged(tmp_path: Path) -> None:
     name = "pl_csv"
     command = [PY, "-m", "tests.integrations.lightning_plain", "--logger", "csv", "--out", "outputs/{name}/pl",
                "--lr", "0.005", *PACED, "--logged", "outputs/{name}/logged.json"]
-    tables = """
-[source]
-kind = "csv"
-path = "outputs/{name}/pl/metrics.csv"
-step_offset = 1   # Lightning logs global_step - 1: the validation after 100 steps is its row 99
-"""
+    # step_offset: Lightning logs global_step - 1, the validation after 100 steps is its row 99
+    source = {"kind": "csv", "path": "outputs/{name}/pl/metrics.csv", "step_offset": 1}
     try:
-        register(tmp_path, name, command, tables=tables, metric="val_loss", precision=8)
+        register_paced(tmp_path, name, command, source=source, metric="val_loss", precision=8)
         store = run_daemon(tmp_path)
         attempt = assert_completed_without_false_alarms(store, name)
 
@@ -198,21 +162,11 @@ def test_lightning_with_babysit_logger_diverges_retries_and_reads_its_own_values
     name = "pl_logger"
     command = [PY, "-m", "tests.integrations.lightning_plain", "--logger", "babysit", "--out", "outputs/{name}/pl",
                "--lr", "0.005", *PACED, "--logged", "outputs/{name}/logged-{attempt}.json"]
-    tables = """
-[retry]
-max_attempts = 2
-on = ["diverged"]
-
-[[attempts]]
-profile = "hot"
-args = ["--nan-at", "3", "--every", "5"]   # NaN from step 3, seen at the first log (step 5)
-[[attempts]]
-profile = "cool"
-args = []
-"""
+    # hot: NaN from step 3, seen at the first log (step 5)
+    attempts = {"hot": ["--nan-at", "3", "--every", "5"], "cool": []}
     try:
-        register(tmp_path, name, command, run='log = "outputs/{name}/train_log.jsonl"', tables=tables,
-                 metric="val_loss", precision=8)
+        register_paced(tmp_path, name, command, log=TRAIN_LOG, retry={"max_attempts": 2, "on": ["diverged"]},
+                       attempts=attempts, metric="val_loss", precision=8)
         store = run_daemon(tmp_path)
         first, second = store.attempts(name)
         # diverged either way: the logger's exit 11, or babysit's live guard stopping it first on the NaN record
