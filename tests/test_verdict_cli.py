@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from babysit.cli import main
+from tests.support import run_toml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 RUN = "grasp_sft_v2_demosonly_1gpu_disc"
@@ -261,26 +262,11 @@ def test_a_read_mid_run_says_the_run_is_still_running_and_when_the_read_step_is_
            f"(`babysit relaunch {RUN}` runs it again)" in capsys.readouterr().out
 
 
-DRIFT = """[run]
-name = "drift"
-command = ["python", "-m", "trainer"]
-log = "drift.jsonl"
-[prereg]
-metric = "eval_chunk_mae"
-baseline_step = 500
-read_step = 1000
-precision = 4
-[prereg.references]
-drift_ref = 0.0205
-[[prereg.bands]]
-label = "HEALTHY"
-max = 0.005
-[[prereg.bands]]
-label = "SAME-DRIFT"
-min = "0.5 * drift_ref"
-[prereg.otherwise]
-label = "AMBIGUOUS"
-"""
+DRIFT = run_toml("drift", ["python", "-m", "trainer"], log="drift.jsonl", prereg={
+    "metric": "eval_chunk_mae", "baseline_step": 500, "read_step": 1000, "precision": 4,
+    "references": {"drift_ref": 0.0205}, "bands": [{"label": "HEALTHY", "max": 0.005},
+                                                   {"label": "SAME-DRIFT", "min": "0.5 * drift_ref"}],
+    "otherwise": {"label": "AMBIGUOUS"}})
 
 
 def test_the_cli_card_says_the_verdict_in_the_post_s_words_and_digits(tmp_path: Path, monkeypatch, capsys):
