@@ -91,7 +91,10 @@ class LiveDaemon:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("web-live")
-    for spec in (tiny_run(root, LIVE, steps=1_000_000), tiny_run(root, RETRIED, extra=PREREG, attempts=ATTEMPTS)):
+    # the live run is paced (50 steps a second at most): flat out it took a whole core for the module's
+    # minute or two, away from the retried run, the browser and the other workers' tests
+    live_run = tiny_run(root, LIVE, steps=1_000_000, args=("--inject-step-delay", "0.02"))
+    for spec in (live_run, tiny_run(root, RETRIED, extra=PREREG, attempts=ATTEMPTS)):
         register(root, spec)
     daemon = LiveDaemon(root)
     try:
