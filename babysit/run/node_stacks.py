@@ -56,8 +56,8 @@ def job_ranks(job_id: str, node: str | None) -> dict[int, dict[str, str]]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         env = environ(int(entry.name))
-        if env.get("SLURM_JOB_ID") != job_id or "RANK" not in env:
-            continue
+        if env.get("SLURM_JOB_ID") != job_id or not env.get("RANK", "").isdigit():
+            continue  # not the job's, or not a rank (the probe sidecar runs in the job with RANK cleared)
         if node is not None and env.get("SLURMD_NODENAME", node) != node:
             continue
         out[int(entry.name)] = env

@@ -104,6 +104,7 @@ def test_a_nodes_probe_and_stack_dump_on_a_real_gpu(tmp_path: Path) -> None:
                              env={**base, "SLURMD_NODENAME": "gpunode"}, capture_output=True, text=True,
                              timeout=120)
         took = time.monotonic() - started
+        assert out.stdout.strip(), f"node_stacks printed nothing (exit {out.returncode}): {out.stderr}"
         dump = json.loads(out.stdout.strip().splitlines()[-1])
         (proc,) = dump["procs"]
         assert dump["node"] == "gpunode" and proc["pid"] == rank.pid and proc["rank"] == 0, dump
