@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from babysit.run.node_stacks import gather_records, recorder
+from babysit.run.node_stacks import gather_records, job_ranks, recorder
 
 # A rank's dump pipe served as PyTorch's ProcessGroupNCCL serves it: `<pipe prefix><rank>.pipe`, and on a
 # write its record goes to `<temp prefix><rank>` (here plain bytes: the gathering copies, it does not parse).
@@ -66,3 +66,19 @@ def test_the_recorder_is_on_only_with_a_buffer_and_dumps_where_its_variables_say
     assert recorder({"TORCH_FR_BUFFER_SIZE": "10", "TORCH_FR_DUMP_TEMP_FILE": "/x/fr_",
                      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/old_", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p_"}) == (
         "/x/fr_", "/x/p_")
+
+
+def test_only_the_jobs_processes_with_a_numeric_rank_are_its_ranks() -> None:
+    """The probe sidecar runs inside the job with RANK cleared: it is no rank (found on an H100, where
+    node_stacks crashed on int(''))."""
+    job = f"77{os.getpid()}"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    envs = {"rank": {"RANK": "1"}, "sidecar": {"RANK": ""}, "other job": {"RANK": "0", "SLURM_JOB_ID": "1"}}
+    procs = {name: subprocess.Popen(sleep, env={**os.environ, "SLURM_JOB_ID": job, **extra})
+             for name, extra in envs.items()}
+    try:
+        assert list(job_ranks(job, None)) == [procs["rank"].pid]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
