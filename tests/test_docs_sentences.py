@@ -57,3 +57,10 @@ def test_a_page_reads_in_one_breath(page: Path) -> None:
     words = [len(s.split()) for s in sentences(page.read_text())]
     mean = sum(words) / len(words)
     assert mean <= MEAN_WORDS, f"{page.name}: mean sentence {mean:.1f} words (at most {MEAN_WORDS}): split long ones"
+
+
+def test_the_readme_is_read_in_minutes() -> None:
+    """README.md: what it is, the two commands, a quickstart, the command table, links; 150 lines at most
+    (issue 42). Detail belongs in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail to a page under docs/"
