@@ -44,7 +44,7 @@ def gateway(tmp_path: Path, pg_url: str) -> Iterator[tuple[Bot, Any]]:
          "memory_used_bytes": 40 * 2**30, "memory_total_bytes": 180 * 2**30, "faults": [],
          "processes": [{"pid": 4242 + i, "name": "python", "used_memory_bytes": 30 * 2**30}]} for i in (0, 1)]}))
     probe = FileGpuProbe(gpus_b)
-    # what box-b's daemon publishes with each renewal (Daemon._fleet_report): it labels its own processes
+    # what box-b's daemon publishes with each renewal (service/fleet_report.py: FleetReport.read): it labels its own processes
     member = FleetMember(pg_url, "box-b", on_wake=lambda: None, on_alert=lambda: None, lease_s=30,
                          report=lambda: {"gpus": gpureport.to_json(probe.read([]), {4242: "early-b"}, time.time())})
     member.start()  # box-b's lease, as its daemon holds it
